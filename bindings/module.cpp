@@ -1,0 +1,14 @@
+// mnn_h2o._core: the Python face of the native core. Each bind_*.cpp converts the types of one
+// part of the C++ API; no logic lives here.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+void bind_kv_cache(py::module_& m);
+void bind_codec(py::module_& m);
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "mnn_h2o native core: KV cache, attention, H2O policy, Gear codec";
+    bind_kv_cache(m);
+    bind_codec(m);
+}
