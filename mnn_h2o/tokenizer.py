@@ -1,0 +1,87 @@
+"""Byte-level BPE tokenizer rebuilt from a GGUF file's metadata, plus the chat template.
+
+GGUF stores the vocabulary, merges and special tokens; ``tokenizers`` does the BPE. The
+pre-tokenizer is chosen from GGUF's ``tokenizer.ggml.pre`` the way llama.cpp does.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable, List
+
+# GPT-2 / Llama-3 style split regexes, as llama.cpp uses them per `tokenizer.ggml.pre`.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def load_tokenizer(gguf_model) -> "Tokenizer":
+    """Tokenizer of a :class:`~mnn_h2o.gguf_model.GgufModel`."""
+    return Tokenizer(gguf_model.tokenizer_metadata())
+
+
+def _pre_tokenizer(pre: str):
+    from tokenizers import Regex, pre_tokenizers as pt
+
+    bytelevel = pt.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre == "smollm":
+        # SmolLM: every digit is its own token, then the GPT-2 split.
+        return pt.Sequence([pt.Digits(individual_digits=True),
+                            pt.Split(Regex(_GPT2_SPLIT), behavior="isolated"), bytelevel])
+    if pre == "qwen2":
+        return pt.Sequence([pt.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), bytelevel])
+    return pt.Sequence([pt.Split(Regex(_GPT2_SPLIT), behavior="isolated"), bytelevel])
+
+
+class Tokenizer:
+    def __init__(self, meta: dict):
+        from tokenizers import AddedToken, Tokenizer as HfTokenizer, decoders, models
+
+        tokens = meta["tokens"]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+        tok = HfTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        tok.pre_tokenizer = _pre_tokenizer(meta.get("pre", "default"))
+        tok.decoder = decoders.ByteLevel()
+        # token_type 3 = control, 4 = user-defined: matched whole, never split by BPE.
+        special = [AddedToken(t, special=True, normalized=False)
+                   for t, ty in zip(tokens, meta["token_type"]) if ty in (3, 4)]
+        tok.add_special_tokens(special)
+        self._tok = tok
+        self.meta = meta
+        self.vocab_size = len(tokens)
+        self.bos_token_id = meta.get("bos_token_id", -1)
+        self.eos_token_id = meta.get("eos_token_id", -1)
+        self.chat_template = meta.get("chat_template")
+        self.stop_token_ids = {i for i in (self.eos_token_id, vocab.get("<|im_end|>"),
+                                           vocab.get("<|endoftext|>"), vocab.get("<|eot_id|>"))
+                               if i is not None and i >= 0}
+
+    def encode(self, text: str) -> List[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def apply_chat_template(self, user_text: str, system: str | None = None) -> str:
+        """The prompt an instruct model expects for one user turn, ready for the assistant."""
+        if not self.chat_template:
+            return user_text
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        # The template comes from the model file: render it sandboxed.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": user_text}]
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=True,
+            bos_token=self.meta["tokens"][self.bos_token_id] if self.bos_token_id >= 0 else "",
+            eos_token=self.meta["tokens"][self.eos_token_id] if self.eos_token_id >= 0 else "")
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.meta, f)
+
+    @staticmethod
+    def load(path: str) -> "Tokenizer":
+        with open(path, encoding="utf-8") as f:
+            return Tokenizer(json.load(f))
