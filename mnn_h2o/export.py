@@ -1,0 +1,280 @@
+"""Export a Llama-family GGUF model as per-layer MNN modules for the engine.
+
+The model is cut at the attention op, which our native core runs. Module ``layer{i}`` takes the
+residual stream ``h`` and the attention output of layer i-1, finishes layer i-1 (o_proj, residual,
+RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, RoPE), returning
+``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
+maps normed hidden states to logits (separate so a prefill computes logits for one row only).
+The embedding table is stored as an fp16 ``.npy`` read through a memory map.
+
+Weights are quantised by MNN's converter (``-f MNN --optimizeLevel 2 --weightQuantBits N
+--weightQuantBlock 32``); block 32 is the GGUF Q4_1/Q8_0 block and reproduces their weights
+exactly (block 128 does not divide 576-wide rows and silently falls back to per-channel int4).
+
+    python -m mnn_h2o.export --model smollm2 [--weight-bits 8|4|0] [--out DIR]
+    python -m mnn_h2o.export --gguf PATH.gguf
+    python -m mnn_h2o.export --stock          # the stock MNN.llm baseline of the same weights
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .model_source import MODELS, cache_root, resolve_gguf
+
+# Bump when the exported graphs or files change meaning: old caches are then re-exported.
+EXPORT_VERSION = 1
+WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
+QUANT_BLOCK = 32
+
+
+@contextlib.contextmanager
+def quiet_fds():
+    """Silence MNN's converter, which prints to the C-level stdout/stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def import_mnn():
+    """Import MNN without its banner on stdout (it prints the CPU features on import)."""
+    if "MNN" not in sys.modules:
+        with quiet_fds():
+            import MNN  # noqa: F401
+            import MNN.expr  # noqa: F401
+            import MNN.nn  # noqa: F401
+    import MNN
+    return MNN
+
+
+# --- graph building ---------------------------------------------------------------------------
+def _linear(F, x, w, b=None):
+    y = F.matmul(x, F.const(np.ascontiguousarray(w, np.float32), list(w.shape)), False, True)
+    if b is not None:
+        y = y + F.const(b.astype(np.float32), list(b.shape))
+    return y
+
+
+def _rms_norm(F, x, w, eps):
+    ms = F.reduce_mean(x * x, [-1], True)
+    return x * F.rsqrt(ms + F.const(np.array([eps], np.float32), [1])) * F.const(w.astype(np.float32), list(w.shape))
+
+
+def _rope(F, x, n_heads, head_dim, cos, sin):
+    x = F.reshape(x, [-1, n_heads, head_dim])
+    x1, x2 = F.split(x, [head_dim // 2, head_dim // 2], -1)
+    rot = F.concat([F.negative(x2), x1], -1)
+    return F.reshape(x * cos + rot * sin, [-1, n_heads * head_dim])
+
+
+def _finish_layer(F, cfg: ModelConfig, h, attn, w):
+    """Residual + o_proj, then RMSNorm + SwiGLU MLP + residual, of one decoder layer."""
+    h = h + _linear(F, attn, w["wo"])
+    x = _rms_norm(F, h, w["ffn_norm"], cfg.rms_eps)
+    g = _linear(F, x, w["w_gate"])
+    u = _linear(F, x, w["w_up"])
+    return h + _linear(F, g * F.sigmoid(g) * u, w["w_down"])
+
+
+def build_layer(F, cfg: ModelConfig, prev_w, w):
+    """Graph of module layer{i}; ``prev_w`` is None for layer 0."""
+    H, hd = cfg.hidden, cfg.head_dim
+    h = F.placeholder([-1, H]); h.name = "h"
+    cos = F.placeholder([-1, 1, hd]); cos.name = "cos"
+    sin = F.placeholder([-1, 1, hd]); sin.name = "sin"
+    if prev_w is not None:
+        attn = F.placeholder([-1, H]); attn.name = "attn"
+        h = _finish_layer(F, cfg, h, attn, prev_w)
+    x = _rms_norm(F, h, w["attn_norm"], cfg.rms_eps)
+    q = _rope(F, _linear(F, x, w["wq"], w.get("bq")), cfg.n_heads, hd, cos, sin)
+    k = _rope(F, _linear(F, x, w["wk"], w.get("bk")), cfg.n_kv_heads, hd, cos, sin)
+    v = _linear(F, x, w["wv"], w.get("bv"))
+    h_out = F.clone(h, True) if prev_w is None else h  # layer 0 passes h through unchanged
+    outs = [h_out, q, k, v]
+    for var, name in zip(outs, ("h_out", "q", "k", "v")):
+        var.name = name
+    return outs
+
+
+def build_tail(F, cfg: ModelConfig, last_w, out_norm):
+    h = F.placeholder([-1, cfg.hidden]); h.name = "h"
+    attn = F.placeholder([-1, cfg.hidden]); attn.name = "attn"
+    y = _rms_norm(F, _finish_layer(F, cfg, h, attn, last_w), out_norm, cfg.rms_eps)
+    y.name = "x"
+    return [y]
+
+
+def build_lm_head(F, cfg: ModelConfig, w):
+    x = F.placeholder([-1, cfg.hidden]); x.name = "x"
+    y = _linear(F, x, w)
+    y.name = "logits"
+    return [y]
+
+
+# Module name -> (input names, output names); the engine loads them from model.json.
+def module_io(cfg: ModelConfig):
+    io = {"layer0": (["h", "cos", "sin"], ["h_out", "q", "k", "v"])}
+    for i in range(1, cfg.n_layers):
+        io[f"layer{i}"] = (["h", "attn", "cos", "sin"], ["h_out", "q", "k", "v"])
+    io["tail"] = (["h", "attn"], ["x"])
+    io["lm_head"] = (["x"], ["logits"])
+    return io
+
+
+def _convert(src: str, dst: str, bits: int) -> None:
+    args = ["mnnconvert", "-f", "MNN", "--modelFile", src, "--MNNModel", dst]
+    if bits:
+        args += ["--optimizeLevel", "2", "--weightQuantBits", str(bits),
+                 "--weightQuantBlock", str(QUANT_BLOCK)]
+    with quiet_fds():
+        import _tools  # MNN's converter; never `import MNN.tools` (it pip-installs and phones home)
+
+        _tools.mnnconvert(args)
+    if not os.path.isfile(dst) or os.path.getsize(dst) == 0:
+        raise RuntimeError(f"MNN converter produced no output for {src}")
+
+
+def export_dir_for(gguf_path: str, weight_bits: int, sha: str | None = None) -> str:
+    sha = sha or file_digest(gguf_path)
+    stem = os.path.splitext(os.path.basename(gguf_path))[0]
+    return os.path.join(cache_root(), "exports", f"{stem}-{sha[:12]}-w{weight_bits}-v{EXPORT_VERSION}")
+
+
+def is_complete(out_dir: str) -> bool:
+    try:
+        with open(os.path.join(out_dir, "model.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return meta.get("export_version") == EXPORT_VERSION and all(
+        os.path.isfile(os.path.join(out_dir, m["file"])) for m in meta["modules"].values())
+
+
+def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
+           progress: bool = True, force: bool = False) -> str:
+    """Export (or re-use a cached export of) ``gguf_path``; returns the export directory."""
+    from tqdm import tqdm
+
+    if weight_bits not in WEIGHT_BITS:
+        raise ValueError(f"weight_bits must be one of {WEIGHT_BITS}, got {weight_bits!r}")
+    sha = file_digest(gguf_path)
+    out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha)
+    if not force and is_complete(out_dir):
+        with open(os.path.join(out_dir, "model.json")) as f:
+            meta = json.load(f)
+        if meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits:
+            return out_dir
+    g = GgufModel(gguf_path)
+    cfg = g.config
+    MNN = import_mnn()
+    F = MNN.expr
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(g)
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
+    # Build into a fresh sibling folder and rename at the end: an interrupted export never
+    # leaves a folder that looks complete.
+    work = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out_dir)))
+    try:
+        io = module_io(cfg)
+        steps = tqdm(total=cfg.n_layers + 3, desc=f"export {os.path.basename(out_dir)}",
+                     disable=not progress, unit="module")
+        emb = g.embedding()
+        np.save(os.path.join(work, "embed_f16.npy"), emb.astype(np.float16))
+        steps.update(1)
+        modules = {}
+
+        def save(name, outs):
+            raw = os.path.join(work, name + ".float.mnn")
+            F.save(outs, raw)
+            _convert(raw, os.path.join(work, name + ".mnn"), weight_bits)
+            os.remove(raw)
+            ins, outn = io[name]
+            modules[name] = {"file": name + ".mnn", "inputs": ins, "outputs": outn}
+            steps.update(1)
+
+        prev = None
+        for i in range(cfg.n_layers):
+            w = g.layer(i)
+            save(f"layer{i}", build_layer(F, cfg, prev, w))
+            prev = w
+        save("tail", build_tail(F, cfg, prev, g.output_norm()))
+        save("lm_head", build_lm_head(F, cfg, emb if cfg.tied_embeddings else g.lm_head()))
+        steps.close()
+        tok.save(os.path.join(work, "tokenizer.json"))
+        meta = {
+            "export_version": EXPORT_VERSION,
+            "config": cfg.to_dict(),
+            "weight_bits": weight_bits,
+            "quant_block": QUANT_BLOCK if weight_bits else 0,
+            "source": os.path.abspath(gguf_path),
+            "source_sha256": sha,
+            "modules": modules,
+            "embedding": "embed_f16.npy",
+            "tokenizer": "tokenizer.json",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        with open(os.path.join(work, "model.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m mnn_h2o.export",
+        description="Export a Llama-family GGUF model (Llama, SmolLM, Qwen2) as per-layer MNN "
+                    "modules for the mnn_h2o engine, or as a stock MNN.llm model (--stock). "
+                    "Exports are cached under $MNN_H2O_CACHE (default ~/.cache/mnn_h2o) and "
+                    "re-used until the source file or an option changes.")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", default="smollm2", help=f"named model: {', '.join(MODELS)} (default smollm2)")
+    src.add_argument("--gguf", help="path to any Llama-family GGUF file instead of a named model")
+    ap.add_argument("--weight-bits", type=int, default=8, choices=WEIGHT_BITS,
+                    help="weight quantisation: 8 or 4 (block 32), 0 = float weights (default 8)")
+    ap.add_argument("--out", help="output folder (default: the cache folder, printed at the end)")
+    ap.add_argument("--stock", action="store_true",
+                    help="write a stock MNN.llm model directory (fused Attention op, MNN's own KV cache)")
+    ap.add_argument("--force", action="store_true", help="re-export even if a cached export matches")
+    args = ap.parse_args(argv)
+    try:
+        path = args.gguf or resolve_gguf(args.model)
+        if args.stock:
+            from .stock_export import export_stock, stock_dir_for
+
+            out = args.out or stock_dir_for(path, args.weight_bits)
+            print(export_stock(path, out, weight_bits=args.weight_bits))
+        else:
+            print(export(path, args.out, args.weight_bits, force=args.force))
+    except (ModelFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
