@@ -1,0 +1,149 @@
+"""The runtime configuration: one schema, strict validation, YAML in and out.
+
+Every key is declared once in :data:`SCHEMA` with its type, default, unit, allowed values and
+meaning; ``docs/config.md`` is generated from it (``python -m mnn_h2o.config --markdown``) and a
+test keeps the two in sync. Unknown keys, wrong types and out-of-range values are errors that
+name the key and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Key:
+    section: str
+    name: str
+    type: type
+    default: Any
+    unit: str
+    meaning: str
+    choices: Optional[Sequence[Any]] = None
+    range: Optional[Tuple[Optional[float], Optional[float]]] = None  # inclusive bounds
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return " | ".join(str(c) for c in self.choices)
+        if self.range is not None:
+            lo, hi = self.range
+            return f"{'-inf' if lo is None else lo} .. {'inf' if hi is None else hi}"
+        return "any " + self.type.__name__
+
+    def check(self, value: Any) -> Any:
+        t = self.type
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, t) or (t is int and isinstance(value, bool)):
+            raise ConfigError(f"{self.path}: expected {t.__name__}, got {type(value).__name__} "
+                              f"{value!r} (allowed: {self.allowed()})")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{self.path}: {value!r} is not allowed (allowed: {self.allowed()})")
+        if self.range is not None:
+            lo, hi = self.range
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise ConfigError(f"{self.path}: {value!r} is out of range (allowed: {self.allowed()})")
+        return value
+
+
+SCHEMA: Tuple[Key, ...] = (
+    Key("model", "name", str, "smollm2", "-",
+        "named model (smollm2, qwen2.5-0.5b) or a path to a Llama-family GGUF file"),
+    Key("model", "weight_bits", int, 8, "bits", "weight quantisation of the MNN modules "
+        "(block 32); 0 keeps float weights", choices=(0, 4, 8)),
+    Key("runtime", "threads", int, 2, "threads", "threads for MNN and for the attention kernel",
+        range=(1, 64)),
+    Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "
+        "kernels (int8 activations), 'normal' expands weights to float", choices=("low", "normal")),
+    Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V",
+        choices=("f16", "bf16", "f32")),
+    Key("runtime", "block_tokens", int, 64, "tokens", "tokens per KV cache block (the unit of "
+        "allocation, eviction and compression)", choices=(16, 32, 64, 128, 256)),
+    Key("runtime", "prefill_chunk", int, 256, "tokens", "prompt tokens per prefill step",
+        range=(1, 4096)),
+    Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
+        range=(0, 1 << 20)),
+)
+
+_BY_PATH = {k.path: k for k in SCHEMA}
+SECTIONS = tuple(dict.fromkeys(k.section for k in SCHEMA))
+
+
+def defaults() -> Dict[str, Dict[str, Any]]:
+    out: Dict[str, Dict[str, Any]] = {s: {} for s in SECTIONS}
+    for k in SCHEMA:
+        out[k.section][k.name] = copy.deepcopy(k.default)
+    return out
+
+
+def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
+    """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` or the defaults."""
+    cfg = copy.deepcopy(base) if base is not None else defaults()
+    if raw is None:
+        return cfg
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config must be a mapping of sections ({', '.join(SECTIONS)}), "
+                          f"got {type(raw).__name__}")
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown section {section!r} (allowed: {', '.join(SECTIONS)})")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section}: expected a mapping of keys, got {type(values).__name__}")
+        for name, value in values.items():
+            key = _BY_PATH.get(f"{section}.{name}")
+            if key is None:
+                known = ", ".join(k.name for k in SCHEMA if k.section == section)
+                raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
+            cfg[section][name] = key.check(value)
+    return cfg
+
+
+def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None):
+    """Defaults, then the YAML file, then ``{"section.key": value}`` overrides."""
+    import yaml
+
+    cfg = defaults()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        cfg = validate(raw, cfg)
+    for dotted, value in (overrides or {}).items():
+        section, _, name = dotted.partition(".")
+        cfg = validate({section: {name: value}}, cfg)
+    return cfg
+
+
+def markdown() -> str:
+    lines = ["# Configuration keys", "",
+             "Generated from `mnn_h2o/config.py` by `python -m mnn_h2o.config --markdown`; "
+             "a test fails when this file and the code disagree.", "",
+             "| key | type | default | unit | allowed | meaning |",
+             "|---|---|---|---|---|---|"]
+    for k in SCHEMA:
+        lines.append(f"| `{k.path}` | {k.type.__name__} | `{k.default}` | {k.unit} | {k.allowed()} | {k.meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(markdown())
+    else:
+        print("usage: python -m mnn_h2o.config --markdown", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,320 @@
+"""The decoding engine: MNN runs each layer's dense math, the native core caches K/V and attends.
+
+One decode step, top to bottom (llama2.c style):
+
+    h = embed[token]
+    for i in layers:       # MNN module: finish layer i-1, then norm + QKV + RoPE of layer i
+        h, q, k, v = layer_i(h, attn, cos[pos], sin[pos])
+        attn = cache.step(i, q, k, v)      # native: append K/V, exact softmax attention
+    x = tail(h, attn)                      # MNN: finish the last layer, final norm
+    logits = lm_head(x)
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from . import config as config_mod
+from .export import export, import_mnn
+from .gguf_model import ModelConfig
+from .model_source import resolve_gguf
+from .reference import rope_tables
+from .tokenizer import Tokenizer
+
+
+class ContextOverflowError(ValueError):
+    """The prompt plus the requested generation does not fit the context limit."""
+
+
+@dataclass
+class Sampling:
+    """Greedy when ``temperature == 0``; otherwise temperature, then top-k, then top-p."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Stats:
+    """Counters of the current context (since the last ``reset``)."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    mnn_s: float = 0.0        # time inside MNN module forwards (prefill + decode)
+    attention_s: float = 0.0  # time inside the native cache step (append + attention)
+    kv_bytes_held: int = 0
+    kv_bytes_peak: int = 0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps)
+        return d
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: List[int]
+    stop_reason: str  # "stop_token" | "stop_string" | "max_new_tokens"
+    stats: Stats = field(default_factory=Stats)
+
+
+_MEMORY_MODE = {"normal": 0, "low": 2}
+
+
+class Llm:
+    """A loaded model with its native KV cache. Not thread-safe: one instance per thread."""
+
+    def __init__(self, export_dir: str, cfg: Optional[dict] = None):
+        cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
+        rt = cfg["runtime"]
+        with open(os.path.join(export_dir, "model.json")) as f:
+            meta = json.load(f)
+        self.meta = meta
+        self.config: ModelConfig = ModelConfig.from_dict(meta["config"])
+        c = self.config
+        self.tokenizer = Tokenizer.load(os.path.join(export_dir, meta["tokenizer"]))
+        self.max_context = min(rt["max_context"] or c.context, c.context)
+        self.prefill_chunk = rt["prefill_chunk"]
+
+        MNN = import_mnn()
+        self._F = MNN.expr
+        manager = MNN.nn.create_runtime_manager(({
+            "backend": "CPU", "numThread": rt["threads"], "memory": _MEMORY_MODE[rt["memory"]]},))
+        self._modules = [None] * (c.n_layers + 2)
+        names = [f"layer{i}" for i in range(c.n_layers)] + ["tail", "lm_head"]
+        for j, name in enumerate(names):
+            m = meta["modules"][name]
+            self._modules[j] = MNN.nn.load_module_from_file(
+                os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager)
+        self._embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
+        cos, sin = rope_tables(c, np.arange(self.max_context), np.float32)
+        self._cos = np.ascontiguousarray(cos[:, None, :])
+        self._sin = np.ascontiguousarray(sin[:, None, :])
+
+        from . import _core
+
+        self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
+                                   dtype=rt["kv_dtype"], block_tokens=rt["block_tokens"],
+                                   max_tokens=self.max_context, threads=rt["threads"])
+        self._inputs: Dict[int, tuple] = {}
+        self.pos = 0  # true position of the next token (RoPE), independent of eviction
+        self.stats = Stats()
+
+    @classmethod
+    def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
+        """Export (first time only, then cached) and load a named model or GGUF path."""
+        cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
+        if model is not None:
+            cfg["model"]["name"] = model
+        path = resolve_gguf(cfg["model"]["name"])
+        return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress), cfg)
+
+    # --- state -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the context and give the KV memory back."""
+        self.cache.reset()
+        self.pos = 0
+        self.stats = Stats()
+
+    def _input_vars(self, n: int):
+        """Placeholders for an n-row step, kept per n so decode steps allocate nothing."""
+        v = self._inputs.get(n)
+        if v is None:
+            F, c = self._F, self.config
+            v = (F.placeholder([n, c.hidden]), F.placeholder([n, c.hidden]),
+                 F.placeholder([n, 1, c.head_dim]), F.placeholder([n, 1, c.head_dim]),
+                 np.empty((n, c.hidden), np.float32))
+            if n <= 1 or len(self._inputs) < 8:
+                self._inputs[n] = v
+        return v
+
+    # --- forward -----------------------------------------------------------------------------
+    def _forward(self, ids: Sequence[int], want: Optional[str]) -> Optional[np.ndarray]:
+        """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
+        Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
+        (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last)."""
+        n = len(ids)
+        c = self.config
+        if self.pos + n > self.max_context:
+            raise ContextOverflowError(
+                f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
+        h_in, attn_in, cos_in, sin_in, attn = self._input_vars(n)
+        h_in.write(np.asarray(self._embed[np.asarray(ids)], dtype=np.float32))
+        cos_in.write(self._cos[self.pos:self.pos + n])
+        sin_in.write(self._sin[self.pos:self.pos + n])
+        mods, cache, perf = self._modules, self.cache, time.perf_counter
+        t_mnn = t_att = 0.0
+        h = h_in
+        for i in range(c.n_layers):
+            t0 = perf()
+            h, q, k, v = mods[i].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
+            q, k, v = q.read(), k.read(), v.read()
+            t1 = perf()
+            cache.step(i, q, k, v, attn)
+            attn_in.write(attn)
+            t2 = perf()
+            t_mnn += t1 - t0
+            t_att += t2 - t1
+        t0 = perf()
+        logits = None
+        if want is not None:
+            x = mods[-2].forward([h, attn_in])[0]
+            if want == "last" and n > 1:
+                x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
+            logits = np.array(mods[-1].forward([x])[0].read(), dtype=np.float32, copy=True)
+        self.stats.mnn_s += t_mnn + perf() - t0
+        self.stats.attention_s += t_att
+        self.pos += n
+        held = cache.bytes_held()
+        self.stats.kv_bytes_held = held
+        self.stats.kv_bytes_peak = max(self.stats.kv_bytes_peak, held)
+        return logits
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab):
+            raise ValueError(f"token ids must be in [0, {self.config.vocab}), got {ids.min()}..{ids.max()}")
+        return ids
+
+    def prefill(self, ids: Sequence[int], all_logits: bool = False, progress=None) -> np.ndarray:
+        """Append ``ids`` to the context in chunks; logits of the last token ([vocab]) or of
+        every token ([n, vocab]) with ``all_logits``."""
+        ids = self._check_ids(ids)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        if self.pos + ids.size > self.max_context:
+            raise ContextOverflowError(
+                f"prompt of {ids.size} tokens does not fit: {self.pos} already in context, "
+                f"limit {self.max_context} (runtime.max_context / the model's context)")
+        t0 = time.perf_counter()
+        outs = []
+        for s in range(0, ids.size, self.prefill_chunk):
+            chunk = ids[s:s + self.prefill_chunk]
+            last = s + self.prefill_chunk >= ids.size
+            out = self._forward(chunk, "all" if all_logits else "last" if last else None)
+            if out is not None:
+                outs.append(out)
+            if progress is not None:
+                progress(len(chunk))
+        self.stats.prefill_s += time.perf_counter() - t0
+        self.stats.prompt_tokens += int(ids.size)
+        return np.concatenate(outs, 0) if all_logits else outs[-1][-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; logits [vocab] for the next."""
+        t0 = time.perf_counter()
+        logits = self._forward(self._check_ids([token]), "last")[0]
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.decode_steps += 1
+        return logits
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced next-token logits [n, vocab] for a fresh context of ``token_ids``."""
+        self.reset()
+        return self.prefill(token_ids, all_logits=True)
+
+    # --- generation --------------------------------------------------------------------------
+    def sample(self, logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+        if s.temperature == 0.0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / s.temperature
+        if s.top_k:
+            kth = np.partition(z, -s.top_k)[-s.top_k]
+            z = np.where(z < kth, -np.inf, z)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if s.top_p < 1.0:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            cut = order[cum - p[order] >= s.top_p]  # drop tokens after the nucleus is full
+            p[cut] = 0.0
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+                 sampling: Optional[Sampling] = None, stop: Iterable[str] = (),
+                 stream: Optional[Callable[[str], None]] = None, chat: bool = True,
+                 keep_context: bool = False) -> Generation:
+        """Generate a continuation of ``prompt`` (text, wrapped in the chat template when the
+        model has one and ``chat``; or token ids, used as they are)."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        sampling = sampling or Sampling()
+        rng = np.random.default_rng(sampling.seed)
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            text = tok.apply_chat_template(prompt) if chat else prompt
+            ids = tok.encode(text)
+        else:
+            ids = list(prompt)
+        if not keep_context:
+            self.reset()
+        if self.pos + len(ids) + max_new_tokens > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"context limit of {self.max_context - self.pos} tokens")
+        stops = [s for s in stop if s]
+        logits = self.prefill(ids)
+        out: List[int] = []
+        emitted = ""
+        reason = "max_new_tokens"
+        for _ in range(max_new_tokens):
+            t = self.sample(logits, sampling, rng)
+            if t in tok.stop_token_ids:
+                reason = "stop_token"
+                break
+            out.append(t)
+            self.stats.generated_tokens += 1
+            text = tok.decode(out)
+            hit = min((text.find(s) for s in stops if s in text), default=-1)
+            if hit >= 0:
+                text, reason = text[:hit], "stop_string"
+            # Hold back an incomplete UTF-8 sequence or a possible stop-string prefix.
+            safe = len(text) if reason == "stop_string" else _stream_safe_len(text, stops)
+            if stream and safe > len(emitted):
+                stream(text[len(emitted):safe])
+                emitted = text[:safe]
+            if reason == "stop_string":
+                break
+            logits = self.decode(t)
+        text = tok.decode(out)
+        if reason == "stop_string":
+            text = text[:min(text.find(s) for s in stops if s in text)]
+        if stream and len(text) > len(emitted):
+            stream(text[len(emitted):])
+        return Generation(text, out, reason, self.stats)
+
+
+def _stream_safe_len(text: str, stops: List[str]) -> int:
+    n = len(text.rstrip("\ufffd"))
+    for s in stops:
+        for k in range(min(len(s) - 1, n), 0, -1):
+            if text[:n].endswith(s[:k]):
+                n -= k
+                break
+    return n
