@@ -1,0 +1,67 @@
+"""The llm_demo of mnn_h2o: stream an answer, then print timing and KV figures.
+
+    python -m mnn_h2o.demo --prompt "The capital of France is" --no-chat
+    python -m mnn_h2o.demo --prompt-file question.txt --max-new-tokens 256 --config h2o.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import config as config_mod
+from .engine import ContextOverflowError, Llm, Sampling
+from .gguf_model import ModelFileError
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mnn_h2o.demo",
+                                 description="Generate text with the mnn_h2o engine and report "
+                                             "prefill/decode speed and KV-cache memory.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    ap.add_argument("--config", help="YAML config (default: built-in defaults; see docs/config.md)")
+    ap.add_argument("--model", help="named model or GGUF path (overrides model.name of the config)")
+    ap.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    ap.add_argument("--seed", type=int, default=None, help="sampling seed")
+    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    args = ap.parse_args(argv)
+    try:
+        if args.max_new_tokens < 0:
+            raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+        sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+        if args.prompt_file:
+            try:
+                with (sys.stdin if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8")) as f:
+                    prompt = f.read()
+            except OSError as e:
+                raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from None
+        else:
+            prompt = args.prompt
+        overrides = {"model.name": args.model} if args.model else None
+        cfg = config_mod.load(args.config, overrides)
+        llm = Llm.load(None, cfg)
+        g = llm.generate(prompt, args.max_new_tokens, sampling, stop=args.stop,
+                         stream=lambda s: print(s, end="", flush=True), chat=not args.no_chat)
+    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    s = g.stats
+    print()
+    print(f"\n--- {s.prompt_tokens} prompt tokens, {s.generated_tokens} generated ({g.stop_reason})")
+    print(f"prefill {s.prefill_s * 1e3:8.1f} ms  {s.prefill_tps:8.1f} tok/s")
+    print(f"decode  {s.decode_s * 1e3:8.1f} ms  {s.decode_tps:8.1f} tok/s")
+    print(f"KV held {s.kv_bytes_held / 2**20:8.2f} MiB (peak {s.kv_bytes_peak / 2**20:.2f} MiB), "
+          f"dtype {cfg['runtime']['kv_dtype']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
