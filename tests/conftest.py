@@ -1,0 +1,49 @@
+import os
+
+import numpy as np
+import pytest
+
+# Idle BLAS/OpenMP threads spin and steal MNN's cores (see shared MNN notes).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    from mnn_h2o.model_source import resolve_gguf
+
+    return resolve_gguf("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_path):
+    from mnn_h2o.gguf_model import GgufModel
+
+    return GgufModel(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_gguf):
+    from mnn_h2o.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def reference(smollm2_gguf):
+    from mnn_h2o.reference import ReferenceModel
+
+    return ReferenceModel(smollm2_gguf, np.float64)
+
+
+def make_llm(weight_bits=8, **runtime):
+    from mnn_h2o import config
+    from mnn_h2o.engine import Llm
+
+    cfg = config.validate({"model": {"weight_bits": weight_bits}, "runtime": runtime})
+    return Llm.load("smollm2", cfg, progress=False)
+
+
+@pytest.fixture(scope="session")
+def llm8():
+    return make_llm(8)

@@ -1,0 +1,55 @@
+import os
+
+import pytest
+
+from mnn_h2o import config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_docs_table_matches_schema():
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+        assert f.read() == config.markdown(), "docs/config.md is stale: python -m mnn_h2o.config --markdown > docs/config.md"
+
+
+def test_shipped_yaml_is_valid_and_covers_every_key():
+    import yaml
+
+    path = os.path.join(ROOT, "h2o.yaml")
+    cfg = config.load(path)
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    for k in config.SCHEMA:
+        assert k.name in raw[k.section], f"h2o.yaml does not set {k.path}"
+        assert cfg[k.section][k.name] == raw[k.section][k.name]
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"runtime": {"thread": 2}}, "unknown key runtime.thread"),
+    ({"runtim": {}}, "unknown section 'runtim'"),
+    ({"runtime": {"threads": "2"}}, "runtime.threads: expected int"),
+    ({"runtime": {"threads": True}}, "runtime.threads: expected int"),
+    ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
+    ({"runtime": {"kv_dtype": "f8"}}, "runtime.kv_dtype: 'f8' is not allowed (allowed: f16 | bf16 | f32)"),
+    ({"model": {"weight_bits": 3}}, "model.weight_bits: 3 is not allowed"),
+    ({"model": ["x"]}, "model: expected a mapping"),
+    ([1, 2], "config must be a mapping"),
+])
+def test_bad_values_are_named(raw, message):
+    with pytest.raises(config.ConfigError) as e:
+        config.validate(raw)
+    assert message in str(e.value)
+
+
+def test_bad_yaml_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("runtime: {threads: [\n")
+    with pytest.raises(config.ConfigError, match="not valid YAML"):
+        config.load(str(p))
+    with pytest.raises(config.ConfigError, match="cannot read config"):
+        config.load(str(tmp_path / "missing.yaml"))
+
+
+def test_overrides_apply_after_file():
+    cfg = config.load(None, {"runtime.threads": 1, "model.name": "x.gguf"})
+    assert cfg["runtime"]["threads"] == 1 and cfg["model"]["name"] == "x.gguf"
