@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: native tests (ctest) then the Python tests, including the real-model ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+(cd build && ctest --output-on-failure)
+python3 -m pytest -q "$@"

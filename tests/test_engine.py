@@ -1,0 +1,89 @@
+"""The engine against the numpy reference and against itself, on the real SmolLM2 model."""
+import numpy as np
+import pytest
+
+from conftest import make_llm
+from mnn_h2o.engine import ContextOverflowError, Sampling
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def llm_float():
+    # Float weights, MNN memory Normal, fp32 KV: the engine should match the reference exactly.
+    return make_llm(0, memory="normal", kv_dtype="f32", prefill_chunk=256)
+
+
+@pytest.mark.parametrize("n", [32, 1024])
+def test_float_engine_matches_reference(llm_float, reference, tokenizer, n):
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, n)
+    ref = reference.forward(ids)
+    got = llm_float.logits(ids)[-1]
+    err = np.abs(got - ref).max() / (ref.max() - ref.min())
+    print(f"n={n}: max |engine - reference| / logit range = {err:.2e}")
+    assert err < 2e-4
+    assert int(np.argmax(got)) == int(np.argmax(ref))
+
+
+def test_chunked_prefill_and_decode_match_one_pass(llm_float, tokenizer):
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 300, offset=50)
+    full = llm_float.logits(ids)              # chunks of 256 + 44, all rows
+    llm_float.reset()
+    llm_float.prefill(ids[:100])
+    steps = [llm_float.decode(t) for t in ids[100:110]]
+    np.testing.assert_allclose(np.stack(steps), full[100:110], atol=2e-3 * np.ptp(full[100]))
+
+
+def test_paris(llm8):
+    g = llm8.generate("The capital of France is", max_new_tokens=8, chat=False)
+    assert "Paris" in g.text, g.text
+    g = llm8.generate("What is the capital of France?", max_new_tokens=24)
+    assert "Paris" in g.text, g.text
+
+
+def test_generate_stop_string_stream_and_stats(llm8):
+    chunks = []
+    g = llm8.generate("Count from one to ten in words: one, two,", max_new_tokens=40, chat=False,
+                      stop=["six"], stream=chunks.append)
+    assert g.stop_reason == "stop_string" and "six" not in g.text
+    assert "".join(chunks) == g.text
+    s = g.stats
+    assert s.prompt_tokens == len(llm8.tokenizer.encode("Count from one to ten in words: one, two,"))
+    assert s.decode_steps > 0 and s.decode_tps > 0 and s.prefill_tps > 0
+    assert s.kv_bytes_held > 0
+
+
+def test_sampling_is_seeded_and_valid(llm8):
+    s = Sampling(temperature=0.8, top_k=40, top_p=0.9, seed=7)
+    a = llm8.generate("Once upon a time", max_new_tokens=12, sampling=s, chat=False).token_ids
+    b = llm8.generate("Once upon a time", max_new_tokens=12, sampling=s, chat=False).token_ids
+    assert a == b
+    with pytest.raises(ValueError):
+        Sampling(top_p=0.0)
+
+
+def test_kv_bytes_held_and_reset(llm8, tokenizer):
+    from mnn_h2o.essays import essay_tokens
+
+    c = llm8.config
+    llm8.reset()
+    llm8.prefill(essay_tokens(tokenizer, 200))
+    blocks = -(-200 // 64)
+    expect = c.n_layers * c.n_kv_heads * 2 * blocks * 64 * c.head_dim * 2  # fp16, whole blocks
+    assert llm8.cache.bytes_held() == expect
+    llm8.reset()
+    assert llm8.cache.bytes_held() == 0
+
+
+def test_context_overflow_is_a_clear_error():
+    llm = make_llm(8, max_context=64)
+    with pytest.raises(ContextOverflowError, match="does not fit"):
+        llm.prefill(list(range(100, 200)))
+    with pytest.raises(ContextOverflowError, match="exceeds the context limit"):
+        llm.generate(list(range(100, 150)), max_new_tokens=20)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        llm.prefill([llm.config.vocab])
