@@ -1,0 +1,69 @@
+// A fixed pool of worker threads that sleep on a condition variable while idle.
+//
+// Why not OpenMP or a spinning pool: MNN runs the dense layers on the same cores right before and
+// after every attention call, and a worker that spins while waiting for work steals MNN's core
+// (it made MNN 4-7x slower here). Workers here block in the kernel between calls; waking one
+// costs a few microseconds, which is why callers only go parallel for enough work.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace mnn_h2o {
+
+class ThreadPool {
+public:
+    // n_threads counts the calling thread, which always takes part: 1 means no worker threads.
+    explicit ThreadPool(int n_threads);
+    ~ThreadPool();  // wakes and joins every worker
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+    // Runs fn(task, thread) for every task in [0, n_tasks) and returns when all are done. thread
+    // is in [0, size()) and no two tasks run at once with the same thread index, so it can index
+    // per-thread scratch memory. Tasks are handed out in increasing order, one at a time, so
+    // uneven tasks balance. The first exception thrown by a task is rethrown here (the remaining
+    // tasks are skipped). Calls from different threads are serialised; a call made from inside
+    // a task runs all its tasks inline on that thread.
+    template <class Fn>
+    void parallel_for(int n_tasks, Fn&& fn) {
+        using F = std::remove_reference_t<Fn>;
+        run(n_tasks, [](void* c, int task, int thread) { (*static_cast<F*>(c))(task, thread); },
+            const_cast<void*>(static_cast<const void*>(&fn)));
+    }
+
+private:
+    using TaskFn = void (*)(void* ctx, int task, int thread);
+
+    void run(int n_tasks, TaskFn fn, void* ctx);
+    void worker_loop(int thread);
+    void work(int thread);
+
+    std::vector<std::thread> workers_;
+    std::mutex call_mutex_;  // one parallel_for at a time
+
+    // The current job, published under mutex_ together with a new generation number.
+    std::mutex mutex_;
+    std::condition_variable wake_;  // workers wait here for a new generation or shutdown
+    std::condition_variable done_;  // the caller waits here for the workers to finish
+    uint64_t generation_ = 0;
+    bool stop_ = false;
+    int busy_workers_ = 0;
+    TaskFn fn_ = nullptr;
+    void* ctx_ = nullptr;
+    int n_tasks_ = 0;
+    std::atomic<int> next_task_{0};
+    std::atomic<bool> failed_{false};
+    std::exception_ptr error_;  // first task exception, written once under mutex_
+};
+
+}  // namespace mnn_h2o

@@ -1,0 +1,278 @@
+// Attention dispatch: picks the kernel set of the requested ISA and splits the work over threads.
+//
+// Many query rows per kv head (prefill): tasks are (kv head, tile of rows); each tile is computed
+// exactly by one kernel call. Few rows (decode): tasks are (kv head, key range); each produces an
+// unnormalised softmax state that is merged here exactly, block scores included.
+#include "mnn_h2o/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "attention_kernels.h"
+#include "mnn_h2o/thread_pool.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+constexpr int kMaxGroup = 64;      // query heads per kv head
+constexpr int kMaxTileRows = 64;   // rows of a kernel set's prefill tile
+constexpr size_t kSliceAlign = 16; // per-thread scratch slices start on 64-byte boundaries
+
+const kernels::KernelSet* kernel_set(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar: return &kernels::scalar_kernels();
+        case Isa::Avx2:
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+            if (cpu_features().avx2_f16c_fma) return &kernels::avx2_kernels();
+#endif
+            return nullptr;
+        case Isa::Avx512:
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+            if (cpu_features().avx512) return &kernels::avx512_kernels();
+#endif
+            return nullptr;
+        case Isa::Neon:
+#if defined(__aarch64__)
+            if (cpu_features().neon) return &kernels::neon_kernels();
+#endif
+            return nullptr;
+    }
+    return nullptr;
+}
+
+const kernels::KernelSet& checked_kernel_set(Isa isa) {
+    const kernels::KernelSet* set = kernel_set(isa);
+    if (!set) throw std::invalid_argument(std::string("ISA '") + isa_name(isa) + "' is not available on this CPU/build");
+    return *set;
+}
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+void fail(const std::string& what) { throw std::invalid_argument("attention: " + what); }
+
+void validate(const AttentionProblem& p) {
+    if (p.n_kv_heads < 1) fail("n_kv_heads must be >= 1");
+    if (p.group < 1 || p.group > kMaxGroup) fail("group must be in [1, " + std::to_string(kMaxGroup) + "]");
+    if (p.head_dim < 16 || p.head_dim > 256 || p.head_dim % 16) fail("head_dim must be a multiple of 16 in [16, 256]");
+    if (p.block_tokens < 16 || p.block_tokens % 16) fail("block_tokens must be a positive multiple of 16");
+    if (p.dtype != KvDtype::F16 && p.dtype != KvDtype::BF16 && p.dtype != KvDtype::F32) fail("unknown dtype");
+    if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
+    if (p.n_q < 1) fail("n_q must be >= 1");
+    for (int h = 0; h < p.n_kv_heads; ++h) {
+        const KvHeadView& kv = p.heads[h];
+        if (kv.n_keys < p.n_q)
+            fail("kv head " + std::to_string(h) + " holds " + std::to_string(kv.n_keys) + " tokens, fewer than the " +
+                 std::to_string(p.n_q) + " queries (append the new tokens before attending)");
+        if (!kv.k_blocks || !kv.v_blocks) fail("null block list");
+        if (p.block_scores && p.scores_stride < static_cast<size_t>((kv.n_keys + p.block_tokens - 1) / p.block_tokens))
+            fail("scores_stride " + std::to_string(p.scores_stride) + " is smaller than the " +
+                 std::to_string((kv.n_keys + p.block_tokens - 1) / p.block_tokens) + " blocks of kv head " +
+                 std::to_string(h));
+    }
+    const size_t elems = static_cast<size_t>(p.n_q) * p.n_kv_heads * p.group * p.head_dim;
+    const auto q0 = reinterpret_cast<uintptr_t>(p.q), o0 = reinterpret_cast<uintptr_t>(p.out);
+    if (q0 < o0 + elems * sizeof(float) && o0 < q0 + elems * sizeof(float)) fail("out overlaps q");
+}
+
+int max_keys_of(const AttentionProblem& p) {
+    int max_keys = 0;
+    for (int h = 0; h < p.n_kv_heads; ++h) max_keys = std::max(max_keys, p.heads[h].n_keys);
+    return max_keys;
+}
+
+bool parallel_worthwhile(const AttentionProblem& p) {
+    return static_cast<long long>(p.n_q) * max_keys_of(p) >= kParallelMinQueryKeys;
+}
+
+template <class Fn>
+void for_tasks(ThreadPool* pool, int n_tasks, const Fn& fn) {
+    if (pool) pool->parallel_for(n_tasks, fn);
+    else
+        for (int t = 0; t < n_tasks; ++t) fn(t, 0);
+}
+
+void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
+           ThreadPool* pool, AttentionWorkspace& ws) {
+    const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, R = ks.tile_rows;
+    if (R > kMaxTileRows) throw std::logic_error("attention: kernel tile larger than kMaxTileRows");
+    const int rows_per_head = p.n_q * G;
+    const int tiles_per_head = (rows_per_head + R - 1) / R;
+    const int n_tasks = p.n_kv_heads * tiles_per_head;
+    const int max_keys = max_keys_of(p);
+    const int max_blocks = (max_keys + p.block_tokens - 1) / p.block_tokens;
+
+    const size_t slice = round_up(ks.tile_scratch_floats(shape, max_blocks), kSliceAlign);
+    if (ws.per_thread.size() < slice * n_threads) ws.per_thread.resize(slice * n_threads);
+    if (p.block_scores) ws.tile_scores.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
+
+    for_tasks(parallel_worthwhile(p) ? pool : nullptr, n_tasks, [&](int task, int thread) {
+        const int h = task / tiles_per_head, r0 = task % tiles_per_head * R;
+        const int n_rows = std::min(R, rows_per_head - r0);
+        const float* q_rows[kMaxTileRows];
+        float* out_rows[kMaxTileRows];
+        int limits[kMaxTileRows];
+        for (int i = 0; i < n_rows; ++i) {
+            const int t = (r0 + i) / G, qh = h * G + (r0 + i) % G;
+            const size_t offset = (static_cast<size_t>(t) * n_heads + qh) * hd;
+            q_rows[i] = p.q + offset;
+            out_rows[i] = p.out + offset;
+            limits[i] = p.heads[h].n_keys - p.n_q + t + 1;
+        }
+        kernels::TileArgs args{shape,    &p.heads[h], q_rows, out_rows, limits, n_rows,
+                               ws.per_thread.data() + slice * thread,
+                               p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr};
+        ks.tile(args);
+    });
+
+    if (p.block_scores) {
+        for (int task = 0; task < n_tasks; ++task) {
+            float* dst = p.block_scores + static_cast<size_t>(task / tiles_per_head) * p.scores_stride;
+            const float* src = ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks;
+            const int h_blocks = (p.heads[task / tiles_per_head].n_keys + p.block_tokens - 1) / p.block_tokens;
+            for (int b = 0; b < h_blocks; ++b) dst[b] += src[b];
+        }
+    }
+}
+
+void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
+             ThreadPool* pool, AttentionWorkspace& ws) {
+    const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
+    const int max_keys = max_keys_of(p);
+    const int max_blocks = (max_keys + bt - 1) / bt;
+    const int splits = n_threads > 1 && parallel_worthwhile(p) ? std::min(n_threads, max_blocks) : 1;
+    const int n_tasks = p.n_kv_heads * splits;
+    // Split s of a head with nb blocks covers blocks [s*nb/splits, (s+1)*nb/splits).
+    const auto split_begin = [&](int nb, int s) { return static_cast<int>(static_cast<long long>(nb) * s / splits); };
+    const int max_split_keys = ((max_blocks + splits - 1) / splits) * bt;
+
+    const size_t slice = round_up(ks.decode_scratch_floats(shape, G, max_split_keys), kSliceAlign);
+    if (ws.per_thread.size() < slice * n_threads) ws.per_thread.resize(slice * n_threads);
+    // Per (head, split, query, row): m, l and o, laid out as three arrays.
+    const size_t n_states = static_cast<size_t>(n_tasks) * p.n_q * G;
+    const size_t n_block_rows = static_cast<size_t>(p.n_kv_heads) * p.n_q * G;
+    const size_t need = n_states * (2 + hd) + (p.block_scores ? n_block_rows * max_blocks : 0);
+    if (ws.partials.size() < need) ws.partials.resize(need);
+    float* ms = ws.partials.data();
+    float* ls = ms + n_states;
+    float* os = ls + n_states;
+    float* block_sums = os + n_states * hd;  // [head][query][row][block]
+
+    for_tasks(splits > 1 ? pool : nullptr, n_tasks, [&](int task, int thread) {
+        const int h = task / splits, s = task % splits;
+        const KvHeadView& kv = p.heads[h];
+        const int nb = (kv.n_keys + bt - 1) / bt;
+        const int key_begin = split_begin(nb, s) * bt;
+        const int key_end_split = std::min(split_begin(nb, s + 1) * bt, kv.n_keys);
+        const float* q_rows[kMaxGroup];
+        for (int t = 0; t < p.n_q; ++t) {
+            const size_t state = (static_cast<size_t>(task) * p.n_q + t) * G;
+            const int key_end = std::min(key_end_split, kv.n_keys - p.n_q + t + 1);
+            if (key_begin >= key_end) {
+                for (int g = 0; g < G; ++g) {
+                    ms[state + g] = -std::numeric_limits<float>::infinity();
+                    ls[state + g] = 0.f;
+                }
+                continue;
+            }
+            for (int g = 0; g < G; ++g) q_rows[g] = p.q + (static_cast<size_t>(t) * n_heads + h * G + g) * hd;
+            kernels::DecodeArgs args{shape,
+                                     &kv,
+                                     q_rows,
+                                     G,
+                                     key_begin,
+                                     key_end,
+                                     ws.per_thread.data() + slice * thread,
+                                     ms + state,
+                                     ls + state,
+                                     os + state * hd,
+                                     p.block_scores ? block_sums + ((static_cast<size_t>(h) * p.n_q + t) * G) * max_blocks +
+                                                          key_begin / bt
+                                                    : nullptr,
+                                     static_cast<size_t>(max_blocks)};
+            ks.decode(args);
+        }
+    });
+
+    for (int h = 0; h < p.n_kv_heads; ++h) {
+        const int nb = (p.heads[h].n_keys + bt - 1) / bt;
+        for (int t = 0; t < p.n_q; ++t) {
+            const int visible = p.heads[h].n_keys - p.n_q + t + 1;
+            for (int g = 0; g < G; ++g) {
+                const auto state = [&](int s) { return ((static_cast<size_t>(h) * splits + s) * p.n_q + t) * G + g; };
+                float m = -std::numeric_limits<float>::infinity(), l = 0.f;
+                for (int s = 0; s < splits; ++s) m = std::max(m, ms[state(s)]);
+                for (int s = 0; s < splits; ++s)
+                    if (ls[state(s)] > 0.f) l += ls[state(s)] * std::exp(ms[state(s)] - m);
+                float* out = p.out + (static_cast<size_t>(t) * n_heads + h * G + g) * hd;
+                std::fill(out, out + hd, 0.f);
+                for (int s = 0; s < splits; ++s) {
+                    if (!(ls[state(s)] > 0.f)) continue;  // empty range
+                    const float f = std::exp(ms[state(s)] - m) / l;
+                    const float* o = os + state(s) * hd;
+                    for (int d = 0; d < hd; ++d) out[d] += f * o[d];
+                    if (!p.block_scores) continue;
+                    const int b_end = (std::min(split_begin(nb, s + 1) * bt, visible) + bt - 1) / bt;
+                    const float* src = block_sums + ((static_cast<size_t>(h) * p.n_q + t) * G + g) * max_blocks;
+                    float* dst = p.block_scores + static_cast<size_t>(h) * p.scores_stride;
+                    for (int b = split_begin(nb, s); b < b_end; ++b) dst[b] += f * src[b];
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+size_t kv_dtype_size(KvDtype dtype) {
+    switch (dtype) {
+        case KvDtype::F16:
+        case KvDtype::BF16: return 2;
+        case KvDtype::F32: return 4;
+    }
+    throw std::invalid_argument("unknown KvDtype");
+}
+
+const char* kv_dtype_name(KvDtype dtype) {
+    switch (dtype) {
+        case KvDtype::F16: return "f16";
+        case KvDtype::BF16: return "bf16";
+        case KvDtype::F32: return "f32";
+    }
+    return "?";
+}
+
+bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
+
+void attention(const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
+    const kernels::KernelSet& ks = checked_kernel_set(isa);
+    validate(p);
+    const kernels::Shape shape{p.head_dim, p.block_tokens, p.dtype, 1.f / std::sqrt(static_cast<float>(p.head_dim))};
+    const int n_threads = pool ? pool->size() : 1;
+    if (p.n_q * p.group >= ks.tile_min_rows) tiled(p, ks, shape, n_threads, pool, ws);
+    else decoded(p, ks, shape, n_threads, pool, ws);
+}
+
+// The SIMD sets convert whole vectors of 16; the scalar code, bit-identical, does the rest.
+void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n) {
+    const kernels::KernelSet& ks = checked_kernel_set(isa);
+    const size_t head = isa == Isa::Scalar ? n : n / 16 * 16;
+    ks.from_f32(dtype, src, dst, head);
+    if (head < n)
+        kernels::scalar_kernels().from_f32(dtype, src + head, static_cast<uint8_t*>(dst) + head * kv_dtype_size(dtype),
+                                           n - head);
+}
+
+void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n) {
+    const kernels::KernelSet& ks = checked_kernel_set(isa);
+    const size_t head = isa == Isa::Scalar ? n : n / 16 * 16;
+    ks.to_f32(dtype, src, dst, head);
+    if (head < n)
+        kernels::scalar_kernels().to_f32(dtype, static_cast<const uint8_t*>(src) + head * kv_dtype_size(dtype),
+                                         dst + head, n - head);
+}
+
+}  // namespace mnn_h2o

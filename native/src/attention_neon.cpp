@@ -1,0 +1,73 @@
+// NEON (AArch64) instantiation of the SIMD attention kernels. Compiled on every platform, empty
+// off AArch64.
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_kernels.h"
+
+namespace mnn_h2o {
+namespace kernels {
+namespace {
+
+struct Neon {
+    using vec = float32x4_t;
+    static constexpr int W = 4;
+    static constexpr int kDecodeRows = 4;  // 16 accumulators of 32 registers
+    static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
+    static constexpr int kPvRows = 4;      // 16 accumulators (4 rows x 4 vectors of head_dim)
+
+    static vec zero() { return vdupq_n_f32(0.f); }
+    static vec set1(float x) { return vdupq_n_f32(x); }
+    static vec load(const float* p) { return vld1q_f32(p); }
+    static void store(float* p, vec v) { vst1q_f32(p, v); }
+    static vec add(vec a, vec b) { return vaddq_f32(a, b); }
+    static vec sub(vec a, vec b) { return vsubq_f32(a, b); }
+    static vec mul(vec a, vec b) { return vmulq_f32(a, b); }
+    static vec fmadd(vec a, vec b, vec c) { return vfmaq_f32(c, a, b); }
+    static vec max(vec a, vec b) { return vmaxq_f32(a, b); }
+    static float hsum(vec v) { return vaddvq_f32(v); }
+    static float hmax(vec v) { return vmaxvq_f32(v); }
+    static void reduce4(vec a, vec b, vec c, vec d, float* out) {
+        vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)));
+    }
+    static vec round(vec v) { return vrndnq_f32(v); }
+    static vec pow2n(vec n) {
+        return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
+    }
+    static vec select_lt(vec a, vec b, vec x, vec y) { return vbslq_f32(vcltq_f32(a, b), x, y); }
+
+    static vec load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+    static vec load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+    static void store_f16(uint16_t* p, vec v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
+    static void store_bf16(uint16_t* p, vec v) {
+        const uint32x4_t u = vreinterpretq_u32_f32(v);
+        const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+        const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7FFF)), lsb), 16);
+        const uint32x4_t nan = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40));
+        const uint32x4_t is_num = vceqq_f32(v, v);
+        vst1_u16(p, vmovn_u32(vbslq_u32(is_num, rounded, nan)));
+    }
+};
+
+}  // namespace
+}  // namespace kernels
+}  // namespace mnn_h2o
+
+#include "attention_simd.h"
+
+namespace mnn_h2o {
+namespace kernels {
+
+const KernelSet& neon_kernels() {
+    static constexpr KernelSet set = simd::kernel_set<Neon>(8);
+    return set;
+}
+
+}  // namespace kernels
+}  // namespace mnn_h2o
+
+#endif  // __aarch64__

@@ -1,0 +1,459 @@
+// The SIMD attention kernels, written once over a traits class V and instantiated by each ISA
+// file (attention_avx2.cpp, attention_avx512.cpp, attention_neon.cpp) with its own traits.
+//
+// Every function here is a template on V, and each ISA file declares its traits in an anonymous
+// namespace, so every instantiation has internal linkage: the linker can never swap an AVX-512
+// body into an AVX2 caller. For the same reason nothing here calls into the standard library.
+//
+// V provides: vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
+// kTileKeys (keys per score micro-tile in prefill), kPvRows (rows per P*V micro-tile), and
+// zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
+// load_f16/load_bf16/store_f16/store_bf16.
+//
+// Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
+#pragma once
+
+namespace mnn_h2o {
+namespace kernels {
+namespace simd {
+
+template <class V>
+using Vec = typename V::vec;
+
+template <class V>
+constexpr float kNegInf = -__builtin_inff();
+
+// exp(x) for x <= 88, within about 2 ulp (Cephes expf polynomial after range reduction by ln 2).
+// x below -87.3 (where exp underflows to subnormals) gives exactly 0, so masked scores of -inf
+// carry no probability at all.
+template <class V>
+inline Vec<V> vexp(Vec<V> x) {
+    const Vec<V> lo = V::set1(-87.3365478515625f);
+    const Vec<V> xc = V::max(x, lo);
+    const Vec<V> n = V::round(V::mul(xc, V::set1(1.44269504088896341f)));
+    Vec<V> r = V::fmadd(n, V::set1(-0.693359375f), xc);
+    r = V::fmadd(n, V::set1(2.12194440e-4f), r);
+    Vec<V> p = V::set1(1.9875691500e-4f);
+    p = V::fmadd(p, r, V::set1(1.3981999507e-3f));
+    p = V::fmadd(p, r, V::set1(8.3334519073e-3f));
+    p = V::fmadd(p, r, V::set1(4.1665795894e-2f));
+    p = V::fmadd(p, r, V::set1(1.6666665459e-1f));
+    p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
+    const Vec<V> y = V::fmadd(V::mul(p, r), r, V::add(r, V::set1(1.f)));
+    return V::select_lt(x, lo, V::zero(), V::mul(y, V::pow2n(n)));
+}
+
+template <class V, KvDtype DT>
+inline Vec<V> load_kv(const void* base, size_t i) {
+    if constexpr (DT == KvDtype::F32) return V::load(static_cast<const float*>(base) + i);
+    else if constexpr (DT == KvDtype::F16) return V::load_f16(static_cast<const uint16_t*>(base) + i);
+    else return V::load_bf16(static_cast<const uint16_t*>(base) + i);
+}
+
+template <class V>
+inline size_t round_up_w(size_t n) {
+    return (n + V::W - 1) / V::W * V::W;
+}
+
+template <class V>
+inline int imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode: few query rows. Each key row is loaded once and dotted with the RC rows of the group
+// that share it; four keys at a time so the horizontal sums are done four-wide (reduce4).
+
+template <class V, KvDtype DT, int RC>
+void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
+    int j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        Vec<V> acc[4][RC];
+        for (int jj = 0; jj < 4; ++jj)
+            for (int r = 0; r < RC; ++r) acc[jj][r] = V::zero();
+        for (int c = 0; c < hd; c += V::W) {
+            Vec<V> qv[RC];
+            for (int r = 0; r < RC; ++r) qv[r] = V::load(q + r * hd + c);
+            for (int jj = 0; jj < 4; ++jj) {
+                const Vec<V> kv = load_kv<V, DT>(kblk, static_cast<size_t>(j + jj) * hd + c);
+                for (int r = 0; r < RC; ++r) acc[jj][r] = V::fmadd(kv, qv[r], acc[jj][r]);
+            }
+        }
+        for (int r = 0; r < RC; ++r) V::reduce4(acc[0][r], acc[1][r], acc[2][r], acc[3][r], s + r * s_stride + j);
+    }
+    for (; j < nk; ++j) {
+        Vec<V> acc[RC];
+        for (int r = 0; r < RC; ++r) acc[r] = V::zero();
+        for (int c = 0; c < hd; c += V::W) {
+            const Vec<V> kv = load_kv<V, DT>(kblk, static_cast<size_t>(j) * hd + c);
+            for (int r = 0; r < RC; ++r) acc[r] = V::fmadd(kv, V::load(q + r * hd + c), acc[r]);
+        }
+        for (int r = 0; r < RC; ++r) s[r * s_stride + j] = V::hsum(acc[r]);
+    }
+}
+
+// o[r][c0 .. c0 + DC*W) += sum_j p[r][j] * v_j[c0 ..], p rows with stride p_stride.
+template <class V, KvDtype DT, int RC, int DC>
+void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd, int c0, float* o) {
+    Vec<V> acc[RC][DC];
+    for (int r = 0; r < RC; ++r)
+        for (int d = 0; d < DC; ++d) acc[r][d] = V::load(o + r * hd + c0 + d * V::W);
+    for (int j = 0; j < nk; ++j) {
+        Vec<V> v[DC];
+        for (int d = 0; d < DC; ++d) v[d] = load_kv<V, DT>(vblk, static_cast<size_t>(j) * hd + c0 + d * V::W);
+        for (int r = 0; r < RC; ++r) {
+            const Vec<V> pr = V::set1(p[r * p_stride + j]);
+            for (int d = 0; d < DC; ++d) acc[r][d] = V::fmadd(pr, v[d], acc[r][d]);
+        }
+    }
+    for (int r = 0; r < RC; ++r)
+        for (int d = 0; d < DC; ++d) V::store(o + r * hd + c0 + d * V::W, acc[r][d]);
+}
+
+template <class V, KvDtype DT, int RC>
+void pv_rows(const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o) {
+    for (int c0 = 0; c0 < hd; c0 += 4 * V::W) {
+        switch (imin<V>(4, (hd - c0) / V::W)) {
+            case 1: pv_block<V, DT, RC, 1>(p, p_stride, vblk, nk, hd, c0, o); break;
+            case 2: pv_block<V, DT, RC, 2>(p, p_stride, vblk, nk, hd, c0, o); break;
+            case 3: pv_block<V, DT, RC, 3>(p, p_stride, vblk, nk, hd, c0, o); break;
+            default: pv_block<V, DT, RC, 4>(p, p_stride, vblk, nk, hd, c0, o); break;
+        }
+    }
+}
+
+template <class V, KvDtype DT>
+void qk_rows(int rc, const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
+    switch (rc) {
+        case 1: qk_block<V, DT, 1>(q, kblk, nk, hd, s, s_stride); break;
+        case 2: qk_block<V, DT, 2>(q, kblk, nk, hd, s, s_stride); break;
+        case 3: qk_block<V, DT, 3>(q, kblk, nk, hd, s, s_stride); break;
+        default: qk_block<V, DT, 4>(q, kblk, nk, hd, s, s_stride); break;
+    }
+}
+
+template <class V, KvDtype DT>
+void pv_rows_n(int rc, const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o) {
+    switch (rc) {
+        case 1: pv_rows<V, DT, 1>(p, p_stride, vblk, nk, hd, o); break;
+        case 2: pv_rows<V, DT, 2>(p, p_stride, vblk, nk, hd, o); break;
+        case 3: pv_rows<V, DT, 3>(p, p_stride, vblk, nk, hd, o); break;
+        default: pv_rows<V, DT, 4>(p, p_stride, vblk, nk, hd, o); break;
+    }
+}
+
+template <class V>
+size_t decode_scratch_floats(const Shape& s, int n_rows, int n_keys) {
+    return static_cast<size_t>(n_rows) * (s.head_dim + round_up_w<V>(static_cast<size_t>(n_keys)));
+}
+
+template <class V, KvDtype DT>
+void decode_impl(const DecodeArgs& a) {
+    static_assert(V::kDecodeRows <= 4, "qk_rows/pv_rows_n instantiate up to 4 rows");
+    const Shape& s = a.shape;
+    const int hd = s.head_dim, bt = s.block_tokens, n = a.key_end - a.key_begin;
+    const size_t stride = round_up_w<V>(static_cast<size_t>(n));
+    float* q = a.scratch;
+    float* scores = a.scratch + static_cast<size_t>(a.n_rows) * hd;
+    const Vec<V> scale = V::set1(s.scale);
+    for (int r = 0; r < a.n_rows; ++r)
+        for (int c = 0; c < hd; c += V::W) V::store(q + r * hd + c, V::mul(V::load(a.q_rows[r] + c), scale));
+
+    // Scores, block by block; all rows of the group reuse each key row while it is in L1.
+    for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
+        const void* kblk = a.kv->k_blocks[k0 / bt];
+        const int nk = imin<V>(bt, a.key_end - k0);
+        for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
+            qk_rows<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
+                           scores + r0 * stride + (k0 - a.key_begin), stride);
+    }
+
+    // Softmax numerators in place. The row is padded to whole vectors with -inf (exp -> 0), and
+    // block_tokens is a multiple of 16, so each vector lies inside one block.
+    for (int r = 0; r < a.n_rows; ++r) {
+        float* row = scores + r * stride;
+        for (size_t j = static_cast<size_t>(n); j < stride; ++j) row[j] = kNegInf<V>;
+        Vec<V> mv = V::set1(kNegInf<V>);
+        for (size_t j = 0; j < stride; j += V::W) mv = V::max(mv, V::load(row + j));
+        const float m = V::hmax(mv);
+        const Vec<V> mb = V::set1(m);
+        Vec<V> total = V::zero();
+        for (size_t b0 = 0; b0 < stride; b0 += bt) {
+            const size_t b1 = b0 + bt < stride ? b0 + bt : stride;
+            Vec<V> block = V::zero();
+            for (size_t j = b0; j < b1; j += V::W) {
+                const Vec<V> p = vexp<V>(V::sub(V::load(row + j), mb));
+                V::store(row + j, p);
+                block = V::add(block, p);
+            }
+            if (a.block_sums) a.block_sums[r * a.block_sums_stride + b0 / bt] = V::hsum(block);
+            total = V::add(total, block);
+        }
+        a.m[r] = m;
+        a.l[r] = V::hsum(total);
+        for (int c = 0; c < hd; c += V::W) V::store(a.o + static_cast<size_t>(r) * hd + c, V::zero());
+    }
+
+    // Weighted values, again block by block with all rows sharing each value row.
+    for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
+        const void* vblk = a.kv->v_blocks[k0 / bt];
+        const int nk = imin<V>(bt, a.key_end - k0);
+        for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
+            pv_rows_n<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
+                             vblk, nk, hd, a.o + static_cast<size_t>(r0) * hd);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill tile: R = 2*W query rows of one kv head against its keys, one cache block at a time
+// (online softmax across blocks). Queries are stored transposed (qt[d][r]) so the scores of one
+// key for all R rows come out as two vectors without horizontal sums: a small GEMM micro-kernel
+// with the key element broadcast. Each converted key/value block then serves all R rows.
+
+template <class V>
+constexpr int kTileRows = 2 * V::W;
+
+template <class V>
+size_t tile_scratch_floats(const Shape& s, int n_blocks) {
+    constexpr size_t R = kTileRows<V>;
+    const size_t hd = s.head_dim, bt = s.block_tokens;
+    return hd * R + 2 * bt * hd + bt * R + R * hd + 4 * R + 2 * static_cast<size_t>(n_blocks) * R;
+}
+
+// st[j][0..R) = sum_d kf[j][d] * qt[d][0..R) for j in [0, nk).
+template <class V, int KJ>
+void tile_scores(const float* qt, const float* kf, int nk, int hd, float* st) {
+    constexpr int R = kTileRows<V>;
+    int j = 0;
+    for (; j + KJ <= nk; j += KJ) {
+        Vec<V> acc0[KJ], acc1[KJ];
+        for (int jj = 0; jj < KJ; ++jj) acc0[jj] = acc1[jj] = V::zero();
+        for (int d = 0; d < hd; ++d) {
+            const Vec<V> q0 = V::load(qt + d * R), q1 = V::load(qt + d * R + V::W);
+            for (int jj = 0; jj < KJ; ++jj) {
+                const Vec<V> k = V::set1(kf[(j + jj) * hd + d]);
+                acc0[jj] = V::fmadd(k, q0, acc0[jj]);
+                acc1[jj] = V::fmadd(k, q1, acc1[jj]);
+            }
+        }
+        for (int jj = 0; jj < KJ; ++jj) {
+            V::store(st + (j + jj) * R, acc0[jj]);
+            V::store(st + (j + jj) * R + V::W, acc1[jj]);
+        }
+    }
+    for (; j < nk; ++j) {
+        Vec<V> acc0 = V::zero(), acc1 = V::zero();
+        for (int d = 0; d < hd; ++d) {
+            const Vec<V> k = V::set1(kf[j * hd + d]);
+            acc0 = V::fmadd(k, V::load(qt + d * R), acc0);
+            acc1 = V::fmadd(k, V::load(qt + d * R + V::W), acc1);
+        }
+        V::store(st + j * R, acc0);
+        V::store(st + j * R + V::W, acc1);
+    }
+}
+
+// o[r0 + r][c0 ..] = o[..] * alpha[r0 + r] + sum_j pt[j][r0 + r] * vf[j][c0 ..]
+template <class V, int RC, int DC>
+void tile_pv_block(const float* pt, const float* alpha, const float* vf, int nk, int hd, int r0, int c0, float* o) {
+    constexpr int R = kTileRows<V>;
+    Vec<V> acc[RC][DC];
+    for (int r = 0; r < RC; ++r) {
+        const Vec<V> a = V::set1(alpha[r0 + r]);
+        for (int d = 0; d < DC; ++d) acc[r][d] = V::mul(V::load(o + (r0 + r) * hd + c0 + d * V::W), a);
+    }
+    for (int j = 0; j < nk; ++j) {
+        Vec<V> v[DC];
+        for (int d = 0; d < DC; ++d) v[d] = V::load(vf + j * hd + c0 + d * V::W);
+        for (int r = 0; r < RC; ++r) {
+            const Vec<V> p = V::set1(pt[j * R + r0 + r]);
+            for (int d = 0; d < DC; ++d) acc[r][d] = V::fmadd(p, v[d], acc[r][d]);
+        }
+    }
+    for (int r = 0; r < RC; ++r)
+        for (int d = 0; d < DC; ++d) V::store(o + (r0 + r) * hd + c0 + d * V::W, acc[r][d]);
+}
+
+template <class V, int RC>
+void tile_pv_rows(const float* pt, const float* alpha, const float* vf, int nk, int hd, int r0, float* o) {
+    for (int c0 = 0; c0 < hd; c0 += 4 * V::W) {
+        switch (imin<V>(4, (hd - c0) / V::W)) {
+            case 1: tile_pv_block<V, RC, 1>(pt, alpha, vf, nk, hd, r0, c0, o); break;
+            case 2: tile_pv_block<V, RC, 2>(pt, alpha, vf, nk, hd, r0, c0, o); break;
+            case 3: tile_pv_block<V, RC, 3>(pt, alpha, vf, nk, hd, r0, c0, o); break;
+            default: tile_pv_block<V, RC, 4>(pt, alpha, vf, nk, hd, r0, c0, o); break;
+        }
+    }
+}
+
+template <class V, KvDtype DT>
+void convert_block(const void* blk, int nk, int hd, float* dst) {
+    for (size_t i = 0, n = static_cast<size_t>(nk) * hd; i < n; i += V::W) V::store(dst + i, load_kv<V, DT>(blk, i));
+}
+
+template <class V, KvDtype DT>
+void tile_impl(const TileArgs& a) {
+    constexpr int R = kTileRows<V>, W = V::W, PR = V::kPvRows;
+    static_assert(R % PR == 0, "P*V row micro-tiles must divide the tile");
+    const Shape& s = a.shape;
+    const int hd = s.head_dim, bt = s.block_tokens;
+    int lim_min = a.limits[0], lim_max = a.limits[0];
+    for (int r = 1; r < a.n_rows; ++r) {
+        lim_min = imin<V>(lim_min, a.limits[r]);
+        lim_max = a.limits[r] > lim_max ? a.limits[r] : lim_max;
+    }
+    const int n_blocks = (lim_max + bt - 1) / bt;
+
+    float* qt = a.scratch;
+    float* kf = qt + hd * R;
+    float* vf = kf + bt * hd;
+    float* st = vf + bt * hd;
+    float* o = st + bt * R;
+    float* m = o + R * hd;
+    float* l = m + R;
+    float* alpha = l + R;
+    float* limf = alpha + R;
+    float* bsum = limf + R;
+    float* bmax = bsum + static_cast<size_t>(n_blocks) * R;
+
+    // Padding rows get zero queries and the widest limit: harmless lanes that are never read.
+    for (int r = 0; r < R; ++r) {
+        const bool real = r < a.n_rows;
+        for (int d = 0; d < hd; ++d) qt[d * R + r] = real ? a.q_rows[r][d] * s.scale : 0.f;
+        limf[r] = static_cast<float>(real ? a.limits[r] : lim_max);
+        m[r] = kNegInf<V>;
+        l[r] = 0.f;
+    }
+    for (int i = 0; i < R * hd; i += W) V::store(o + i, V::zero());
+
+    for (int b = 0; b < n_blocks; ++b) {
+        const int k0 = b * bt;
+        const int nk = imin<V>(bt, lim_max - k0);
+        const float* kb;
+        const float* vb;
+        if constexpr (DT == KvDtype::F32) {
+            kb = static_cast<const float*>(a.kv->k_blocks[b]);
+            vb = static_cast<const float*>(a.kv->v_blocks[b]);
+        } else {
+            convert_block<V, DT>(a.kv->k_blocks[b], nk, hd, kf);
+            convert_block<V, DT>(a.kv->v_blocks[b], nk, hd, vf);
+            kb = kf;
+            vb = vf;
+        }
+        tile_scores<V, V::kTileKeys>(qt, kb, nk, hd, st);
+
+        // Causal mask, only where some row's limit falls inside this block.
+        const Vec<V> lim0 = V::load(limf), lim1 = V::load(limf + W);
+        const Vec<V> neg_inf = V::set1(kNegInf<V>);
+        if (k0 + nk > lim_min) {
+            for (int j = 0; j < nk; ++j) {
+                const Vec<V> key = V::set1(static_cast<float>(k0 + j));
+                V::store(st + j * R, V::select_lt(key, lim0, V::load(st + j * R), neg_inf));
+                V::store(st + j * R + W, V::select_lt(key, lim1, V::load(st + j * R + W), neg_inf));
+            }
+        }
+        Vec<V> mb0 = neg_inf, mb1 = neg_inf;
+        for (int j = 0; j < nk; ++j) {
+            mb0 = V::max(mb0, V::load(st + j * R));
+            mb1 = V::max(mb1, V::load(st + j * R + W));
+        }
+        // Key 0 is visible to every row, so after block 0 the running max is finite and
+        // m - m_new is never (-inf) - (-inf).
+        const Vec<V> m0 = V::load(m), m1 = V::load(m + W);
+        const Vec<V> mn0 = V::max(m0, mb0), mn1 = V::max(m1, mb1);
+        const Vec<V> a0 = vexp<V>(V::sub(m0, mn0)), a1 = vexp<V>(V::sub(m1, mn1));
+        Vec<V> ls0 = V::zero(), ls1 = V::zero();
+        for (int j = 0; j < nk; ++j) {
+            const Vec<V> p0 = vexp<V>(V::sub(V::load(st + j * R), mn0));
+            const Vec<V> p1 = vexp<V>(V::sub(V::load(st + j * R + W), mn1));
+            V::store(st + j * R, p0);
+            V::store(st + j * R + W, p1);
+            ls0 = V::add(ls0, p0);
+            ls1 = V::add(ls1, p1);
+        }
+        V::store(l, V::fmadd(V::load(l), a0, ls0));
+        V::store(l + W, V::fmadd(V::load(l + W), a1, ls1));
+        V::store(m, mn0);
+        V::store(m + W, mn1);
+        V::store(alpha, a0);
+        V::store(alpha + W, a1);
+        if (a.block_scores) {
+            V::store(bsum + b * R, ls0);
+            V::store(bsum + b * R + W, ls1);
+            V::store(bmax + b * R, mn0);
+            V::store(bmax + b * R + W, mn1);
+        }
+        for (int r0 = 0; r0 < a.n_rows; r0 += PR) tile_pv_rows<V, PR>(st, alpha, vb, nk, hd, r0, o);
+    }
+
+    for (int r = 0; r < a.n_rows; ++r) {
+        const Vec<V> inv = V::set1(1.f / l[r]);
+        for (int c = 0; c < hd; c += W) V::store(a.out_rows[r] + c, V::mul(V::load(o + r * hd + c), inv));
+    }
+    if (a.block_scores) {
+        // Probability mass of block b for row r: bsum * exp(bmax - m_final) / l_final.
+        for (int r = 0; r < R; ++r) alpha[r] = r < a.n_rows ? 1.f / l[r] : 0.f;
+        const Vec<V> w0 = V::load(alpha), w1 = V::load(alpha + W);
+        const Vec<V> m0 = V::load(m), m1 = V::load(m + W);
+        for (int b = 0; b < n_blocks; ++b) {
+            const Vec<V> f0 = V::mul(V::mul(V::load(bsum + b * R), vexp<V>(V::sub(V::load(bmax + b * R), m0))), w0);
+            const Vec<V> f1 =
+                V::mul(V::mul(V::load(bsum + b * R + W), vexp<V>(V::sub(V::load(bmax + b * R + W), m1))), w1);
+            a.block_scores[b] += V::hsum(V::add(f0, f1));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <class V>
+void decode(const DecodeArgs& a) {
+    switch (a.shape.dtype) {
+        case KvDtype::F16: decode_impl<V, KvDtype::F16>(a); break;
+        case KvDtype::BF16: decode_impl<V, KvDtype::BF16>(a); break;
+        case KvDtype::F32: decode_impl<V, KvDtype::F32>(a); break;
+    }
+}
+
+template <class V>
+void tile(const TileArgs& a) {
+    switch (a.shape.dtype) {
+        case KvDtype::F16: tile_impl<V, KvDtype::F16>(a); break;
+        case KvDtype::BF16: tile_impl<V, KvDtype::BF16>(a); break;
+        case KvDtype::F32: tile_impl<V, KvDtype::F32>(a); break;
+    }
+}
+
+template <class V>
+void from_f32(KvDtype dtype, const float* src, void* dst, size_t n) {
+    for (size_t i = 0; i < n; i += V::W) {
+        const Vec<V> x = V::load(src + i);
+        switch (dtype) {
+            case KvDtype::F32: V::store(static_cast<float*>(dst) + i, x); break;
+            case KvDtype::F16: V::store_f16(static_cast<uint16_t*>(dst) + i, x); break;
+            case KvDtype::BF16: V::store_bf16(static_cast<uint16_t*>(dst) + i, x); break;
+        }
+    }
+}
+
+template <class V>
+void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
+    for (size_t i = 0; i < n; i += V::W) {
+        switch (dtype) {
+            case KvDtype::F32: V::store(dst + i, load_kv<V, KvDtype::F32>(src, i)); break;
+            case KvDtype::F16: V::store(dst + i, load_kv<V, KvDtype::F16>(src, i)); break;
+            case KvDtype::BF16: V::store(dst + i, load_kv<V, KvDtype::BF16>(src, i)); break;
+        }
+    }
+}
+
+// tile_min_rows: below a full tile's worth of rows the decode kernel wastes fewer lanes.
+template <class V>
+constexpr KernelSet kernel_set(int tile_min_rows) {
+    return KernelSet{kTileRows<V>, tile_min_rows, decode_scratch_floats<V>, tile_scratch_floats<V>,
+                     decode<V>,    tile<V>,       from_f32<V>,              to_f32<V>};
+}
+
+}  // namespace simd
+}  // namespace kernels
+}  // namespace mnn_h2o

@@ -1,0 +1,212 @@
+#include "mnn_h2o/kv_cache.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace mnn_h2o {
+
+namespace {
+
+constexpr int kMaxThreads = 256;
+// Tile kernels compare key positions as float: positions must stay exactly representable.
+constexpr int kMaxTokensLimit = 1 << 24;
+
+void require(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("KvCache: " + what);
+}
+
+KvCacheConfig validated(const KvCacheConfig& c) {
+    require(c.n_layers >= 1, "n_layers must be >= 1");
+    require(c.n_kv_heads >= 1, "n_kv_heads must be >= 1");
+    require(c.n_heads >= c.n_kv_heads && c.n_heads % c.n_kv_heads == 0,
+            "n_heads must be a positive multiple of n_kv_heads");
+    require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
+    require(c.head_dim >= 16 && c.head_dim <= 256 && c.head_dim % 16 == 0,
+            "head_dim must be a multiple of 16 in [16, 256]");
+    require(c.dtype == KvDtype::F16 || c.dtype == KvDtype::BF16 || c.dtype == KvDtype::F32, "unknown dtype");
+    require(c.block_tokens >= 16 && c.block_tokens <= 4096 && c.block_tokens % 16 == 0,
+            "block_tokens must be a multiple of 16 in [16, 4096]");
+    require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
+    require(c.threads >= 1 && c.threads <= kMaxThreads, "threads must be in [1, 256]");
+    return c;
+}
+
+}  // namespace
+
+KvCache::KvCache(const KvCacheConfig& config)
+    : cfg_(validated(config)),
+      row_bytes_(static_cast<size_t>(cfg_.head_dim) * kv_dtype_size(cfg_.dtype)),
+      isa_(best_isa()),
+      pool_(row_bytes_ * cfg_.block_tokens),
+      threads_(cfg_.threads > 1 ? std::make_unique<ThreadPool>(cfg_.threads) : nullptr),
+      heads_(static_cast<size_t>(cfg_.n_layers) * cfg_.n_kv_heads),
+      views_(static_cast<size_t>(cfg_.n_kv_heads)) {
+    for (Head& h : heads_) {
+        h.k_blocks.reserve(max_blocks());
+        h.v_blocks.reserve(max_blocks());
+    }
+}
+
+void KvCache::check_layer(int layer) const {
+    if (layer < 0 || layer >= cfg_.n_layers)
+        throw std::out_of_range("KvCache: layer " + std::to_string(layer) + " out of range [0, " +
+                                std::to_string(cfg_.n_layers) + ")");
+}
+
+KvCache::Head& KvCache::head(int layer, int h) {
+    return const_cast<Head&>(static_cast<const KvCache*>(this)->head(layer, h));
+}
+
+const KvCache::Head& KvCache::head(int layer, int h) const {
+    check_layer(layer);
+    if (h < 0 || h >= cfg_.n_kv_heads)
+        throw std::out_of_range("KvCache: kv head " + std::to_string(h) + " out of range [0, " +
+                                std::to_string(cfg_.n_kv_heads) + ")");
+    return heads_[static_cast<size_t>(layer) * cfg_.n_kv_heads + h];
+}
+
+void KvCache::check_append(int layer, const float* k, const float* v, int n_tokens) const {
+    check_layer(layer);
+    require(n_tokens >= 0, "n_tokens must be >= 0");
+    require(n_tokens == 0 || (k && v), "null k or v");
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const int len = head(layer, h).length;
+        if (n_tokens > cfg_.max_tokens - len)
+            throw std::length_error("KvCache: appending " + std::to_string(n_tokens) + " tokens to layer " +
+                                    std::to_string(layer) + " head " + std::to_string(h) + " (holding " +
+                                    std::to_string(len) + ") exceeds max_tokens " + std::to_string(cfg_.max_tokens));
+    }
+}
+
+void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
+    check_append(layer, k, v, n_tokens);
+    const int bt = cfg_.block_tokens, hd = cfg_.head_dim;
+    // Take every block first, so that running out of memory leaves the cache as it was. The
+    // block lists are reserved to max_blocks(), so push_back never throws.
+    try {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            Head& hs = head(layer, h);
+            const size_t need = static_cast<size_t>((hs.length + n_tokens + bt - 1) / bt);
+            while (hs.v_blocks.size() < need) {
+                hs.k_blocks.push_back(pool_.allocate());
+                hs.v_blocks.push_back(pool_.allocate());
+            }
+        }
+    } catch (...) {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            Head& hs = head(layer, h);
+            const size_t keep = static_cast<size_t>((hs.length + bt - 1) / bt);
+            for (auto* list : {&hs.k_blocks, &hs.v_blocks}) {
+                while (list->size() > keep) {
+                    pool_.release(list->back());
+                    list->pop_back();
+                }
+            }
+        }
+        throw;
+    }
+    const size_t src_stride = static_cast<size_t>(cfg_.n_kv_heads) * hd;
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        Head& hs = head(layer, h);
+        for (int t = 0; t < n_tokens; ++t) {
+            const int pos = hs.length + t;
+            const size_t offset = static_cast<size_t>(pos % bt) * row_bytes_;
+            const size_t src = t * src_stride + static_cast<size_t>(h) * hd;
+            convert_from_f32(isa_, cfg_.dtype, k + src, static_cast<uint8_t*>(hs.k_blocks[pos / bt]) + offset, hd);
+            convert_from_f32(isa_, cfg_.dtype, v + src, static_cast<uint8_t*>(hs.v_blocks[pos / bt]) + offset, hd);
+        }
+        hs.length += n_tokens;
+    }
+}
+
+void KvCache::check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
+                           size_t scores_stride, int extra_tokens) const {
+    check_layer(layer);
+    require(n_q >= 1, "n_q must be >= 1");
+    require(q && out, "null q or out");
+    const size_t stride = scores_stride ? scores_stride : static_cast<size_t>(max_blocks());
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const int len = head(layer, h).length + extra_tokens;
+        if (len < n_q)
+            throw std::invalid_argument("KvCache: layer " + std::to_string(layer) + " head " + std::to_string(h) +
+                                        " holds " + std::to_string(len) + " tokens, fewer than the " +
+                                        std::to_string(n_q) + " queries");
+        if (block_scores && stride < static_cast<size_t>((len + cfg_.block_tokens - 1) / cfg_.block_tokens))
+            throw std::invalid_argument("KvCache: block score rows of " + std::to_string(stride) +
+                                        " are too short for the blocks of layer " + std::to_string(layer) +
+                                        " head " + std::to_string(h));
+    }
+    const size_t bytes = static_cast<size_t>(n_q) * cfg_.n_heads * cfg_.head_dim * sizeof(float);
+    const auto q0 = reinterpret_cast<uintptr_t>(q), o0 = reinterpret_cast<uintptr_t>(out);
+    require(q0 + bytes <= o0 || o0 + bytes <= q0, "out must not overlap q");
+}
+
+void KvCache::attend(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
+                     Isa isa) {
+    check_attend(layer, q, n_q, out, block_scores, scores_stride, 0);
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) views_[h] = view(layer, h);
+    AttentionProblem p;
+    p.n_kv_heads = cfg_.n_kv_heads;
+    p.group = group();
+    p.head_dim = cfg_.head_dim;
+    p.block_tokens = cfg_.block_tokens;
+    p.dtype = cfg_.dtype;
+    p.heads = views_.data();
+    p.q = q;
+    p.n_q = n_q;
+    p.out = out;
+    p.block_scores = block_scores;
+    p.scores_stride = scores_stride ? scores_stride : static_cast<size_t>(max_blocks());
+    attention(p, isa, threads_.get(), workspace_);
+}
+
+void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
+                   float* block_scores, size_t scores_stride) {
+    check_append(layer, k, v, n_tokens);
+    check_attend(layer, q, n_tokens, out, block_scores, scores_stride, n_tokens);
+    append(layer, k, v, n_tokens);
+    attend(layer, q, n_tokens, out, block_scores, scores_stride);
+}
+
+int KvCache::length(int layer, int h) const { return head(layer, h).length; }
+
+KvHeadView KvCache::view(int layer, int h) const {
+    const Head& hs = head(layer, h);
+    KvHeadView view;
+    view.k_blocks = hs.k_blocks.data();
+    view.v_blocks = hs.v_blocks.data();
+    view.n_keys = hs.length;
+    return view;
+}
+
+void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
+    const Head& hs = head(layer, h);
+    require(hs.length == 0 || (k_out && v_out), "null output");
+    const int bt = cfg_.block_tokens;
+    for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
+        const size_t n = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt) * cfg_.head_dim;
+        const size_t offset = static_cast<size_t>(pos) * cfg_.head_dim;
+        convert_to_f32(isa_, cfg_.dtype, hs.k_blocks[b], k_out + offset, n);
+        convert_to_f32(isa_, cfg_.dtype, hs.v_blocks[b], v_out + offset, n);
+    }
+}
+
+void KvCache::truncate(int layer, int h, int n_tokens) {
+    Head& hs = head(layer, h);
+    require(n_tokens >= 0 && n_tokens <= hs.length, "truncate: n_tokens must be in [0, length]");
+    const size_t keep = static_cast<size_t>((n_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens);
+    while (hs.k_blocks.size() > keep) {
+        pool_.release(hs.k_blocks.back());
+        hs.k_blocks.pop_back();
+        pool_.release(hs.v_blocks.back());
+        hs.v_blocks.pop_back();
+    }
+    hs.length = n_tokens;
+}
+
+void KvCache::reset() {
+    for (int layer = 0; layer < cfg_.n_layers; ++layer)
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) truncate(layer, h, 0);
+}
+
+}  // namespace mnn_h2o

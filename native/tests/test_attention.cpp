@@ -1,0 +1,349 @@
+// Attention kernels: every available ISA against a float64 reference and against the scalar
+// kernels, over dtypes, GQA groups, head sizes, block sizes, odd lengths, chunked prefill,
+// threads and per-head lengths; plus the fp16/bf16 conversions.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/attention.h"
+#include "mnn_h2o/fp16.h"
+#include "mnn_h2o/kv_cache.h"
+
+using namespace mnn_h2o;
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                          \
+    do {                                                          \
+        if (!(cond)) {                                            \
+            ++g_failures;                                         \
+            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            std::printf(__VA_ARGS__);                             \
+            std::printf("\n");                                    \
+        }                                                         \
+    } while (0)
+
+template <class E, class F>
+static bool throws(F&& f) {
+    try {
+        f();
+    } catch (const E&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+    return false;
+}
+
+static std::vector<Isa> available_isas() {
+    std::vector<Isa> isas;
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+        if (isa_available(isa)) isas.push_back(isa);
+    return isas;
+}
+
+static std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale) {
+    std::normal_distribution<float> dist(0.f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+struct Reference {
+    std::vector<double> out;     // [n_q][n_heads*hd]
+    std::vector<double> scores;  // [n_kv][max_blocks]
+};
+
+// float64 attention over what the cache holds (read back as float, so dtype rounding is shared).
+static Reference reference(const KvCache& cache, int layer, const std::vector<float>& q, int n_q) {
+    const KvCacheConfig& c = cache.config();
+    const int hd = c.head_dim, G = cache.group(), mb = cache.max_blocks();
+    Reference ref;
+    ref.out.assign(static_cast<size_t>(n_q) * c.n_heads * hd, 0.0);
+    ref.scores.assign(static_cast<size_t>(c.n_kv_heads) * mb, 0.0);
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+        const int len = cache.length(layer, h);
+        std::vector<float> k(static_cast<size_t>(len) * hd), v(k.size());
+        cache.read(layer, h, k.data(), v.data());
+        for (int t = 0; t < n_q; ++t) {
+            const int visible = len - n_q + t + 1;
+            for (int g = 0; g < G; ++g) {
+                const float* qr = &q[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
+                std::vector<double> s(visible);
+                double m = -INFINITY;
+                for (int j = 0; j < visible; ++j) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; ++d) dot += static_cast<double>(qr[d]) * k[static_cast<size_t>(j) * hd + d];
+                    s[j] = dot / std::sqrt(static_cast<double>(hd));
+                    m = std::max(m, s[j]);
+                }
+                double l = 0;
+                for (double& x : s) l += (x = std::exp(x - m));
+                double* o = &ref.out[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
+                for (int j = 0; j < visible; ++j) {
+                    const double p = s[j] / l;
+                    for (int d = 0; d < hd; ++d) o[d] += p * v[static_cast<size_t>(j) * hd + d];
+                    ref.scores[static_cast<size_t>(h) * mb + j / c.block_tokens] += p;
+                }
+            }
+        }
+    }
+    return ref;
+}
+
+// max |a - b| / (max |b| + tiny)
+template <class A, class B>
+static double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
+    double err = 0, mag = 1e-30;
+    for (size_t i = 0; i < a.size(); ++i) {
+        err = std::max(err, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+        mag = std::max(mag, std::fabs(static_cast<double>(b[i])));
+    }
+    return err / mag;
+}
+
+struct Case {
+    int n_kv, group, hd, bt;
+    KvDtype dtype;
+    std::vector<int> chunks;  // tokens appended by successive step() calls; the last is checked
+    int threads;
+};
+
+static std::string describe(const Case& c, Isa isa) {
+    std::string s = std::string(isa_name(isa)) + " " + kv_dtype_name(c.dtype) + " kv=" + std::to_string(c.n_kv) +
+                    " g=" + std::to_string(c.group) + " hd=" + std::to_string(c.hd) + " bt=" + std::to_string(c.bt) +
+                    " threads=" + std::to_string(c.threads) + " chunks=";
+    for (int n : c.chunks) s += std::to_string(n) + ",";
+    return s;
+}
+
+// Fills a cache through step() with the case's chunks, then checks the last call's output and
+// block scores against the float64 reference, for every ISA.
+static void run_case(const Case& c, std::mt19937& rng) {
+    KvCacheConfig cfg;
+    cfg.n_layers = 2;
+    cfg.n_kv_heads = c.n_kv;
+    cfg.head_dim = c.hd;
+    cfg.n_heads = c.n_kv * c.group;
+    cfg.dtype = c.dtype;
+    cfg.block_tokens = c.bt;
+    cfg.max_tokens = 4096;
+    cfg.threads = c.threads;
+    KvCache cache(cfg);
+    const int layer = 1, row = cfg.n_heads * c.hd, kv_row = c.n_kv * c.hd;
+    for (size_t i = 0; i + 1 < c.chunks.size(); ++i) {
+        const int n = c.chunks[i];
+        auto q = random_vec(rng, static_cast<size_t>(n) * row, 1.f);
+        auto k = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+        auto v = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+        std::vector<float> out(static_cast<size_t>(n) * row);
+        cache.step(layer, q.data(), k.data(), v.data(), n, out.data());
+    }
+    const int n_q = c.chunks.back();
+    // Larger q spreads the softmax (peaky rows test the max subtraction).
+    auto q = random_vec(rng, static_cast<size_t>(n_q) * row, 2.f);
+    auto k = random_vec(rng, static_cast<size_t>(n_q) * kv_row, 1.f);
+    auto v = random_vec(rng, static_cast<size_t>(n_q) * kv_row, 1.f);
+    cache.append(layer, k.data(), v.data(), n_q);
+    const Reference ref = reference(cache, layer, q, n_q);
+
+    std::vector<float> scalar_out;
+    for (Isa isa : available_isas()) {
+        std::vector<float> out(static_cast<size_t>(n_q) * row, NAN);
+        std::vector<float> scores(static_cast<size_t>(c.n_kv) * cache.max_blocks(), 0.f);
+        cache.attend(layer, q.data(), n_q, out.data(), scores.data(), 0, isa);
+        const double e_out = rel_err(out, ref.out), e_scores = rel_err(scores, ref.scores);
+        CHECK(e_out < 2e-5, "%s: output rel err %.3g vs float64", describe(c, isa).c_str(), e_out);
+        CHECK(e_scores < 2e-5, "%s: block score rel err %.3g vs float64", describe(c, isa).c_str(), e_scores);
+        for (int h = 0; h < c.n_kv; ++h) {
+            double total = 0;
+            for (int b = 0; b < cache.max_blocks(); ++b) total += scores[static_cast<size_t>(h) * cache.max_blocks() + b];
+            const double want = static_cast<double>(n_q) * c.group;
+            CHECK(std::fabs(total - want) < 1e-4 * want, "%s: head %d scores sum %.6f, want %.0f",
+                  describe(c, isa).c_str(), h, total, want);
+        }
+        if (isa == Isa::Scalar) scalar_out = out;
+        else {
+            const double e = rel_err(out, scalar_out);
+            CHECK(e < 1e-5, "%s: rel err %.3g vs scalar", describe(c, isa).c_str(), e);
+        }
+    }
+}
+
+static void test_against_reference() {
+    std::mt19937 rng(1234);
+    const std::vector<KvDtype> dtypes = {KvDtype::F16, KvDtype::BF16, KvDtype::F32};
+    for (KvDtype dt : dtypes) {
+        // Decode over odd lengths, GQA groups, head sizes, block sizes.
+        run_case({3, 3, 64, 64, dt, {1}, 1}, rng);
+        run_case({3, 3, 64, 64, dt, {37, 1}, 1}, rng);
+        run_case({3, 3, 64, 64, dt, {63, 1}, 1}, rng);
+        run_case({3, 3, 64, 64, dt, {64, 1}, 1}, rng);
+        run_case({2, 4, 80, 16, dt, {300, 1, 1}, 1}, rng);
+        run_case({1, 8, 128, 48, dt, {129, 2}, 1}, rng);
+        run_case({2, 1, 256, 32, dt, {70, 3}, 1}, rng);
+        run_case({1, 5, 16, 16, dt, {33, 1}, 1}, rng);
+        // Prefill (tile path) with causal masks inside blocks, partial tiles and a chunked tail.
+        run_case({3, 3, 64, 64, dt, {200}, 1}, rng);
+        run_case({3, 3, 64, 64, dt, {100, 77}, 1}, rng);
+        run_case({2, 4, 80, 16, dt, {45, 19}, 1}, rng);
+        run_case({1, 1, 32, 64, dt, {5, 40}, 1}, rng);
+        run_case({2, 2, 256, 64, dt, {3, 130}, 1}, rng);
+    }
+    // Threads: decode split over key ranges (>= kParallelMinQueryKeys keys) and parallel tiles.
+    run_case({3, 3, 64, 64, KvDtype::F16, {1500, 1}, 2}, rng);
+    run_case({3, 3, 64, 64, KvDtype::F16, {1100, 1, 2}, 3}, rng);
+    run_case({2, 4, 80, 16, KvDtype::BF16, {1030, 1}, 2}, rng);
+    run_case({3, 3, 64, 64, KvDtype::F32, {700, 333}, 2}, rng);
+    run_case({1, 8, 64, 64, KvDtype::F16, {5, 1300}, 2}, rng);
+}
+
+// A prefill in one call and the same prefill in chunks give the same attention output.
+static void test_chunked_prefill() {
+    std::mt19937 rng(99);
+    for (Isa isa : available_isas()) {
+        KvCacheConfig cfg{1, 3, 64, 9, KvDtype::F16, 64, 1024, 1};
+        KvCache full(cfg), chunked(cfg);
+        const int n = 333, row = 9 * 64, kv_row = 3 * 64;
+        auto q = random_vec(rng, static_cast<size_t>(n) * row, 1.5f);
+        auto k = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+        auto v = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+        std::vector<float> out_full(static_cast<size_t>(n) * row), out_chunked(out_full.size());
+        std::vector<float> s_full(3 * full.max_blocks(), 0.f), s_chunked(s_full.size(), 0.f);
+        full.append(0, k.data(), v.data(), n);
+        full.attend(0, q.data(), n, out_full.data(), s_full.data(), 0, isa);
+        for (int t0 = 0, step = 1; t0 < n; t0 += step, step = step * 3 + 1) {
+            const int m = std::min(step, n - t0);
+            chunked.append(0, &k[static_cast<size_t>(t0) * kv_row], &v[static_cast<size_t>(t0) * kv_row], m);
+            chunked.attend(0, &q[static_cast<size_t>(t0) * row], m, &out_chunked[static_cast<size_t>(t0) * row],
+                           s_chunked.data(), 0, isa);
+        }
+        const double e = rel_err(out_chunked, out_full), es = rel_err(s_chunked, s_full);
+        CHECK(e < 1e-5, "%s: chunked vs full prefill rel err %.3g", isa_name(isa), e);
+        CHECK(es < 1e-5, "%s: chunked vs full block scores rel err %.3g", isa_name(isa), es);
+    }
+}
+
+// Heads of one layer may hold different numbers of tokens; each attends causally to its own.
+static void test_uneven_heads() {
+    std::mt19937 rng(7);
+    KvCacheConfig cfg{1, 3, 64, 6, KvDtype::F16, 32, 512, 1};
+    KvCache cache(cfg);
+    const int row = 6 * 64, kv_row = 3 * 64;
+    auto k = random_vec(rng, 200 * kv_row, 1.f), v = random_vec(rng, 200 * kv_row, 1.f);
+    cache.append(0, k.data(), v.data(), 200);
+    cache.truncate(0, 1, 70);
+    cache.truncate(0, 2, 5);
+    for (int n_q : {1, 4, 40}) {
+        auto q = random_vec(rng, static_cast<size_t>(n_q) * row, 1.f);
+        auto kn = random_vec(rng, static_cast<size_t>(n_q) * kv_row, 1.f), vn = random_vec(rng, kn.size(), 1.f);
+        cache.append(0, kn.data(), vn.data(), n_q);
+        const Reference ref = reference(cache, 0, q, n_q);
+        for (Isa isa : available_isas()) {
+            std::vector<float> out(static_cast<size_t>(n_q) * row);
+            std::vector<float> scores(3 * cache.max_blocks(), 0.f);
+            cache.attend(0, q.data(), n_q, out.data(), scores.data(), 0, isa);
+            CHECK(rel_err(out, ref.out) < 2e-5, "%s n_q=%d: uneven heads output", isa_name(isa), n_q);
+            CHECK(rel_err(scores, ref.scores) < 2e-5, "%s n_q=%d: uneven heads scores", isa_name(isa), n_q);
+        }
+    }
+}
+
+static void test_errors() {
+    KvCacheConfig cfg{2, 2, 64, 4, KvDtype::F16, 64, 100, 1};
+    KvCache cache(cfg);
+    std::vector<float> k(101 * 128, 0.f), q(101 * 256, 0.f), out(q.size());
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data()); }), "attend on empty cache");
+    CHECK(throws<std::length_error>([&] { cache.append(0, k.data(), k.data(), 101); }), "append past max_tokens");
+    CHECK(cache.length(0, 0) == 0 && cache.bytes_held() == 0, "failed append left state");
+    CHECK(throws<std::out_of_range>([&] { cache.append(2, k.data(), k.data(), 1); }), "layer out of range");
+    CHECK(throws<std::out_of_range>([&] { cache.length(0, 2); }), "head out of range");
+    cache.append(0, k.data(), k.data(), 10);
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 11, out.data()); }), "n_q > length");
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 2, q.data() + 10); }), "out overlaps q");
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data(), out.data() + 1000, 0, Isa::Neon == best_isa() ? Isa::Avx2 : Isa::Neon); }),
+          "unavailable isa");
+    std::vector<float> scores(8, 0.f);
+    CHECK(throws<std::invalid_argument>([&] { cache.step(0, q.data(), k.data(), k.data(), 90, out.data(), scores.data(), 1); }),
+          "scores stride too small");
+    CHECK(cache.length(0, 0) == 10, "failed step must not append");
+    for (auto bad : {KvCacheConfig{0, 1, 64, 1}, KvCacheConfig{1, 2, 64, 3}, KvCacheConfig{1, 1, 72, 1},
+                     KvCacheConfig{1, 1, 512, 1}, KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 24},
+                     KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 64, 0}, KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 64, 8, 0}})
+        CHECK(throws<std::invalid_argument>([&] { KvCache c(bad); }), "bad config accepted");
+}
+
+// Every ISA's fp32 -> fp16/bf16 conversion writes the same bits as fp16.h, and back.
+static void test_conversions() {
+    std::mt19937 rng(5);
+    std::vector<float> src;
+    const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u,
+                                 0xFFBFFFFFu, 0x477FE000u, 0x477FEFFFu, 0x477FF000u, 0x477FF001u, 0x38800000u,
+                                 0x387FFFFFu, 0x33000000u, 0x33000001u, 0x32FFFFFFu, 0x00000001u, 0x3F800000u};
+    for (uint32_t u : specials) src.push_back(f32_from_bits(u));
+    // Every half-way point between neighbouring fp16 values, and one ulp either side.
+    for (uint32_t h = 0; h < 0x7C00u; ++h) {
+        const double a = fp16_to_fp32(static_cast<uint16_t>(h)), b = fp16_to_fp32(static_cast<uint16_t>(h + 1));
+        const float mid = static_cast<float>((a + b) / 2);
+        for (float x : {mid, std::nextafter(mid, 0.f), std::nextafter(mid, 1e9f)}) {
+            src.push_back(x);
+            src.push_back(-x);
+        }
+    }
+    for (int i = 0; i < 200000; ++i) src.push_back(f32_from_bits(static_cast<uint32_t>(rng())));
+    src.resize(src.size() / 16 * 16 + 5);  // a non-multiple-of-16 tail goes through the scalar code
+
+    for (KvDtype dt : {KvDtype::F16, KvDtype::BF16}) {
+        std::vector<uint16_t> want(src.size());
+        for (size_t i = 0; i < src.size(); ++i)
+            want[i] = dt == KvDtype::F16 ? fp32_to_fp16(src[i]) : fp32_to_bf16(src[i]);
+        std::vector<uint16_t> all(65536);
+        for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+        std::vector<float> all_want(65536);
+        for (uint32_t i = 0; i < 65536; ++i) all_want[i] = dt == KvDtype::F16 ? fp16_to_fp32(all[i]) : bf16_to_fp32(all[i]);
+        for (Isa isa : available_isas()) {
+            std::vector<uint16_t> got(src.size());
+            convert_from_f32(isa, dt, src.data(), got.data(), src.size());
+            size_t bad = 0, first = 0;
+            for (size_t i = 0; i < src.size(); ++i)
+                if (got[i] != want[i] && !bad++) first = i;
+            CHECK(bad == 0, "%s %s from_f32: %zu mismatches, first %08x -> %04x want %04x", isa_name(isa),
+                  kv_dtype_name(dt), bad, f32_bits(src[first]), got[first], want[first]);
+            std::vector<float> back(65536);
+            convert_to_f32(isa, dt, all.data(), back.data(), all.size());
+            bad = 0;
+            for (size_t i = 0; i < 65536; ++i)
+                if (f32_bits(back[i]) != f32_bits(all_want[i]) && !bad++) first = i;
+            CHECK(bad == 0, "%s %s to_f32: %zu mismatches, first %04zx -> %08x want %08x", isa_name(isa),
+                  kv_dtype_name(dt), bad, first, f32_bits(back[first]), f32_bits(all_want[first]));
+        }
+    }
+    // Spot values of the scalar conversion itself.
+    CHECK(fp32_to_fp16(1.f) == 0x3C00 && fp32_to_fp16(65504.f) == 0x7BFF && fp32_to_fp16(65520.f) == 0x7C00,
+          "fp16 basics");
+    CHECK(fp32_to_fp16(5.9604645e-8f) == 0x0001 && fp32_to_fp16(2.9802322e-8f) == 0 && fp16_to_fp32(0x0001) == 5.9604645e-8f,
+          "fp16 subnormals");
+    CHECK(fp32_to_fp16(1.f + 1.f / 2048) == 0x3C00 && fp32_to_fp16(1.f + 3.f / 2048) == 0x3C02, "fp16 ties to even");
+    CHECK(fp32_to_bf16(1.f) == 0x3F80 && bf16_to_fp32(0x3F80) == 1.f && fp32_to_bf16(f32_from_bits(0x3F808000u)) == 0x3F80 &&
+              fp32_to_bf16(f32_from_bits(0x3F818000u)) == 0x3F82,
+          "bf16 ties to even");
+}
+
+int main() {
+    std::printf("best isa: %s\n", isa_name(best_isa()));
+    test_conversions();
+    test_against_reference();
+    test_chunked_prefill();
+    test_uneven_heads();
+    test_errors();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all attention tests passed\n");
+    return 0;
+}

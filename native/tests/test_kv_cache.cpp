@@ -1,0 +1,197 @@
+// Block pool and KV cache storage: exact accounting, memory really returned to the OS (RSS),
+// neighbours intact when pages are dropped, read-back in every dtype, truncate/reset.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "mnn_h2o/block_pool.h"
+#include "mnn_h2o/fp16.h"
+#include "mnn_h2o/kv_cache.h"
+
+using namespace mnn_h2o;
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            ++g_failures;                                               \
+            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            std::printf(__VA_ARGS__);                                   \
+            std::printf("\n");                                          \
+        }                                                               \
+    } while (0)
+
+template <class E, class F>
+static bool throws(F&& f) {
+    try {
+        f();
+    } catch (const E&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+    return false;
+}
+
+static long rss_bytes() {
+    std::ifstream statm("/proc/self/statm");
+    long size = 0, resident = 0;
+    statm >> size >> resident;
+    return resident * sysconf(_SC_PAGESIZE);
+}
+
+static void test_pool_accounting() {
+    BlockPool pool(8192, 4);
+    CHECK(pool.block_bytes() == 8192 && pool.bytes_held() == 0 && pool.bytes_mapped() == 0, "fresh pool");
+    std::vector<void*> blocks;
+    for (int i = 0; i < 10; ++i) blocks.push_back(pool.allocate());
+    CHECK(pool.bytes_held() == 10 * 8192u, "held %zu", pool.bytes_held());
+    CHECK(pool.bytes_mapped() == 3 * 4 * 8192u, "mapped %zu (3 slabs of 4)", pool.bytes_mapped());
+    for (void* b : blocks) CHECK(reinterpret_cast<uintptr_t>(b) % 64 == 0, "block alignment");
+    // Freeing a whole slab's blocks unmaps it.
+    for (int i = 0; i < 4; ++i) pool.release(blocks[i]);
+    CHECK(pool.bytes_held() == 6 * 8192u && pool.bytes_mapped() == 2 * 4 * 8192u, "held %zu mapped %zu",
+          pool.bytes_held(), pool.bytes_mapped());
+    CHECK(throws<std::invalid_argument>([&] { pool.release(blocks[0]); }), "double release");
+    int on_stack = 0;
+    CHECK(throws<std::invalid_argument>([&] { pool.release(&on_stack); }), "foreign pointer");
+    CHECK(throws<std::invalid_argument>([&] { pool.release(static_cast<char*>(blocks[5]) + 64); }), "interior pointer");
+    pool.release(nullptr);
+    for (int i = 4; i < 10; ++i) pool.release(blocks[i]);
+    CHECK(pool.bytes_held() == 0 && pool.bytes_mapped() == 0, "all returned");
+    CHECK(throws<std::invalid_argument>([] { BlockPool p(0); }), "zero block size");
+}
+
+// Blocks smaller than a page share pages: dropping the pages of free blocks must never touch a
+// neighbour that is still in use.
+static void test_pool_subpage_neighbours() {
+    BlockPool pool(1000);  // rounded up to 1024: four blocks per 4 KiB page
+    CHECK(pool.block_bytes() == 1024, "rounded block size %zu", pool.block_bytes());
+    std::vector<uint8_t*> blocks;
+    for (int i = 0; i < 600; ++i) {
+        blocks.push_back(static_cast<uint8_t*>(pool.allocate()));
+        std::memset(blocks.back(), i & 0xFF, 1024);
+    }
+    std::mt19937 rng(3);
+    std::vector<bool> live(blocks.size(), true);
+    for (int round = 0; round < 400; ++round) {
+        const size_t i = rng() % blocks.size();
+        if (!live[i]) continue;
+        pool.release(blocks[i]);
+        live[i] = false;
+    }
+    size_t n_live = 0, corrupt = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (!live[i]) continue;
+        ++n_live;
+        for (int j = 0; j < 1024; ++j) corrupt += blocks[i][j] != (i & 0xFF);
+    }
+    CHECK(corrupt == 0, "%zu corrupted bytes in live blocks", corrupt);
+    CHECK(pool.bytes_held() == n_live * 1024, "held %zu for %zu live", pool.bytes_held(), n_live);
+    // Reused blocks are writable.
+    for (int i = 0; i < 100; ++i) std::memset(pool.allocate(), 0xAB, 1024);
+}
+
+static KvCacheConfig model_config(KvDtype dtype, int max_tokens) {
+    KvCacheConfig c;
+    c.n_layers = 30;
+    c.n_kv_heads = 3;
+    c.head_dim = 64;
+    c.n_heads = 9;
+    c.dtype = dtype;
+    c.block_tokens = 64;
+    c.max_tokens = max_tokens;
+    return c;
+}
+
+// Filling the cache raises RSS by about its size; truncating and resetting give it back.
+static void test_rss_returns() {
+    const int tokens = 4096;
+    KvCache cache(model_config(KvDtype::F16, tokens));
+    const size_t expect = size_t{30} * 3 * 2 * tokens * 64 * 2;  // 47 MB
+    std::vector<float> k(static_cast<size_t>(512) * 3 * 64, 0.25f);
+    const long rss0 = rss_bytes();
+    for (int layer = 0; layer < 30; ++layer)
+        for (int t = 0; t < tokens; t += 512) cache.append(layer, k.data(), k.data(), 512);
+    const long rss1 = rss_bytes();
+    CHECK(cache.bytes_held() == expect, "held %zu want %zu", cache.bytes_held(), expect);
+    CHECK(rss1 - rss0 > static_cast<long>(expect) * 9 / 10, "RSS grew %ld for %zu bytes", rss1 - rss0, expect);
+
+    // Truncating every head to a quarter drops the pages of freed blocks (slabs stay mapped while
+    // partly used, but RSS follows bytes_held).
+    for (int layer = 0; layer < 30; ++layer)
+        for (int h = 0; h < 3; ++h) cache.truncate(layer, h, tokens / 4);
+    const long rss2 = rss_bytes();
+    CHECK(cache.bytes_held() == expect / 4, "held %zu after truncate", cache.bytes_held());
+    CHECK(rss1 - rss2 > static_cast<long>(expect) * 6 / 10, "RSS dropped only %ld after truncate", rss1 - rss2);
+
+    cache.reset();
+    const long rss3 = rss_bytes();
+    CHECK(cache.bytes_held() == 0 && cache.bytes_mapped() == 0, "reset: held %zu mapped %zu", cache.bytes_held(),
+          cache.bytes_mapped());
+    CHECK(rss1 - rss3 > static_cast<long>(expect) * 9 / 10, "RSS dropped only %ld after reset", rss1 - rss3);
+    for (int layer = 0; layer < 30; ++layer) CHECK(cache.length(layer, 0) == 0, "length after reset");
+    std::printf("rss: +%ld MB filled, -%ld MB truncated to 1/4, -%ld MB reset\n", (rss1 - rss0) >> 20,
+                (rss1 - rss2) >> 20, (rss1 - rss3) >> 20);
+}
+
+// read() returns what was appended, rounded to the dtype exactly as fp16.h does.
+static void test_read_back() {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.f, 3.f);
+    for (KvDtype dt : {KvDtype::F16, KvDtype::BF16, KvDtype::F32}) {
+        KvCacheConfig c{2, 2, 80, 4, dt, 16, 200, 1};
+        KvCache cache(c);
+        const int row = 2 * 80;
+        std::vector<float> k(static_cast<size_t>(150) * row), v(k.size());
+        for (auto& x : k) x = dist(rng);
+        for (auto& x : v) x = dist(rng);
+        // Appends of odd sizes across block boundaries.
+        for (int t0 = 0, n = 1; t0 < 150; t0 += n, n += 6) {
+            n = std::min(n, 150 - t0);
+            cache.append(1, &k[static_cast<size_t>(t0) * row], &v[static_cast<size_t>(t0) * row], n);
+        }
+        CHECK(cache.length(1, 0) == 150 && cache.length(1, 1) == 150 && cache.length(0, 0) == 0, "lengths");
+        CHECK(cache.bytes_held() == size_t{2} * 2 * 10 * 16 * 80 * kv_dtype_size(dt), "held %zu", cache.bytes_held());
+        for (int h = 0; h < 2; ++h) {
+            std::vector<float> rk(150 * 80), rv(150 * 80);
+            cache.read(1, h, rk.data(), rv.data());
+            size_t bad = 0;
+            for (int t = 0; t < 150; ++t) {
+                for (int d = 0; d < 80; ++d) {
+                    const float x = k[static_cast<size_t>(t) * row + h * 80 + d], y = v[static_cast<size_t>(t) * row + h * 80 + d];
+                    const auto round = [&](float f) {
+                        return dt == KvDtype::F16 ? fp16_to_fp32(fp32_to_fp16(f))
+                               : dt == KvDtype::BF16 ? bf16_to_fp32(fp32_to_bf16(f)) : f;
+                    };
+                    bad += rk[t * 80 + d] != round(x) || rv[t * 80 + d] != round(y);
+                }
+            }
+            CHECK(bad == 0, "%s head %d: %zu values differ", kv_dtype_name(dt), h, bad);
+        }
+        KvHeadView view = cache.view(1, 0);
+        CHECK(view.n_keys == 150 && view.k_blocks && view.v_blocks, "view");
+        cache.truncate(1, 0, 20);
+        CHECK(cache.length(1, 0) == 20 && cache.length(1, 1) == 150, "truncate one head");
+        CHECK(throws<std::invalid_argument>([&] { cache.truncate(1, 0, 21); }), "truncate beyond length");
+    }
+}
+
+int main() {
+    test_pool_accounting();
+    test_pool_subpage_neighbours();
+    test_read_back();
+    test_rss_returns();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all kv cache tests passed\n");
+    return 0;
+}

@@ -1,0 +1,105 @@
+// ThreadPool: every task runs once, thread indices are exclusive, exceptions propagate, nested
+// and concurrent callers work, and the pool shuts down cleanly (run it under TSan too).
+#include <atomic>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mnn_h2o/thread_pool.h"
+
+using namespace mnn_h2o;
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            ++g_failures;                                               \
+            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            std::printf(__VA_ARGS__);                                   \
+            std::printf("\n");                                          \
+        }                                                               \
+    } while (0)
+
+static void test_runs_every_task() {
+    for (int n_threads : {1, 2, 4}) {
+        ThreadPool pool(n_threads);
+        CHECK(pool.size() == n_threads, "size");
+        for (int round = 0; round < 200; ++round) {
+            const int n = round % 17;
+            std::vector<int> hits(n, 0);
+            std::vector<std::atomic<int>> in_thread(n_threads);
+            std::atomic<bool> overlap{false};
+            pool.parallel_for(n, [&](int task, int thread) {
+                if (in_thread[thread].fetch_add(1) != 0) overlap = true;
+                ++hits[task];  // distinct tasks write distinct elements
+                in_thread[thread].fetch_sub(1);
+            });
+            for (int i = 0; i < n; ++i) CHECK(hits[i] == 1, "task %d ran %d times", i, hits[i]);
+            CHECK(!overlap, "two tasks shared a thread index");
+        }
+    }
+}
+
+static void test_exceptions() {
+    ThreadPool pool(3);
+    std::atomic<int> ran{0};
+    bool caught = false;
+    try {
+        pool.parallel_for(50, [&](int task, int) {
+            ++ran;
+            if (task == 7) throw std::runtime_error("task 7");
+        });
+    } catch (const std::runtime_error& e) {
+        caught = std::string(e.what()) == "task 7";
+    }
+    CHECK(caught, "exception not propagated");
+    // The pool is still usable afterwards.
+    std::atomic<int> sum{0};
+    pool.parallel_for(100, [&](int task, int) { sum += task; });
+    CHECK(sum == 4950, "sum %d", sum.load());
+}
+
+static void test_nested_and_concurrent() {
+    ThreadPool pool(2);
+    std::atomic<int> inner{0};
+    pool.parallel_for(4, [&](int, int) { pool.parallel_for(5, [&](int, int) { ++inner; }); });
+    CHECK(inner == 20, "nested ran %d", inner.load());
+
+    std::atomic<long> total{0};
+    std::vector<std::thread> callers;
+    for (int c = 0; c < 3; ++c)
+        callers.emplace_back([&] {
+            for (int i = 0; i < 100; ++i) pool.parallel_for(8, [&](int task, int) { total += task; });
+        });
+    for (auto& t : callers) t.join();
+    CHECK(total == 3 * 100 * 28, "concurrent callers total %ld", total.load());
+}
+
+static void test_shutdown() {
+    for (int i = 0; i < 50; ++i) {
+        ThreadPool pool(3);
+        if (i % 2) pool.parallel_for(3, [](int, int) {});
+    }
+    bool threw = false;
+    try {
+        ThreadPool bad(0);
+    } catch (const std::invalid_argument&) {
+        threw = true;
+    }
+    CHECK(threw, "n_threads 0 accepted");
+}
+
+int main() {
+    test_runs_every_task();
+    test_exceptions();
+    test_nested_and_concurrent();
+    test_shutdown();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all thread pool tests passed\n");
+    return 0;
+}
