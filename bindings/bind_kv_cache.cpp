@@ -1,3 +1,244 @@
+// Python face of mnn_h2o::KvCache: numpy arrays in and out, checked before any native code sees
+// them, with the GIL released while the kernels run.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/attention.h"
+#include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/kv_cache.h"
+
 namespace py = pybind11;
-void bind_kv_cache(py::module_&) {}
+using mnn_h2o::Isa;
+using mnn_h2o::KvCache;
+using mnn_h2o::KvCacheConfig;
+using mnn_h2o::KvDtype;
+
+namespace {
+
+KvDtype parse_dtype(const std::string& name) {
+    if (name == "f16") return KvDtype::F16;
+    if (name == "bf16") return KvDtype::BF16;
+    if (name == "f32") return KvDtype::F32;
+    throw py::value_error("dtype must be 'f16', 'bf16' or 'f32', got '" + name + "'");
+}
+
+Isa parse_isa(const py::object& name) {
+    if (name.is_none()) return mnn_h2o::best_isa();
+    const std::string s = py::str(name);
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+        if (s == mnn_h2o::isa_name(isa)) return isa;
+    throw py::value_error("isa must be 'scalar', 'avx2', 'avx512' or 'neon', got '" + s + "'");
+}
+
+// A float32, C-contiguous, aligned numpy array of [n, heads*dim] or [n, heads, dim]; returns n.
+py::array float_rows(const py::object& obj, const char* name, int heads, int dim, bool writable, int* n_rows) {
+    if (!py::isinstance<py::array>(obj)) throw py::value_error(std::string(name) + " must be a numpy.ndarray");
+    py::array a = py::reinterpret_borrow<py::array>(obj);
+    const std::string where = std::string(name) + ": ";
+    if (!a.dtype().is(py::dtype::of<float>()))
+        throw py::value_error(where + "dtype must be float32, got " + std::string(py::str(a.dtype())));
+    if (!(a.flags() & py::array::c_style)) throw py::value_error(where + "must be C-contiguous");
+    if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) throw py::value_error(where + "must be aligned");
+    if (writable && !a.writeable()) throw py::value_error(where + "must be writeable");
+    const std::string want = "[n, " + std::to_string(heads * dim) + "] or [n, " + std::to_string(heads) + ", " +
+                             std::to_string(dim) + "]";
+    const bool ok = (a.ndim() == 2 && a.shape(1) == heads * dim) ||
+                    (a.ndim() == 3 && a.shape(1) == heads && a.shape(2) == dim);
+    if (!ok) throw py::value_error(where + "shape must be " + want + ", got " + std::string(py::str(a.attr("shape"))));
+    if (a.shape(0) > INT32_MAX) throw py::value_error(where + "too many rows");
+    *n_rows = static_cast<int>(a.shape(0));
+    return a;
+}
+
+// Optional block-score accumulator: float32 C-contiguous [n_kv_heads, width]; returns (ptr, width).
+float* scores_array(const py::object& obj, int n_kv_heads, size_t* stride) {
+    *stride = 0;
+    if (obj.is_none()) return nullptr;
+    if (!py::isinstance<py::array>(obj)) throw py::value_error("scores must be a numpy.ndarray or None");
+    py::array a = py::reinterpret_borrow<py::array>(obj);
+    if (!a.dtype().is(py::dtype::of<float>())) throw py::value_error("scores: dtype must be float32");
+    if (!(a.flags() & py::array::c_style)) throw py::value_error("scores: must be C-contiguous");
+    if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) throw py::value_error("scores: must be aligned");
+    if (!a.writeable()) throw py::value_error("scores: must be writeable");
+    if (a.ndim() != 2 || a.shape(0) != n_kv_heads || a.shape(1) < 1)
+        throw py::value_error("scores: shape must be [" + std::to_string(n_kv_heads) + ", max_blocks], got " +
+                              std::string(py::str(a.attr("shape"))));
+    *stride = static_cast<size_t>(a.shape(1));
+    return static_cast<float*>(a.mutable_data());
+}
+
+// The cache plus a lock: the GIL is released during native work, so two Python threads could
+// otherwise enter one cache at once.
+struct PyKvCache {
+    explicit PyKvCache(const KvCacheConfig& config) : cache(config) {}
+    KvCache cache;
+    std::mutex mutex;
+};
+
+// Scope of one native call: releases the GIL, then takes the cache lock (in that order, so a
+// thread never waits for the cache while holding the GIL); undone in reverse.
+class NativeCall {
+public:
+    explicit NativeCall(PyKvCache& c) : lock_(c.mutex) {}
+
+private:
+    py::gil_scoped_release release_;
+    std::lock_guard<std::mutex> lock_;
+};
+
+}  // namespace
+
+void bind_kv_cache(py::module_& m) {
+    // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
+    // out_of_range -> IndexError, bad_alloc -> MemoryError (pybind11's defaults).
+    m.def("best_isa", [] { return std::string(mnn_h2o::isa_name(mnn_h2o::best_isa())); },
+          "Widest SIMD kernel set compiled in and supported by this CPU (capped by MNN_H2O_ISA).");
+    m.def(
+        "available_isas",
+        [] {
+            std::vector<std::string> names;
+            for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+                if (mnn_h2o::isa_available(isa)) names.emplace_back(mnn_h2o::isa_name(isa));
+            return names;
+        },
+        "Every kernel set that can run here (for tests and benchmarks).");
+
+    py::class_<PyKvCache>(m, "KvCache", R"doc(
+Block-structured KV cache of all layers with its attention op.
+
+k/v rows are float32 [n, n_kv_heads*head_dim] (or [n, n_kv_heads, head_dim]); q rows
+[n, n_heads*head_dim] (or 3-D); out is a preallocated float32 [n, n_heads*head_dim] written in
+place. scores, if given, is float32 [n_kv_heads, max_blocks] and accumulates (+=) the softmax
+mass each key block received, summed over the queries and the query heads of each kv head.
+)doc")
+        .def(py::init([](int n_layers, int n_kv_heads, int head_dim, int n_heads, const std::string& dtype,
+                         int block_tokens, int max_tokens, int threads) {
+                 KvCacheConfig c;
+                 c.n_layers = n_layers;
+                 c.n_kv_heads = n_kv_heads;
+                 c.head_dim = head_dim;
+                 c.n_heads = n_heads;
+                 c.dtype = parse_dtype(dtype);
+                 c.block_tokens = block_tokens;
+                 c.max_tokens = max_tokens;
+                 c.threads = threads;
+                 return new PyKvCache(c);
+             }),
+             py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"),
+             py::arg("dtype") = "f16", py::arg("block_tokens") = 64, py::arg("max_tokens") = 8192,
+             py::arg("threads") = 1)
+        .def(
+            "step",
+            [](PyKvCache& self, int layer, const py::object& q, const py::object& k, const py::object& v,
+               const py::object& out, const py::object& scores) {
+                const KvCacheConfig& c = self.cache.config();
+                int nq, nk, nv, no;
+                py::array qa = float_rows(q, "q", c.n_heads, c.head_dim, false, &nq);
+                py::array ka = float_rows(k, "k", c.n_kv_heads, c.head_dim, false, &nk);
+                py::array va = float_rows(v, "v", c.n_kv_heads, c.head_dim, false, &nv);
+                py::array oa = float_rows(out, "out", c.n_heads, c.head_dim, true, &no);
+                if (nk != nq || nv != nq || no != nq)
+                    throw py::value_error("step: q, k, v and out must have the same number of rows (got " +
+                                          std::to_string(nq) + ", " + std::to_string(nk) + ", " + std::to_string(nv) +
+                                          ", " + std::to_string(no) + ")");
+                size_t stride;
+                float* s = scores_array(scores, c.n_kv_heads, &stride);
+                NativeCall call(self);
+                self.cache.step(layer, static_cast<const float*>(qa.data()), static_cast<const float*>(ka.data()),
+                                static_cast<const float*>(va.data()), nq, static_cast<float*>(oa.mutable_data()), s,
+                                stride);
+            },
+            py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("scores") = py::none(),
+            "Append the n new tokens' k, v to layer, then attend their queries q into out.")
+        .def(
+            "append",
+            [](PyKvCache& self, int layer, const py::object& k, const py::object& v) {
+                const KvCacheConfig& c = self.cache.config();
+                int nk, nv;
+                py::array ka = float_rows(k, "k", c.n_kv_heads, c.head_dim, false, &nk);
+                py::array va = float_rows(v, "v", c.n_kv_heads, c.head_dim, false, &nv);
+                if (nk != nv) throw py::value_error("append: k and v must have the same number of rows");
+                NativeCall call(self);
+                self.cache.append(layer, static_cast<const float*>(ka.data()), static_cast<const float*>(va.data()), nk);
+            },
+            py::arg("layer"), py::arg("k"), py::arg("v"))
+        .def(
+            "attend",
+            [](PyKvCache& self, int layer, const py::object& q, const py::object& out, const py::object& isa,
+               const py::object& scores) {
+                const KvCacheConfig& c = self.cache.config();
+                int nq, no;
+                py::array qa = float_rows(q, "q", c.n_heads, c.head_dim, false, &nq);
+                py::array oa = float_rows(out, "out", c.n_heads, c.head_dim, true, &no);
+                if (no != nq) throw py::value_error("attend: q and out must have the same number of rows");
+                const Isa kernel = parse_isa(isa);
+                size_t stride;
+                float* s = scores_array(scores, c.n_kv_heads, &stride);
+                NativeCall call(self);
+                self.cache.attend(layer, static_cast<const float*>(qa.data()), nq, static_cast<float*>(oa.mutable_data()),
+                                  s, stride, kernel);
+            },
+            py::arg("layer"), py::arg("q"), py::arg("out"), py::arg("isa") = py::none(), py::arg("scores") = py::none(),
+            "Attend queries q (the last n positions) over the cached tokens of layer into out.")
+        .def(
+            "length",
+            [](PyKvCache& self, int layer, int head) {
+                NativeCall call(self);
+                return self.cache.length(layer, head);
+            },
+            py::arg("layer"), py::arg("head") = 0)
+        .def("bytes_held",
+             [](PyKvCache& self) {
+                 NativeCall call(self);
+                 return self.cache.bytes_held();
+             })
+        .def("bytes_mapped",
+             [](PyKvCache& self) {
+                 NativeCall call(self);
+                 return self.cache.bytes_mapped();
+             })
+        .def(
+            "read",
+            [](PyKvCache& self, int layer, int head) {
+                std::vector<float> k, v;
+                {
+                    NativeCall call(self);
+                    const size_t n = static_cast<size_t>(self.cache.length(layer, head)) * self.cache.config().head_dim;
+                    k.resize(n);
+                    v.resize(n);
+                    self.cache.read(layer, head, k.data(), v.data());
+                }
+                const py::ssize_t hd = self.cache.config().head_dim, len = static_cast<py::ssize_t>(k.size()) / hd;
+                return py::make_tuple(py::array_t<float>({len, hd}, k.data()), py::array_t<float>({len, hd}, v.data()));
+            },
+            py::arg("layer"), py::arg("head"), "Copy of one head's cached K and V as float32 [length, head_dim].")
+        .def(
+            "truncate",
+            [](PyKvCache& self, int layer, int head, int n_tokens) {
+                NativeCall call(self);
+                self.cache.truncate(layer, head, n_tokens);
+            },
+            py::arg("layer"), py::arg("head"), py::arg("n_tokens"),
+            "Keep the first n_tokens of one head; blocks past them go back to the OS.")
+        .def("reset",
+             [](PyKvCache& self) {
+                 NativeCall call(self);
+                 self.cache.reset();
+             })
+        .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
+        .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })
+        .def_property_readonly("head_dim", [](const PyKvCache& s) { return s.cache.config().head_dim; })
+        .def_property_readonly("n_heads", [](const PyKvCache& s) { return s.cache.config().n_heads; })
+        .def_property_readonly("group", [](const PyKvCache& s) { return s.cache.group(); })
+        .def_property_readonly("dtype", [](const PyKvCache& s) { return std::string(mnn_h2o::kv_dtype_name(s.cache.config().dtype)); })
+        .def_property_readonly("block_tokens", [](const PyKvCache& s) { return s.cache.config().block_tokens; })
+        .def_property_readonly("max_tokens", [](const PyKvCache& s) { return s.cache.config().max_tokens; })
+        .def_property_readonly("max_blocks", [](const PyKvCache& s) { return s.cache.max_blocks(); })
+        .def_property_readonly("threads", [](const PyKvCache& s) { return s.cache.config().threads; });
+}

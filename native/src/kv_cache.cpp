@@ -124,15 +124,14 @@ void KvCache::check_attend(int layer, const float* q, int n_q, const float* out,
     check_layer(layer);
     require(n_q >= 1, "n_q must be >= 1");
     require(q && out, "null q or out");
-    const size_t stride = scores_stride ? scores_stride : static_cast<size_t>(max_blocks());
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
         const int len = head(layer, h).length + extra_tokens;
         if (len < n_q)
             throw std::invalid_argument("KvCache: layer " + std::to_string(layer) + " head " + std::to_string(h) +
                                         " holds " + std::to_string(len) + " tokens, fewer than the " +
                                         std::to_string(n_q) + " queries");
-        if (block_scores && stride < static_cast<size_t>((len + cfg_.block_tokens - 1) / cfg_.block_tokens))
-            throw std::invalid_argument("KvCache: block score rows of " + std::to_string(stride) +
+        if (block_scores && scores_stride < static_cast<size_t>((len + cfg_.block_tokens - 1) / cfg_.block_tokens))
+            throw std::invalid_argument("KvCache: block score rows of " + std::to_string(scores_stride) +
                                         " are too short for the blocks of layer " + std::to_string(layer) +
                                         " head " + std::to_string(h));
     }
@@ -156,7 +155,7 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
     p.n_q = n_q;
     p.out = out;
     p.block_scores = block_scores;
-    p.scores_stride = scores_stride ? scores_stride : static_cast<size_t>(max_blocks());
+    p.scores_stride = scores_stride;
     attention(p, isa, threads_.get(), workspace_);
 }
 

@@ -155,7 +155,7 @@ static void run_case(const Case& c, std::mt19937& rng) {
     for (Isa isa : available_isas()) {
         std::vector<float> out(static_cast<size_t>(n_q) * row, NAN);
         std::vector<float> scores(static_cast<size_t>(c.n_kv) * cache.max_blocks(), 0.f);
-        cache.attend(layer, q.data(), n_q, out.data(), scores.data(), 0, isa);
+        cache.attend(layer, q.data(), n_q, out.data(), scores.data(), cache.max_blocks(), isa);
         const double e_out = rel_err(out, ref.out), e_scores = rel_err(scores, ref.scores);
         CHECK(e_out < 2e-5, "%s: output rel err %.3g vs float64", describe(c, isa).c_str(), e_out);
         CHECK(e_scores < 2e-5, "%s: block score rel err %.3g vs float64", describe(c, isa).c_str(), e_scores);
@@ -215,12 +215,12 @@ static void test_chunked_prefill() {
         std::vector<float> out_full(static_cast<size_t>(n) * row), out_chunked(out_full.size());
         std::vector<float> s_full(3 * full.max_blocks(), 0.f), s_chunked(s_full.size(), 0.f);
         full.append(0, k.data(), v.data(), n);
-        full.attend(0, q.data(), n, out_full.data(), s_full.data(), 0, isa);
+        full.attend(0, q.data(), n, out_full.data(), s_full.data(), full.max_blocks(), isa);
         for (int t0 = 0, step = 1; t0 < n; t0 += step, step = step * 3 + 1) {
             const int m = std::min(step, n - t0);
             chunked.append(0, &k[static_cast<size_t>(t0) * kv_row], &v[static_cast<size_t>(t0) * kv_row], m);
             chunked.attend(0, &q[static_cast<size_t>(t0) * row], m, &out_chunked[static_cast<size_t>(t0) * row],
-                           s_chunked.data(), 0, isa);
+                           s_chunked.data(), chunked.max_blocks(), isa);
         }
         const double e = rel_err(out_chunked, out_full), es = rel_err(s_chunked, s_full);
         CHECK(e < 1e-5, "%s: chunked vs full prefill rel err %.3g", isa_name(isa), e);
@@ -246,7 +246,7 @@ static void test_uneven_heads() {
         for (Isa isa : available_isas()) {
             std::vector<float> out(static_cast<size_t>(n_q) * row);
             std::vector<float> scores(3 * cache.max_blocks(), 0.f);
-            cache.attend(0, q.data(), n_q, out.data(), scores.data(), 0, isa);
+            cache.attend(0, q.data(), n_q, out.data(), scores.data(), cache.max_blocks(), isa);
             CHECK(rel_err(out, ref.out) < 2e-5, "%s n_q=%d: uneven heads output", isa_name(isa), n_q);
             CHECK(rel_err(scores, ref.scores) < 2e-5, "%s n_q=%d: uneven heads scores", isa_name(isa), n_q);
         }
@@ -265,8 +265,12 @@ static void test_errors() {
     cache.append(0, k.data(), k.data(), 10);
     CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 11, out.data()); }), "n_q > length");
     CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 2, q.data() + 10); }), "out overlaps q");
-    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data(), out.data() + 1000, 0, Isa::Neon == best_isa() ? Isa::Avx2 : Isa::Neon); }),
+    const Isa missing = isa_available(Isa::Neon) ? Isa::Avx2 : Isa::Neon;
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data(), nullptr, 0, missing); }),
           "unavailable isa");
+    std::vector<float> row(cache.max_blocks() * 2, 0.f);
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data(), row.data(), 0); }),
+          "scores without a stride");
     std::vector<float> scores(8, 0.f);
     CHECK(throws<std::invalid_argument>([&] { cache.step(0, q.data(), k.data(), k.data(), 90, out.data(), scores.data(), 1); }),
           "scores stride too small");

@@ -52,8 +52,8 @@ public:
     // layer, written to out [n_q][n_heads * head_dim]. Query i sees the first
     // length - n_q + i + 1 tokens of its kv head. Scale 1/sqrt(head_dim), exact softmax.
     // If block_scores is set, block_scores[h * scores_stride + b] += the probability mass that
-    // block b of kv head h received over all n_q queries and the group's query heads
-    // (scores_stride 0 means max_blocks()).
+    // block b of kv head h received over all n_q queries and the group's query heads;
+    // scores_stride must cover every block of every head (max_blocks() always does).
     void attend(int layer, const float* q, int n_q, float* out, float* block_scores = nullptr,
                 size_t scores_stride = 0, Isa isa = best_isa());
 

@@ -1,0 +1,190 @@
+"""mnn_h2o._core.KvCache against a float64 numpy attention reference, and its input checks."""
+import threading
+
+import numpy as np
+import pytest
+
+core = pytest.importorskip("mnn_h2o._core")
+
+ISAS = core.available_isas()
+
+
+def make_cache(n_layers=2, n_kv=3, hd=64, group=3, **kw):
+    return core.KvCache(n_layers, n_kv, hd, n_kv * group, **kw)
+
+
+def reference(cache, layer, q):
+    """float64 causal GQA attention of q [n, n_heads, hd] over what the cache holds."""
+    n = q.shape[0]
+    hd, g, bt = cache.head_dim, cache.group, cache.block_tokens
+    out = np.zeros((n, cache.n_heads, hd))
+    scores = np.zeros((cache.n_kv_heads, cache.max_blocks))
+    for h in range(cache.n_kv_heads):
+        k, v = (x.astype(np.float64) for x in cache.read(layer, h))
+        length = k.shape[0]
+        for qh in range(h * g, (h + 1) * g):
+            s = q[:, qh, :].astype(np.float64) @ k.T / np.sqrt(hd)  # [n, length]
+            visible = length - n + np.arange(n)[:, None] + 1
+            s = np.where(np.arange(length)[None, :] < visible, s, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            out[:, qh, :] = p @ v
+            per_key = p.sum(axis=0)
+            np.add.at(scores[h], np.arange(length) // bt, per_key)
+    return out.reshape(n, -1), scores
+
+
+def rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_step_matches_reference(dtype, isa):
+    rng = np.random.default_rng(0)
+    cache = make_cache(dtype=dtype)
+    layer = 1
+    # Prefill in two uneven chunks, then decode steps, checking each call.
+    for n in (70, 45, 1, 1, 3):
+        q = rand(rng, n, 9, 64, scale=2.0)
+        k, v = rand(rng, n, 3 * 64), rand(rng, n, 3 * 64)
+        cache.append(layer, k, v)
+        out = np.full((n, 9 * 64), np.nan, dtype=np.float32)
+        scores = np.zeros((3, cache.max_blocks), dtype=np.float32)
+        cache.attend(layer, q, out, isa=isa, scores=scores)
+        want, want_scores = reference(cache, layer, q)
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        np.testing.assert_allclose(scores, want_scores, rtol=0, atol=2e-5 * n * 3)
+        np.testing.assert_allclose(scores.sum(axis=1), n * 3, rtol=1e-5)
+    assert cache.length(layer) == 120 and cache.length(0) == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_step_long_context_gqa(threads):
+    rng = np.random.default_rng(1)
+    cache = make_cache(n_layers=1, n_kv=2, hd=128, group=4, threads=threads, block_tokens=32, max_tokens=2048)
+    q0 = rand(rng, 1200, 8 * 128)
+    k0, v0 = rand(rng, 1200, 2, 128), rand(rng, 1200, 2, 128)  # 3-D rows are accepted too
+    out0 = np.empty((1200, 8 * 128), np.float32)
+    cache.step(0, q0, k0, v0, out0)
+    want0, _ = reference(cache, 0, q0.reshape(1200, 8, 128))
+    np.testing.assert_allclose(out0, want0, rtol=0, atol=2e-5 * np.abs(want0).max())
+    for _ in range(3):
+        q, k, v = rand(rng, 1, 8, 128, scale=3.0), rand(rng, 1, 256), rand(rng, 1, 256)
+        out = np.empty((1, 1024), np.float32)
+        scores = np.ones((2, cache.max_blocks), np.float32)  # accumulates on top of what is there
+        cache.step(0, q, k, v, out, scores)
+        want, want_scores = reference(cache, 0, q)
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        np.testing.assert_allclose(scores - 1.0, want_scores, rtol=0, atol=1e-5)
+
+
+def test_isas_agree():
+    rng = np.random.default_rng(2)
+    cache = make_cache(n_layers=1)
+    cache.append(0, rand(rng, 777, 192), rand(rng, 777, 192))
+    for n in (1, 2, 40):
+        q = rand(rng, n, 576)
+        outs = []
+        for isa in ISAS:
+            out = np.empty((n, 576), np.float32)
+            cache.attend(0, q, out, isa=isa)
+            outs.append(out)
+        for out in outs[1:]:
+            np.testing.assert_allclose(out, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+
+
+def test_read_bytes_truncate_reset():
+    rng = np.random.default_rng(3)
+    cache = make_cache(dtype="f32", block_tokens=16, max_tokens=100)
+    k, v = rand(rng, 40, 192), rand(rng, 40, 192)
+    cache.append(0, k, v)
+    rk, rv = cache.read(0, 2)
+    np.testing.assert_array_equal(rk, k[:, 128:])
+    np.testing.assert_array_equal(rv, v[:, 128:])
+    block_bytes = 16 * 64 * 4
+    assert cache.bytes_held() == 3 * 2 * 3 * block_bytes  # 3 heads x (K, V) x 3 blocks
+    assert cache.bytes_mapped() >= cache.bytes_held()
+    cache.truncate(0, 1, 16)
+    assert cache.length(0, 1) == 16 and cache.length(0, 0) == 40
+    assert cache.bytes_held() == (2 * 3 + 1) * 2 * block_bytes
+    cache.reset()
+    assert cache.bytes_held() == 0 and cache.bytes_mapped() == 0 and cache.length(0, 2) == 0
+    assert cache.read(0, 0)[0].shape == (0, 64)
+
+    f16 = make_cache(n_layers=1)
+    f16.append(0, k, v)
+    rk, _ = f16.read(0, 0)
+    np.testing.assert_array_equal(rk, k[:, :64].astype(np.float16).astype(np.float32))
+
+
+def test_properties_and_best_isa():
+    cache = make_cache(dtype="bf16", block_tokens=32, max_tokens=1000, threads=2)
+    assert (cache.n_layers, cache.n_kv_heads, cache.head_dim, cache.n_heads, cache.group) == (2, 3, 64, 9, 3)
+    assert (cache.dtype, cache.block_tokens, cache.max_tokens, cache.max_blocks, cache.threads) == (
+        "bf16", 32, 1000, 32, 2)
+    assert core.best_isa() in ISAS and "scalar" in ISAS
+
+
+def test_bad_inputs_raise():
+    cache = make_cache(max_tokens=10)
+    good_kv = np.zeros((2, 192), np.float32)
+    q, out = np.zeros((2, 576), np.float32), np.zeros((2, 576), np.float32)
+    bad = [
+        lambda: cache.append(0, good_kv.astype(np.float64), good_kv),  # dtype
+        lambda: cache.append(0, np.zeros((2, 191), np.float32), good_kv),  # width
+        lambda: cache.append(0, np.zeros((2, 3, 65), np.float32), good_kv),  # 3-D shape
+        lambda: cache.append(0, np.zeros((192,), np.float32), good_kv),  # 1-D
+        lambda: cache.append(0, np.zeros((192, 2), np.float32).T, good_kv),  # not C-contiguous
+        lambda: cache.append(0, [[0.0] * 192] * 2, good_kv),  # not an array
+        lambda: cache.append(0, good_kv, np.zeros((3, 192), np.float32)),  # row mismatch
+        lambda: cache.append(0, np.zeros((11, 192), np.float32), np.zeros((11, 192), np.float32)),  # capacity
+        lambda: cache.step(0, q, good_kv, good_kv, np.zeros((1, 576), np.float32)),  # out rows
+        lambda: cache.step(0, q, good_kv, good_kv, out, np.zeros((2, 5), np.float32)),  # scores shape
+        lambda: cache.step(0, q, good_kv, good_kv, out, np.zeros((3, 0), np.float32)),  # scores width
+        lambda: cache.attend(1, q, out),  # nothing cached
+        lambda: cache.attend(0, q, out, isa="sse9"),
+        lambda: core.KvCache(1, 3, 60, 9),
+        lambda: core.KvCache(1, 3, 64, 8),
+        lambda: core.KvCache(1, 3, 64, 9, dtype="int8"),
+    ]
+    for i, call in enumerate(bad):
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"case {i} did not raise")
+    readonly = np.zeros((2, 576), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        cache.step(0, q, good_kv, good_kv, readonly)
+    with pytest.raises(IndexError):
+        cache.append(5, good_kv, good_kv)
+    with pytest.raises(IndexError):
+        cache.length(0, 3)
+    assert cache.length(0) == 0 and cache.bytes_held() == 0  # nothing was appended by the failures
+    cache.step(0, q, good_kv, good_kv, out)
+    assert cache.length(0) == 2
+
+
+def test_threads_share_one_cache():
+    """Python threads may call one cache concurrently (the GIL is released): calls serialise."""
+    cache = make_cache(n_layers=4, max_tokens=4096, threads=2)
+    errors = []
+
+    def worker(layer):
+        rng = np.random.default_rng(layer)
+        try:
+            for _ in range(30):
+                q, k, v = rand(rng, 1, 576), rand(rng, 1, 192), rand(rng, 1, 192)
+                out = np.empty((1, 576), np.float32)
+                cache.step(layer, q, k, v, out)
+                assert np.isfinite(out).all()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [cache.length(i) for i in range(4)] == [30] * 4
