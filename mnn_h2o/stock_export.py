@@ -38,6 +38,7 @@ Directory produced::
       embeddings_int8.bin    token embeddings (exact copy of a Q8_0 GGUF embedding), or
       embeddings_bf16.bin    (bf16, for other embedding types)
       tokenizer.txt          MNN tokenizer file (HUGGINGFACE/byte-level BPE format)
+      mnn_h2o_tokenizer.json our tokenizer (exact pre-tokenizer) for mnn_h2o.stock.StockLlm
       export_info.json       what was exported from what (source digest, bits, block)
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .model_source import cache_root
 
 EXPORT_FORMAT_VERSION = 1
 SUPPORTED_BITS = (0, 4, 8)
@@ -114,6 +116,17 @@ def _redirect_stdout_fd(path: str):
             sys.stdout.flush()
             os.dup2(saved, 1)
             os.close(saved)
+
+
+def _import_mnn_expr():
+    """Import MNN.expr without the CPU-feature banner MNN prints on stdout at import."""
+    if "MNN.expr" not in sys.modules:
+        with _redirect_stdout_fd(os.devnull):
+            import MNN.expr  # noqa: F401
+            import _tools  # noqa: F401
+    import MNN.expr as F
+
+    return F
 
 
 def _mnnconvert(args, log_path: str, expect: str):
@@ -410,8 +423,7 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
     tmp = tempfile.mkdtemp(prefix=".stock_export_", dir=out_dir)
     log_path = os.path.join(tmp, "convert.log")
     try:
-        from MNN import expr as F
-
+        F = _import_mnn_expr()
         logits = build_graph(model, prog, n_layers)
         raw = os.path.join(tmp, "raw.mnn")
         F.save([logits], raw)
@@ -437,6 +449,10 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
         emb_cfg = write_embedding(model, tmp)
         prog.step("embedding")
         tok_info = write_tokenizer(model, os.path.join(tmp, "tokenizer.txt"))
+        from .tokenizer import load_tokenizer
+
+        # our tokenizer (exact SmolLM2 pre-tokenizer) for StockLlm; MNN.llm ignores this file
+        load_tokenizer(model).save(os.path.join(tmp, "mnn_h2o_tokenizer.json"))
         prog.step("tokenizer")
 
         with open(os.path.join(tmp, "llm_config.json"), "w", encoding="utf-8") as f:
@@ -461,7 +477,11 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
             json.dump(info, f, indent=2)
 
         # move into place (replace an older export of the same directory)
-        produced = sorted(set(os.listdir(tmp)) - {"convert.log"})
+        # export_info.json last: a directory with it is complete
+        produced = sorted(set(os.listdir(tmp)) - {"convert.log"}, key=lambda n: n == "export_info.json")
+        info_path = os.path.join(out_dir, "export_info.json")
+        if os.path.exists(info_path):
+            os.remove(info_path)
         for name in produced:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
         for stale in ("llm.mnn.weight", "embeddings_bf16.bin", "embeddings_int8.bin"):
@@ -473,6 +493,48 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
         prog.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return os.path.join(out_dir, "config.json")
+
+
+def stock_dir_for(gguf_path: str, weight_bits: int, sha: Optional[str] = None) -> str:
+    """Cache folder of the stock export of ``gguf_path`` (keyed on the file's sha256)."""
+    sha = sha or file_digest(gguf_path)
+    stem = os.path.splitext(os.path.basename(gguf_path))[0]
+    return os.path.join(cache_root(), "stock", f"{stem}-{sha[:12]}-w{weight_bits}-v{EXPORT_FORMAT_VERSION}")
+
+
+def is_stock_complete(out_dir: str, sha: Optional[str] = None, weight_bits: Optional[int] = None) -> bool:
+    """True when ``out_dir`` holds a finished stock export (of that source / bit width)."""
+    try:
+        with open(os.path.join(out_dir, "export_info.json")) as f:
+            info = json.load(f)
+        with open(os.path.join(out_dir, "config.json")) as f:
+            rt = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if info.get("format_version") != EXPORT_FORMAT_VERSION or info.get("kind") != "stock-mnn-llm":
+        return False
+    if sha is not None and info.get("source_sha256") != sha:
+        return False
+    if weight_bits is not None and info.get("weight_bits") != weight_bits:
+        return False
+    if info.get("n_layers") != info.get("config", {}).get("n_layers"):
+        return False
+    files = ("llm.mnn", "llm.mnn.weight", "llm_config.json", "tokenizer.txt", "mnn_h2o_tokenizer.json",
+             rt.get("embedding_file", ""))
+    return all(f and os.path.isfile(os.path.join(out_dir, f)) for f in files)
+
+
+def ensure_stock(gguf_path: str, weight_bits: int = 8, out_dir: Optional[str] = None,
+                 force: bool = False, progress: ProgressArg = None) -> str:
+    """config.json of a stock export of ``gguf_path``, exporting only when no matching export
+    exists (default folder: :func:`stock_dir_for`, under ``$MNN_H2O_CACHE``)."""
+    if not os.path.isfile(os.fspath(gguf_path)):
+        raise ModelFileError(f"model file not found: {gguf_path}")
+    sha = file_digest(gguf_path)
+    out_dir = out_dir or stock_dir_for(gguf_path, weight_bits, sha)
+    if not force and is_stock_complete(out_dir, sha, weight_bits):
+        return os.path.join(out_dir, "config.json")
+    return export_stock(gguf_path, out_dir, weight_bits, progress)
 
 
 def _mnn_version() -> str:
