@@ -1,0 +1,42 @@
+// The per-byte loops of the Gear codec (internal to gear_codec.cpp). Planes are n x C byte
+// matrices, row t = token t; see docs/gear_format.md, "Planes" and "Predictors".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mnn_h2o {
+namespace gear {
+namespace kernels {
+
+// Element bytes -> planes (plane k = byte k of every element), and back. es is 2 or 4.
+void split_planes(const uint8_t* elements, size_t count, size_t es, uint8_t* const planes[]);
+void merge_planes(const uint8_t* const planes[], size_t count, size_t es, uint8_t* elements);
+
+// Byte histograms of plane P's predicted values on the sampled rows t = 1, 5, 9, ... (row 0 when
+// n = 1): hist[0] raw, hist[1] xor, hist[2] delta and, when refs is not null, hist[3] centre
+// (added to the counts). Returns the number of bytes counted per histogram.
+size_t sample_histograms(const uint8_t* P, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
+                         uint32_t (*hist)[256]);
+
+// The xor (use_xor) or delta predictor along tokens, and its inverse.
+void delta_forward(const uint8_t* P, size_t n, size_t C, bool use_xor, uint8_t* R);
+void delta_inverse(const uint8_t* R, size_t n, size_t C, bool use_xor, uint8_t* P);
+
+// References of the centre predictor: per channel, the majority sign and the rounded-up mean of
+// the exponent field. sums is scratch of 2 * C.
+void centre_references(const uint8_t* P, size_t n, size_t C, uint8_t mask, uint64_t* sums,
+                       uint8_t* refs);
+
+// Number of runs of equal bytes (1 + the positions where a byte differs from the one before).
+size_t count_runs(const uint8_t* p, size_t n);
+
+// The centre predictor with references refs[C] and exponent field mask, and its inverse.
+void centre_forward(const uint8_t* P, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
+                    uint8_t* R);
+void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
+                    uint8_t* P);
+
+}  // namespace kernels
+}  // namespace gear
+}  // namespace mnn_h2o

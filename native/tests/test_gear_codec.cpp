@@ -1,0 +1,402 @@
+// Tests of the Gear codec: hand-built frames from docs/gear_format.md, bit-exact round trips of
+// every kind of value and shape, damaged and truncated frames, the no-zstd fallback (in a child
+// process), and no allocation on the hot path.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/gear_codec.h"
+#include "mnn_h2o/xxhash64.h"
+#include "mnn_h2o/zstd_loader.h"
+
+using namespace mnn_h2o;
+using namespace mnn_h2o::gear;
+
+// Counts operator new calls, to check that a warm Codec does not allocate.
+static size_t g_allocations = 0;
+void* operator new(size_t n) {
+    ++g_allocations;
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+static int g_failures = 0;
+#define CHECK(cond)                                                          \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            ++g_failures;                                                    \
+        }                                                                    \
+    } while (0)
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+void put32(Bytes& b, uint32_t v) { for (int i = 0; i < 4; ++i) b.push_back(uint8_t(v >> (8 * i))); }
+void put64(Bytes& b, uint64_t v) { for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i))); }
+
+// A frame header as the format document lays it out.
+Bytes header(uint8_t type, std::vector<uint32_t> dims, uint32_t block_tokens, const Bytes& data) {
+    Bytes b = {0x47, 0x45, 0x41, 0x52, 1, type, uint8_t(dims.size()), 0};
+    put32(b, block_tokens);
+    for (uint32_t d : dims) put32(b, d);
+    put64(b, xxh64(data.data(), data.size()));
+    put32(b, uint32_t(xxh64(b.data(), b.size())));
+    return b;
+}
+
+void stream(Bytes& b, uint8_t predictor, uint8_t backend, uint32_t raw_len, const Bytes& payload) {
+    b.push_back(predictor);
+    b.push_back(backend);
+    put32(b, raw_len);
+    put32(b, uint32_t(payload.size()));
+    b.insert(b.end(), payload.begin(), payload.end());
+}
+
+Status decode(Codec& c, const Bytes& frame, Bytes* out) {
+    FrameInfo fi;
+    Status s = read_frame_info(frame.data(), frame.size(), &fi);
+    if (s != Status::Ok) return s;
+    out->assign(fi.decoded_size, 0);
+    return c.decode(frame.data(), frame.size(), out->data(), out->size());
+}
+
+void test_xxh64() {
+    CHECK(xxh64("", 0) == 0xEF46DB3751D8E999ull);
+    CHECK(xxh64("a", 1) == 0xD24EC4F1A98C6E5Bull);
+    CHECK(xxh64("abc", 3) == 0x44BC2CF5AD770999ull);
+    const char* s = "Nobody inspects the spammish repetition";
+    CHECK(xxh64(s, std::strlen(s)) == 0xFBCEA83C8A378BF1ull);
+}
+
+// The example of docs/gear_format.md, byte for byte.
+void test_document_example() {
+    const Bytes data = {0x00, 0x3C, 0x00, 0xC0, 0x00, 0x3C, 0x00, 0xC0};  // [[1, -2], [1, -2]]
+    Bytes f = header(1, {2, 2}, 2, data);
+    CHECK(f.size() == 32);
+    f.push_back(0);
+    stream(f, 0, 0, 4, {0x00, 0x00, 0x00, 0x00});
+    stream(f, 0, 0, 4, {0x3C, 0xC0, 0x3C, 0xC0});
+    Codec c;
+    Bytes out;
+    CHECK(decode(c, f, &out) == Status::Ok);
+    CHECK(out == data);
+}
+
+// Every predictor and backend, written by hand: plane 0 delta + RLE, plane 1 centre + stored,
+// then the same data as a dedup slice.
+void test_hand_built_predictors() {
+    // FP16 [4][2]: column 0 counts 1, 2, 3, 4 in the low byte; column 1 is -2.0 then 4.0.
+    const uint16_t v[8] = {0x3C01, 0xC000, 0x3C02, 0xC000, 0x3C03, 0x4400, 0x3C04, 0x4400};
+    Bytes data(16);
+    std::memcpy(data.data(), v, 16);
+    Bytes f = header(1, {4, 2}, 4, data);
+    f.push_back(0);
+    // Low bytes 01 00 02 00 03 00 04 00; delta along tokens: 01 00 01 00 01 00 01 00; that
+    // as RLE: a literal run of 8 bytes.
+    stream(f, 2, 1, 8, {0x07, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00});
+    // High bytes 3C C0 3C C0 3C 44 3C 44; refs 3C, 40 (sign +, exponent field 0x40): residuals
+    // column 0: 00 each; column 1: C0 -> 80 (sign flipped, field 0), 44 -> 04.
+    stream(f, 3, 0, 10, {0x3C, 0x40, 0x00, 0x80, 0x00, 0x80, 0x00, 0x04, 0x00, 0x04});
+    Codec c;
+    Bytes out;
+    CHECK(decode(c, f, &out) == Status::Ok);
+    CHECK(out == data);
+
+    // Rows 0 and 2 equal, 1 and 3 equal: map 0 1 0 1 (w = 1), unique rows 3C01 C000 | 3C02 C000,
+    // plane 0 with xor, plane 1 with RLE.
+    const uint16_t d[8] = {0x3C01, 0xC000, 0x3C02, 0xC000, 0x3C01, 0xC000, 0x3C02, 0xC000};
+    std::memcpy(data.data(), d, 16);
+    f = header(1, {4, 2}, 64, data);
+    f.push_back(1);
+    stream(f, 0, 0, 4, {0, 1, 0, 1});
+    stream(f, 1, 0, 4, {0x01, 0x00, 0x03, 0x00});  // xor: 01 00, 02^01 00^00
+    stream(f, 0, 1, 4, {0x03, 0x3C, 0xC0, 0x3C, 0xC0});  // RLE: a literal run of 4
+    CHECK(decode(c, f, &out) == Status::Ok);
+    CHECK(out == data);
+    // A map that is not in first-occurrence order is rejected.
+    Bytes bad = f;
+    bad[33 + 10] = 1;  // map 1 1 0 1
+    CHECK(decode(c, bad, &out) == Status::Corrupt);
+}
+
+uint32_t rnd32(std::mt19937& g) { return g(); }
+
+// Values of every class, as bit patterns of the element type.
+Bytes special_values(ElementType t, size_t count, std::mt19937& g) {
+    const size_t es = element_size(t);
+    Bytes b(count * es);
+    const uint32_t f16[] = {0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE5A, 0x0001, 0x83FF, 0x3C00, 0x7BFF};
+    const uint32_t b16[] = {0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFA5, 0x0001, 0x807F, 0x3F80};
+    const uint32_t f32[] = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001,
+                            0xFFABCDEF, 0x00000001, 0x807FFFFF, 0x3F800000};
+    for (size_t i = 0; i < count; ++i) {
+        uint32_t v = rnd32(g);
+        if (v % 4 == 0) {  // a quarter special values, the rest random bit patterns
+            if (t == ElementType::F16) v = f16[(v >> 8) % (sizeof f16 / 4)];
+            else if (t == ElementType::BF16) v = b16[(v >> 8) % (sizeof b16 / 4)];
+            else v = f32[(v >> 8) % (sizeof f32 / 4)];
+        }
+        std::memcpy(&b[i * es], &v, es);
+    }
+    return b;
+}
+
+// KV-like FP16: per-channel scales over four orders of magnitude, some repeated rows.
+Bytes kv_like(size_t tokens, size_t channels, std::mt19937& g, bool repeat_rows) {
+    std::normal_distribution<float> nd;
+    std::vector<float> scale(channels);
+    for (auto& s : scale) s = std::pow(10.f, std::uniform_real_distribution<float>(-2, 2)(g));
+    Bytes b(tokens * channels * 2);
+    for (size_t t = 0; t < tokens; ++t) {
+        if (repeat_rows && t >= 4 && g() % 3 == 0) {
+            std::memcpy(&b[t * channels * 2], &b[(g() % t) * channels * 2], channels * 2);
+            continue;
+        }
+        for (size_t c = 0; c < channels; ++c) {
+            const float x = nd(g) * scale[c];
+            // float -> half by truncation: good enough for test data.
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            const int e = int((u >> 23) & 0xFF) - 127 + 15;
+            uint16_t h = uint16_t((u >> 16) & 0x8000);
+            if (e > 0 && e < 31) h |= uint16_t(e << 10 | ((u >> 13) & 0x3FF));
+            std::memcpy(&b[(t * channels + c) * 2], &h, 2);
+        }
+    }
+    return b;
+}
+
+bool round_trip(Codec& c, ElementType t, const Shape& shape, const Bytes& data, Bytes* frame) {
+    if (c.encode(data.data(), t, shape, frame) != Status::Ok) return false;
+    if (frame->size() > max_encoded_size(t, shape, c.options().block_tokens)) return false;
+    Bytes out;
+    if (decode(c, *frame, &out) != Status::Ok) return false;
+    return out == data;
+}
+
+void test_round_trips() {
+    std::mt19937 g(1234);
+    const std::vector<std::vector<uint32_t>> shapes = {
+        {1}, {7}, {1, 1}, {3, 1}, {1, 5}, {64, 64}, {65, 64}, {3, 100, 64}, {2, 3, 17, 5},
+        {0, 64}, {64, 0}, {2, 0, 3}, {130, 3}, {2, 2, 2, 2, 2, 2, 2, 2}};
+    const uint32_t block_sizes[] = {0, 1, 3, 64};
+    for (ElementType t : {ElementType::F16, ElementType::BF16, ElementType::F32}) {
+        for (const auto& dims : shapes) {
+            Shape shape;
+            shape.ndim = uint32_t(dims.size());
+            for (size_t i = 0; i < dims.size(); ++i) shape.dims[i] = dims[i];
+            const Bytes data = special_values(t, size_t(shape.elements()), g);
+            for (uint32_t bt : block_sizes) {
+                for (int variant = 0; variant < 4; ++variant) {
+                    EncodeOptions o;
+                    o.block_tokens = bt;
+                    o.allow_zstd = variant != 1;
+                    o.allow_rle = variant != 2;
+                    o.predictors = variant == 3 ? predictor_bit(Predictor::Xor) : kAllPredictors;
+                    Codec c(o);
+                    Bytes frame;
+                    const bool ok = round_trip(c, t, shape, data, &frame);
+                    if (!ok) std::fprintf(stderr, "round trip failed: type %d ndim %u bt %u variant %d\n", int(t), shape.ndim, bt, variant);
+                    CHECK(ok);
+                }
+            }
+        }
+    }
+}
+
+// Structured data: each predictor and backend, and dedup, must be chosen somewhere.
+void test_modes_are_used() {
+    std::mt19937 g(7);
+    Codec c;  // 64-token blocks
+    bool seen_pred[4] = {}, seen_backend[3] = {}, seen_dedup = false;
+    auto note = [&](const Bytes& frame) {
+        FrameInfo fi;
+        std::vector<StreamInfo> st;
+        CHECK(c.inspect(frame.data(), frame.size(), &fi, &st) == Status::Ok);
+        for (const auto& s : st) {
+            if (s.block < 0) seen_dedup = true;
+            seen_pred[int(s.predictor)] = true;
+            seen_backend[int(s.backend)] = true;
+        }
+    };
+    Bytes frame;
+    const Bytes kv = kv_like(256, 64, g, false);
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), kv, &frame));
+    note(frame);
+    const Bytes rep = kv_like(256, 64, g, true);
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), rep, &frame));
+    note(frame);
+    // A slow ramp per channel (delta), and alternating bit patterns (xor).
+    Bytes ramp(128 * 16 * 2), alt(128 * 16 * 2);
+    for (size_t t = 0; t < 128; ++t)
+        for (size_t c2 = 0; c2 < 16; ++c2) {
+            const uint16_t r = uint16_t(t * 97 + c2 * 1000), a = uint16_t((t & 1) ? 0x5A5A : 0xA5A5) ^ uint16_t(c2 * 0x0101 * 7);
+            std::memcpy(&ramp[(t * 16 + c2) * 2], &r, 2);
+            std::memcpy(&alt[(t * 16 + c2) * 2], &a, 2);
+        }
+    EncodeOptions o;
+    o.allow_zstd = false;  // RLE sees the runs the predictors make
+    Codec rle(o);
+    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), ramp, &frame));
+    note(frame);
+    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), alt, &frame));
+    note(frame);
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(128, 16), special_values(ElementType::F16, 128 * 16, g), &frame));
+    note(frame);
+    // Without zstd nothing shrinks the centred KV-like plane, and it is stored raw.
+    CHECK(seen_pred[0] && seen_pred[1] && seen_pred[2]);
+    CHECK(seen_pred[3] == zstd_available());
+    CHECK(seen_backend[0] && seen_backend[1]);
+    CHECK(seen_backend[2] == zstd_available());
+    CHECK(seen_dedup);
+}
+
+// Any damage is an error, or decodes to the original data (bits the format ignores).
+void test_damage_and_truncation() {
+    std::mt19937 g(99);
+    Codec c;
+    const Bytes data = kv_like(40, 8, g, true);
+    Bytes frame, out;
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(40, 8), data, &frame));
+    for (size_t i = 0; i < frame.size(); ++i) {
+        for (uint8_t flip : {0x01, 0x80, 0xFF}) {
+            Bytes bad = frame;
+            bad[i] ^= flip;
+            const Status s = decode(c, bad, &out);
+            CHECK(s != Status::Ok || out == data);
+        }
+    }
+    for (size_t n = 0; n < frame.size(); ++n) {
+        Bytes cut(frame.begin(), frame.begin() + n);
+        CHECK(decode(c, cut, &out) != Status::Ok);
+    }
+    Bytes longer = frame;
+    longer.push_back(0);
+    CHECK(decode(c, longer, &out) == Status::Corrupt);
+    out.assign(data.size() - 1, 0);
+    CHECK(c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::OutputTooSmall);
+    size_t written = 0;
+    CHECK(c.encode(data.data(), ElementType::F16, Shape::matrix(40, 8), out.data(), 10, &written) ==
+          Status::OutputTooSmall);
+    Bytes bad = frame;
+    bad[0] = 'X';
+    CHECK(decode(c, bad, &out) == Status::BadMagic);
+    bad = frame;
+    bad[4] = 2;
+    CHECK(decode(c, bad, &out) == Status::BadVersion);
+    bad = frame;
+    bad[5] = 2;  // BF16 instead of FP16: same bytes, other meaning; the header check catches it
+    CHECK(decode(c, bad, &out) == Status::BadHeader);
+    bad = frame;
+    bad[bad.size() - 1] ^= 1;  // last payload byte
+    CHECK(decode(c, bad, &out) != Status::Ok);
+}
+
+void test_invalid_arguments() {
+    Codec c;
+    Bytes frame;
+    const uint16_t x = 0;
+    Shape none;
+    CHECK(c.encode(&x, ElementType::F16, none, &frame) == Status::InvalidArgument);
+    CHECK(c.encode(&x, static_cast<ElementType>(9), Shape::matrix(1, 1), &frame) == Status::InvalidArgument);
+    Shape huge = Shape::matrix(0xFFFFFFFF, 0xFFFFFFFF);
+    CHECK(c.encode(&x, ElementType::F16, huge, &frame) == Status::InvalidArgument);
+    CHECK(max_encoded_size(ElementType::F16, none, 64) == 0);
+}
+
+// After one call of a given size, encode and decode allocate nothing.
+void test_no_allocation_when_warm() {
+    std::mt19937 g(5);
+    Codec c;
+    const Bytes a = kv_like(64, 64, g, true), b = kv_like(64, 64, g, false);
+    Bytes frame(max_encoded_size(ElementType::F16, Shape::matrix(64, 64), 64)), out(a.size());
+    size_t n = 0;
+    for (const Bytes* d : {&a, &b}) {
+        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok);
+        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok);
+    }
+    const size_t before = g_allocations;
+    for (const Bytes* d : {&a, &b}) {
+        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok);
+        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok);
+        CHECK(out == *d);
+    }
+    CHECK(g_allocations == before);
+}
+
+void test_deterministic() {
+    std::mt19937 g(3);
+    const Bytes a = kv_like(100, 32, g, true);
+    Codec c1, c2;
+    Bytes f1, f2, f3;
+    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f1) == Status::Ok);
+    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f2) == Status::Ok);
+    CHECK(c2.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f3) == Status::Ok);
+    CHECK(f1 == f2 && f1 == f3);
+}
+
+// Run in a child with MNN_H2O_NO_ZSTD=1: RLE still works, zstd frames are refused cleanly.
+int child_without_zstd(const char* zstd_frame_path) {
+    CHECK(!zstd_available());
+    std::mt19937 g(11);
+    Codec c;
+    Bytes frame;
+    const Bytes kv = kv_like(64, 64, g, true);
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv, &frame));
+    FILE* f = std::fopen(zstd_frame_path, "rb");
+    CHECK(f != nullptr);
+    if (f) {
+        Bytes z(1 << 16);
+        z.resize(std::fread(z.data(), 1, z.size(), f));
+        std::fclose(f);
+        Bytes out;
+        CHECK(decode(c, z, &out) == Status::ZstdUnavailable);
+    }
+    return g_failures ? 1 : 0;
+}
+
+void test_without_zstd(const char* self) {
+    if (!zstd_available()) {
+        std::printf("libzstd.so.1 not available: zstd paths untested\n");
+        return;
+    }
+    std::mt19937 g(11);
+    Codec c;
+    Bytes frame;
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv_like(64, 64, g, false), &frame));
+    const std::string path = "gear_zstd_frame.bin";
+    FILE* f = std::fopen(path.c_str(), "wb");
+    CHECK(f && std::fwrite(frame.data(), 1, frame.size(), f) == frame.size());
+    if (f) std::fclose(f);
+    const std::string cmd = std::string("MNN_H2O_NO_ZSTD=1 '") + self + "' --child-no-zstd " + path;
+    CHECK(std::system(cmd.c_str()) == 0);
+    std::remove(path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 3 && !std::strcmp(argv[1], "--child-no-zstd")) return child_without_zstd(argv[2]);
+    test_xxh64();
+    test_document_example();
+    test_hand_built_predictors();
+    test_round_trips();
+    test_modes_are_used();
+    test_damage_and_truncation();
+    test_invalid_arguments();
+    test_no_allocation_when_warm();
+    test_deterministic();
+    test_without_zstd(argv[0]);
+    std::printf("zstd %s; %d failure(s)\n", zstd_available() ? "loaded" : "missing", g_failures);
+    return g_failures ? 1 : 0;
+}
