@@ -1,0 +1,106 @@
+// libFuzzer target for the Gear codec (build: see the MNN_H2O_FUZZ block in CMakeLists.txt).
+//
+// The first input byte picks what the rest is:
+//   even: a frame to decode. Random bytes would almost never pass the header check, so the
+//         header's check field is recomputed first; everything behind it (streams, maps, RLE and
+//         zstd payloads, checksums) is the fuzzer's. A decode must fail cleanly or, if it
+//         succeeds, re-encode and decode to the same data.
+//   odd:  an array to round-trip (type, channels, block size and options from the next bytes),
+//         then the encoded frame damaged at fuzzer-chosen places: decoding a damaged frame must
+//         give an error or exactly the original data.
+// Any other outcome aborts; ASan/UBSan report memory and undefined-behaviour errors.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "mnn_h2o/gear_codec.h"
+#include "mnn_h2o/xxhash64.h"
+
+using namespace mnn_h2o;
+using namespace mnn_h2o::gear;
+
+namespace {
+
+constexpr size_t kMaxDecoded = 1 << 22;
+
+void require(bool ok, const char* what) {
+    if (!ok) {
+        std::fprintf(stderr, "fuzz_gear_codec: %s\n", what);
+        std::abort();
+    }
+}
+
+bool same(const uint8_t* a, const uint8_t* b, size_t n) { return n == 0 || !std::memcmp(a, b, n); }
+
+void fuzz_decode(Codec& c, const uint8_t* data, size_t size) {
+    std::vector<uint8_t> frame(data, data + size);
+    if (size >= 8 && frame[6] >= 1 && frame[6] <= kMaxDims) {
+        const size_t hs = 24 + 4 * size_t{frame[6]};
+        if (size >= hs) {
+            const uint32_t check = static_cast<uint32_t>(xxh64(frame.data(), hs - 4));
+            std::memcpy(&frame[hs - 4], &check, 4);
+        }
+    }
+    FrameInfo fi;
+    std::vector<StreamInfo> streams;
+    (void)c.inspect(frame.data(), frame.size(), &fi, &streams);
+    if (read_frame_info(frame.data(), frame.size(), &fi) != Status::Ok || fi.decoded_size > kMaxDecoded)
+        return;
+    std::vector<uint8_t> out(fi.decoded_size);
+    if (c.decode(frame.data(), frame.size(), out.data(), out.size()) != Status::Ok) return;
+    std::vector<uint8_t> again, out2(out.size());
+    require(c.encode(out.data(), fi.element_type, fi.shape, &again) == Status::Ok, "re-encode failed");
+    require(c.decode(again.data(), again.size(), out2.data(), out2.size()) == Status::Ok, "re-decode failed");
+    require(out == out2, "re-encoded data differs");
+}
+
+void fuzz_round_trip(const uint8_t* data, size_t size) {
+    if (size < 6) return;
+    const auto type = static_cast<ElementType>(data[0] % 3 + 1);
+    const uint32_t channels = data[1] % 20 + 1;
+    EncodeOptions o;
+    o.block_tokens = data[2] % 10;  // 0 = whole slice
+    o.predictors = data[3] & 0xF;
+    o.allow_rle = data[3] & 0x10;
+    o.allow_zstd = data[3] & 0x20;
+    o.dedup = data[3] & 0x40;
+    o.zstd_level = data[3] & 0x80 ? 3 : 1;
+    const size_t damage = data[4] % 4;  // bytes to damage, at positions taken from the tail
+    data += 5;
+    size -= 5;
+    const size_t row_bytes = channels * element_size(type);
+    const size_t tail = damage * 3;
+    if (size < tail) return;
+    const uint32_t tokens = static_cast<uint32_t>((size - tail) / row_bytes);
+    const uint8_t* how = data + size - tail;
+    // Two slices when there are enough tokens, to cover the slice loop.
+    const bool two = tokens >= 2 && tokens % 2 == 0;
+    const Shape shape = two ? Shape{3, {2, tokens / 2, channels}} : Shape::matrix(tokens, channels);
+    Codec c(o);
+    std::vector<uint8_t> frame, out(size_t{tokens} * row_bytes);
+    require(c.encode(data, type, shape, &frame) == Status::Ok, "encode failed");
+    require(frame.size() <= max_encoded_size(type, shape, o.block_tokens), "frame exceeds max_encoded_size");
+    require(c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::Ok, "decode failed");
+    require(same(out.data(), data, out.size()), "round trip differs");
+    if (!damage || frame.empty()) return;
+    for (size_t i = 0; i < damage; ++i) {
+        const size_t pos = (size_t{how[3 * i]} << 8 | how[3 * i + 1]) % frame.size();
+        frame[pos] ^= how[3 * i + 2] ? how[3 * i + 2] : 1;
+    }
+    if (c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::Ok)
+        require(same(out.data(), data, out.size()), "damaged frame decoded to other data");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static Codec codec;
+    if (size == 0) return 0;
+    if (data[0] % 2 == 0)
+        fuzz_decode(codec, data + 1, size - 1);
+    else
+        fuzz_round_trip(data + 1, size - 1);
+    return 0;
+}
