@@ -86,7 +86,7 @@ namespace mnn_h2o {
 namespace kernels {
 
 const KernelSet& avx2_kernels() {
-    static constexpr KernelSet set = simd::kernel_set<Avx2>(8);
+    static constexpr KernelSet set = simd::kernel_set<Avx2>();
     return set;
 }
 

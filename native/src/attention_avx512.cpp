@@ -95,7 +95,7 @@ namespace mnn_h2o {
 namespace kernels {
 
 const KernelSet& avx512_kernels() {
-    static constexpr KernelSet set = simd::kernel_set<Avx512>(8);
+    static constexpr KernelSet set = simd::kernel_set<Avx512>();
     return set;
 }
 

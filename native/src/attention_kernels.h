@@ -54,8 +54,7 @@ struct TileArgs {
 };
 
 struct KernelSet {
-    int tile_rows;      // rows per prefill tile
-    int tile_min_rows;  // use tiles when a kv head has at least this many query rows
+    int tile_rows;  // rows per prefill tile
     size_t (*decode_scratch_floats)(const Shape& shape, int n_rows, int n_keys);
     size_t (*tile_scratch_floats)(const Shape& shape, int n_blocks);
     void (*decode)(const DecodeArgs& args);

@@ -65,7 +65,7 @@ namespace mnn_h2o {
 namespace kernels {
 
 const KernelSet& neon_kernels() {
-    static constexpr KernelSet set = simd::kernel_set<Neon>(8);
+    static constexpr KernelSet set = simd::kernel_set<Neon>();
     return set;
 }
 

@@ -465,11 +465,10 @@ void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
     }
 }
 
-// tile_min_rows: below a full tile's worth of rows the decode kernel wastes fewer lanes.
 template <class V>
-constexpr KernelSet kernel_set(int tile_min_rows) {
-    return KernelSet{kTileRows<V>, tile_min_rows, decode_scratch_floats<V>, tile_scratch_floats<V>,
-                     decode<V>,    tile<V>,       from_f32<V>,              to_f32<V>};
+constexpr KernelSet kernel_set() {
+    return KernelSet{kTileRows<V>, decode_scratch_floats<V>, tile_scratch_floats<V>, decode<V>,
+                     tile<V>,      from_f32<V>,              to_f32<V>};
 }
 
 }  // namespace simd
