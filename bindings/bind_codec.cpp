@@ -71,7 +71,7 @@ void bind_codec(py::module_& m) {
                  return new Codec(o);
              }),
              py::arg("predictors") = kAllPredictors, py::arg("allow_rle") = true,
-             py::arg("allow_zstd") = true, py::arg("zstd_level") = 1, py::arg("block_tokens") = 64,
+             py::arg("allow_zstd") = true, py::arg("zstd_level") = 1, py::arg("block_tokens") = 0,
              py::arg("dedup") = true)
         .def(
             "encode",

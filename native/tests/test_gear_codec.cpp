@@ -217,7 +217,9 @@ void test_round_trips() {
 // Structured data: each predictor and backend, and dedup, must be chosen somewhere.
 void test_modes_are_used() {
     std::mt19937 g(7);
-    Codec c;  // 64-token blocks
+    EncodeOptions blocks;
+    blocks.block_tokens = 64;
+    Codec c(blocks);
     bool seen_pred[4] = {}, seen_backend[3] = {}, seen_dedup = false;
     auto note = [&](const Bytes& frame) {
         FrameInfo fi;
@@ -319,7 +321,7 @@ void test_no_allocation_when_warm() {
     std::mt19937 g(5);
     Codec c;
     const Bytes a = kv_like(64, 64, g, true), b = kv_like(64, 64, g, false);
-    Bytes frame(max_encoded_size(ElementType::F16, Shape::matrix(64, 64), 64)), out(a.size());
+    Bytes frame(max_encoded_size(ElementType::F16, Shape::matrix(64, 64), 0)), out(a.size());
     size_t n = 0;
     for (const Bytes* d : {&a, &b}) {
         CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok);

@@ -58,8 +58,10 @@ struct EncodeOptions {
     bool allow_rle = true;
     bool allow_zstd = true;
     int zstd_level = 1;
-    // Tokens per block; 0 puts each slice's tokens in a single block.
-    uint32_t block_tokens = 64;
+    // Tokens per block inside a frame; 0 puts each slice's tokens in a single block, which
+    // compresses best (a cache that compresses block by block encodes each block as its own
+    // frame). Smaller blocks bound the scratch memory for very long arrays.
+    uint32_t block_tokens = 0;
     // Code repeated token rows once (pays in layer 0, where values depend on the token only).
     bool dedup = true;
 };

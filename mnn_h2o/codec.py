@@ -1,0 +1,164 @@
+"""Gear: lossless compression of KV-cache arrays (FP16, BF16, FP32).
+
+Frame format: ``docs/gear_format.md``. The array's last axis is channels, the one before it
+tokens; leading axes (KV heads, ...) are independent slices. ::
+
+    frame = encode(k_cache)          # bytes
+    assert (decode(frame).view(np.uint16) == k_cache.view(np.uint16)).all()
+    inspect(frame)["summary"]        # modes chosen, sizes
+
+BF16 has no numpy dtype: pass the bit patterns as ``uint16`` with ``element_type="bf16"``;
+:func:`decode` returns BF16 data as ``uint16``. Round trips are bit-exact for every value
+(NaN payloads, infinities, subnormals, -0). A damaged frame raises :class:`GearError`; it never
+decodes to wrong data.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Iterable, Optional
+
+import numpy as np
+
+from . import _core
+
+GearError = _core.GearError
+
+PREDICTORS = ("raw", "xor", "delta", "centre")
+BACKENDS = ("stored", "rle", "zstd")
+ELEMENT_TYPES = {"fp16": 1, "bf16": 2, "fp32": 3}
+_NUMPY_DTYPE = {1: np.float16, 2: np.uint16, 3: np.float32}
+
+
+def zstd_available() -> bool:
+    """True when libzstd.so.1 could be loaded (otherwise only the RLE backend exists)."""
+    return _core.gear_zstd_available()
+
+
+def _element_type(array: np.ndarray, element_type: Optional[str]) -> int:
+    if element_type is not None:
+        if element_type not in ELEMENT_TYPES:
+            raise ValueError(f"element_type must be one of {sorted(ELEMENT_TYPES)}, not {element_type!r}")
+        t = ELEMENT_TYPES[element_type]
+        if array.dtype.itemsize != (4 if t == 3 else 2):
+            raise ValueError(f"{element_type} needs {4 if t == 3 else 2}-byte elements, got {array.dtype}")
+        return t
+    if array.dtype == np.float16:
+        return 1
+    if array.dtype == np.float32:
+        return 3
+    raise ValueError(f"cannot infer the element type of a {array.dtype} array: pass element_type=")
+
+
+class Codec:
+    """Encoder/decoder with fixed options, reusing its buffers and zstd contexts across calls.
+
+    predictors: predictors the encoder may choose from per byte plane (``raw`` is always
+        allowed): ``xor``/``delta`` along tokens, ``centre`` = per-channel exponent model.
+    zstd_level: zstd compression level (1 is as good as higher levels on KV data, and fastest).
+    block_tokens: tokens per block inside a frame; 0 (default) codes each slice (the tokens x
+        channels matrix of one KV head) as one block, which compresses best. A cache that
+        compresses block by block encodes each block as its own frame instead.
+    dedup: code repeated token rows once (layer 0, where values depend on the token only).
+    allow_rle, allow_zstd: backends the encoder may use.
+
+    Not thread-safe: use one per thread.
+    """
+
+    def __init__(self, predictors: Iterable[str] = PREDICTORS, zstd_level: int = 1,
+                 block_tokens: int = 0, dedup: bool = True, allow_rle: bool = True,
+                 allow_zstd: bool = True):
+        mask = 0
+        for p in predictors:
+            if p not in PREDICTORS:
+                raise ValueError(f"unknown predictor {p!r}; choose from {PREDICTORS}")
+            mask |= 1 << PREDICTORS.index(p)
+        if block_tokens < 0:
+            raise ValueError("block_tokens must be >= 0")
+        self.options = dict(predictors=tuple(predictors), zstd_level=zstd_level,
+                            block_tokens=block_tokens, dedup=dedup, allow_rle=allow_rle,
+                            allow_zstd=allow_zstd)
+        self._c = _core.GearCodec(predictors=mask, allow_rle=allow_rle, allow_zstd=allow_zstd,
+                                  zstd_level=zstd_level, block_tokens=block_tokens, dedup=dedup)
+
+    def encode(self, array, element_type: Optional[str] = None) -> bytes:
+        a = np.ascontiguousarray(array)
+        if a.ndim < 1 or a.ndim > 8:
+            raise ValueError("Gear arrays have 1 to 8 dimensions")
+        return self._c.encode(a.view(np.uint8).reshape(-1), _element_type(a, element_type), list(a.shape))
+
+    def decode(self, data) -> np.ndarray:
+        # inspect() walks the whole structure first, so a damaged frame is refused before any
+        # output is allocated from the sizes it claims.
+        info = self._c.inspect(data)
+        out = np.empty(info["shape"], dtype=_NUMPY_DTYPE[info["element_type"]])
+        self._c.decode_into(data, out.reshape(-1).view(np.uint8))
+        return out
+
+    def decode_into(self, data, out: np.ndarray) -> None:
+        """Decode into a preallocated C-contiguous array of the frame's size (no allocation)."""
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        self._c.decode_into(data, out.reshape(-1).view(np.uint8))
+
+    def inspect(self, data) -> dict:
+        return _describe(self._c.inspect(data), len(data))
+
+
+def _describe(raw: dict, frame_size: int) -> dict:
+    names = {v: k for k, v in ELEMENT_TYPES.items()}
+    streams = [dict(s, predictor=PREDICTORS[s["predictor"]], backend=BACKENDS[s["backend"]],
+                    kind="map" if s["block"] < 0 else f"plane{s['plane']}")
+               for s in raw["streams"]]
+    modes = collections.Counter((s["kind"], s["predictor"], s["backend"]) for s in streams)
+    return {
+        "element_type": names[raw["element_type"]],
+        "shape": tuple(raw["shape"]),
+        "block_tokens": raw["block_tokens"],
+        "data_checksum": raw["data_checksum"],
+        "frame_size": frame_size,
+        "decoded_size": raw["decoded_size"],
+        "ratio": raw["decoded_size"] / frame_size if frame_size else float("nan"),
+        "streams": streams,
+        "summary": {
+            "header_bytes": raw["header_size"],
+            "dedup_slices": sum(s["kind"] == "map" for s in streams),
+            "modes": {f"{k}:{p}+{b}": n for (k, p, b), n in sorted(modes.items())},
+            "payload_bytes": {k: sum(s["payload_len"] for s in streams if s["kind"] == k)
+                              for k in sorted({s["kind"] for s in streams})},
+        },
+    }
+
+
+_local = threading.local()
+
+
+def _codec(**options) -> Codec:
+    cache = getattr(_local, "codecs", None)
+    if cache is None:
+        cache = _local.codecs = {}
+    key = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in options.items()))
+    if key not in cache:
+        cache[key] = Codec(**options)
+    return cache[key]
+
+
+def encode(array, *, element_type: Optional[str] = None, predictors: Iterable[str] = PREDICTORS,
+           zstd_level: int = 1, block_tokens: int = 0, dedup: bool = True,
+           allow_rle: bool = True, allow_zstd: bool = True) -> bytes:
+    """Compress ``array`` (float16, float32, or uint16 with ``element_type="bf16"``) to a frame.
+
+    Options as for :class:`Codec`.
+    """
+    return _codec(predictors=tuple(predictors), zstd_level=zstd_level, block_tokens=block_tokens,
+                  dedup=dedup, allow_rle=allow_rle, allow_zstd=allow_zstd).encode(array, element_type)
+
+
+def decode(data) -> np.ndarray:
+    """The array of a frame (bit-exact); raises :class:`GearError` on any damage."""
+    return _codec().decode(data)
+
+
+def inspect(data) -> dict:
+    """Header, every stream's predictor/backend/sizes, and a summary of the modes chosen."""
+    return _codec().inspect(data)

@@ -1,0 +1,1 @@
+"""Command-line tools run with ``python -m mnn_h2o.tools.<name>``."""
