@@ -40,8 +40,6 @@ struct Neon {
     }
     static vec select_lt(vec a, vec b, vec x, vec y) { return vbslq_f32(vcltq_f32(a, b), x, y); }
 
-    static void prefetch(const void* p) { __builtin_prefetch(p); }
-
     static vec load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
     static vec load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
     static void store_f16(uint16_t* p, vec v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }

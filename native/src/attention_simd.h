@@ -8,7 +8,7 @@
 // V provides: vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
 // kTileKeys (keys per score micro-tile in prefill), kPvRows (rows per P*V micro-tile), and
 // zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
-// load_f16/load_bf16/store_f16/store_bf16, prefetch.
+// load_f16/load_bf16/store_f16/store_bf16.
 //
 // Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
 #pragma once
@@ -64,21 +64,10 @@ inline int imin(int a, int b) {
 // Decode: few query rows. Each key row is loaded once and dotted with the RC rows of the group
 // that share it; four keys at a time so the horizontal sums are done four-wide (reduce4).
 
-// Blocks are scattered 8 KiB pieces, and hardware prefetchers stop at page boundaries, so while
-// one block is processed the rows of the next one (pf, may be null) are prefetched, a few per
-// key: decode then streams at memory speed instead of waiting on each block's first misses.
-template <class V>
-inline void prefetch_rows(const char* pf, size_t begin, size_t end) {
-    if (!pf) return;
-    for (size_t off = begin; off < end; off += 64) V::prefetch(pf + off);
-}
-
 template <class V, KvDtype DT, int RC>
-void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride, const char* pf) {
-    const size_t row_bytes = static_cast<size_t>(hd) * (DT == KvDtype::F32 ? 4 : 2);
+void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
-        prefetch_rows<V>(pf, j * row_bytes, (j + 4) * row_bytes);
         Vec<V> acc[4][RC];
         for (int jj = 0; jj < 4; ++jj)
             for (int r = 0; r < RC; ++r) acc[jj][r] = V::zero();
@@ -105,13 +94,11 @@ void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t
 
 // o[r][c0 .. c0 + DC*W) += sum_j p[r][j] * v_j[c0 ..], p rows with stride p_stride.
 template <class V, KvDtype DT, int RC, int DC>
-void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd, int c0, float* o, const char* pf) {
-    const size_t row_bytes = static_cast<size_t>(hd) * (DT == KvDtype::F32 ? 4 : 2);
+void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd, int c0, float* o) {
     Vec<V> acc[RC][DC];
     for (int r = 0; r < RC; ++r)
         for (int d = 0; d < DC; ++d) acc[r][d] = V::load(o + r * hd + c0 + d * V::W);
     for (int j = 0; j < nk; ++j) {
-        prefetch_rows<V>(pf, j * row_bytes, (j + 1) * row_bytes);
         Vec<V> v[DC];
         for (int d = 0; d < DC; ++d) v[d] = load_kv<V, DT>(vblk, static_cast<size_t>(j) * hd + c0 + d * V::W);
         for (int r = 0; r < RC; ++r) {
@@ -123,36 +110,35 @@ void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd,
         for (int d = 0; d < DC; ++d) V::store(o + r * hd + c0 + d * V::W, acc[r][d]);
 }
 
-// The next block is prefetched during the first column chunk only.
 template <class V, KvDtype DT, int RC>
-void pv_rows(const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o, const char* pf) {
-    for (int c0 = 0; c0 < hd; c0 += 4 * V::W, pf = nullptr) {
+void pv_rows(const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o) {
+    for (int c0 = 0; c0 < hd; c0 += 4 * V::W) {
         switch (imin<V>(4, (hd - c0) / V::W)) {
-            case 1: pv_block<V, DT, RC, 1>(p, p_stride, vblk, nk, hd, c0, o, pf); break;
-            case 2: pv_block<V, DT, RC, 2>(p, p_stride, vblk, nk, hd, c0, o, pf); break;
-            case 3: pv_block<V, DT, RC, 3>(p, p_stride, vblk, nk, hd, c0, o, pf); break;
-            default: pv_block<V, DT, RC, 4>(p, p_stride, vblk, nk, hd, c0, o, pf); break;
+            case 1: pv_block<V, DT, RC, 1>(p, p_stride, vblk, nk, hd, c0, o); break;
+            case 2: pv_block<V, DT, RC, 2>(p, p_stride, vblk, nk, hd, c0, o); break;
+            case 3: pv_block<V, DT, RC, 3>(p, p_stride, vblk, nk, hd, c0, o); break;
+            default: pv_block<V, DT, RC, 4>(p, p_stride, vblk, nk, hd, c0, o); break;
         }
     }
 }
 
 template <class V, KvDtype DT>
-void qk_rows(int rc, const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride, const char* pf) {
+void qk_rows(int rc, const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
     switch (rc) {
-        case 1: qk_block<V, DT, 1>(q, kblk, nk, hd, s, s_stride, pf); break;
-        case 2: qk_block<V, DT, 2>(q, kblk, nk, hd, s, s_stride, pf); break;
-        case 3: qk_block<V, DT, 3>(q, kblk, nk, hd, s, s_stride, pf); break;
-        default: qk_block<V, DT, 4>(q, kblk, nk, hd, s, s_stride, pf); break;
+        case 1: qk_block<V, DT, 1>(q, kblk, nk, hd, s, s_stride); break;
+        case 2: qk_block<V, DT, 2>(q, kblk, nk, hd, s, s_stride); break;
+        case 3: qk_block<V, DT, 3>(q, kblk, nk, hd, s, s_stride); break;
+        default: qk_block<V, DT, 4>(q, kblk, nk, hd, s, s_stride); break;
     }
 }
 
 template <class V, KvDtype DT>
-void pv_rows_n(int rc, const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o, const char* pf) {
+void pv_rows_n(int rc, const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o) {
     switch (rc) {
-        case 1: pv_rows<V, DT, 1>(p, p_stride, vblk, nk, hd, o, pf); break;
-        case 2: pv_rows<V, DT, 2>(p, p_stride, vblk, nk, hd, o, pf); break;
-        case 3: pv_rows<V, DT, 3>(p, p_stride, vblk, nk, hd, o, pf); break;
-        default: pv_rows<V, DT, 4>(p, p_stride, vblk, nk, hd, o, pf); break;
+        case 1: pv_rows<V, DT, 1>(p, p_stride, vblk, nk, hd, o); break;
+        case 2: pv_rows<V, DT, 2>(p, p_stride, vblk, nk, hd, o); break;
+        case 3: pv_rows<V, DT, 3>(p, p_stride, vblk, nk, hd, o); break;
+        default: pv_rows<V, DT, 4>(p, p_stride, vblk, nk, hd, o); break;
     }
 }
 
@@ -173,16 +159,13 @@ void decode_impl(const DecodeArgs& a) {
     for (int r = 0; r < a.n_rows; ++r)
         for (int c = 0; c < hd; c += V::W) V::store(q + r * hd + c, V::mul(V::load(a.q_rows[r] + c), scale));
 
-    // Scores, block by block; all rows of the group reuse each key row while it is in L1. The
-    // last key block prefetches the first value block.
+    // Scores, block by block; all rows of the group reuse each key row while it is in L1.
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* kblk = a.kv->k_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        const void* next = k0 + bt < a.key_end ? a.kv->k_blocks[k0 / bt + 1] : a.kv->v_blocks[a.key_begin / bt];
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             qk_rows<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
-                           scores + r0 * stride + (k0 - a.key_begin), stride,
-                           r0 == 0 ? static_cast<const char*>(next) : nullptr);
+                           scores + r0 * stride + (k0 - a.key_begin), stride);
     }
 
     // Softmax numerators in place. The row is padded to whole vectors with -inf (exp -> 0), and
@@ -215,10 +198,9 @@ void decode_impl(const DecodeArgs& a) {
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* vblk = a.kv->v_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        const char* next = k0 + bt < a.key_end ? static_cast<const char*>(a.kv->v_blocks[k0 / bt + 1]) : nullptr;
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             pv_rows_n<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
-                             vblk, nk, hd, a.o + static_cast<size_t>(r0) * hd, r0 == 0 ? next : nullptr);
+                             vblk, nk, hd, a.o + static_cast<size_t>(r0) * hd);
     }
 }
 

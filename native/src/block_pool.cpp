@@ -44,9 +44,6 @@ BlockPool::Slab& BlockPool::map_slab() {
     slab->base = static_cast<uint8_t*>(p);
     slab->map_bytes = bytes;
     slab->in_use.assign(blocks_per_slab_, false);
-    slab->free_list.reserve(blocks_per_slab_);
-    // Hand out low addresses first, so a half-used slab touches a compact range.
-    for (size_t i = blocks_per_slab_; i-- > 0;) slab->free_list.push_back(static_cast<uint32_t>(i));
     Slab& ref = *slab;
     try {
         slabs_.emplace(reinterpret_cast<uintptr_t>(p), std::move(slab));
@@ -58,21 +55,34 @@ BlockPool::Slab& BlockPool::map_slab() {
     return ref;
 }
 
-void* BlockPool::allocate() {
+BlockPool::SlabMap::iterator BlockPool::find(const void* block, size_t* index) {
+    const auto addr = reinterpret_cast<uintptr_t>(block);
+    auto it = slabs_.upper_bound(addr);
+    if (it == slabs_.begin()) return slabs_.end();
+    --it;
+    const size_t offset = addr - it->first;
+    *index = offset / block_bytes_;
+    if (offset % block_bytes_ != 0 || *index >= blocks_per_slab_ || !it->second->in_use[*index]) return slabs_.end();
+    return it;
+}
+
+void* BlockPool::allocate(const void* after) {
     std::lock_guard<std::mutex> lock(mutex_);
-    // Fill the fullest slab that has room: it keeps the others draining so they can be unmapped.
-    Slab* best = nullptr;
-    for (auto& entry : slabs_) {
-        Slab& s = *entry.second;
-        if (s.n_used < blocks_per_slab_ && (!best || s.n_used > best->n_used)) best = &s;
+    size_t index = 0;
+    Slab* slab = nullptr;
+    if (after) {
+        auto it = find(after, &index);
+        if (it == slabs_.end()) throw std::invalid_argument("BlockPool::allocate: `after` is not a block in use");
+        if (++index < blocks_per_slab_ && !it->second->in_use[index]) slab = it->second.get();
     }
-    Slab& slab = best ? *best : map_slab();
-    const uint32_t index = slab.free_list.back();
-    slab.free_list.pop_back();
-    slab.in_use[index] = true;
-    ++slab.n_used;
+    if (!slab) {
+        slab = &map_slab();
+        index = 0;
+    }
+    slab->in_use[index] = true;
+    ++slab->n_used;
     ++blocks_in_use_;
-    return slab.base + static_cast<size_t>(index) * block_bytes_;
+    return slab->base + index * block_bytes_;
 }
 
 // Returns to the OS every page that lies only under free blocks, starting from block `index`.
@@ -96,15 +106,11 @@ void BlockPool::drop_pages(const Slab& slab, size_t index) const {
 void BlockPool::release(void* block) {
     if (!block) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto addr = reinterpret_cast<uintptr_t>(block);
-    auto it = slabs_.upper_bound(addr);
-    if (it == slabs_.begin()) throw std::invalid_argument("BlockPool::release: block not from this pool");
-    --it;
-    Slab& slab = *it->second;
-    const size_t offset = addr - it->first;
-    const size_t index = offset / block_bytes_;
-    if (offset % block_bytes_ != 0 || index >= blocks_per_slab_ || !slab.in_use[index])
+    size_t index = 0;
+    auto it = find(block, &index);
+    if (it == slabs_.end())
         throw std::invalid_argument("BlockPool::release: block not from this pool or already released");
+    Slab& slab = *it->second;
     slab.in_use[index] = false;
     --slab.n_used;
     --blocks_in_use_;
@@ -114,7 +120,6 @@ void BlockPool::release(void* block) {
         slabs_.erase(it);
         return;
     }
-    slab.free_list.push_back(static_cast<uint32_t>(index));
     drop_pages(slab, index);
 }
 

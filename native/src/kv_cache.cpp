@@ -11,6 +11,14 @@ constexpr int kMaxThreads = 256;
 // Tile kernels compare key positions as float: positions must stay exactly representable.
 constexpr int kMaxTokensLimit = 1 << 24;
 
+// Slabs of about 512 KiB, but no larger than one head's K or V at max_tokens: each head's blocks
+// fill slabs of their own (see BlockPool::allocate), so bigger slabs would only map unused space.
+size_t slab_blocks(const KvCacheConfig& c, size_t block_bytes) {
+    const size_t target = block_bytes >= (512u << 10) ? 1 : (512u << 10) / block_bytes;
+    const size_t max_blocks = static_cast<size_t>((c.max_tokens + c.block_tokens - 1) / c.block_tokens);
+    return target < max_blocks ? target : max_blocks;
+}
+
 void require(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("KvCache: " + what);
 }
@@ -37,7 +45,7 @@ KvCache::KvCache(const KvCacheConfig& config)
     : cfg_(validated(config)),
       row_bytes_(static_cast<size_t>(cfg_.head_dim) * kv_dtype_size(cfg_.dtype)),
       isa_(best_isa()),
-      pool_(row_bytes_ * cfg_.block_tokens),
+      pool_(row_bytes_ * cfg_.block_tokens, slab_blocks(cfg_, row_bytes_ * cfg_.block_tokens)),
       threads_(cfg_.threads > 1 ? std::make_unique<ThreadPool>(cfg_.threads) : nullptr),
       heads_(static_cast<size_t>(cfg_.n_layers) * cfg_.n_kv_heads),
       views_(static_cast<size_t>(cfg_.n_kv_heads)) {
@@ -82,14 +90,15 @@ void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
     check_append(layer, k, v, n_tokens);
     const int bt = cfg_.block_tokens, hd = cfg_.head_dim;
     // Take every block first, so that running out of memory leaves the cache as it was. The
-    // block lists are reserved to max_blocks(), so push_back never throws.
+    // block lists are reserved to max_blocks(), so push_back never throws. Each block is asked
+    // for right behind the previous one of its list, so a head's K (and V) stay contiguous.
     try {
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             Head& hs = head(layer, h);
             const size_t need = static_cast<size_t>((hs.length + n_tokens + bt - 1) / bt);
             while (hs.v_blocks.size() < need) {
-                hs.k_blocks.push_back(pool_.allocate());
-                hs.v_blocks.push_back(pool_.allocate());
+                hs.k_blocks.push_back(pool_.allocate(hs.k_blocks.empty() ? nullptr : hs.k_blocks.back()));
+                hs.v_blocks.push_back(pool_.allocate(hs.v_blocks.empty() ? nullptr : hs.v_blocks.back()));
             }
         }
     } catch (...) {

@@ -49,21 +49,33 @@ static long rss_bytes() {
 static void test_pool_accounting() {
     BlockPool pool(8192, 4);
     CHECK(pool.block_bytes() == 8192 && pool.bytes_held() == 0 && pool.bytes_mapped() == 0, "fresh pool");
-    std::vector<void*> blocks;
-    for (int i = 0; i < 10; ++i) blocks.push_back(pool.allocate());
+    // A chain of blocks, each asked for behind the previous one, is contiguous within a slab.
+    std::vector<void*> blocks{pool.allocate()};
+    for (int i = 1; i < 10; ++i) blocks.push_back(pool.allocate(blocks.back()));
+    for (int i = 1; i < 10; ++i)
+        if (i % 4) CHECK(static_cast<char*>(blocks[i]) == static_cast<char*>(blocks[i - 1]) + 8192, "block %d not adjacent", i);
     CHECK(pool.bytes_held() == 10 * 8192u, "held %zu", pool.bytes_held());
     CHECK(pool.bytes_mapped() == 3 * 4 * 8192u, "mapped %zu (3 slabs of 4)", pool.bytes_mapped());
     for (void* b : blocks) CHECK(reinterpret_cast<uintptr_t>(b) % 64 == 0, "block alignment");
+    // A second chain never takes the first one's room: it starts a slab of its own.
+    void* other = pool.allocate();
+    CHECK(pool.bytes_mapped() == 4 * 4 * 8192u, "new chain shares a slab");
+    // The tail's freed room goes back to the same chain.
+    pool.release(blocks[9]);
+    void* again = pool.allocate(blocks[8]);
+    CHECK(again == blocks[9], "freed tail block not reused by its chain");
     // Freeing a whole slab's blocks unmaps it.
     for (int i = 0; i < 4; ++i) pool.release(blocks[i]);
-    CHECK(pool.bytes_held() == 6 * 8192u && pool.bytes_mapped() == 2 * 4 * 8192u, "held %zu mapped %zu",
+    CHECK(pool.bytes_held() == 7 * 8192u && pool.bytes_mapped() == 3 * 4 * 8192u, "held %zu mapped %zu",
           pool.bytes_held(), pool.bytes_mapped());
     CHECK(throws<std::invalid_argument>([&] { pool.release(blocks[0]); }), "double release");
+    CHECK(throws<std::invalid_argument>([&] { pool.allocate(blocks[0]); }), "allocate after a free block");
     int on_stack = 0;
     CHECK(throws<std::invalid_argument>([&] { pool.release(&on_stack); }), "foreign pointer");
     CHECK(throws<std::invalid_argument>([&] { pool.release(static_cast<char*>(blocks[5]) + 64); }), "interior pointer");
     pool.release(nullptr);
     for (int i = 4; i < 10; ++i) pool.release(blocks[i]);
+    pool.release(other);
     CHECK(pool.bytes_held() == 0 && pool.bytes_mapped() == 0, "all returned");
     CHECK(throws<std::invalid_argument>([] { BlockPool p(0); }), "zero block size");
 }
@@ -75,7 +87,7 @@ static void test_pool_subpage_neighbours() {
     CHECK(pool.block_bytes() == 1024, "rounded block size %zu", pool.block_bytes());
     std::vector<uint8_t*> blocks;
     for (int i = 0; i < 600; ++i) {
-        blocks.push_back(static_cast<uint8_t*>(pool.allocate()));
+        blocks.push_back(static_cast<uint8_t*>(pool.allocate(blocks.empty() ? nullptr : blocks.back())));
         std::memset(blocks.back(), i & 0xFF, 1024);
     }
     std::mt19937 rng(3);
@@ -95,7 +107,12 @@ static void test_pool_subpage_neighbours() {
     CHECK(corrupt == 0, "%zu corrupted bytes in live blocks", corrupt);
     CHECK(pool.bytes_held() == n_live * 1024, "held %zu for %zu live", pool.bytes_held(), n_live);
     // Reused blocks are writable.
-    for (int i = 0; i < 100; ++i) std::memset(pool.allocate(), 0xAB, 1024);
+    for (size_t i = 1; i < blocks.size(); ++i) {
+        if (live[i] || !live[i - 1] || blocks[i] != blocks[i - 1] + 1024) continue;  // skip slab starts
+        void* b = pool.allocate(blocks[i - 1]);
+        CHECK(b == blocks[i], "freed neighbour not reused");
+        std::memset(b, 0xAB, 1024);
+    }
 }
 
 static KvCacheConfig model_config(KvDtype dtype, int max_tokens) {
@@ -121,6 +138,7 @@ static void test_rss_returns() {
         for (int t = 0; t < tokens; t += 512) cache.append(layer, k.data(), k.data(), 512);
     const long rss1 = rss_bytes();
     CHECK(cache.bytes_held() == expect, "held %zu want %zu", cache.bytes_held(), expect);
+    CHECK(cache.bytes_mapped() == expect, "mapped %zu want %zu (one slab per head's K or V)", cache.bytes_mapped(), expect);
     CHECK(rss1 - rss0 > static_cast<long>(expect) * 9 / 10, "RSS grew %ld for %zu bytes", rss1 - rss0, expect);
 
     // Truncating every head to a quarter drops the pages of freed blocks (slabs stay mapped while
