@@ -104,24 +104,28 @@ class _Progress:
 # converter
 # ----------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _redirect_stdout_fd(path: str):
-    """The converter prints from C: redirect file descriptor 1 (and Python's stdout) to a file."""
+def _redirect_fds(path: str, fds=(1,)):
+    """MNN prints from C: point file descriptors ``fds`` (1 = stdout, 2 = stderr) at a file."""
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in fds]
     with open(path, "ab") as log:
-        os.dup2(log.fileno(), 1)
+        for fd in fds:
+            os.dup2(log.fileno(), fd)
         try:
             yield
         finally:
             sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
+            sys.stderr.flush()
+            for fd, keep in zip(fds, saved):
+                os.dup2(keep, fd)
+                os.close(keep)
 
 
 def _import_mnn_expr():
     """Import MNN.expr without the CPU-feature banner MNN prints on stdout at import."""
     if "MNN.expr" not in sys.modules:
-        with _redirect_stdout_fd(os.devnull):
+        with _redirect_fds(os.devnull):
             import MNN.expr  # noqa: F401
             import _tools  # noqa: F401
     import MNN.expr as F
@@ -135,7 +139,7 @@ def _mnnconvert(args, log_path: str, expect: str):
 
     if os.path.exists(expect):
         os.remove(expect)
-    with _redirect_stdout_fd(log_path):
+    with _redirect_fds(log_path, (1, 2)):
         rc = _tools.mnnconvert(["mnnconvert"] + list(args))
     if not os.path.isfile(expect) or os.path.getsize(expect) == 0:
         tail = ""
@@ -414,7 +418,7 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
     if weight_bits and quant_block and any(n % quant_block for n in (c.hidden, c.ffn, c.n_heads * c.head_dim)):
         raise ValueError(f"quant_block {quant_block} does not divide the model's input widths "
                          f"({c.hidden}, {c.ffn}); MNN would silently fall back to per-channel")
-    meta = model.tokenizer_metadata()
+    model.tokenizer_metadata()  # fail early (before the slow part) on an unsupported tokenizer
     n_layers = c.n_layers if _n_layers is None else _n_layers
 
     os.makedirs(out_dir, exist_ok=True)
