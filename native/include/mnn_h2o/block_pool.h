@@ -29,12 +29,13 @@ public:
     BlockPool(const BlockPool&) = delete;
     BlockPool& operator=(const BlockPool&) = delete;
 
-    // A block of block_bytes(), 64-byte aligned, contents unspecified (zero on first use).
-    // With `after` (a block of this pool) it is the block right behind `after` when that one is
-    // free, otherwise the first block of a newly mapped slab. Lists of blocks that grow at their
-    // tail (a KV head) thus lie contiguously in memory and are read like one array: scattered
-    // 8 KiB blocks streamed at about half the bandwidth here, since hardware prefetchers start
-    // cold at every page. Throws std::bad_alloc when no slab can be mapped.
+    // A block of block_bytes(), 64-byte aligned, contents unspecified (zero on first use): the
+    // block right behind `after` (a block of this pool in use) if that one is free; without
+    // `after`, or when that spot is taken or past the slab's end, the first block of a newly
+    // mapped slab. Lists of blocks that grow at their tail (a KV head) thus lie contiguously in
+    // memory and are read like one array: scattered 8 KiB blocks streamed at about half the
+    // bandwidth here, since hardware prefetchers start cold at every page. Throws
+    // std::bad_alloc when no slab can be mapped, std::invalid_argument for a bad `after`.
     void* allocate(const void* after = nullptr);
     // Returns a block obtained from allocate() of this pool; nullptr is ignored. Throws
     // std::invalid_argument for a pointer this pool did not hand out (or already got back).
