@@ -112,10 +112,12 @@ def test_generate_stats(stock8, tokenizer):
     assert g.stop_reason == "max_new_tokens" and s.generated_tokens == len(g.token_ids) == 12
     assert s.decode_steps == 12 and s.prefill_tps > 0 and s.decode_tps > 0
     assert g.text == tokenizer.decode(g.token_ids)
-    # MNN's counters accumulate across calls: the stats of a second call are its own
+    # MNN's counters accumulate across calls: the stats of a second call must be its own
+    # (MNN's timers run inside generate, so they cannot exceed its wall time)
     g2 = stock8.generate(prompt, max_new_tokens=12, chat=False)
     assert g2.token_ids == g.token_ids
-    assert g2.stats.prefill_s < 3 * s.prefill_s + 0.05
+    for st in (s, g2.stats):
+        assert 0 < st.prefill_s + st.decode_s <= st.wall_s + 1e-3
 
 
 def test_bad_inputs(tmp_path, smollm2_path, stock8):
