@@ -1,5 +1,9 @@
 #include "mnn_h2o/kv_cache.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +21,20 @@ size_t slab_blocks(const KvCacheConfig& c, size_t block_bytes) {
     const size_t target = block_bytes >= (512u << 10) ? 1 : (512u << 10) / block_bytes;
     const size_t max_blocks = static_cast<size_t>((c.max_tokens + c.block_tokens - 1) / c.block_tokens);
     return target < max_blocks ? target : max_blocks;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double micros_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// True if every run starts on a block boundary and spans whole blocks (the last may end at the
+// head's partial last block): compaction then only drops blocks from the lists.
+bool block_aligned(const std::vector<TokenRun>& runs, int block_tokens, int length) {
+    for (const TokenRun& r : runs)
+        if (r.offset % block_tokens != 0 || (r.length % block_tokens != 0 && r.offset + r.length != length)) return false;
+    return true;
 }
 
 void require(bool ok, const std::string& what) {
@@ -48,7 +66,9 @@ KvCache::KvCache(const KvCacheConfig& config)
       pool_(row_bytes_ * cfg_.block_tokens, slab_blocks(cfg_, row_bytes_ * cfg_.block_tokens)),
       threads_(cfg_.threads > 1 ? std::make_unique<ThreadPool>(cfg_.threads) : nullptr),
       heads_(static_cast<size_t>(cfg_.n_layers) * cfg_.n_kv_heads),
-      views_(static_cast<size_t>(cfg_.n_kv_heads)) {
+      views_(static_cast<size_t>(cfg_.n_kv_heads)),
+      stats_(static_cast<size_t>(cfg_.n_layers)),
+      lengths_(static_cast<size_t>(cfg_.n_kv_heads)) {
     for (Head& h : heads_) {
         h.k_blocks.reserve(max_blocks());
         h.v_blocks.reserve(max_blocks());
@@ -126,6 +146,7 @@ void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
         }
         hs.length += n_tokens;
     }
+    stats_[layer].tokens_seen += n_tokens;
 }
 
 void KvCache::check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
@@ -173,7 +194,28 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     check_append(layer, k, v, n_tokens);
     check_attend(layer, q, n_tokens, out, block_scores, scores_stride, n_tokens);
     append(layer, k, v, n_tokens);
-    attend(layer, q, n_tokens, out, block_scores, scores_stride);
+    if (!h2o_ || !h2o_->collects(layer)) {
+        attend(layer, q, n_tokens, out, block_scores, scores_stride);
+        return;
+    }
+    float* acc = h2o_->accumulator(layer);
+    const size_t stride = h2o_->stride();
+    if (!block_scores) {
+        attend(layer, q, n_tokens, out, acc, stride);
+    } else {
+        // The caller wants the masses too: the kernel collects them once, both get a copy.
+        scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
+        attend(layer, q, n_tokens, out, scores_scratch_.data(), stride);
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
+            const float* mass = scores_scratch_.data() + static_cast<size_t>(h) * stride;
+            for (int b = 0; b < n_blocks; ++b) {
+                acc[static_cast<size_t>(h) * stride + b] += mass[b];
+                block_scores[static_cast<size_t>(h) * scores_stride + b] += mass[b];
+            }
+        }
+    }
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) h2o_->record_step(layer, h, head(layer, h).length, n_tokens);
 }
 
 int KvCache::length(int layer, int h) const { return head(layer, h).length; }
@@ -199,9 +241,7 @@ void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
     }
 }
 
-void KvCache::truncate(int layer, int h, int n_tokens) {
-    Head& hs = head(layer, h);
-    require(n_tokens >= 0 && n_tokens <= hs.length, "truncate: n_tokens must be in [0, length]");
+void KvCache::release_tail(Head& hs, int n_tokens) {
     const size_t keep = static_cast<size_t>((n_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens);
     while (hs.k_blocks.size() > keep) {
         pool_.release(hs.k_blocks.back());
@@ -212,9 +252,160 @@ void KvCache::truncate(int layer, int h, int n_tokens) {
     hs.length = n_tokens;
 }
 
+void KvCache::truncate(int layer, int h, int n_tokens) {
+    Head& hs = head(layer, h);
+    require(n_tokens >= 0 && n_tokens <= hs.length, "truncate: n_tokens must be in [0, length]");
+    const int old_length = hs.length;
+    release_tail(hs, n_tokens);
+    if (h2o_ && h2o_->collects(layer)) h2o_->truncate(layer, h, old_length, n_tokens);
+}
+
 void KvCache::reset() {
-    for (int layer = 0; layer < cfg_.n_layers; ++layer)
-        for (int h = 0; h < cfg_.n_kv_heads; ++h) truncate(layer, h, 0);
+    for (Head& hs : heads_) release_tail(hs, 0);
+    std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});
+    if (h2o_) h2o_->reset();
+}
+
+void KvCache::enable_h2o(const H2oConfig& config) { h2o_ = std::make_unique<H2oState>(config, cfg_); }
+
+void KvCache::disable_h2o() { h2o_.reset(); }
+
+bool KvCache::end_step(int n_tokens, bool prefill) {
+    require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
+    if (!h2o_) return false;
+    // Counted in decode tokens, the same for every layer (not in layer calls).
+    const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
+    const H2oConfig& c = h2o_->config();
+    bool updated = false, evicted = false;
+    for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) lengths_[h] = head(layer, h).length;
+        H2oLayerStats& st = stats_[layer];
+        if (!decode_due && !(prefill && h2o_->over_budget(layer, st.tokens_seen, lengths_.data()))) continue;
+        updated = true;
+        const Clock::time_point t0 = Clock::now();
+        h2o_->update_scores(layer, lengths_.data());
+        h2o_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st);
+        st.policy_us += micros_since(t0);
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            if (plans_[h].empty()) continue;
+            apply_plan(layer, h, plans_[h]);
+            evicted = true;
+        }
+    }
+    if (updated) h2o_->count_update();
+    return evicted;
+}
+
+void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
+    head(layer, h);  // a bad layer or head is std::out_of_range, not an invalid plan
+    apply_plan(layer, h, runs);
+}
+
+void KvCache::apply_plan(int layer, int h, const std::vector<TokenRun>& runs) {
+    Head& hs = head(layer, h);
+    const H2oConfig* c = h2o_config();
+    const std::string error = plan_error(runs, hs.length, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
+    if (!error.empty()) {
+        ++stats_[layer].invalid_plans;
+        throw std::invalid_argument("evict: layer " + std::to_string(layer) + " head " + std::to_string(h) + ": " +
+                                    error);
+    }
+    const Clock::time_point t0 = Clock::now();
+    const int old_length = hs.length;
+    const size_t old_blocks = hs.k_blocks.size();
+    if (block_aligned(runs, cfg_.block_tokens, old_length)) drop_blocks(hs, runs);
+    else move_rows(hs, runs);
+    if (h2o_ && h2o_->collects(layer)) h2o_->compact(layer, h, runs, old_length);
+    H2oLayerStats& st = stats_[layer];
+    ++st.evictions;
+    st.blocks_freed += static_cast<int64_t>(2 * (old_blocks - hs.k_blocks.size()));
+    st.compact_us += micros_since(t0);
+}
+
+void KvCache::drop_blocks(Head& hs, const std::vector<TokenRun>& runs) {
+    const int bt = cfg_.block_tokens;
+    size_t kept = 0, r = 0;
+    int64_t length = 0;
+    for (const TokenRun& run : runs) length += run.length;
+    for (size_t b = 0; b < hs.k_blocks.size(); ++b) {
+        const int64_t start = static_cast<int64_t>(b) * bt;
+        while (r < runs.size() && runs[r].offset + runs[r].length <= start) ++r;
+        if (r < runs.size() && runs[r].offset <= start) {
+            hs.k_blocks[kept] = hs.k_blocks[b];
+            hs.v_blocks[kept] = hs.v_blocks[b];
+            ++kept;
+        } else {
+            pool_.release(hs.k_blocks[b]);
+            pool_.release(hs.v_blocks[b]);
+        }
+    }
+    // The lists only shrink, so their capacity (max_blocks) stays and append never reallocates.
+    hs.k_blocks.resize(kept);
+    hs.v_blocks.resize(kept);
+    hs.length = static_cast<int>(length);
+}
+
+void KvCache::move_list_rows(std::vector<void*>& blocks, int64_t src, int64_t dst, int64_t n) const {
+    const int64_t bt = cfg_.block_tokens;
+    while (n > 0) {
+        const int64_t rows = std::min({bt - src % bt, bt - dst % bt, n});
+        // memmove: within one block the destination may overlap the source (dst < src).
+        std::memmove(static_cast<uint8_t*>(blocks[dst / bt]) + (dst % bt) * row_bytes_,
+                     static_cast<const uint8_t*>(blocks[src / bt]) + (src % bt) * row_bytes_,
+                     static_cast<size_t>(rows) * row_bytes_);
+        src += rows;
+        dst += rows;
+        n -= rows;
+    }
+}
+
+void KvCache::move_rows(Head& hs, const std::vector<TokenRun>& runs) {
+    int64_t dst = 0;
+    for (const TokenRun& r : runs) {
+        // Runs are sorted and disjoint, so dst <= r.offset: rows only move down, front to back.
+        if (r.offset != dst) {
+            move_list_rows(hs.k_blocks, r.offset, dst, r.length);
+            move_list_rows(hs.v_blocks, r.offset, dst, r.length);
+        }
+        dst += r.length;
+    }
+    release_tail(hs, static_cast<int>(dst));
+}
+
+H2oStats KvCache::h2o_stats() const {
+    H2oStats s;
+    s.layers.resize(cfg_.n_layers);
+    const size_t token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * row_bytes_ * 2;  // K and V, every head
+    for (int layer = 0; layer < cfg_.n_layers; ++layer) {
+        H2oStats::Layer& l = s.layers[layer];
+        l.counters = stats_[layer];
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            const Head& hs = head(layer, h);
+            l.held.push_back(hs.length);
+            l.bytes_held += (hs.k_blocks.size() + hs.v_blocks.size()) * pool_.block_bytes();
+        }
+        s.bytes_uncompressed += static_cast<size_t>(stats_[layer].tokens_seen) * token_bytes;
+        s.policy_us += stats_[layer].policy_us;
+        s.compact_us += stats_[layer].compact_us;
+    }
+    s.bytes_held = pool_.bytes_held();
+    if (s.bytes_held > 0) s.lossy_ratio = static_cast<double>(s.bytes_uncompressed) / static_cast<double>(s.bytes_held);
+    else if (s.bytes_uncompressed > 0) s.lossy_ratio = std::numeric_limits<double>::infinity();
+    s.updates = h2o_ ? h2o_->updates() : 0;
+    return s;
+}
+
+std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks) const {
+    if (!h2o_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
+    check_layer(layer);
+    int n = 0;
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) n = std::max(n, static_cast<int>(head(layer, h).k_blocks.size()));
+    std::vector<float> scores(static_cast<size_t>(cfg_.n_kv_heads) * n, std::numeric_limits<float>::quiet_NaN());
+    for (int h = 0; h < cfg_.n_kv_heads; ++h)
+        for (int b = 0; b < static_cast<int>(head(layer, h).k_blocks.size()); ++b)
+            scores[static_cast<size_t>(h) * n + b] = h2o_->score(layer, h, b);
+    *n_blocks = n;
+    return scores;
 }
 
 }  // namespace mnn_h2o

@@ -5,31 +5,26 @@
 // different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
 // every head; attention is causal per head relative to that head's length.
 //
+// With H2O eviction enabled (enable_h2o, docs/h2o.md) step() also collects attention scores for
+// the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
+//
 // Not thread-safe: use one KvCache from one thread at a time (its own worker threads are
 // internal to attend/step).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "mnn_h2o/attention.h"
 #include "mnn_h2o/block_pool.h"
 #include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/h2o_state.h"
+#include "mnn_h2o/kv_cache_config.h"
 #include "mnn_h2o/thread_pool.h"
 
 namespace mnn_h2o {
-
-struct KvCacheConfig {
-    int n_layers = 0;
-    int n_kv_heads = 0;
-    int head_dim = 0;      // multiple of 16 in [16, 256]
-    int n_heads = 0;       // query heads, a multiple of n_kv_heads (GQA)
-    KvDtype dtype = KvDtype::F16;
-    int block_tokens = 64; // multiple of 16
-    int max_tokens = 8192; // per (layer, kv head)
-    int threads = 1;       // attention threads, counting the caller
-};
 
 class KvCache {
 public:
@@ -58,7 +53,8 @@ public:
                 size_t scores_stride = 0, Isa isa = best_isa());
 
     // append() then attend() of the same n_tokens positions: one call per layer per step. The
-    // arguments are checked before anything is appended.
+    // arguments are checked before anything is appended. With H2O enabled, the scores of the
+    // evicting layers are collected too (block_scores, if given, still gets the masses).
     void step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
               float* block_scores = nullptr, size_t scores_stride = 0);
 
@@ -73,11 +69,37 @@ public:
     void read(int layer, int head, float* k_out, float* v_out) const;
 
     // Keeps the first n_tokens tokens of one head and gives the blocks past them back to the
-    // pool (and their memory to the OS). The last step of compacting a head after eviction.
+    // pool (and their memory to the OS). tokens_seen is not changed.
     void truncate(int layer, int head, int n_tokens);
 
-    // Empties every head and returns all memory.
+    // Empties every head, returns all memory and zeroes the statistics. H2O stays enabled, with
+    // its scores and schedule restarted.
     void reset();
+
+    // --- H2O eviction (docs/h2o.md) ---------------------------------------------------------
+    // Turns eviction on, or replaces the config (scores and schedule restart). Throws
+    // std::invalid_argument naming the bad field; the previous state is kept then.
+    void enable_h2o(const H2oConfig& config);
+    // Turns eviction off and frees the scores. The tokens held stay as they are.
+    void disable_h2o();
+    // The active config (layer_end resolved), or nullptr when eviction is off.
+    const H2oConfig* h2o_config() const { return h2o_ ? &h2o_->config() : nullptr; }
+    // Call once after all layers of a forward of n_tokens tokens (prefill: a prompt chunk). Runs
+    // the policy update when due: after every update_interval decode tokens on every evicting
+    // layer, and after a prefill forward on the evicting layers that hold more than their
+    // budget. Returns true if any block was evicted. A no-op returning false when eviction is off.
+    bool end_step(int n_tokens, bool prefill);
+    // Applies an explicit plan to one head: keeps the tokens of runs (see plan_error for what is
+    // valid; the floors are those of the H2O config, or only the last token when eviction is
+    // off) and releases the rest. Throws std::invalid_argument for an invalid plan (nothing
+    // changes; counted in invalid_plans), std::out_of_range for a bad layer or head.
+    void evict(int layer, int head, const std::vector<TokenRun>& runs);
+    // Counters, held tokens and bytes of every layer, and the whole-model totals.
+    H2oStats h2o_stats() const;
+    // The EMA scores of layer: [n_kv_heads][*n_blocks], *n_blocks the most blocks any of its heads
+    // holds; NaN for blocks a head does not hold or that have not been through an update (all
+    // NaN outside the evicting layers). Throws std::invalid_argument when eviction is off.
+    std::vector<float> h2o_scores(int layer, int* n_blocks) const;
 
     // The block list of one head, for compaction and inspection: block i holds tokens
     // [i*block_tokens, (i+1)*block_tokens) of which the first length() are valid.
@@ -95,6 +117,15 @@ private:
     void check_append(int layer, const float* k, const float* v, int n_tokens) const;
     void check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
                       size_t scores_stride, int extra_tokens) const;
+    // Gives the blocks past the first n_tokens tokens back to the pool.
+    void release_tail(Head& hs, int n_tokens);
+    // Validates runs (counting a rejection), compacts the head and moves its scores along.
+    void apply_plan(int layer, int h, const std::vector<TokenRun>& runs);
+    // Compaction by a block-aligned plan: drops the evicted blocks from the lists, moves nothing.
+    void drop_blocks(Head& hs, const std::vector<TokenRun>& runs);
+    // Compaction by any plan: moves the kept rows down in place, then releases the tail.
+    void move_rows(Head& hs, const std::vector<TokenRun>& runs);
+    void move_list_rows(std::vector<void*>& blocks, int64_t src, int64_t dst, int64_t n) const;
 
     KvCacheConfig cfg_;
     size_t row_bytes_;
@@ -104,6 +135,12 @@ private:
     std::vector<Head> heads_;  // [layer][kv head]
     std::vector<KvHeadView> views_;
     AttentionWorkspace workspace_;
+
+    std::vector<H2oLayerStats> stats_;  // [layer], kept whether or not eviction is on
+    std::unique_ptr<H2oState> h2o_;     // null when eviction is off
+    std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
+    std::vector<int> lengths_;          // end_step(): a layer's head lengths
+    std::vector<std::vector<TokenRun>> plans_;
 };
 
 }  // namespace mnn_h2o

@@ -1,0 +1,37 @@
+// Settings of H2O eviction (see docs/h2o.md). Field names are the Python keyword arguments of
+// KvCache.enable_h2o, so a validation message names what the caller actually passed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mnn_h2o {
+
+struct H2oConfig {
+    std::string policy = "h2o";   // "h2o" | "streaming" | "random" (eviction_policy.h)
+    int sink_tokens = 64;         // the blocks covering the first sink_tokens tokens are never evicted
+    int recent_tokens = 256;      // nor those covering the last recent_tokens (>= 1: the newest token stays)
+    // Budget: exactly one of the two is > 0. keep ratio: each evicting head keeps
+    // target_keep_ratio * tokens_seen tokens. Lossy ratio: the keep ratio of the evicting layers is
+    // chosen so that the whole model (all layers, the non-evicting ones keep everything) holds
+    // tokens_seen / target_lossy_ratio tokens per layer on average.
+    double target_keep_ratio = 0.0;
+    double target_lossy_ratio = 3.0;
+    double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)
+    int layer_start = 2;          // layers [layer_start, layer_end) collect scores and evict
+    int layer_end = -1;           // -1: n_layers
+    int trigger_min_tokens = 512; // heads holding fewer tokens are left alone
+    int update_interval = 32;     // decode tokens between policy updates
+    bool per_head_budget = false; // share the layer's budget between its kv heads (KV-Compress)
+    uint64_t seed = 0;            // for the random policy
+};
+
+// An empty string if c is valid for a model of n_layers layers, else a message that starts with
+// the name of the first bad field.
+std::string h2o_config_error(const H2oConfig& c, int n_layers);
+
+// c with layer_end = -1 replaced by n_layers. Throws std::invalid_argument with
+// h2o_config_error's message if c is invalid.
+H2oConfig resolved(const H2oConfig& c, int n_layers);
+
+}  // namespace mnn_h2o

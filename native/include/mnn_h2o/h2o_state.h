@@ -1,0 +1,146 @@
+// The H2O state of a KvCache: per (layer, kv head, block) attention scores, their EMA, the update
+// schedule, the budget and the per-layer statistics. KvCache owns one while eviction is enabled
+// and calls into it from step(), end_step(), evict() and truncate(); see docs/h2o.md.
+//
+// Scores. During an interval between two updates the attention kernel adds, per block, the
+// softmax mass its queries gave the block (summed over queries and the GQA group's query heads)
+// to accumulator(layer). record_step() counts, per block, how many (query, query head) pairs could
+// see it: a decode query sees every block, prefill query p only blocks starting at or before p.
+// At an update, mass / count is the block's mean attention probability in the interval, folded
+// into an EMA (blocks new since the previous update start at their mean), and the interval
+// restarts.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mnn_h2o/eviction_policy.h"
+#include "mnn_h2o/h2o_config.h"
+#include "mnn_h2o/kv_cache_config.h"
+
+namespace mnn_h2o {
+
+// Why an update left a head as it was. below_trigger and within_budget are the normal cases;
+// the last two mean the target cannot be met (see docs/h2o.md).
+enum class SkipReason { BelowTrigger = 0, WithinBudget, FloorsExceedTarget, TargetUnreachable };
+constexpr int kSkipReasons = 4;
+const char* skip_reason_name(SkipReason reason);  // "below_trigger", "within_budget", ...
+
+// Counters of one layer since the cache was created or reset. Kept whether or not eviction is
+// enabled (tokens_seen is what the uncompressed size is computed from).
+struct H2oLayerStats {
+    int64_t tokens_seen = 0;   // tokens appended to the layer (every head gets each one)
+    int64_t evictions = 0;     // plans applied (one per compacted head)
+    int64_t blocks_freed = 0;  // pool blocks released by them, K and V blocks counted separately
+    int64_t invalid_plans = 0; // plans rejected by evict()
+    double policy_us = 0.0;    // scoring and choosing blocks, at updates
+    double compact_us = 0.0;   // applying plans (moving rows, releasing blocks)
+    std::array<int64_t, kSkipReasons> skipped{};  // (head, update) pairs left alone, by reason
+};
+
+// A snapshot of the statistics (KvCache::h2o_stats()). Bytes count K and V.
+struct H2oStats {
+    struct Layer {
+        H2oLayerStats counters;
+        std::vector<int> held;  // tokens held per kv head
+        size_t bytes_held = 0;  // blocks held * block bytes
+    };
+    std::vector<Layer> layers;
+    size_t bytes_held = 0;          // all layers, exactly what the block pool hands out
+    size_t bytes_uncompressed = 0;  // tokens_seen of every layer in the cache dtype, no block rounding
+    double lossy_ratio = 1.0;       // bytes_uncompressed / bytes_held (1 when both are 0)
+    double policy_us = 0.0;
+    double compact_us = 0.0;
+    int64_t updates = 0;            // end_step calls that ran a policy update
+};
+
+class H2oState {
+public:
+    // cache must be a valid KvCache configuration. Throws std::invalid_argument naming the bad
+    // field if config is invalid for it.
+    H2oState(const H2oConfig& config, const KvCacheConfig& cache);
+
+    const H2oConfig& config() const { return cfg_; }  // layer_end resolved
+    bool collects(int layer) const { return layer >= cfg_.layer_start && layer < cfg_.layer_end; }
+
+    // The accumulator the kernel adds to for a collecting layer: [n_kv_heads][stride()].
+    float* accumulator(int layer);
+    size_t stride() const { return stride_; }
+    // A step of n_q queries ran on a head that now holds n_keys tokens: count who saw what.
+    void record_step(int layer, int head, int n_keys, int n_q);
+
+    // Counts decode tokens; true when an update is due (every update_interval tokens).
+    bool count_decode_tokens(int n_tokens);
+    void count_update() { ++updates_; }
+    int64_t updates() const { return updates_; }
+
+    // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
+    // target_lossy_ratio. <= 0 when that target cannot be reached by the evicting layers alone.
+    double keep_ratio() const;
+    // Blocks a head of a layer that has seen tokens_seen tokens may keep (rounded to nearest).
+    int budget_blocks(int64_t tokens_seen) const;
+    // Whether an update would evict anything from the layer (the prefill trigger).
+    bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
+
+    // Folds the interval's scores of layer into the EMA and starts a new interval. lengths are
+    // the tokens each kv head holds.
+    void update_scores(int layer, const int* lengths);
+    // The plan for each kv head of layer: (*plans)[h] empty leaves head h as it is. Heads left
+    // alone are counted in stats->skipped.
+    void plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+              H2oLayerStats* stats);
+
+    // A head of a collecting layer holding old_length tokens was compacted by runs (a valid
+    // plan) or truncated to n_tokens: moves its scores along. A new block made of tokens of
+    // several old blocks gets the token-weighted mean of their values.
+    void compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length);
+    void truncate(int layer, int head, int old_length, int n_tokens);
+    // Forgets every score and the schedule (the cache was emptied).
+    void reset();
+
+    // EMA of block b of a head; NaN if the block has not been through an update yet.
+    float score(int layer, int head, int block) const;
+
+private:
+    struct HeadScores {
+        // Visibility counts in suffix-difference form: block b was seen sum_{j >= b} seen[j]
+        // times, so a step adds to all blocks before k in O(1). Doubles: counts of a block
+        // compacted from several are token-weighted means.
+        std::vector<double> seen;
+        std::vector<float> ema;
+        int n_scored = 0;  // blocks [0, n_scored) have an EMA
+    };
+    struct LayerScores {
+        std::vector<float> acc;        // [n_kv_heads][stride_]
+        std::vector<HeadScores> heads;
+    };
+
+    LayerScores& layer_scores(int layer);
+    const LayerScores& layer_scores(int layer) const;
+    int blocks_of(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
+    SelectHead select_head(int h, int length, std::vector<uint8_t>* keep);
+    // seen[] of one head to plain counts and back.
+    void materialise_seen(HeadScores& hs, int n_blocks) const;
+    void difference_seen(HeadScores& hs, int n_blocks) const;
+
+    H2oConfig cfg_;
+    int n_layers_, n_kv_heads_, group_, block_tokens_;
+    size_t stride_;
+    std::unique_ptr<EvictionPolicy> policy_;
+    std::vector<LayerScores> layers_;  // [layer - layer_start]
+    int64_t decode_tokens_ = 0;        // since the last decode update
+    int64_t updates_ = 0;
+
+    // Scratch reused by plan() and compact(), so updates allocate nothing once warm.
+    std::vector<float> priority_;                // [n_kv_heads][stride_]
+    std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
+    std::vector<int> select_heads_;              // heads taking part in a selection
+    std::vector<SelectHead> select_;             // and their floors, in the same order
+    std::vector<SelectCandidate> candidates_;
+    std::vector<double> remap_sum_, remap_count_;
+};
+
+}  // namespace mnn_h2o

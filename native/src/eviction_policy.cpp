@@ -1,0 +1,137 @@
+#include "mnn_h2o/eviction_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+namespace mnn_h2o {
+
+namespace {
+
+// H2O: blocks that received the most attention (EMA of the normalised mass) are heavy hitters.
+class H2oPolicy final : public EvictionPolicy {
+public:
+    const char* name() const override { return "h2o"; }
+    void rank(const HeadBlocks& head, float* priority) override {
+        std::copy(head.scores, head.scores + head.n_blocks, priority);
+    }
+};
+
+// StreamingLLM: no scores; the budget beyond the floors goes to the most recent blocks.
+class StreamingPolicy final : public EvictionPolicy {
+public:
+    const char* name() const override { return "streaming"; }
+    void rank(const HeadBlocks& head, float* priority) override {
+        for (int b = 0; b < head.n_blocks; ++b) priority[b] = static_cast<float>(b);
+    }
+};
+
+// A control: the same budget spent on uniformly random blocks. Priorities are 24 random bits, so
+// they are exact floats and the choice does not depend on the standard library's distributions.
+class RandomPolicy final : public EvictionPolicy {
+public:
+    explicit RandomPolicy(uint64_t seed) : seed_(seed), rng_(seed) {}
+    const char* name() const override { return "random"; }
+    void rank(const HeadBlocks& head, float* priority) override {
+        for (int b = 0; b < head.n_blocks; ++b) priority[b] = static_cast<float>(rng_() >> 40);
+    }
+    void reset() override { rng_.seed(seed_); }
+
+private:
+    uint64_t seed_;
+    std::mt19937_64 rng_;
+};
+
+// Orders candidates best first: higher priority, then the more recent block, then the lower
+// head. NaN priorities were mapped to -inf, so this is a strict weak order.
+bool better(const SelectCandidate& a, const SelectCandidate& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    if (a.block != b.block) return a.block > b.block;
+    return a.head < b.head;
+}
+
+}  // namespace
+
+const char* policy_names() { return "'h2o', 'streaming' or 'random'"; }
+
+bool is_policy_name(const std::string& name) { return name == "h2o" || name == "streaming" || name == "random"; }
+
+std::unique_ptr<EvictionPolicy> make_policy(const std::string& name, uint64_t seed) {
+    if (name == "h2o") return std::make_unique<H2oPolicy>();
+    if (name == "streaming") return std::make_unique<StreamingPolicy>();
+    if (name == "random") return std::make_unique<RandomPolicy>(seed);
+    throw std::invalid_argument("policy must be " + std::string(policy_names()) + ", got '" + name + "'");
+}
+
+std::string plan_error(const std::vector<TokenRun>& runs, int length, int sink_tokens, int recent_tokens) {
+    const auto at = [](size_t i) { return "run " + std::to_string(i) + ": "; };
+    if (runs.empty()) return "the plan keeps nothing (at least the last token must stay)";
+    int64_t end = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        const TokenRun& r = runs[i];
+        if (r.length <= 0) return at(i) + "length must be > 0, got " + std::to_string(r.length);
+        if (r.offset < 0 || r.offset > length || r.length > length - r.offset)
+            return at(i) + "[" + std::to_string(r.offset) + ", +" + std::to_string(r.length) +
+                   ") is outside the head's " + std::to_string(length) + " tokens";
+        if (r.offset < end)
+            return at(i) + "offset " + std::to_string(r.offset) + " overlaps or precedes the previous run ending at " +
+                   std::to_string(end) + " (runs must be sorted and disjoint)";
+        end = r.offset + r.length;
+    }
+    if (end != length) return "the last token (" + std::to_string(length - 1) + ") must be kept";
+    // Touching runs cover the floors together: measure the kept stretch at each end.
+    int64_t front = 0;
+    for (size_t i = 0; i < runs.size() && runs[i].offset == front; ++i) front += runs[i].length;
+    int64_t back = length;
+    for (size_t i = runs.size(); i-- > 0 && runs[i].offset + runs[i].length == back;) back = runs[i].offset;
+    const int64_t sink = std::min(sink_tokens, length);
+    if (front < sink) return "the first " + std::to_string(sink) + " tokens (sink floor) must be kept";
+    const int64_t recent = std::min(recent_tokens, length);
+    if (length - back < recent) return "the last " + std::to_string(recent) + " tokens (recent floor) must be kept";
+    return {};
+}
+
+void plan_from_blocks(const std::vector<uint8_t>& keep, int length, int block_tokens, std::vector<TokenRun>* runs) {
+    runs->clear();
+    const int n_blocks = (length + block_tokens - 1) / block_tokens;
+    for (int b = 0; b < n_blocks; ++b) {
+        if (!keep[b]) continue;
+        const int64_t begin = static_cast<int64_t>(b) * block_tokens;
+        const int64_t end = std::min<int64_t>(begin + block_tokens, length);
+        if (!runs->empty() && runs->back().offset + runs->back().length == begin)
+            runs->back().length += end - begin;
+        else
+            runs->push_back({begin, end - begin});
+    }
+}
+
+int floor_blocks(const SelectHead& head) {
+    const int sink = std::min(head.sink_blocks, head.n_blocks);
+    const int recent_first = std::max(head.recent_first, sink);
+    return sink + (head.n_blocks - std::min(recent_first, head.n_blocks));
+}
+
+void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<SelectCandidate>* scratch) {
+    std::vector<SelectCandidate>& cand = *scratch;
+    cand.clear();
+    for (int h = 0; h < static_cast<int>(heads.size()); ++h) {
+        SelectHead& s = heads[h];
+        s.keep->assign(s.n_blocks, 0);
+        for (int b = 0; b < s.n_blocks; ++b) {
+            if (b < s.sink_blocks || b >= s.recent_first) {
+                (*s.keep)[b] = 1;
+                continue;
+            }
+            const float p = s.priority[b];
+            cand.push_back({std::isnan(p) ? -std::numeric_limits<float>::infinity() : p, h, b});
+        }
+    }
+    const size_t n_keep = static_cast<size_t>(std::clamp<int64_t>(extra, 0, static_cast<int64_t>(cand.size())));
+    // Only which candidates make the cut matters, not their order: nth_element is linear.
+    if (n_keep > 0 && n_keep < cand.size()) std::nth_element(cand.begin(), cand.begin() + (n_keep - 1), cand.end(), better);
+    for (size_t i = 0; i < n_keep; ++i) (*heads[cand[i].head].keep)[cand[i].block] = 1;
+}
+
+}  // namespace mnn_h2o

@@ -1,0 +1,307 @@
+#include "mnn_h2o/h2o_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace mnn_h2o {
+
+namespace {
+
+// Moves per-block values along with a compaction by runs: new block j gets the token-weighted
+// mean of the values of the old blocks its tokens came from, counting only old blocks < limit.
+// Kept tokens only move down, so every value is read before any is written and this works in
+// place. Entries from the new block count up to old_blocks are zeroed. Returns how many new
+// blocks got a token from an old block < limit (a prefix, since runs are sorted).
+template <class T>
+int remap_blocks(const std::vector<TokenRun>& runs, int block_tokens, int old_blocks, int limit, T* values,
+                 std::vector<double>* sum, std::vector<double>* count) {
+    int64_t kept = 0;
+    for (const TokenRun& r : runs) kept += r.length;
+    const int new_blocks = static_cast<int>((kept + block_tokens - 1) / block_tokens);
+    std::fill(sum->begin(), sum->begin() + new_blocks, 0.0);
+    std::fill(count->begin(), count->begin() + new_blocks, 0.0);
+    int reached = 0;
+    int64_t dst = 0;
+    for (const TokenRun& r : runs) {
+        for (int64_t src = r.offset, left = r.length; left > 0;) {
+            const int64_t n = std::min({block_tokens - src % block_tokens, block_tokens - dst % block_tokens, left});
+            const int old_b = static_cast<int>(src / block_tokens), new_b = static_cast<int>(dst / block_tokens);
+            if (old_b < limit) {
+                (*sum)[new_b] += static_cast<double>(n) * values[old_b];
+                (*count)[new_b] += static_cast<double>(n);
+                reached = new_b + 1;
+            }
+            src += n;
+            dst += n;
+            left -= n;
+        }
+    }
+    for (int j = 0; j < new_blocks; ++j) values[j] = (*count)[j] > 0 ? static_cast<T>((*sum)[j] / (*count)[j]) : T(0);
+    std::fill(values + new_blocks, values + std::max(new_blocks, old_blocks), T(0));
+    return reached;
+}
+
+}  // namespace
+
+const char* skip_reason_name(SkipReason reason) {
+    switch (reason) {
+        case SkipReason::BelowTrigger: return "below_trigger";
+        case SkipReason::WithinBudget: return "within_budget";
+        case SkipReason::FloorsExceedTarget: return "floors_exceed_target";
+        case SkipReason::TargetUnreachable: return "target_unreachable";
+    }
+    return "unknown";
+}
+
+H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
+    : cfg_(resolved(config, cache.n_layers)),
+      n_layers_(cache.n_layers),
+      n_kv_heads_(cache.n_kv_heads),
+      group_(cache.n_heads / cache.n_kv_heads),
+      block_tokens_(cache.block_tokens),
+      stride_(static_cast<size_t>((cache.max_tokens + cache.block_tokens - 1) / cache.block_tokens)),
+      policy_(make_policy(cfg_.policy, cfg_.seed)),
+      layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
+    // Everything is sized for max_tokens up front (like the cache's block lists), so steps and
+    // updates never allocate.
+    for (LayerScores& l : layers_) {
+        l.acc.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
+        l.heads.resize(n_kv_heads_);
+        for (HeadScores& h : l.heads) {
+            h.seen.assign(stride_, 0.0);
+            h.ema.assign(stride_, 0.f);
+        }
+    }
+    priority_.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
+    keep_.resize(n_kv_heads_);
+    for (auto& k : keep_) k.reserve(stride_);
+    select_.reserve(n_kv_heads_);
+    candidates_.reserve(static_cast<size_t>(n_kv_heads_) * stride_);
+    remap_sum_.assign(stride_, 0.0);
+    remap_count_.assign(stride_, 0.0);
+}
+
+H2oState::LayerScores& H2oState::layer_scores(int layer) {
+    return const_cast<LayerScores&>(static_cast<const H2oState*>(this)->layer_scores(layer));
+}
+
+const H2oState::LayerScores& H2oState::layer_scores(int layer) const {
+    if (!collects(layer))
+        throw std::out_of_range("H2O: layer " + std::to_string(layer) + " is outside the evicting layers [" +
+                                std::to_string(cfg_.layer_start) + ", " + std::to_string(cfg_.layer_end) + ")");
+    return layers_[static_cast<size_t>(layer - cfg_.layer_start)];
+}
+
+float* H2oState::accumulator(int layer) { return layer_scores(layer).acc.data(); }
+
+void H2oState::record_step(int layer, int head, int n_keys, int n_q) {
+    HeadScores& hs = layer_scores(layer).heads[head];
+    const int bt = block_tokens_;
+    const int before = n_keys - n_q;  // tokens held before the step; query i sees before + i + 1
+    // Blocks starting at or before `before` are seen by all n_q queries of each query head.
+    const int all_see = before / bt + 1;
+    hs.seen[all_see - 1] += static_cast<double>(n_q) * group_;
+    // A later block b is seen by the queries i >= b * bt - before: add to block b alone.
+    for (int b = all_see; b * bt < n_keys; ++b) {
+        const double pairs = static_cast<double>(n_q - (b * bt - before)) * group_;
+        hs.seen[b] += pairs;
+        hs.seen[b - 1] -= pairs;
+    }
+}
+
+bool H2oState::count_decode_tokens(int n_tokens) {
+    decode_tokens_ += n_tokens;
+    if (decode_tokens_ < cfg_.update_interval) return false;
+    decode_tokens_ %= cfg_.update_interval;
+    return true;
+}
+
+double H2oState::keep_ratio() const {
+    if (cfg_.target_keep_ratio > 0.0) return cfg_.target_keep_ratio;
+    // Whole model: n_layers * T / (kept_layers * T + evicting * k * T) = R, solved for k.
+    const double layers = n_layers_, evicting = cfg_.layer_end - cfg_.layer_start;
+    return (layers / cfg_.target_lossy_ratio - (layers - evicting)) / evicting;
+}
+
+int H2oState::budget_blocks(int64_t tokens_seen) const {
+    const double k = keep_ratio();
+    if (!(k > 0.0)) return 0;
+    const double blocks = std::round(k * static_cast<double>(tokens_seen) / block_tokens_);
+    return static_cast<int>(std::min(blocks, static_cast<double>(stride_)));
+}
+
+bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) const {
+    if (!collects(layer) || !(keep_ratio() > 0.0)) return false;
+    const int budget = budget_blocks(tokens_seen);
+    int64_t eligible = 0, total = 0;
+    bool any_over = false;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        if (lengths[h] < cfg_.trigger_min_tokens) continue;
+        const int n = blocks_of(lengths[h]);
+        ++eligible;
+        total += n;
+        any_over = any_over || n > budget;
+    }
+    return cfg_.per_head_budget ? total > eligible * budget : any_over;
+}
+
+void H2oState::update_scores(int layer, const int* lengths) {
+    LayerScores& ls = layer_scores(layer);
+    const double alpha = cfg_.ema_alpha;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        HeadScores& hs = ls.heads[h];
+        float* acc = ls.acc.data() + static_cast<size_t>(h) * stride_;
+        const int n = blocks_of(lengths[h]);
+        double pairs = 0.0;  // the running suffix sum turns seen[] into counts
+        for (int b = n - 1; b >= 0; --b) {
+            pairs += hs.seen[b];
+            if (pairs > 0.0) {
+                const double mean = acc[b] / pairs;
+                hs.ema[b] = static_cast<float>(b < hs.n_scored ? alpha * hs.ema[b] + (1.0 - alpha) * mean : mean);
+            } else if (b >= hs.n_scored) {
+                hs.ema[b] = 0.f;  // no query has seen it yet (appended without a step)
+            }
+        }
+        hs.n_scored = n;
+        std::fill(acc, acc + n, 0.f);
+        std::fill(hs.seen.begin(), hs.seen.begin() + n, 0.0);
+    }
+}
+
+SelectHead H2oState::select_head(int h, int length, std::vector<uint8_t>* keep) {
+    SelectHead s;
+    s.n_blocks = blocks_of(length);
+    s.priority = priority_.data() + static_cast<size_t>(h) * stride_;
+    s.sink_blocks = std::min(blocks_of(cfg_.sink_tokens), s.n_blocks);
+    s.recent_first = length > cfg_.recent_tokens ? (length - cfg_.recent_tokens) / block_tokens_ : 0;
+    s.keep = keep;
+    return s;
+}
+
+void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                    H2oLayerStats* stats) {
+    const LayerScores& ls = layer_scores(layer);
+    plans->resize(n_kv_heads_);
+    for (auto& p : *plans) p.clear();
+    const auto skip = [&](SkipReason r) { ++stats->skipped[static_cast<int>(r)]; };
+    const auto rank = [&](int h, int n_blocks) {
+        policy_->rank(HeadBlocks{n_blocks, ls.heads[h].ema.data()}, priority_.data() + static_cast<size_t>(h) * stride_);
+    };
+
+    select_heads_.clear();
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        if (lengths[h] < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
+        else select_heads_.push_back(h);
+    }
+    if (select_heads_.empty()) return;
+    if (!(keep_ratio() > 0.0)) {
+        for (size_t i = 0; i < select_heads_.size(); ++i) skip(SkipReason::TargetUnreachable);
+        return;
+    }
+    const int budget = budget_blocks(tokens_seen);
+
+    if (!cfg_.per_head_budget) {
+        for (int h : select_heads_) {
+            const SelectHead s = select_head(h, lengths[h], &keep_[h]);
+            const int floors = floor_blocks(s);
+            if (s.n_blocks <= budget) {
+                skip(SkipReason::WithinBudget);
+            } else if (floors > budget) {
+                skip(SkipReason::FloorsExceedTarget);
+            } else {
+                rank(h, s.n_blocks);
+                select_.assign(1, s);
+                select_blocks(select_, budget - floors, &candidates_);
+                plan_from_blocks(keep_[h], lengths[h], block_tokens_, &(*plans)[h]);
+            }
+        }
+        return;
+    }
+
+    // Shared budget: the layer's eligible heads keep n_eligible * budget blocks between them,
+    // ranked together, so a head whose attention is concentrated gives blocks to the others.
+    select_.clear();
+    int64_t total = 0, floors = 0;
+    for (int h : select_heads_) {
+        select_.push_back(select_head(h, lengths[h], &keep_[h]));
+        total += select_.back().n_blocks;
+        floors += floor_blocks(select_.back());
+    }
+    const int64_t pooled = static_cast<int64_t>(budget) * static_cast<int64_t>(select_heads_.size());
+    if (total <= pooled || floors > pooled) {
+        const SkipReason r = total <= pooled ? SkipReason::WithinBudget : SkipReason::FloorsExceedTarget;
+        for (size_t i = 0; i < select_heads_.size(); ++i) skip(r);
+        return;
+    }
+    for (size_t i = 0; i < select_heads_.size(); ++i) rank(select_heads_[i], select_[i].n_blocks);
+    select_blocks(select_, static_cast<int>(pooled - floors), &candidates_);
+    for (size_t i = 0; i < select_heads_.size(); ++i) {
+        const int h = select_heads_[i];
+        const std::vector<uint8_t>& keep = keep_[h];
+        if (std::count(keep.begin(), keep.end(), uint8_t{1}) < select_[i].n_blocks)
+            plan_from_blocks(keep, lengths[h], block_tokens_, &(*plans)[h]);
+    }
+}
+
+void H2oState::materialise_seen(HeadScores& hs, int n_blocks) const {
+    double pairs = 0.0;
+    for (int b = n_blocks - 1; b >= 0; --b) hs.seen[b] = pairs += hs.seen[b];
+}
+
+void H2oState::difference_seen(HeadScores& hs, int n_blocks) const {
+    for (int b = 0; b < n_blocks; ++b) hs.seen[b] -= b + 1 < n_blocks ? hs.seen[b + 1] : 0.0;
+}
+
+void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    const int old_blocks = blocks_of(old_length);
+    float* acc = ls.acc.data() + static_cast<size_t>(head) * stride_;
+    remap_blocks(runs, block_tokens_, old_blocks, old_blocks, acc, &remap_sum_, &remap_count_);
+    materialise_seen(hs, old_blocks);
+    remap_blocks(runs, block_tokens_, old_blocks, old_blocks, hs.seen.data(), &remap_sum_, &remap_count_);
+    int64_t kept = 0;
+    for (const TokenRun& r : runs) kept += r.length;
+    difference_seen(hs, blocks_of(static_cast<int>(kept)));
+    hs.n_scored = remap_blocks(runs, block_tokens_, old_blocks, hs.n_scored, hs.ema.data(), &remap_sum_, &remap_count_);
+}
+
+void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
+    if (n_tokens > 0) {
+        compact(layer, head, {TokenRun{0, n_tokens}}, old_length);
+        return;
+    }
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    const int old_blocks = blocks_of(old_length);
+    float* acc = ls.acc.data() + static_cast<size_t>(head) * stride_;
+    std::fill(acc, acc + old_blocks, 0.f);
+    std::fill(hs.seen.begin(), hs.seen.begin() + old_blocks, 0.0);
+    std::fill(hs.ema.begin(), hs.ema.begin() + old_blocks, 0.f);
+    hs.n_scored = 0;
+}
+
+void H2oState::reset() {
+    for (LayerScores& l : layers_) {
+        std::fill(l.acc.begin(), l.acc.end(), 0.f);
+        for (HeadScores& h : l.heads) {
+            std::fill(h.seen.begin(), h.seen.end(), 0.0);
+            std::fill(h.ema.begin(), h.ema.end(), 0.f);
+            h.n_scored = 0;
+        }
+    }
+    decode_tokens_ = 0;
+    updates_ = 0;
+    policy_->reset();
+}
+
+float H2oState::score(int layer, int head, int block) const {
+    if (!collects(layer)) return std::numeric_limits<float>::quiet_NaN();
+    const HeadScores& hs = layer_scores(layer).heads[head];
+    return block >= 0 && block < hs.n_scored ? hs.ema[block] : std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace mnn_h2o
