@@ -1,5 +1,6 @@
-// Scalar loops written so that the compiler vectorises the ones without a data dependency
-// (plane split/merge, predictors across a row); histograms stay scalar.
+// The scalar reference of the codec loops (gear_kernels.h), written so that the compiler
+// vectorises the ones without a data dependency (plane split/merge, predictors across a row);
+// histograms stay scalar.
 #include "gear_kernels.h"
 
 #include <cstring>
@@ -7,6 +8,7 @@
 namespace mnn_h2o {
 namespace gear {
 namespace kernels {
+namespace scalar {
 
 void split_planes(const uint8_t* elements, size_t count, size_t es, uint8_t* const planes[]) {
     if (es == 2) {
@@ -172,6 +174,7 @@ void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, u
     }
 }
 
+}  // namespace scalar
 }  // namespace kernels
 }  // namespace gear
 }  // namespace mnn_h2o

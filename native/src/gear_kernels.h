@@ -1,5 +1,8 @@
 // The per-byte loops of the Gear codec (internal to gear_codec.cpp). Planes are n x C byte
 // matrices, row t = token t; see docs/gear_format.md, "Planes" and "Predictors".
+//
+// Each loop exists as a scalar reference and, on AArch64, as NEON; the codec uses one set picked
+// at compile time (kIsaName says which).
 #pragma once
 
 #include <cstddef>
@@ -8,6 +11,10 @@
 namespace mnn_h2o {
 namespace gear {
 namespace kernels {
+
+// The portable reference (gear_kernels.cpp), compiled everywhere; tests compare every other set
+// against it byte for byte.
+namespace scalar {
 
 // Element bytes -> planes (plane k = byte k of every element), and back. es is 2 or 4.
 void split_planes(const uint8_t* elements, size_t count, size_t es, uint8_t* const planes[]);
@@ -36,6 +43,53 @@ void centre_forward(const uint8_t* P, size_t n, size_t C, const uint8_t* refs, u
                     uint8_t* R);
 void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
                     uint8_t* P);
+
+}  // namespace scalar
+
+// NEON versions of the loops that stream whole planes (gear_kernels_neon.cpp, AArch64 only).
+// The histograms stay scalar. Results are bit-identical to scalar::.
+#if defined(__aarch64__)
+#define MNN_H2O_GEAR_NEON 1
+namespace neon {
+void split_planes(const uint8_t* elements, size_t count, size_t es, uint8_t* const planes[]);
+void merge_planes(const uint8_t* const planes[], size_t count, size_t es, uint8_t* elements);
+void delta_forward(const uint8_t* P, size_t n, size_t C, bool use_xor, uint8_t* R);
+void delta_inverse(const uint8_t* R, size_t n, size_t C, bool use_xor, uint8_t* P);
+void centre_references(const uint8_t* P, size_t n, size_t C, uint8_t mask, uint64_t* sums,
+                       uint8_t* refs);
+size_t count_runs(const uint8_t* p, size_t n);
+void centre_forward(const uint8_t* P, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
+                    uint8_t* R);
+void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, uint8_t mask,
+                    uint8_t* P);
+}  // namespace neon
+#endif
+
+// The set the codec calls (kernels::split_planes, ...), chosen at compile time: every AArch64
+// CPU has NEON, so no run-time check is needed.
+#if defined(MNN_H2O_GEAR_NEON)
+constexpr const char* kIsaName = "neon";
+using neon::split_planes;
+using neon::merge_planes;
+using scalar::sample_histograms;
+using neon::delta_forward;
+using neon::delta_inverse;
+using neon::centre_references;
+using neon::count_runs;
+using neon::centre_forward;
+using neon::centre_inverse;
+#else
+constexpr const char* kIsaName = "scalar";
+using scalar::split_planes;
+using scalar::merge_planes;
+using scalar::sample_histograms;
+using scalar::delta_forward;
+using scalar::delta_inverse;
+using scalar::centre_references;
+using scalar::count_runs;
+using scalar::centre_forward;
+using scalar::centre_inverse;
+#endif
 
 }  // namespace kernels
 }  // namespace gear

@@ -1,0 +1,377 @@
+// The C API (mnn_h2o/mnn_h2o.h) over KvCache and gear::Codec. Every entry point catches all
+// exceptions and turns them into a status plus a per-thread message.
+#include "mnn_h2o/mnn_h2o.h"
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "gear_kernels.h"
+#include "mnn_h2o/attention.h"
+#include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/gear_codec.h"
+#include "mnn_h2o/kv_cache.h"
+
+struct mnn_h2o_kv_cache {
+    explicit mnn_h2o_kv_cache(const mnn_h2o::KvCacheConfig& c) : cache(c) {}
+    mnn_h2o::KvCache cache;
+};
+
+struct mnn_h2o_codec {
+    explicit mnn_h2o_codec(const mnn_h2o::gear::EncodeOptions& o) : codec(o) {}
+    mnn_h2o::gear::Codec codec;
+};
+
+namespace {
+
+using mnn_h2o::gear::Status;
+
+#define MNN_H2O_STR2(x) #x
+#define MNN_H2O_STR(x) MNN_H2O_STR2(x)
+constexpr const char* kVersion =
+    MNN_H2O_STR(MNN_H2O_VERSION_MAJOR) "." MNN_H2O_STR(MNN_H2O_VERSION_MINOR) "." MNN_H2O_STR(MNN_H2O_VERSION_PATCH);
+
+// Per thread; a fixed buffer so that recording an error never allocates (or throws).
+thread_local char t_last_error[512] = "";
+
+// Records "where: what" as this thread's last error; never allocates or throws.
+mnn_h2o_status fail(mnn_h2o_status status, const char* where, const char* what) noexcept {
+    std::snprintf(t_last_error, sizeof t_last_error, "%s: %s", where, what ? what : "");
+    return status;
+}
+
+mnn_h2o_status fail(mnn_h2o_status status, const char* where, const std::string& what) {
+    return fail(status, where, what.c_str());
+}
+
+// Runs fn, mapping exceptions to statuses (the specific logic_errors before std::exception).
+template <class Fn>
+mnn_h2o_status guarded(const char* where, Fn&& fn) noexcept {
+    try {
+        return fn();
+    } catch (const std::bad_alloc&) {
+        return fail(MNN_H2O_ERR_OUT_OF_MEMORY, where, "out of memory");
+    } catch (const std::length_error& e) {
+        return fail(MNN_H2O_ERR_CAPACITY, where, e.what());
+    } catch (const std::invalid_argument& e) {
+        return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, e.what());
+    } catch (const std::out_of_range& e) {
+        return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, e.what());
+    } catch (const std::exception& e) {
+        return fail(MNN_H2O_ERR_INTERNAL, where, e.what());
+    } catch (...) {
+        return fail(MNN_H2O_ERR_INTERNAL, where, "unknown exception");
+    }
+}
+
+mnn_h2o_status null_arg(const char* where, const char* what) noexcept {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "%s is null", what);
+    return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, msg);
+}
+
+mnn_h2o_status from_codec(const char* where, Status s) {
+    mnn_h2o_status out = MNN_H2O_ERR_INTERNAL;
+    switch (s) {
+        case Status::Ok: return MNN_H2O_OK;
+        case Status::InvalidArgument: out = MNN_H2O_ERR_INVALID_ARGUMENT; break;
+        case Status::OutputTooSmall: out = MNN_H2O_ERR_OUTPUT_TOO_SMALL; break;
+        case Status::Truncated: out = MNN_H2O_ERR_TRUNCATED; break;
+        case Status::BadMagic: out = MNN_H2O_ERR_BAD_MAGIC; break;
+        case Status::BadVersion: out = MNN_H2O_ERR_BAD_VERSION; break;
+        case Status::BadHeader: out = MNN_H2O_ERR_BAD_HEADER; break;
+        case Status::Corrupt: out = MNN_H2O_ERR_CORRUPT; break;
+        case Status::ChecksumMismatch: out = MNN_H2O_ERR_CHECKSUM; break;
+        case Status::ZstdUnavailable: out = MNN_H2O_ERR_ZSTD_UNAVAILABLE; break;
+    }
+    return fail(out, where, mnn_h2o::gear::status_name(s));
+}
+
+bool valid_isa(mnn_h2o_isa isa) { return isa >= MNN_H2O_ISA_SCALAR && isa <= MNN_H2O_ISA_NEON; }
+
+bool make_shape(uint32_t ndim, const uint32_t* dims, mnn_h2o::gear::Shape* shape) {
+    if (ndim < 1 || ndim > mnn_h2o::gear::kMaxDims || !dims) return false;
+    shape->ndim = ndim;
+    for (uint32_t i = 0; i < ndim; ++i) shape->dims[i] = dims[i];
+    return true;
+}
+
+bool valid_elem(mnn_h2o_elem_type t) {
+    return t == MNN_H2O_ELEM_F16 || t == MNN_H2O_ELEM_BF16 || t == MNN_H2O_ELEM_F32;
+}
+
+mnn_h2o::gear::EncodeOptions to_options(const mnn_h2o_codec_options& o) {
+    mnn_h2o::gear::EncodeOptions e;
+    e.predictors = o.predictors;
+    e.allow_rle = o.allow_rle != 0;
+    e.allow_zstd = o.allow_zstd != 0;
+    e.zstd_level = o.zstd_level;
+    e.block_tokens = o.block_tokens;
+    e.dedup = o.dedup != 0;
+    return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* mnn_h2o_status_name(mnn_h2o_status status) {
+    switch (status) {
+        case MNN_H2O_OK: return "ok";
+        case MNN_H2O_ERR_INVALID_ARGUMENT: return "invalid_argument";
+        case MNN_H2O_ERR_OUT_OF_MEMORY: return "out_of_memory";
+        case MNN_H2O_ERR_CAPACITY: return "capacity";
+        case MNN_H2O_ERR_UNSUPPORTED: return "unsupported";
+        case MNN_H2O_ERR_INTERNAL: return "internal";
+        case MNN_H2O_ERR_OUTPUT_TOO_SMALL: return "output_too_small";
+        case MNN_H2O_ERR_TRUNCATED: return "truncated";
+        case MNN_H2O_ERR_BAD_MAGIC: return "bad_magic";
+        case MNN_H2O_ERR_BAD_VERSION: return "bad_version";
+        case MNN_H2O_ERR_BAD_HEADER: return "bad_header";
+        case MNN_H2O_ERR_CORRUPT: return "corrupt";
+        case MNN_H2O_ERR_CHECKSUM: return "checksum";
+        case MNN_H2O_ERR_ZSTD_UNAVAILABLE: return "zstd_unavailable";
+    }
+    return "unknown";
+}
+
+const char* mnn_h2o_last_error(void) { return t_last_error; }
+
+const char* mnn_h2o_version(void) { return kVersion; }
+
+mnn_h2o_isa mnn_h2o_best_isa(void) { return static_cast<mnn_h2o_isa>(mnn_h2o::best_isa()); }
+
+const char* mnn_h2o_isa_name(mnn_h2o_isa isa) {
+    return valid_isa(isa) ? mnn_h2o::isa_name(static_cast<mnn_h2o::Isa>(isa)) : "unknown";
+}
+
+int mnn_h2o_isa_available(mnn_h2o_isa isa) {
+    return valid_isa(isa) && mnn_h2o::isa_available(static_cast<mnn_h2o::Isa>(isa)) ? 1 : 0;
+}
+
+const char* mnn_h2o_codec_isa_name(void) { return mnn_h2o::gear::kernels::kIsaName; }
+
+// ---- KV cache ----------------------------------------------------------------------------------
+
+void mnn_h2o_kv_config_init(mnn_h2o_kv_config* config) {
+    if (!config) return;
+    const mnn_h2o::KvCacheConfig d;
+    config->n_layers = d.n_layers;
+    config->n_kv_heads = d.n_kv_heads;
+    config->n_heads = d.n_heads;
+    config->head_dim = d.head_dim;
+    config->dtype = static_cast<int32_t>(d.dtype);
+    config->block_tokens = d.block_tokens;
+    config->max_tokens = d.max_tokens;
+    config->threads = d.threads;
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_kv_cache** cache) {
+    return guarded("mnn_h2o_kv_cache_create", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_create", "cache");
+        *cache = nullptr;
+        if (!config) return null_arg("mnn_h2o_kv_cache_create", "config");
+        if (config->dtype < MNN_H2O_DTYPE_F16 || config->dtype > MNN_H2O_DTYPE_F32)
+            return fail(MNN_H2O_ERR_INVALID_ARGUMENT, "mnn_h2o_kv_cache_create",
+                        "unknown dtype " + std::to_string(config->dtype));
+        mnn_h2o::KvCacheConfig c;
+        c.n_layers = config->n_layers;
+        c.n_kv_heads = config->n_kv_heads;
+        c.n_heads = config->n_heads;
+        c.head_dim = config->head_dim;
+        c.dtype = static_cast<mnn_h2o::KvDtype>(config->dtype);
+        c.block_tokens = config->block_tokens;
+        c.max_tokens = config->max_tokens;
+        c.threads = config->threads;
+        *cache = new mnn_h2o_kv_cache(c);
+        return MNN_H2O_OK;
+    });
+}
+
+void mnn_h2o_kv_cache_destroy(mnn_h2o_kv_cache* cache) { delete cache; }
+
+mnn_h2o_status mnn_h2o_kv_cache_get_config(const mnn_h2o_kv_cache* cache, mnn_h2o_kv_config* config) {
+    return guarded("mnn_h2o_kv_cache_get_config", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_get_config", "cache");
+        if (!config) return null_arg("mnn_h2o_kv_cache_get_config", "config");
+        const mnn_h2o::KvCacheConfig& c = cache->cache.config();
+        config->n_layers = c.n_layers;
+        config->n_kv_heads = c.n_kv_heads;
+        config->n_heads = c.n_heads;
+        config->head_dim = c.head_dim;
+        config->dtype = static_cast<int32_t>(c.dtype);
+        config->block_tokens = c.block_tokens;
+        config->max_tokens = c.max_tokens;
+        config->threads = c.threads;
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_append(mnn_h2o_kv_cache* cache, int32_t layer, const float* k, const float* v,
+                                       int32_t n_tokens) {
+    return guarded("mnn_h2o_kv_cache_append", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_append", "cache");
+        cache->cache.append(layer, k, v, n_tokens);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_attend(mnn_h2o_kv_cache* cache, int32_t layer, const float* q, int32_t n_q,
+                                       float* out, float* block_scores, size_t scores_stride) {
+    return guarded("mnn_h2o_kv_cache_attend", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_attend", "cache");
+        cache->cache.attend(layer, q, n_q, out, block_scores, scores_stride);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_step(mnn_h2o_kv_cache* cache, int32_t layer, const float* q, const float* k,
+                                     const float* v, int32_t n_tokens, float* out, float* block_scores,
+                                     size_t scores_stride) {
+    return guarded("mnn_h2o_kv_cache_step", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_step", "cache");
+        cache->cache.step(layer, q, k, v, n_tokens, out, block_scores, scores_stride);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_length(const mnn_h2o_kv_cache* cache, int32_t layer, int32_t head,
+                                       int32_t* length) {
+    return guarded("mnn_h2o_kv_cache_length", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_length", "cache");
+        if (!length) return null_arg("mnn_h2o_kv_cache_length", "length");
+        *length = cache->cache.length(layer, head);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_read(const mnn_h2o_kv_cache* cache, int32_t layer, int32_t head, float* k_out,
+                                     float* v_out) {
+    return guarded("mnn_h2o_kv_cache_read", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_read", "cache");
+        if (!k_out || !v_out) return null_arg("mnn_h2o_kv_cache_read", !k_out ? "k_out" : "v_out");
+        cache->cache.read(layer, head, k_out, v_out);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_truncate(mnn_h2o_kv_cache* cache, int32_t layer, int32_t head, int32_t n_tokens) {
+    return guarded("mnn_h2o_kv_cache_truncate", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_truncate", "cache");
+        cache->cache.truncate(layer, head, n_tokens);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_reset(mnn_h2o_kv_cache* cache) {
+    return guarded("mnn_h2o_kv_cache_reset", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_reset", "cache");
+        cache->cache.reset();
+        return MNN_H2O_OK;
+    });
+}
+
+size_t mnn_h2o_kv_cache_bytes_held(const mnn_h2o_kv_cache* cache) { return cache ? cache->cache.bytes_held() : 0; }
+
+size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache) {
+    return cache ? cache->cache.bytes_mapped() : 0;
+}
+
+int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache) { return cache ? cache->cache.max_blocks() : 0; }
+
+// ---- Gear codec --------------------------------------------------------------------------------
+
+void mnn_h2o_codec_options_init(mnn_h2o_codec_options* options) {
+    if (!options) return;
+    const mnn_h2o::gear::EncodeOptions d;
+    options->predictors = d.predictors;
+    options->allow_rle = d.allow_rle ? 1 : 0;
+    options->allow_zstd = d.allow_zstd ? 1 : 0;
+    options->zstd_level = d.zstd_level;
+    options->block_tokens = d.block_tokens;
+    options->dedup = d.dedup ? 1 : 0;
+}
+
+mnn_h2o_status mnn_h2o_codec_create(const mnn_h2o_codec_options* options, mnn_h2o_codec** codec) {
+    return guarded("mnn_h2o_codec_create", [&]() -> mnn_h2o_status {
+        if (!codec) return null_arg("mnn_h2o_codec_create", "codec");
+        *codec = nullptr;
+        mnn_h2o_codec_options o;
+        mnn_h2o_codec_options_init(&o);
+        if (options) o = *options;
+        if (o.predictors & ~MNN_H2O_PREDICT_ALL)
+            return fail(MNN_H2O_ERR_INVALID_ARGUMENT, "mnn_h2o_codec_create", "unknown predictor bits");
+        *codec = new mnn_h2o_codec(to_options(o));
+        return MNN_H2O_OK;
+    });
+}
+
+void mnn_h2o_codec_destroy(mnn_h2o_codec* codec) { delete codec; }
+
+size_t mnn_h2o_codec_bound(const mnn_h2o_codec* codec, mnn_h2o_elem_type type, uint32_t ndim, const uint32_t* dims) {
+    mnn_h2o::gear::Shape shape;
+    if (!codec || !valid_elem(type) || !make_shape(ndim, dims, &shape)) return 0;
+    return mnn_h2o::gear::max_encoded_size(static_cast<mnn_h2o::gear::ElementType>(type), shape,
+                                           codec->codec.options().block_tokens);
+}
+
+mnn_h2o_status mnn_h2o_codec_encode(mnn_h2o_codec* codec, const void* data, mnn_h2o_elem_type type, uint32_t ndim,
+                                    const uint32_t* dims, uint8_t* out, size_t capacity, size_t* written) {
+    return guarded("mnn_h2o_codec_encode", [&]() -> mnn_h2o_status {
+        const char* where = "mnn_h2o_codec_encode";
+        if (!codec) return null_arg(where, "codec");
+        if (!written) return null_arg(where, "written");
+        *written = 0;
+        if (!out && capacity) return null_arg(where, "out");
+        if (!valid_elem(type)) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "unknown element type");
+        mnn_h2o::gear::Shape shape;
+        if (!make_shape(ndim, dims, &shape))
+            return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "ndim must be in [1, 8] and dims set");
+        if (!data && shape.elements() > 0) return null_arg(where, "data");
+        return from_codec(where, codec->codec.encode(data, static_cast<mnn_h2o::gear::ElementType>(type), shape, out,
+                                                     capacity, written));
+    });
+}
+
+mnn_h2o_status mnn_h2o_codec_frame_info(const uint8_t* frame, size_t size, mnn_h2o_frame_info* info) {
+    return guarded("mnn_h2o_codec_frame_info", [&]() -> mnn_h2o_status {
+        if (!info) return null_arg("mnn_h2o_codec_frame_info", "info");
+        if (!frame && size) return null_arg("mnn_h2o_codec_frame_info", "frame");
+        std::memset(info, 0, sizeof *info);
+        mnn_h2o::gear::FrameInfo fi;
+        const Status s = mnn_h2o::gear::read_frame_info(frame, size, &fi);
+        if (s != Status::Ok) return from_codec("mnn_h2o_codec_frame_info", s);
+        info->elem_type = static_cast<int32_t>(fi.element_type);
+        info->ndim = fi.shape.ndim;
+        for (uint32_t i = 0; i < fi.shape.ndim && i < MNN_H2O_CODEC_MAX_DIMS; ++i) info->dims[i] = fi.shape.dims[i];
+        info->block_tokens = fi.block_tokens;
+        info->data_checksum = fi.data_checksum;
+        info->header_size = fi.header_size;
+        info->decoded_size = fi.decoded_size;
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_codec_decode(mnn_h2o_codec* codec, const uint8_t* frame, size_t size, void* out,
+                                    size_t capacity, size_t* decoded_size) {
+    return guarded("mnn_h2o_codec_decode", [&]() -> mnn_h2o_status {
+        const char* where = "mnn_h2o_codec_decode";
+        if (decoded_size) *decoded_size = 0;
+        if (!codec) return null_arg(where, "codec");
+        if (!frame && size) return null_arg(where, "frame");
+        if (!out && capacity) return null_arg(where, "out");
+        mnn_h2o::gear::FrameInfo fi;
+        const Status s = codec->codec.decode(frame, size, out, capacity, &fi);
+        if (s != Status::Ok) return from_codec(where, s);
+        if (decoded_size) *decoded_size = fi.decoded_size;
+        return MNN_H2O_OK;
+    });
+}
+
+int mnn_h2o_zstd_available(void) { return mnn_h2o::gear::zstd_available() ? 1 : 0; }
+
+}  // extern "C"

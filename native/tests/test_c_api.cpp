@@ -1,0 +1,309 @@
+// The C API (mnn_h2o/mnn_h2o.h): same results as the C++ classes it wraps, every error as a
+// status with a message (never an exception), null handles, per-thread last error.
+#include "mnn_h2o/mnn_h2o.h"
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/gear_codec.h"
+#include "mnn_h2o/kv_cache.h"
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            ++g_failures;                                               \
+            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            std::printf(__VA_ARGS__);                                   \
+            std::printf("\n");                                          \
+        }                                                               \
+    } while (0)
+
+static bool error_mentions(const char* text) { return std::strstr(mnn_h2o_last_error(), text) != nullptr; }
+
+static void test_library() {
+    char want[32];
+    std::snprintf(want, sizeof want, "%d.%d.%d", MNN_H2O_VERSION_MAJOR, MNN_H2O_VERSION_MINOR, MNN_H2O_VERSION_PATCH);
+    CHECK(std::strcmp(mnn_h2o_version(), want) == 0, "version %s", mnn_h2o_version());
+    CHECK(static_cast<int>(mnn_h2o_best_isa()) == static_cast<int>(mnn_h2o::best_isa()), "best isa");
+    CHECK(std::strcmp(mnn_h2o_isa_name(mnn_h2o_best_isa()), mnn_h2o::isa_name(mnn_h2o::best_isa())) == 0, "isa name");
+    CHECK(mnn_h2o_isa_available(MNN_H2O_ISA_SCALAR) == 1, "scalar always available");
+    CHECK(mnn_h2o_isa_available(static_cast<mnn_h2o_isa>(42)) == 0, "unknown isa");
+    CHECK(std::strcmp(mnn_h2o_isa_name(static_cast<mnn_h2o_isa>(42)), "unknown") == 0, "unknown isa name");
+#if defined(__aarch64__)
+    CHECK(std::strcmp(mnn_h2o_codec_isa_name(), "neon") == 0, "codec isa %s", mnn_h2o_codec_isa_name());
+#else
+    CHECK(std::strcmp(mnn_h2o_codec_isa_name(), "scalar") == 0, "codec isa %s", mnn_h2o_codec_isa_name());
+#endif
+    CHECK(mnn_h2o_zstd_available() == (mnn_h2o::gear::zstd_available() ? 1 : 0), "zstd");
+    CHECK(std::strcmp(mnn_h2o_status_name(MNN_H2O_ERR_CHECKSUM), "checksum") == 0, "status name");
+    CHECK(std::strcmp(mnn_h2o_status_name(static_cast<mnn_h2o_status>(999)), "unknown") == 0, "unknown status");
+    std::printf("mnn_h2o %s: attention %s, codec %s, zstd %s\n", mnn_h2o_version(),
+                mnn_h2o_isa_name(mnn_h2o_best_isa()), mnn_h2o_codec_isa_name(),
+                mnn_h2o_zstd_available() ? "loaded" : "missing");
+}
+
+static mnn_h2o_kv_config small_config() {
+    mnn_h2o_kv_config c;
+    mnn_h2o_kv_config_init(&c);
+    c.n_layers = 2;
+    c.n_kv_heads = 2;
+    c.n_heads = 4;
+    c.head_dim = 32;
+    c.block_tokens = 16;
+    c.max_tokens = 100;
+    return c;
+}
+
+static std::vector<float> randoms(std::mt19937& g, size_t n) {
+    std::normal_distribution<float> d(0.f, 1.f);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(g);
+    return v;
+}
+
+// The C API and KvCache fed the same data give bit-identical outputs, scores and bytes.
+static void test_kv_cache_matches_cpp() {
+    mnn_h2o_kv_config c = small_config();
+    mnn_h2o_kv_config defaults;
+    mnn_h2o_kv_config_init(&defaults);
+    const mnn_h2o::KvCacheConfig cpp_defaults;
+    CHECK(defaults.block_tokens == cpp_defaults.block_tokens && defaults.max_tokens == cpp_defaults.max_tokens &&
+              defaults.dtype == MNN_H2O_DTYPE_F16 && defaults.threads == 1,
+          "config defaults");
+
+    mnn_h2o_kv_cache* cache = nullptr;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_OK && cache, "create: %s", mnn_h2o_last_error());
+    if (!cache) return;
+    mnn_h2o_kv_config back;
+    CHECK(mnn_h2o_kv_cache_get_config(cache, &back) == MNN_H2O_OK && std::memcmp(&back, &c, sizeof c) == 0,
+          "get_config");
+
+    mnn_h2o::KvCacheConfig cc;
+    cc.n_layers = c.n_layers;
+    cc.n_kv_heads = c.n_kv_heads;
+    cc.n_heads = c.n_heads;
+    cc.head_dim = c.head_dim;
+    cc.block_tokens = c.block_tokens;
+    cc.max_tokens = c.max_tokens;
+    mnn_h2o::KvCache ref(cc);
+    CHECK(mnn_h2o_kv_cache_max_blocks(cache) == ref.max_blocks(), "max_blocks");
+
+    std::mt19937 g(1);
+    const size_t stride = static_cast<size_t>(ref.max_blocks());
+    std::vector<float> s(c.n_kv_heads * stride, 0.f), s_ref(s);
+    for (int n : {20, 1, 1, 3}) {
+        for (int layer = 0; layer < c.n_layers; ++layer) {
+            const auto q = randoms(g, static_cast<size_t>(n) * c.n_heads * c.head_dim);
+            const auto k = randoms(g, static_cast<size_t>(n) * c.n_kv_heads * c.head_dim);
+            const auto v = randoms(g, k.size());
+            std::vector<float> out(q.size()), out_ref(q.size());
+            if (layer == 0) {
+                CHECK(mnn_h2o_kv_cache_step(cache, layer, q.data(), k.data(), v.data(), n, out.data(), s.data(),
+                                            stride) == MNN_H2O_OK,
+                      "step: %s", mnn_h2o_last_error());
+                ref.step(layer, q.data(), k.data(), v.data(), n, out_ref.data(), s_ref.data(), stride);
+            } else {
+                CHECK(mnn_h2o_kv_cache_append(cache, layer, k.data(), v.data(), n) == MNN_H2O_OK, "append");
+                CHECK(mnn_h2o_kv_cache_attend(cache, layer, q.data(), n, out.data(), nullptr, 0) == MNN_H2O_OK,
+                      "attend: %s", mnn_h2o_last_error());
+                ref.append(layer, k.data(), v.data(), n);
+                ref.attend(layer, q.data(), n, out_ref.data());
+            }
+            CHECK(out == out_ref, "layer %d n=%d: output differs from KvCache", layer, n);
+        }
+    }
+    CHECK(s == s_ref, "block scores differ from KvCache");
+    int32_t len = -1;
+    CHECK(mnn_h2o_kv_cache_length(cache, 1, 1, &len) == MNN_H2O_OK && len == 25, "length %d", len);
+    CHECK(mnn_h2o_kv_cache_bytes_held(cache) == ref.bytes_held() && ref.bytes_held() > 0, "bytes_held");
+    CHECK(mnn_h2o_kv_cache_bytes_mapped(cache) == ref.bytes_mapped(), "bytes_mapped");
+
+    std::vector<float> k(static_cast<size_t>(len) * c.head_dim), v(k.size()), k_ref(k.size()), v_ref(k.size());
+    CHECK(mnn_h2o_kv_cache_read(cache, 1, 1, k.data(), v.data()) == MNN_H2O_OK, "read");
+    ref.read(1, 1, k_ref.data(), v_ref.data());
+    CHECK(k == k_ref && v == v_ref, "read back");
+
+    const size_t before = mnn_h2o_kv_cache_bytes_held(cache);
+    CHECK(mnn_h2o_kv_cache_truncate(cache, 1, 1, 10) == MNN_H2O_OK, "truncate");
+    CHECK(mnn_h2o_kv_cache_length(cache, 1, 1, &len) == MNN_H2O_OK && len == 10, "length after truncate");
+    CHECK(mnn_h2o_kv_cache_bytes_held(cache) < before, "truncate releases blocks");
+
+    // Errors: status + message, cache unchanged.
+    std::vector<float> big(static_cast<size_t>(200) * c.n_kv_heads * c.head_dim);
+    CHECK(mnn_h2o_kv_cache_append(cache, 0, big.data(), big.data(), 200) == MNN_H2O_ERR_CAPACITY &&
+              error_mentions("mnn_h2o_kv_cache_append"),
+          "over max_tokens: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_length(cache, 0, 0, &len) == MNN_H2O_OK && len == 25, "nothing appended");
+    CHECK(mnn_h2o_kv_cache_length(cache, 2, 0, &len) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("layer"),
+          "layer out of range: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_length(cache, 0, -1, &len) == MNN_H2O_ERR_INVALID_ARGUMENT, "head out of range");
+    CHECK(mnn_h2o_kv_cache_length(cache, 0, 0, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT &&
+              error_mentions("length is null"),
+          "null length");
+    CHECK(mnn_h2o_kv_cache_attend(cache, 0, nullptr, 1, k.data(), nullptr, 0) == MNN_H2O_ERR_INVALID_ARGUMENT,
+          "null q: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_read(cache, 0, 0, nullptr, v.data()) == MNN_H2O_ERR_INVALID_ARGUMENT, "null k_out");
+    CHECK(mnn_h2o_kv_cache_truncate(cache, 0, 0, 26) == MNN_H2O_ERR_INVALID_ARGUMENT, "truncate past length");
+
+    CHECK(mnn_h2o_kv_cache_reset(cache) == MNN_H2O_OK && mnn_h2o_kv_cache_bytes_held(cache) == 0, "reset");
+    mnn_h2o_kv_cache_destroy(cache);
+}
+
+static void test_kv_cache_bad_config_and_null() {
+    mnn_h2o_kv_cache* cache = reinterpret_cast<mnn_h2o_kv_cache*>(1);
+    mnn_h2o_kv_config c = small_config();
+    c.head_dim = 40;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && cache == nullptr &&
+              error_mentions("head_dim"),
+          "bad head_dim: %s", mnn_h2o_last_error());
+    c = small_config();
+    c.dtype = 7;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("dtype"), "bad dtype");
+    c = small_config();
+    c.n_heads = 3;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad group");
+    CHECK(mnn_h2o_kv_cache_create(nullptr, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT, "null config");
+    CHECK(mnn_h2o_kv_cache_create(&c, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null out");
+
+    mnn_h2o_kv_cache_destroy(nullptr);
+    float x[64] = {};
+    int32_t len = 0;
+    CHECK(mnn_h2o_kv_cache_append(nullptr, 0, x, x, 1) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("cache is null"),
+          "null cache append");
+    CHECK(mnn_h2o_kv_cache_step(nullptr, 0, x, x, x, 1, x, nullptr, 0) == MNN_H2O_ERR_INVALID_ARGUMENT, "null step");
+    CHECK(mnn_h2o_kv_cache_length(nullptr, 0, 0, &len) == MNN_H2O_ERR_INVALID_ARGUMENT, "null length");
+    CHECK(mnn_h2o_kv_cache_reset(nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null reset");
+    CHECK(mnn_h2o_kv_cache_bytes_held(nullptr) == 0 && mnn_h2o_kv_cache_max_blocks(nullptr) == 0, "null getters");
+}
+
+static void test_codec() {
+    std::mt19937 g(2);
+    std::vector<uint16_t> data(48 * 64);
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (uint16_t& h : data) {
+        const float x = d(g);
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        h = static_cast<uint16_t>(bits >> 16);  // bf16
+    }
+    const uint32_t dims[2] = {48, 64};
+
+    mnn_h2o_codec_options o;
+    mnn_h2o_codec_options_init(&o);
+    const mnn_h2o::gear::EncodeOptions eo;
+    CHECK(o.predictors == eo.predictors && o.allow_rle == 1 && o.allow_zstd == 1 && o.zstd_level == eo.zstd_level &&
+              o.block_tokens == eo.block_tokens && o.dedup == 1,
+          "options defaults");
+    mnn_h2o_codec* codec = nullptr;
+    CHECK(mnn_h2o_codec_create(nullptr, &codec) == MNN_H2O_OK && codec, "create");
+    if (!codec) return;
+
+    const size_t bound = mnn_h2o_codec_bound(codec, MNN_H2O_ELEM_BF16, 2, dims);
+    mnn_h2o::gear::Shape shape = mnn_h2o::gear::Shape::matrix(48, 64);
+    CHECK(bound == mnn_h2o::gear::max_encoded_size(mnn_h2o::gear::ElementType::BF16, shape, 0) && bound > 0, "bound");
+    CHECK(mnn_h2o_codec_bound(codec, MNN_H2O_ELEM_BF16, 0, dims) == 0, "bound ndim 0");
+    CHECK(mnn_h2o_codec_bound(codec, static_cast<mnn_h2o_elem_type>(9), 2, dims) == 0, "bound bad type");
+
+    std::vector<uint8_t> frame(bound);
+    size_t written = 0;
+    CHECK(mnn_h2o_codec_encode(codec, data.data(), MNN_H2O_ELEM_BF16, 2, dims, frame.data(), frame.size(), &written) ==
+              MNN_H2O_OK,
+          "encode: %s", mnn_h2o_last_error());
+    // The same frame as the C++ codec.
+    std::vector<uint8_t> cpp_frame;
+    mnn_h2o::gear::Codec cpp;
+    CHECK(cpp.encode(data.data(), mnn_h2o::gear::ElementType::BF16, shape, &cpp_frame) == mnn_h2o::gear::Status::Ok,
+          "C++ encode");
+    CHECK(written == cpp_frame.size() && std::memcmp(frame.data(), cpp_frame.data(), written) == 0,
+          "same frame as C++");
+
+    mnn_h2o_frame_info info;
+    CHECK(mnn_h2o_codec_frame_info(frame.data(), written, &info) == MNN_H2O_OK && info.elem_type == MNN_H2O_ELEM_BF16 &&
+              info.ndim == 2 && info.dims[0] == 48 && info.dims[1] == 64 && info.decoded_size == data.size() * 2 &&
+              info.header_size == 32,
+          "frame info");
+    std::vector<uint16_t> back(data.size());
+    size_t decoded = 0;
+    CHECK(mnn_h2o_codec_decode(codec, frame.data(), written, back.data(), back.size() * 2, &decoded) == MNN_H2O_OK &&
+              decoded == data.size() * 2 && back == data,
+          "decode");
+
+    // Errors.
+    CHECK(mnn_h2o_codec_encode(codec, data.data(), MNN_H2O_ELEM_BF16, 2, dims, frame.data(), 10, &written) ==
+              MNN_H2O_ERR_OUTPUT_TOO_SMALL && error_mentions("mnn_h2o_codec_encode"),
+          "encode into 10 bytes: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_codec_encode(codec, data.data(), MNN_H2O_ELEM_BF16, 9, dims, frame.data(), frame.size(), &written) ==
+              MNN_H2O_ERR_INVALID_ARGUMENT,
+          "ndim 9");
+    CHECK(mnn_h2o_codec_encode(codec, nullptr, MNN_H2O_ELEM_BF16, 2, dims, frame.data(), frame.size(), &written) ==
+              MNN_H2O_ERR_INVALID_ARGUMENT,
+          "null data");
+    CHECK(mnn_h2o_codec_decode(codec, frame.data(), 20, back.data(), back.size() * 2, nullptr) == MNN_H2O_ERR_TRUNCATED,
+          "truncated: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_codec_decode(codec, frame.data(), cpp_frame.size(), back.data(), 100, nullptr) ==
+              MNN_H2O_ERR_OUTPUT_TOO_SMALL,
+          "output too small");
+    std::vector<uint8_t> bad = cpp_frame;
+    bad[0] ^= 1;
+    CHECK(mnn_h2o_codec_decode(codec, bad.data(), bad.size(), back.data(), back.size() * 2, nullptr) ==
+              MNN_H2O_ERR_BAD_MAGIC,
+          "bad magic");
+    CHECK(mnn_h2o_codec_frame_info(bad.data(), bad.size(), &info) == MNN_H2O_ERR_BAD_MAGIC, "frame info bad magic");
+    bad = cpp_frame;
+    bad[bad.size() - 1] ^= 0x40;
+    const mnn_h2o_status st = mnn_h2o_codec_decode(codec, bad.data(), bad.size(), back.data(), back.size() * 2, nullptr);
+    CHECK(st == MNN_H2O_ERR_CHECKSUM || st == MNN_H2O_ERR_CORRUPT, "damaged payload: %s", mnn_h2o_status_name(st));
+    mnn_h2o_codec_destroy(codec);
+    mnn_h2o_codec_destroy(nullptr);
+
+    o.predictors = 0x30;
+    CHECK(mnn_h2o_codec_create(&o, &codec) == MNN_H2O_ERR_INVALID_ARGUMENT && codec == nullptr, "bad predictor bits");
+    mnn_h2o_codec_options_init(&o);
+    o.allow_zstd = 0;
+    o.predictors = MNN_H2O_PREDICT_RAW;
+    CHECK(mnn_h2o_codec_create(&o, &codec) == MNN_H2O_OK, "create with options");
+    CHECK(mnn_h2o_codec_encode(codec, data.data(), MNN_H2O_ELEM_BF16, 2, dims, frame.data(), frame.size(), &written) ==
+              MNN_H2O_OK,
+          "encode raw only");
+    CHECK(mnn_h2o_codec_decode(codec, frame.data(), written, back.data(), back.size() * 2, nullptr) == MNN_H2O_OK &&
+              back == data,
+          "decode raw only");
+    mnn_h2o_codec_destroy(codec);
+}
+
+// The last error belongs to the thread that failed.
+static void test_last_error_per_thread() {
+    int32_t len;
+    CHECK(mnn_h2o_kv_cache_length(nullptr, 0, 0, &len) != MNN_H2O_OK, "fail here");
+    const std::string mine = mnn_h2o_last_error();
+    std::string theirs_before, theirs_after;
+    std::thread t([&] {
+        theirs_before = mnn_h2o_last_error();
+        mnn_h2o_codec_create(nullptr, nullptr);
+        theirs_after = mnn_h2o_last_error();
+    });
+    t.join();
+    CHECK(theirs_before.empty(), "new thread starts without an error: %s", theirs_before.c_str());
+    CHECK(theirs_after.find("mnn_h2o_codec_create") != std::string::npos, "thread's own error");
+    CHECK(mine == mnn_h2o_last_error(), "this thread's error unchanged");
+}
+
+int main() {
+    test_library();
+    test_kv_cache_matches_cpp();
+    test_kv_cache_bad_config_and_null();
+    test_codec();
+    test_last_error_per_thread();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all C API tests passed\n");
+    return 0;
+}
