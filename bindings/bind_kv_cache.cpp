@@ -11,9 +11,14 @@
 
 #include "mnn_h2o/attention.h"
 #include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/eviction_policy.h"
+#include "mnn_h2o/h2o_config.h"
+#include "mnn_h2o/h2o_state.h"
 #include "mnn_h2o/kv_cache.h"
 
 namespace py = pybind11;
+using mnn_h2o::H2oConfig;
+using mnn_h2o::H2oStats;
 using mnn_h2o::Isa;
 using mnn_h2o::KvCache;
 using mnn_h2o::KvCacheConfig;
@@ -71,6 +76,80 @@ float* scores_array(const py::object& obj, int n_kv_heads, size_t* stride) {
                               std::string(py::str(a.attr("shape"))));
     *stride = static_cast<size_t>(a.shape(1));
     return static_cast<float*>(a.mutable_data());
+}
+
+// An eviction plan from Python: a sequence of (offset, length) pairs of ints.
+std::vector<mnn_h2o::TokenRun> token_runs(const py::object& obj) {
+    if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj))
+        throw py::value_error("runs must be a sequence of (offset, length) pairs");
+    std::vector<mnn_h2o::TokenRun> runs;
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+    for (size_t i = 0; i < seq.size(); ++i) {
+        const py::object item = seq[i];
+        const std::string where = "runs[" + std::to_string(i) + "]";
+        if (!py::isinstance<py::sequence>(item) || py::len(item) != 2)
+            throw py::value_error(where + " must be an (offset, length) pair");
+        const py::sequence pair = py::reinterpret_borrow<py::sequence>(item);
+        mnn_h2o::TokenRun r;
+        try {
+            r.offset = py::int_(pair[0].attr("__index__")()).cast<int64_t>();
+            r.length = py::int_(pair[1].attr("__index__")()).cast<int64_t>();
+        } catch (const py::error_already_set&) {
+            throw py::value_error(where + " must hold two ints");
+        } catch (const py::cast_error&) {
+            throw py::value_error(where + " is out of range");
+        }
+        runs.push_back(r);
+    }
+    return runs;
+}
+
+py::dict stats_dict(const H2oStats& s) {
+    py::list layers;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const H2oStats::Layer& l = s.layers[i];
+        py::dict skipped;
+        for (int r = 0; r < mnn_h2o::kSkipReasons; ++r)
+            skipped[mnn_h2o::skip_reason_name(static_cast<mnn_h2o::SkipReason>(r))] = l.counters.skipped[r];
+        py::dict d;
+        d["layer"] = i;
+        d["tokens_seen"] = l.counters.tokens_seen;
+        d["held"] = l.held;
+        d["bytes_held"] = l.bytes_held;
+        d["evictions"] = l.counters.evictions;
+        d["blocks_freed"] = l.counters.blocks_freed;
+        d["policy_us"] = l.counters.policy_us;
+        d["compact_us"] = l.counters.compact_us;
+        d["skipped"] = skipped;
+        d["invalid_plans"] = l.counters.invalid_plans;
+        layers.append(d);
+    }
+    py::dict d;
+    d["layers"] = layers;
+    d["bytes_held"] = s.bytes_held;
+    d["bytes_uncompressed"] = s.bytes_uncompressed;
+    d["lossy_ratio"] = s.lossy_ratio;
+    d["policy_us"] = s.policy_us;
+    d["compact_us"] = s.compact_us;
+    d["updates"] = s.updates;
+    return d;
+}
+
+py::dict config_dict(const H2oConfig& c) {
+    py::dict d;
+    d["policy"] = c.policy;
+    d["sink_tokens"] = c.sink_tokens;
+    d["recent_tokens"] = c.recent_tokens;
+    d["target_keep_ratio"] = c.target_keep_ratio;
+    d["target_lossy_ratio"] = c.target_lossy_ratio;
+    d["ema_alpha"] = c.ema_alpha;
+    d["layer_start"] = c.layer_start;
+    d["layer_end"] = c.layer_end;
+    d["trigger_min_tokens"] = c.trigger_min_tokens;
+    d["update_interval"] = c.update_interval;
+    d["per_head_budget"] = c.per_head_budget;
+    d["seed"] = c.seed;
+    return d;
 }
 
 // The cache plus a lock: the GIL is released during native work, so two Python threads could
@@ -231,6 +310,104 @@ mass each key block received, summed over the queries and the query heads of eac
                  NativeCall call(self);
                  self.cache.reset();
              })
+        .def(
+            "enable_h2o",
+            [](PyKvCache& self, const std::string& policy, int sink_tokens, int recent_tokens, double target_keep_ratio,
+               double target_lossy_ratio, double ema_alpha, int layer_start, int layer_end, int trigger_min_tokens,
+               int update_interval, bool per_head_budget, long long seed) {
+                if (seed < 0) throw py::value_error("enable_h2o: seed must be >= 0, got " + std::to_string(seed));
+                H2oConfig c;
+                c.policy = policy;
+                c.sink_tokens = sink_tokens;
+                c.recent_tokens = recent_tokens;
+                c.target_keep_ratio = target_keep_ratio;
+                c.target_lossy_ratio = target_lossy_ratio;
+                c.ema_alpha = ema_alpha;
+                c.layer_start = layer_start;
+                c.layer_end = layer_end;
+                c.trigger_min_tokens = trigger_min_tokens;
+                c.update_interval = update_interval;
+                c.per_head_budget = per_head_budget;
+                c.seed = static_cast<uint64_t>(seed);
+                NativeCall call(self);
+                self.cache.enable_h2o(c);
+            },
+            py::arg("policy") = "h2o", py::arg("sink_tokens") = 64, py::arg("recent_tokens") = 256,
+            py::arg("target_keep_ratio") = 0.0, py::arg("target_lossy_ratio") = 3.0, py::arg("ema_alpha") = 0.5,
+            py::arg("layer_start") = 2, py::arg("layer_end") = -1, py::arg("trigger_min_tokens") = 512,
+            py::arg("update_interval") = 32, py::arg("per_head_budget") = false, py::arg("seed") = 0,
+            R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
+Exactly one of target_keep_ratio / target_lossy_ratio must be > 0; layer_end -1 = n_layers.
+ValueError naming the bad argument.)doc")
+        .def(
+            "disable_h2o",
+            [](PyKvCache& self) {
+                NativeCall call(self);
+                self.cache.disable_h2o();
+            },
+            "Turn eviction off; the tokens held stay.")
+        .def_property_readonly("h2o_enabled",
+                               [](PyKvCache& self) {
+                                   NativeCall call(self);
+                                   return self.cache.h2o_config() != nullptr;
+                               })
+        .def(
+            "h2o_config",
+            [](PyKvCache& self) -> py::object {
+                H2oConfig c;
+                {
+                    NativeCall call(self);
+                    if (!self.cache.h2o_config()) return py::none();
+                    c = *self.cache.h2o_config();
+                }
+                return config_dict(c);
+            },
+            "The active H2O settings (layer_end resolved) as a dict, or None when eviction is off.")
+        .def(
+            "end_step",
+            [](PyKvCache& self, int n_tokens, bool prefill) {
+                NativeCall call(self);
+                return self.cache.end_step(n_tokens, prefill);
+            },
+            py::arg("n_tokens"), py::arg("prefill"),
+            "Call once after all layers of a forward of n_tokens tokens; runs the eviction policy when due. "
+            "True if anything was evicted.")
+        .def(
+            "evict",
+            [](PyKvCache& self, int layer, int head, const py::object& runs) {
+                const std::vector<mnn_h2o::TokenRun> plan = token_runs(runs);
+                NativeCall call(self);
+                self.cache.evict(layer, head, plan);
+            },
+            py::arg("layer"), py::arg("head"), py::arg("runs"),
+            "Keep only the tokens of runs [(offset, length), ...] of one head (sorted, disjoint, covering the "
+            "sink/recent floors and the last token); ValueError if invalid, and nothing changes.")
+        .def(
+            "h2o_stats",
+            [](PyKvCache& self) {
+                H2oStats s;
+                {
+                    NativeCall call(self);
+                    s = self.cache.h2o_stats();
+                }
+                return stats_dict(s);
+            },
+            "Per-layer eviction counters and held tokens/bytes, and whole-model bytes_held, bytes_uncompressed, "
+            "lossy_ratio (= uncompressed / held) and policy time.")
+        .def(
+            "block_scores",
+            [](PyKvCache& self, int layer) {
+                std::vector<float> scores;
+                int n_blocks = 0;
+                {
+                    NativeCall call(self);
+                    scores = self.cache.h2o_scores(layer, &n_blocks);
+                }
+                const py::ssize_t rows = self.cache.config().n_kv_heads;
+                return py::array_t<float>({rows, static_cast<py::ssize_t>(n_blocks)}, scores.data());
+            },
+            py::arg("layer"),
+            "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet).")
         .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })
         .def_property_readonly("head_dim", [](const PyKvCache& s) { return s.cache.config().head_dim; })

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -44,12 +46,20 @@ private:
     std::mt19937_64 rng_;
 };
 
-// Orders candidates best first: higher priority, then the more recent block, then the lower
-// head. NaN priorities were mapped to -inf, so this is a strict weak order.
-bool better(const SelectCandidate& a, const SelectCandidate& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    if (a.block != b.block) return a.block > b.block;
-    return a.head < b.head;
+// A candidate as one integer whose order is the ranking: priority (as order-preserving bits; NaN
+// was mapped to -inf), then the more recent block, then the lower head. Selecting among plain
+// integers is several times faster than with a three-field comparator: the comparisons of a
+// selection over random scores mispredict, and integer ones compile to branch-free code.
+constexpr int kHeadBits = 12, kBlockBits = 20;
+static_assert(kMaxSelectHeads == 1 << kHeadBits, "head field width");
+
+uint64_t candidate_key(float priority, int head, int block) {
+    if (std::isnan(priority)) priority = -std::numeric_limits<float>::infinity();
+    uint32_t bits;
+    std::memcpy(&bits, &priority, sizeof bits);
+    const uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+    return static_cast<uint64_t>(ordered) << 32 | static_cast<uint64_t>(block) << kHeadBits |
+           static_cast<uint64_t>(kMaxSelectHeads - 1 - head);
 }
 
 }  // namespace
@@ -113,25 +123,29 @@ int floor_blocks(const SelectHead& head) {
     return sink + (head.n_blocks - std::min(recent_first, head.n_blocks));
 }
 
-void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<SelectCandidate>* scratch) {
-    std::vector<SelectCandidate>& cand = *scratch;
+void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64_t>* scratch) {
+    if (heads.size() > static_cast<size_t>(kMaxSelectHeads))
+        throw std::invalid_argument("select_blocks: at most " + std::to_string(kMaxSelectHeads) + " heads at once");
+    std::vector<uint64_t>& cand = *scratch;
     cand.clear();
     for (int h = 0; h < static_cast<int>(heads.size()); ++h) {
         SelectHead& s = heads[h];
+        if (s.n_blocks > (1 << kBlockBits)) throw std::invalid_argument("select_blocks: more than 2^20 blocks");
         s.keep->assign(s.n_blocks, 0);
         for (int b = 0; b < s.n_blocks; ++b) {
-            if (b < s.sink_blocks || b >= s.recent_first) {
-                (*s.keep)[b] = 1;
-                continue;
-            }
-            const float p = s.priority[b];
-            cand.push_back({std::isnan(p) ? -std::numeric_limits<float>::infinity() : p, h, b});
+            if (b < s.sink_blocks || b >= s.recent_first) (*s.keep)[b] = 1;
+            else cand.push_back(candidate_key(s.priority[b], h, b));
         }
     }
     const size_t n_keep = static_cast<size_t>(std::clamp<int64_t>(extra, 0, static_cast<int64_t>(cand.size())));
     // Only which candidates make the cut matters, not their order: nth_element is linear.
-    if (n_keep > 0 && n_keep < cand.size()) std::nth_element(cand.begin(), cand.begin() + (n_keep - 1), cand.end(), better);
-    for (size_t i = 0; i < n_keep; ++i) (*heads[cand[i].head].keep)[cand[i].block] = 1;
+    if (n_keep > 0 && n_keep < cand.size())
+        std::nth_element(cand.begin(), cand.begin() + (n_keep - 1), cand.end(), std::greater<uint64_t>());
+    const uint64_t block_mask = (uint64_t{1} << kBlockBits) - 1, head_mask = kMaxSelectHeads - 1;
+    for (size_t i = 0; i < n_keep; ++i) {
+        const int head = kMaxSelectHeads - 1 - static_cast<int>(cand[i] & head_mask);
+        (*heads[head].keep)[(cand[i] >> kHeadBits) & block_mask] = 1;
+    }
 }
 
 }  // namespace mnn_h2o

@@ -65,6 +65,8 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
       stride_(static_cast<size_t>((cache.max_tokens + cache.block_tokens - 1) / cache.block_tokens)),
       policy_(make_policy(cfg_.policy, cfg_.seed)),
       layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
+    if (n_kv_heads_ > kMaxSelectHeads || stride_ > (size_t{1} << 20))
+        throw std::invalid_argument("enable_h2o: at most 4096 kv heads and 2^20 blocks per head are supported");
     // Everything is sized for max_tokens up front (like the cache's block lists), so steps and
     // updates never allocate.
     for (LayerScores& l : layers_) {
@@ -129,7 +131,9 @@ double H2oState::keep_ratio() const {
 int H2oState::budget_blocks(int64_t tokens_seen) const {
     const double k = keep_ratio();
     if (!(k > 0.0)) return 0;
-    const double blocks = std::round(k * static_cast<double>(tokens_seen) / block_tokens_);
+    // The blocks that budget's tokens need, as a head of that many tokens would hold them (so a
+    // keep ratio of 1 keeps a partial last block); the epsilon absorbs rounding of k.
+    const double blocks = std::ceil(k * static_cast<double>(tokens_seen) / block_tokens_ - 1e-9);
     return static_cast<int>(std::min(blocks, static_cast<double>(stride_)));
 }
 

@@ -64,14 +64,14 @@ struct SelectHead {
 // Number of floor blocks of a head (sink and recent, counted once where they overlap).
 int floor_blocks(const SelectHead& head);
 
+// select_blocks takes at most this many heads at once, and blocks below 2^20 (max_tokens <= 2^24
+// with blocks of >= 16 tokens): a candidate is ranked by one 64-bit key.
+constexpr int kMaxSelectHeads = 4096;
+
 // Keeps every floor block of every head, then the `extra` highest-priority other blocks of all
 // the heads together (one head: its own budget; all heads of a layer: a shared budget). extra is
 // clamped to the number of candidates. `scratch` is reused between calls to avoid allocations.
-struct SelectCandidate {
-    float priority;
-    int head;
-    int block;
-};
-void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<SelectCandidate>* scratch);
+// Throws std::invalid_argument for more than kMaxSelectHeads heads.
+void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64_t>* scratch);
 
 }  // namespace mnn_h2o

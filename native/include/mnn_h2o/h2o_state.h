@@ -80,7 +80,8 @@ public:
     // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
     // target_lossy_ratio. <= 0 when that target cannot be reached by the evicting layers alone.
     double keep_ratio() const;
-    // Blocks a head of a layer that has seen tokens_seen tokens may keep (rounded to nearest).
+    // Blocks a head of a layer that has seen tokens_seen tokens may keep: the blocks its budget
+    // of keep_ratio() * tokens_seen tokens needs.
     int budget_blocks(int64_t tokens_seen) const;
     // Whether an update would evict anything from the layer (the prefill trigger).
     bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
@@ -139,7 +140,7 @@ private:
     std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
     std::vector<int> select_heads_;              // heads taking part in a selection
     std::vector<SelectHead> select_;             // and their floors, in the same order
-    std::vector<SelectCandidate> candidates_;
+    std::vector<uint64_t> candidates_;
     std::vector<double> remap_sum_, remap_count_;
 };
 
