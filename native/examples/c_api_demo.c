@@ -1,13 +1,14 @@
 /* The mnn_h2o C API from plain C99: a decode loop over a dummy model, then a Gear codec round
- * trip of what the cache holds.
+ * trip of what the cache holds, then the same loop with H2O eviction on.
  *
  * The "model" has no weights: each token's input is pseudo-random, and every layer turns the
  * previous layer's attention output into its q, k and v with fixed mixes, so the loop runs the
- * real call sequence of a decoder (prefill, then one step() per layer per token) over data that
- * depends on the cache contents. It prints the bytes the cache holds, a checksum of the outputs,
- * the H2O block scores of the last layer, and the codec's compression of one head's keys.
+ * real call sequence of a decoder (prefill, then one step() per layer per token, end_step() after
+ * the last layer) over data that depends on the cache contents. It prints the bytes the cache
+ * holds, a checksum of the outputs, the attention mass per block of the last layer, the codec's
+ * compression of one head's keys, and what eviction saves.
  *
- *   c_api_demo [decode_steps]      (default 48; exit status 0 when every check passed)
+ *   c_api_demo [decode_steps]      (default 96; exit status 0 when every check passed)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -76,8 +77,9 @@ static void project(const float* x, int n, int layer, float* q, float* k, float*
     }
 }
 
-/* Runs n tokens (prefill when n > 1) through every layer. scores: the last layer's H2O block
- * scores, accumulated over calls. */
+/* Runs n tokens (prefill when n > 1) through every layer, then end_step() (which evicts when H2O
+ * is on and an update is due). scores: the last layer's attention mass per block, accumulated
+ * over calls. */
 static void forward(mnn_h2o_kv_cache* cache, int n, float* scores, size_t stride) {
     const size_t qn = (size_t)n * N_HEADS * HEAD_DIM, kn = (size_t)n * N_KV_HEADS * HEAD_DIM;
     float* x = malloc(qn * sizeof *x);
@@ -101,6 +103,7 @@ static void forward(mnn_h2o_kv_cache* cache, int n, float* scores, size_t stride
         memcpy(x, out, qn * sizeof *x);
     }
     add_to_checksum(out, qn);
+    ok(mnn_h2o_kv_cache_end_step(cache, n, n > 1, NULL), "end_step");
 done:
     free(x);
     free(q);
@@ -109,7 +112,7 @@ done:
     free(v);
 }
 
-static void decode_loop(int steps) {
+static void decode_loop(int steps, int with_h2o) {
     mnn_h2o_kv_config cfg;
     mnn_h2o_kv_cache* cache = NULL;
     float* scores;
@@ -127,6 +130,26 @@ static void decode_loop(int steps) {
     cfg.max_tokens = MAX_TOKENS;
     cfg.threads = 2;
     if (!ok(mnn_h2o_kv_cache_create(&cfg, &cache), "kv_cache_create")) return;
+    if (with_h2o) {
+        /* Layers 1..3 keep 40% of the tokens seen, always the first 16 and the last 16. */
+        mnn_h2o_eviction_config e;
+        mnn_h2o_eviction_config_init(&e);
+        e.policy = "h2o";
+        e.sink_tokens = 16;
+        e.recent_tokens = 16;
+        e.target_keep_ratio = 0.4;
+        e.target_lossy_ratio = 0.0;
+        e.layer_start = 1;
+        e.trigger_min_tokens = 48;
+        e.update_interval = 8;
+        if (!ok(mnn_h2o_kv_cache_enable_h2o(cache, &e), "enable_h2o")) {
+            mnn_h2o_kv_cache_destroy(cache);
+            return;
+        }
+        printf("-- with H2O eviction (keep ratio 0.4 on layers 1-%d)\n", N_LAYERS - 1);
+    } else {
+        printf("-- without eviction\n");
+    }
 
     stride = (size_t)mnn_h2o_kv_cache_max_blocks(cache);
     scores = calloc(N_KV_HEADS * stride, sizeof *scores);
@@ -141,6 +164,23 @@ static void decode_loop(int steps) {
            mnn_h2o_kv_cache_bytes_mapped(cache));
     for (s = 0; s < steps; ++s) forward(cache, 1, scores, stride);
 
+    if (with_h2o) {
+        mnn_h2o_eviction_stats st;
+        int32_t len0 = -1;
+        ok(mnn_h2o_kv_cache_length(cache, 0, 0, &len0), "length");
+        ok(mnn_h2o_kv_cache_length(cache, N_LAYERS - 1, 0, &len), "length");
+        if (ok(mnn_h2o_kv_cache_h2o_stats(cache, &st), "h2o_stats")) {
+            printf("decode %d steps: layer 0 holds %d tokens, layer %d holds %d; %zu bytes held, "
+                   "%zu uncompressed (%.2fx), %lld heads compacted, %lld blocks freed\n",
+                   steps, (int)len0, N_LAYERS - 1, (int)len, mnn_h2o_kv_cache_bytes_held(cache),
+                   st.bytes_uncompressed, st.lossy_ratio, (long long)st.evictions, (long long)st.blocks_freed);
+            check(len0 == PROMPT_TOKENS + steps, "layer 0 does not evict");
+            check(steps < 64 || (st.evictions > 0 && len < len0), "eviction happened");
+        }
+        free(scores);
+        mnn_h2o_kv_cache_destroy(cache);
+        return;
+    }
     ok(mnn_h2o_kv_cache_length(cache, N_LAYERS - 1, 0, &len), "length");
     check(len == PROMPT_TOKENS + steps, "length after decode");
     /* K and V of every (layer, kv head), ceil(len / 16) blocks each of 16 x 64 x 2 bytes. */
@@ -213,14 +253,15 @@ static void decode_loop(int steps) {
 }
 
 int main(int argc, char** argv) {
-    const int steps = argc > 1 ? atoi(argv[1]) : 48;
+    const int steps = argc > 1 ? atoi(argv[1]) : 96;
     if (steps < 0 || PROMPT_TOKENS + steps > MAX_TOKENS) {
         fprintf(stderr, "usage: %s [decode_steps <= %d]\n", argv[0], MAX_TOKENS - PROMPT_TOKENS);
         return 2;
     }
     printf("mnn_h2o %s, attention isa %s, codec isa %s\n", mnn_h2o_version(), mnn_h2o_isa_name(mnn_h2o_best_isa()),
            mnn_h2o_codec_isa_name());
-    decode_loop(steps);
+    decode_loop(steps, 0);
+    decode_loop(steps, 1);
     printf("%s\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 0;
 }

@@ -9,11 +9,15 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gear_kernels.h"
 #include "mnn_h2o/attention.h"
 #include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/eviction_policy.h"
 #include "mnn_h2o/gear_codec.h"
+#include "mnn_h2o/h2o_config.h"
+#include "mnn_h2o/h2o_state.h"
 #include "mnn_h2o/kv_cache.h"
 
 struct mnn_h2o_kv_cache {
@@ -282,6 +286,166 @@ size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache) {
 }
 
 int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache) { return cache ? cache->cache.max_blocks() : 0; }
+
+// ---- H2O eviction ------------------------------------------------------------------------------
+
+void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
+    if (!config) return;
+    const mnn_h2o::H2oConfig d;
+    static_assert(mnn_h2o::kSkipReasons == 4, "mnn_h2o_eviction_layer_stats.skipped has 4 entries");
+    config->policy = "h2o";
+    config->sink_tokens = d.sink_tokens;
+    config->recent_tokens = d.recent_tokens;
+    config->target_keep_ratio = d.target_keep_ratio;
+    config->target_lossy_ratio = d.target_lossy_ratio;
+    config->ema_alpha = d.ema_alpha;
+    config->layer_start = d.layer_start;
+    config->layer_end = d.layer_end;
+    config->trigger_min_tokens = d.trigger_min_tokens;
+    config->update_interval = d.update_interval;
+    config->per_head_budget = d.per_head_budget ? 1 : 0;
+    config->seed = d.seed;
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
+    return guarded("mnn_h2o_kv_cache_enable_h2o", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_enable_h2o", "cache");
+        if (!config) return null_arg("mnn_h2o_kv_cache_enable_h2o", "config");
+        mnn_h2o::H2oConfig c;
+        c.policy = config->policy ? config->policy : "h2o";
+        c.sink_tokens = config->sink_tokens;
+        c.recent_tokens = config->recent_tokens;
+        c.target_keep_ratio = config->target_keep_ratio;
+        c.target_lossy_ratio = config->target_lossy_ratio;
+        c.ema_alpha = config->ema_alpha;
+        c.layer_start = config->layer_start;
+        c.layer_end = config->layer_end;
+        c.trigger_min_tokens = config->trigger_min_tokens;
+        c.update_interval = config->update_interval;
+        c.per_head_budget = config->per_head_budget != 0;
+        c.seed = config->seed;
+        cache->cache.enable_h2o(c);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_disable_h2o(mnn_h2o_kv_cache* cache) {
+    return guarded("mnn_h2o_kv_cache_disable_h2o", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_disable_h2o", "cache");
+        cache->cache.disable_h2o();
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_config* config) {
+    return guarded("mnn_h2o_kv_cache_get_h2o_config", [&]() -> mnn_h2o_status {
+        const char* where = "mnn_h2o_kv_cache_get_h2o_config";
+        if (!cache) return null_arg(where, "cache");
+        if (!config) return null_arg(where, "config");
+        const mnn_h2o::H2oConfig* c = cache->cache.h2o_config();
+        if (!c) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "eviction is off");
+        config->policy = c->policy.c_str();
+        config->sink_tokens = c->sink_tokens;
+        config->recent_tokens = c->recent_tokens;
+        config->target_keep_ratio = c->target_keep_ratio;
+        config->target_lossy_ratio = c->target_lossy_ratio;
+        config->ema_alpha = c->ema_alpha;
+        config->layer_start = c->layer_start;
+        config->layer_end = c->layer_end;
+        config->trigger_min_tokens = c->trigger_min_tokens;
+        config->update_interval = c->update_interval;
+        config->per_head_budget = c->per_head_budget ? 1 : 0;
+        config->seed = c->seed;
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_end_step(mnn_h2o_kv_cache* cache, int32_t n_tokens, int32_t prefill,
+                                         int32_t* evicted) {
+    return guarded("mnn_h2o_kv_cache_end_step", [&]() -> mnn_h2o_status {
+        if (evicted) *evicted = 0;
+        if (!cache) return null_arg("mnn_h2o_kv_cache_end_step", "cache");
+        const bool any = cache->cache.end_step(n_tokens, prefill != 0);
+        if (evicted) *evicted = any ? 1 : 0;
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_evict(mnn_h2o_kv_cache* cache, int32_t layer, int32_t head,
+                                      const mnn_h2o_token_run* runs, size_t n_runs) {
+    return guarded("mnn_h2o_kv_cache_evict", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_evict", "cache");
+        if (!runs && n_runs) return null_arg("mnn_h2o_kv_cache_evict", "runs");
+        std::vector<mnn_h2o::TokenRun> plan(n_runs);
+        for (size_t i = 0; i < n_runs; ++i) {
+            plan[i].offset = runs[i].offset;
+            plan[i].length = runs[i].length;
+        }
+        cache->cache.evict(layer, head, plan);
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats) {
+    return guarded("mnn_h2o_kv_cache_h2o_stats", [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg("mnn_h2o_kv_cache_h2o_stats", "cache");
+        if (!stats) return null_arg("mnn_h2o_kv_cache_h2o_stats", "stats");
+        const mnn_h2o::H2oStats st = cache->cache.h2o_stats();
+        std::memset(stats, 0, sizeof *stats);
+        stats->bytes_held = st.bytes_held;
+        stats->bytes_uncompressed = st.bytes_uncompressed;
+        stats->lossy_ratio = st.lossy_ratio;
+        stats->policy_us = st.policy_us;
+        stats->compact_us = st.compact_us;
+        stats->updates = st.updates;
+        for (const auto& layer : st.layers) {
+            stats->evictions += layer.counters.evictions;
+            stats->blocks_freed += layer.counters.blocks_freed;
+            stats->invalid_plans += layer.counters.invalid_plans;
+        }
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
+                                                mnn_h2o_eviction_layer_stats* stats) {
+    return guarded("mnn_h2o_kv_cache_h2o_layer_stats", [&]() -> mnn_h2o_status {
+        const char* where = "mnn_h2o_kv_cache_h2o_layer_stats";
+        if (!cache) return null_arg(where, "cache");
+        if (!stats) return null_arg(where, "stats");
+        const mnn_h2o::H2oStats st = cache->cache.h2o_stats();
+        if (layer < 0 || static_cast<size_t>(layer) >= st.layers.size())
+            return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "layer " + std::to_string(layer) + " out of range");
+        const auto& l = st.layers[static_cast<size_t>(layer)];
+        std::memset(stats, 0, sizeof *stats);
+        stats->tokens_seen = l.counters.tokens_seen;
+        stats->evictions = l.counters.evictions;
+        stats->blocks_freed = l.counters.blocks_freed;
+        stats->invalid_plans = l.counters.invalid_plans;
+        stats->policy_us = l.counters.policy_us;
+        stats->compact_us = l.counters.compact_us;
+        stats->bytes_held = l.bytes_held;
+        for (int i = 0; i < mnn_h2o::kSkipReasons; ++i) stats->skipped[i] = l.counters.skipped[static_cast<size_t>(i)];
+        return MNN_H2O_OK;
+    });
+}
+
+mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
+                                           size_t capacity, int32_t* n_blocks) {
+    return guarded("mnn_h2o_kv_cache_h2o_scores", [&]() -> mnn_h2o_status {
+        const char* where = "mnn_h2o_kv_cache_h2o_scores";
+        if (!cache) return null_arg(where, "cache");
+        if (!n_blocks) return null_arg(where, "n_blocks");
+        int nb = 0;
+        const std::vector<float> s = cache->cache.h2o_scores(layer, &nb);
+        *n_blocks = nb;
+        if (!scores || capacity < s.size())
+            return fail(MNN_H2O_ERR_OUTPUT_TOO_SMALL, where,
+                        "need " + std::to_string(s.size()) + " floats, capacity " + std::to_string(capacity));
+        std::memcpy(scores, s.data(), s.size() * sizeof(float));
+        return MNN_H2O_OK;
+    });
+}
 
 // ---- Gear codec --------------------------------------------------------------------------------
 

@@ -277,6 +277,138 @@ static void test_codec() {
     mnn_h2o_codec_destroy(codec);
 }
 
+// H2O eviction through the C API: the same evictions, lengths, bytes and outputs as KvCache with
+// the same config; config errors, explicit plans, statistics and scores.
+static void test_h2o() {
+    mnn_h2o_kv_config c = small_config();
+    c.max_tokens = 400;
+    mnn_h2o_kv_cache* cache = nullptr;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_OK, "create");
+    if (!cache) return;
+
+    mnn_h2o_eviction_config e;
+    mnn_h2o_eviction_config_init(&e);
+    const mnn_h2o::H2oConfig d;
+    CHECK(std::string(e.policy) == d.policy && e.sink_tokens == d.sink_tokens && e.recent_tokens == d.recent_tokens &&
+              e.target_lossy_ratio == d.target_lossy_ratio && e.layer_start == d.layer_start &&
+              e.update_interval == d.update_interval && e.layer_end == d.layer_end,
+          "eviction defaults");
+    mnn_h2o_eviction_config got;
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("off"),
+          "config while off");
+    int32_t nb = -1;
+    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 0, nullptr, 0, &nb) == MNN_H2O_ERR_INVALID_ARGUMENT, "scores while off");
+    int32_t evicted = 7;
+    CHECK(mnn_h2o_kv_cache_end_step(cache, 1, 0, &evicted) == MNN_H2O_OK && evicted == 0, "end_step while off");
+
+    e.policy = "no-such-policy";
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("policy"),
+          "bad policy: %s", mnn_h2o_last_error());
+    mnn_h2o_eviction_config_init(&e);
+    e.sink_tokens = 16;
+    e.recent_tokens = 32;
+    e.target_keep_ratio = 0.5;
+    e.target_lossy_ratio = 0.0;
+    e.layer_start = 0;
+    e.trigger_min_tokens = 64;
+    e.update_interval = 8;
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.layer_end == c.n_layers &&
+              std::string(got.policy) == "h2o" && got.target_keep_ratio == 0.5,
+          "config resolved");
+
+    // The C++ twin.
+    mnn_h2o::KvCacheConfig cc;
+    cc.n_layers = c.n_layers;
+    cc.n_kv_heads = c.n_kv_heads;
+    cc.n_heads = c.n_heads;
+    cc.head_dim = c.head_dim;
+    cc.block_tokens = c.block_tokens;
+    cc.max_tokens = c.max_tokens;
+    mnn_h2o::KvCache ref(cc);
+    mnn_h2o::H2oConfig hc;
+    hc.sink_tokens = 16;
+    hc.recent_tokens = 32;
+    hc.target_keep_ratio = 0.5;
+    hc.target_lossy_ratio = 0.0;
+    hc.layer_start = 0;
+    hc.trigger_min_tokens = 64;
+    hc.update_interval = 8;
+    ref.enable_h2o(hc);
+
+    std::mt19937 g(3);
+    int n_evicting_steps = 0;
+    for (int step = 0; step < 41; ++step) {
+        const int n = step == 0 ? 100 : 1;
+        for (int layer = 0; layer < c.n_layers; ++layer) {
+            const auto q = randoms(g, static_cast<size_t>(n) * c.n_heads * c.head_dim);
+            const auto k = randoms(g, static_cast<size_t>(n) * c.n_kv_heads * c.head_dim);
+            const auto v = randoms(g, k.size());
+            std::vector<float> out(q.size()), out_ref(q.size());
+            CHECK(mnn_h2o_kv_cache_step(cache, layer, q.data(), k.data(), v.data(), n, out.data(), nullptr, 0) ==
+                      MNN_H2O_OK,
+                  "step");
+            ref.step(layer, q.data(), k.data(), v.data(), n, out_ref.data());
+            CHECK(out == out_ref, "step %d layer %d output", step, layer);
+        }
+        CHECK(mnn_h2o_kv_cache_end_step(cache, n, step == 0, &evicted) == MNN_H2O_OK, "end_step");
+        const bool ref_evicted = ref.end_step(n, step == 0);
+        CHECK((evicted != 0) == ref_evicted, "step %d: evicted %d vs %d", step, evicted, ref_evicted);
+        n_evicting_steps += evicted;
+        for (int layer = 0; layer < c.n_layers; ++layer)
+            for (int h = 0; h < c.n_kv_heads; ++h) {
+                int32_t len = -1;
+                mnn_h2o_kv_cache_length(cache, layer, h, &len);
+                CHECK(len == ref.length(layer, h), "step %d layer %d head %d: length %d vs %d", step, layer, h, len,
+                      ref.length(layer, h));
+            }
+    }
+    CHECK(n_evicting_steps >= 2, "evictions happened (%d steps)", n_evicting_steps);
+    CHECK(mnn_h2o_kv_cache_bytes_held(cache) == ref.bytes_held(), "bytes held");
+
+    mnn_h2o_eviction_stats st;
+    const mnn_h2o::H2oStats rs = ref.h2o_stats();
+    CHECK(mnn_h2o_kv_cache_h2o_stats(cache, &st) == MNN_H2O_OK && st.bytes_held == rs.bytes_held &&
+              st.bytes_uncompressed == rs.bytes_uncompressed && st.lossy_ratio == rs.lossy_ratio &&
+              st.updates == rs.updates && st.evictions > 0 && st.blocks_freed > 0 && st.lossy_ratio > 1.2,
+          "stats: %zu held, %zu uncompressed, ratio %.2f, %lld evictions", st.bytes_held, st.bytes_uncompressed,
+          st.lossy_ratio, static_cast<long long>(st.evictions));
+    mnn_h2o_eviction_layer_stats ls;
+    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 1, &ls) == MNN_H2O_OK && ls.tokens_seen == 140 &&
+              ls.evictions == rs.layers[1].counters.evictions && ls.bytes_held == rs.layers[1].bytes_held &&
+              ls.skipped[0] == rs.layers[1].counters.skipped[0] && ls.skipped[1] == rs.layers[1].counters.skipped[1],
+          "layer stats");
+    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 2, &ls) == MNN_H2O_ERR_INVALID_ARGUMENT, "layer stats range");
+
+    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 1, nullptr, 0, &nb) == MNN_H2O_ERR_OUTPUT_TOO_SMALL && nb > 0,
+          "scores size query");
+    std::vector<float> scores(static_cast<size_t>(c.n_kv_heads) * nb);
+    int ref_nb = 0;
+    const std::vector<float> ref_scores = ref.h2o_scores(1, &ref_nb);
+    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 1, scores.data(), scores.size(), &nb) == MNN_H2O_OK && nb == ref_nb &&
+              std::memcmp(scores.data(), ref_scores.data(), scores.size() * sizeof(float)) == 0,
+          "scores");
+
+    // Explicit plans: keep [0, 16) and the last 32 tokens of layer 0 head 0.
+    int32_t len = 0;
+    mnn_h2o_kv_cache_length(cache, 0, 0, &len);
+    const mnn_h2o_token_run bad[2] = {{0, 16}, {8, 4}};
+    CHECK(mnn_h2o_kv_cache_evict(cache, 0, 0, bad, 2) == MNN_H2O_ERR_INVALID_ARGUMENT, "overlapping plan");
+    CHECK(mnn_h2o_kv_cache_evict(cache, 0, 0, nullptr, 1) == MNN_H2O_ERR_INVALID_ARGUMENT, "null runs");
+    const mnn_h2o_token_run plan[2] = {{0, 16}, {len - 32, 32}};
+    CHECK(mnn_h2o_kv_cache_evict(cache, 0, 0, plan, 2) == MNN_H2O_OK, "evict: %s", mnn_h2o_last_error());
+    int32_t after = 0;
+    CHECK(mnn_h2o_kv_cache_length(cache, 0, 0, &after) == MNN_H2O_OK && after == 48, "length after plan %d", after);
+    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 0, &ls) == MNN_H2O_OK && ls.invalid_plans == 1, "invalid plan counted");
+
+    CHECK(mnn_h2o_kv_cache_disable_h2o(cache) == MNN_H2O_OK, "disable");
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT, "off again");
+    CHECK(mnn_h2o_kv_cache_enable_h2o(nullptr, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "null cache");
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null config");
+    mnn_h2o_kv_cache_destroy(cache);
+    std::printf("h2o: %d evicting steps, lossy ratio %.2f\n", n_evicting_steps, st.lossy_ratio);
+}
+
 // The last error belongs to the thread that failed.
 static void test_last_error_per_thread() {
     int32_t len;
@@ -299,6 +431,7 @@ int main() {
     test_kv_cache_matches_cpp();
     test_kv_cache_bad_config_and_null();
     test_codec();
+    test_h2o();
     test_last_error_per_thread();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

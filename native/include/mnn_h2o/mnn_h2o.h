@@ -159,6 +159,97 @@ MNN_H2O_API size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache);
 /* Blocks of one head at max_tokens: a scores_stride that always suffices. 0 for NULL. */
 MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
 
+/* ---- H2O eviction ------------------------------------------------------------------------ */
+/* Heavy-hitter eviction inside the KV cache (KvCache::enable_h2o and friends, docs/h2o.md): with
+ * eviction on, step() collects each block's attention mass on the evicting layers, and
+ * mnn_h2o_kv_cache_end_step() (once per forward, after all layers) evicts low-scoring blocks of
+ * heads over their budget; their memory goes back to the OS. */
+
+typedef struct mnn_h2o_eviction_config {
+    const char* policy;         /* "h2o" | "streaming" | "random" (NULL: "h2o") */
+    int32_t sink_tokens;        /* blocks covering the first sink_tokens tokens are never evicted */
+    int32_t recent_tokens;      /* nor those covering the last recent_tokens (>= 1) */
+    double target_keep_ratio;   /* budget: exactly one of these two is > 0; keep ratio per head, */
+    double target_lossy_ratio;  /* or whole-model uncompressed / held bytes */
+    double ema_alpha;           /* weight of the old score at each update, in [0, 1) */
+    int32_t layer_start;        /* layers [layer_start, layer_end) collect scores and evict */
+    int32_t layer_end;          /* -1: n_layers */
+    int32_t trigger_min_tokens; /* heads holding fewer tokens are left alone */
+    int32_t update_interval;    /* decode tokens between policy updates */
+    int32_t per_head_budget;    /* 1: a layer's kv heads share its budget by attention mass
+                                 * (KV-Compress); 0: equal budgets per head */
+    uint64_t seed;              /* for the random policy */
+} mnn_h2o_eviction_config;
+
+/* The library's defaults (policy "h2o", lossy ratio 3, ...). */
+MNN_H2O_API void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config);
+
+/* Turns eviction on, or replaces its config (scores and schedule restart). An invalid config is
+ * MNN_H2O_ERR_INVALID_ARGUMENT naming the field; the previous state is kept then. */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config);
+/* Turns eviction off; the tokens held stay. */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_disable_h2o(mnn_h2o_kv_cache* cache);
+/* The active config (layer_end resolved) into *config, or MNN_H2O_ERR_INVALID_ARGUMENT when
+ * eviction is off. config->policy points into the cache: valid until the next enable/disable. */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache,
+                                                           mnn_h2o_eviction_config* config);
+
+/* Call once after all layers of a forward of n_tokens tokens (prefill != 0 for a prompt chunk).
+ * Runs the policy update when due; *evicted (optional) gets 1 if any block was evicted. With
+ * eviction off it does nothing (*evicted = 0). */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_end_step(mnn_h2o_kv_cache* cache, int32_t n_tokens, int32_t prefill,
+                                                     int32_t* evicted);
+
+/* Tokens [offset, offset + length) of a head. */
+typedef struct mnn_h2o_token_run {
+    int64_t offset;
+    int64_t length;
+} mnn_h2o_token_run;
+
+/* Applies an explicit plan to one head: keeps the tokens of runs[0, n_runs) (sorted, disjoint,
+ * inside the head, keeping the sink/recent floors and the last token) and releases the rest. An
+ * invalid plan changes nothing and is MNN_H2O_ERR_INVALID_ARGUMENT. */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_evict(mnn_h2o_kv_cache* cache, int32_t layer, int32_t head,
+                                                  const mnn_h2o_token_run* runs, size_t n_runs);
+
+/* Whole-model statistics since create/reset (kept whether or not eviction is on). */
+typedef struct mnn_h2o_eviction_stats {
+    size_t bytes_held;         /* K and V blocks held, all layers */
+    size_t bytes_uncompressed; /* what every token seen would take in the cache dtype */
+    double lossy_ratio;        /* bytes_uncompressed / bytes_held (1 when both are 0) */
+    double policy_us;          /* time scoring and choosing blocks */
+    double compact_us;         /* time applying plans */
+    int64_t updates;           /* end_step calls that ran a policy update */
+    int64_t evictions;         /* plans applied, all layers (one per compacted head) */
+    int64_t blocks_freed;      /* pool blocks released by them */
+    int64_t invalid_plans;     /* plans rejected by mnn_h2o_kv_cache_evict */
+} mnn_h2o_eviction_stats;
+
+typedef struct mnn_h2o_eviction_layer_stats {
+    int64_t tokens_seen;   /* tokens appended to the layer */
+    int64_t evictions;
+    int64_t blocks_freed;
+    int64_t invalid_plans;
+    double policy_us;
+    double compact_us;
+    size_t bytes_held;     /* K and V blocks of the layer */
+    /* (head, update) pairs left alone: below_trigger, within_budget, floors_exceed_target,
+     * target_unreachable */
+    int64_t skipped[4];
+} mnn_h2o_eviction_layer_stats;
+
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats);
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
+                                                            mnn_h2o_eviction_layer_stats* stats);
+
+/* The EMA block scores of layer, [n_kv_heads][*n_blocks] floats, NaN where a head holds no such
+ * block or it has not been scored yet. *n_blocks is always set (when eviction is on); if scores is
+ * NULL or capacity (in floats) is below n_kv_heads * *n_blocks nothing is written and the result
+ * is MNN_H2O_ERR_OUTPUT_TOO_SMALL: call with NULL first to size the buffer. Eviction off:
+ * MNN_H2O_ERR_INVALID_ARGUMENT. */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
+                                                       size_t capacity, int32_t* n_blocks);
+
 /* ---- Gear codec -------------------------------------------------------------------------- */
 /* Lossless codec for FP16/BF16/FP32 arrays [..., tokens, channels] (docs/gear_format.md). Each
  * frame carries an XXH64 of the data, checked by every decode. */
