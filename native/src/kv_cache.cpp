@@ -288,7 +288,7 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
         st.policy_us += micros_since(t0);
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             if (plans_[h].empty()) continue;
-            apply_plan(layer, h, plans_[h]);
+            evict(layer, h, plans_[h]);  // validated like any plan
             evicted = true;
         }
     }
@@ -297,12 +297,7 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
 }
 
 void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
-    head(layer, h);  // a bad layer or head is std::out_of_range, not an invalid plan
-    apply_plan(layer, h, runs);
-}
-
-void KvCache::apply_plan(int layer, int h, const std::vector<TokenRun>& runs) {
-    Head& hs = head(layer, h);
+    Head& hs = head(layer, h);  // a bad layer or head is std::out_of_range, not an invalid plan
     const H2oConfig* c = h2o_config();
     const std::string error = plan_error(runs, hs.length, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
     if (!error.empty()) {

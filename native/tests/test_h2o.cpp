@@ -564,7 +564,12 @@ static void test_schedule() {
     for (int layer = 0; layer < 4; ++layer) step(cache, layer, 40, rng);
     CHECK(!cache.end_step(40, true) && cache.h2o_stats().updates == 0, "short prompt: below trigger, no update");
     for (int layer = 0; layer < 4; ++layer) step(cache, layer, 360, rng);
+    const std::vector<float> prompt_k = read_k(cache, 2, 1);
     CHECK(cache.end_step(360, true), "prompt over budget: evicted after prefill");
+    // The floors survive: the first 16 tokens (sink) and the last 32 (recent), row for row.
+    const std::vector<float> kept_k = read_k(cache, 2, 1);
+    CHECK(std::equal(prompt_k.begin(), prompt_k.begin() + 16 * 32, kept_k.begin()), "sink rows kept");
+    CHECK(std::equal(prompt_k.end() - 32 * 32, prompt_k.end(), kept_k.end() - 32 * 32), "recent rows kept");
     H2oStats st = cache.h2o_stats();
     CHECK(st.updates == 1, "one update after prefill");
     // 400 tokens, keep 0.5 -> 200 tokens -> 13 blocks (the blocks 200 tokens need)

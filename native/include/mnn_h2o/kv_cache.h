@@ -119,8 +119,6 @@ private:
                       size_t scores_stride, int extra_tokens) const;
     // Gives the blocks past the first n_tokens tokens back to the pool.
     void release_tail(Head& hs, int n_tokens);
-    // Validates runs (counting a rejection), compacts the head and moves its scores along.
-    void apply_plan(int layer, int h, const std::vector<TokenRun>& runs);
     // Compaction by a block-aligned plan: drops the evicted blocks from the lists, moves nothing.
     void drop_blocks(Head& hs, const std::vector<TokenRun>& runs);
     // Compaction by any plan: moves the kept rows down in place, then releases the tail.
