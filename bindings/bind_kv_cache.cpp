@@ -312,21 +312,29 @@ mass each key block received, summed over the queries and the query heads of eac
              })
         .def(
             "enable_h2o",
-            [](PyKvCache& self, const std::string& policy, int sink_tokens, int recent_tokens, double target_keep_ratio,
-               double target_lossy_ratio, double ema_alpha, int layer_start, int layer_end, int trigger_min_tokens,
-               int update_interval, bool per_head_budget, long long seed) {
+            [](PyKvCache& self, const std::string& policy, long long sink_tokens, long long recent_tokens,
+               double target_keep_ratio, double target_lossy_ratio, double ema_alpha, long long layer_start,
+               long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
+               long long seed) {
+                // Out-of-range ints are a ValueError naming the argument, like any other bad value.
+                const auto to_int = [](const char* name, long long x) {
+                    if (x < INT32_MIN || x > INT32_MAX)
+                        throw py::value_error(std::string("enable_h2o: ") + name + " is out of range, got " +
+                                              std::to_string(x));
+                    return static_cast<int>(x);
+                };
                 if (seed < 0) throw py::value_error("enable_h2o: seed must be >= 0, got " + std::to_string(seed));
                 H2oConfig c;
                 c.policy = policy;
-                c.sink_tokens = sink_tokens;
-                c.recent_tokens = recent_tokens;
+                c.sink_tokens = to_int("sink_tokens", sink_tokens);
+                c.recent_tokens = to_int("recent_tokens", recent_tokens);
                 c.target_keep_ratio = target_keep_ratio;
                 c.target_lossy_ratio = target_lossy_ratio;
                 c.ema_alpha = ema_alpha;
-                c.layer_start = layer_start;
-                c.layer_end = layer_end;
-                c.trigger_min_tokens = trigger_min_tokens;
-                c.update_interval = update_interval;
+                c.layer_start = to_int("layer_start", layer_start);
+                c.layer_end = to_int("layer_end", layer_end);
+                c.trigger_min_tokens = to_int("trigger_min_tokens", trigger_min_tokens);
+                c.update_interval = to_int("update_interval", update_interval);
                 c.per_head_budget = per_head_budget;
                 c.seed = static_cast<uint64_t>(seed);
                 NativeCall call(self);

@@ -54,7 +54,8 @@ def test_enable_validates_and_names_the_argument():
     cache = make_cache()
     bad = dict(policy="lru", sink_tokens=-1, recent_tokens=0, target_keep_ratio=1.5, target_lossy_ratio=0.5,
                ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1)
-    for name, value in bad.items():
+    for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
+                        ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
             cache.enable_h2o(**{**ARGS, name: value})
     with pytest.raises(ValueError, match="exactly one"):

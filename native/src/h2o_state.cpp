@@ -179,7 +179,7 @@ SelectHead H2oState::select_head(int h, int length, std::vector<uint8_t>* keep) 
     SelectHead s;
     s.n_blocks = blocks_of(length);
     s.priority = priority_.data() + static_cast<size_t>(h) * stride_;
-    s.sink_blocks = std::min(blocks_of(cfg_.sink_tokens), s.n_blocks);
+    s.sink_blocks = blocks_of(std::min(cfg_.sink_tokens, length));
     s.recent_first = length > cfg_.recent_tokens ? (length - cfg_.recent_tokens) / block_tokens_ : 0;
     s.keep = keep;
     return s;
