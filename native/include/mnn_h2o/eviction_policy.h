@@ -38,9 +38,8 @@ struct HeadBlocks {
 class EvictionPolicy {
 public:
     virtual ~EvictionPolicy() = default;
-    virtual const char* name() const = 0;
     // Writes a priority for every block of head (higher = kept first) to priority[n_blocks].
-    // Ties are broken in favour of the more recent block; NaN ranks lowest.
+    // select_blocks breaks ties in favour of the more recent block and ranks NaN lowest.
     virtual void rank(const HeadBlocks& head, float* priority) = 0;
     // Back to the state right after construction (the random policy reseeds).
     virtual void reset() {}
