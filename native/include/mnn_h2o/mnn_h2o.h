@@ -9,7 +9,7 @@
  *  - Integers are fixed width; sizes are size_t. Float arrays are row-major float32.
  *  - A handle is used by one thread at a time (distinct handles are independent). A KV cache
  *    runs its own worker threads inside attend/step (config.threads).
- *  - Plain C89/C99 header: no C++ types, usable from C and from extern "C" FFI layers.
+ *  - Plain C99 header: no C++ types, usable from C and from extern "C" FFI layers.
  *
  * Build: link the static library mnn_h2o_core (and libstdc++ / libc++, pthread, dl), or the
  * shared library libmnn_h2o (CMake option MNN_H2O_SHARED), which exports these functions only.
