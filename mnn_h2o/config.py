@@ -73,6 +73,32 @@ SCHEMA: Tuple[Key, ...] = (
         range=(1, 4096)),
     Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
         range=(0, 1 << 20)),
+    Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
+        "layers [layer_start, layer_end)"),
+    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep: h2o (highest attention EMA), "
+        "streaming (sink + most recent, StreamingLLM), random (baseline)",
+        choices=("h2o", "streaming", "random")),
+    Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
+        range=(0, 1 << 20)),
+    Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
+        range=(0, 1 << 20)),
+    Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
+        "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
+    Key("h2o", "target_lossy_ratio", float, 3.0, "x", "adaptive budget: evicting layers keep what "
+        "makes the whole-model ratio (all layers) reach this; used when target_keep_ratio is 0",
+        range=(0.0, 1000.0)),
+    Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
+        "exponential moving average", range=(0.0, 1.0)),
+    Key("h2o", "layer_start", int, 2, "layer", "first evicting layer", range=(0, 1 << 10)),
+    Key("h2o", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
+        range=(-1, 1 << 10)),
+    Key("h2o", "trigger_min_tokens", int, 512, "tokens", "a head is evicted only once it holds "
+        "this many tokens", range=(0, 1 << 20)),
+    Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
+        "(the same for every layer)", range=(1, 1 << 20)),
+    Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
+        "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
+    Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
 )
 
 _BY_PATH = {k.path: k for k in SCHEMA}
@@ -107,7 +133,19 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
                 known = ", ".join(k.name for k in SCHEMA if k.section == section)
                 raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
             cfg[section][name] = key.check(value)
+    _check_together(cfg)
     return cfg
+
+
+def _check_together(cfg) -> None:
+    """Rules that involve more than one key."""
+    h = cfg["h2o"]
+    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["target_lossy_ratio"] < 1.0:
+        raise ConfigError("h2o: set target_keep_ratio in (0, 1] or target_lossy_ratio >= 1 "
+                          f"(got {h['target_keep_ratio']} and {h['target_lossy_ratio']})")
+    if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
+        raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
+                          f"({h['layer_start']}) or -1")
 
 
 def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None):

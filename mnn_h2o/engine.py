@@ -60,6 +60,22 @@ class Stats:
     attention_s: float = 0.0  # time inside the native cache step (append + attention)
     kv_bytes_held: int = 0
     kv_bytes_peak: int = 0
+    kv_bytes_uncompressed: int = 0   # what a cache without eviction/compression would hold
+    evictions: int = 0               # forwards after which the H2O policy evicted something
+    # Sums over decode steps of uncompressed and held bytes: their ratio is the lossy ratio
+    # averaged over the decode (weighted by time in tokens), not just its final value.
+    decode_bytes_uncompressed_sum: int = 0
+    decode_bytes_held_sum: int = 0
+
+    @property
+    def lossy_ratio(self) -> float:
+        """Whole model, now: bytes an uncompressed cache would hold / bytes held."""
+        return self.kv_bytes_uncompressed / self.kv_bytes_held if self.kv_bytes_held else 0.0
+
+    @property
+    def lossy_ratio_decode_avg(self) -> float:
+        s = self.decode_bytes_held_sum
+        return self.decode_bytes_uncompressed_sum / s if s else 0.0
 
     @property
     def prefill_tps(self) -> float:
@@ -71,7 +87,8 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
-        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps)
+        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps,
+                 lossy_ratio=self.lossy_ratio, lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
         return d
 
 
@@ -84,6 +101,7 @@ class Generation:
 
 
 _MEMORY_MODE = {"normal": 0, "low": 2}
+_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
 class Llm:
@@ -121,9 +139,12 @@ class Llm:
         self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
                                    dtype=rt["kv_dtype"], block_tokens=rt["block_tokens"],
                                    max_tokens=self.max_context, threads=rt["threads"])
+        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * _DTYPE_BYTES[rt["kv_dtype"]]
         self._inputs: Dict[int, tuple] = {}
         self.pos = 0  # true position of the next token (RoPE), independent of eviction
         self.stats = Stats()
+        self.h2o: Optional[dict] = None
+        self.configure_h2o(cfg["h2o"])
 
     @classmethod
     def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
@@ -135,6 +156,21 @@ class Llm:
         return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress), cfg)
 
     # --- state -------------------------------------------------------------------------------
+    def configure_h2o(self, h2o: Optional[dict]) -> None:
+        """Turn eviction on (an ``h2o`` config section) or off (None or enabled: false).
+        Starts a fresh context."""
+        self.reset()
+        if h2o is None or not h2o.get("enabled", True):
+            self.cache.disable_h2o()
+            self.h2o = None
+            return
+        h = config_mod.validate({"h2o": dict(h2o, enabled=True)})["h2o"]
+        args = {k: v for k, v in h.items() if k != "enabled"}
+        if args["target_keep_ratio"] > 0:  # a static budget replaces the adaptive one
+            args["target_lossy_ratio"] = 0.0
+        self.cache.enable_h2o(**args)
+        self.h2o = h
+
     def reset(self) -> None:
         """Forget the context and give the KV memory back."""
         self.cache.reset()
@@ -154,7 +190,7 @@ class Llm:
         return v
 
     # --- forward -----------------------------------------------------------------------------
-    def _forward(self, ids: Sequence[int], want: Optional[str]) -> Optional[np.ndarray]:
+    def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool) -> Optional[np.ndarray]:
         """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
         Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
         (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last)."""
@@ -181,6 +217,10 @@ class Llm:
             t_mnn += t1 - t0
             t_att += t2 - t1
         t0 = perf()
+        if self.h2o is not None and cache.end_step(n, prefill):
+            self.stats.evictions += 1
+        t_att += perf() - t0
+        t0 = perf()
         logits = None
         if want is not None:
             x = mods[-2].forward([h, attn_in])[0]
@@ -190,9 +230,10 @@ class Llm:
         self.stats.mnn_s += t_mnn + perf() - t0
         self.stats.attention_s += t_att
         self.pos += n
-        held = cache.bytes_held()
-        self.stats.kv_bytes_held = held
-        self.stats.kv_bytes_peak = max(self.stats.kv_bytes_peak, held)
+        st = self.stats
+        st.kv_bytes_held = held = cache.bytes_held()
+        st.kv_bytes_peak = max(st.kv_bytes_peak, held)
+        st.kv_bytes_uncompressed = self.pos * self._token_bytes
         return logits
 
     def _check_ids(self, ids) -> np.ndarray:
@@ -216,7 +257,7 @@ class Llm:
         for s in range(0, ids.size, self.prefill_chunk):
             chunk = ids[s:s + self.prefill_chunk]
             last = s + self.prefill_chunk >= ids.size
-            out = self._forward(chunk, "all" if all_logits else "last" if last else None)
+            out = self._forward(chunk, "all" if all_logits else "last" if last else None, True)
             if out is not None:
                 outs.append(out)
             if progress is not None:
@@ -228,9 +269,12 @@ class Llm:
     def decode(self, token: int) -> np.ndarray:
         """Append one token; logits [vocab] for the next."""
         t0 = time.perf_counter()
-        logits = self._forward(self._check_ids([token]), "last")[0]
-        self.stats.decode_s += time.perf_counter() - t0
-        self.stats.decode_steps += 1
+        logits = self._forward(self._check_ids([token]), "last", False)[0]
+        st = self.stats
+        st.decode_s += time.perf_counter() - t0
+        st.decode_steps += 1
+        st.decode_bytes_held_sum += st.kv_bytes_held
+        st.decode_bytes_uncompressed_sum += st.kv_bytes_uncompressed
         return logits
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
