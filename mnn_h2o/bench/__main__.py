@@ -42,7 +42,8 @@ def _speed(args, cfg) -> int:
                      memory=cfg["runtime"]["memory"])
     if longest > stock.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's {stock.max_context}")
-    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions)
+    h2o = cfg["h2o"] if cfg["h2o"]["enabled"] else None
+    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o)
     print(f"\nmodel {cfg['model']['name']}, weights int{cfg['model']['weight_bits']}, "
           f"{cfg['runtime']['threads']} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
     print(format_table(results))
