@@ -50,9 +50,6 @@ constexpr uint8_t kMagic[4] = {0x47, 0x45, 0x41, 0x52};  // "GEAR"
 constexpr uint8_t kVersion = 1;
 constexpr size_t kStreamHeaderSize = 10;
 constexpr uint8_t kSliceDedup = 1;
-// A slice is deduplicated when at least one row in kDedupMinShare repeats an earlier one: below
-// that, the map stream costs about as much as the repeated rows save.
-constexpr uint64_t kDedupMinShare = 16;
 // Order-0 estimate above which a stream is stored without trying the backends: only long-range
 // repeats could still be found there, and dedup already removes those.
 constexpr double kIncompressibleBitsPerByte = 7.9;
@@ -107,7 +104,6 @@ bool make_geometry(ElementType type, const Shape& shape, uint32_t block_tokens, 
     const uint64_t block_rows = std::min<uint64_t>(block_tokens, std::max<uint64_t>(g->tokens, 1));
     if (block_rows * g->channels + g->channels > UINT32_MAX) return false;
     g->map_width = g->tokens <= 256 ? 1 : g->tokens <= 65536 ? 2 : 4;
-    if (g->tokens * g->map_width > UINT32_MAX) return false;
     return true;
 }
 
@@ -460,9 +456,11 @@ void encode_slice(EncodeJob& j, const uint8_t* slice) {
     const uint8_t* rows = slice;
     size_t n_rows = tokens;
     bool dedup = false;
-    if (j.opt->dedup && tokens > 1 && row_bytes > 0) {
+    // (A map must fit a u32 raw_len: slices of over 2^30 tokens are not deduplicated.)
+    if (j.opt->dedup && tokens > 1 && row_bytes > 0 && tokens * g.map_width <= UINT32_MAX) {
         const size_t unique = find_unique_rows(s, slice, tokens, row_bytes);
-        dedup = (tokens - unique) * kDedupMinShare >= tokens;
+        // Worth it when the repeated rows hold more bytes than the map costs before compression.
+        dedup = (tokens - unique) * row_bytes > tokens * g.map_width;
         if (dedup) {
             uint8_t* u = sized(s.unique_rows, unique * row_bytes);
             for (size_t i = 0; i < unique; ++i)
