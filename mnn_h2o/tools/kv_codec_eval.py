@@ -292,8 +292,8 @@ def plot(results: Sequence[Dict], path: str) -> None:
                 ax.set_ylim(min(rest) * 0.98, top)
                 peak = r["layers"][0][kv_]["gear"]
                 if peak > top:
-                    ax.annotate(f"layer 0: {peak:.2f}x", (0, top), xytext=(2, top * 0.995), fontsize=8,
-                                arrowprops={"arrowstyle": "->"})
+                    ax.annotate(f"layer 0: {peak:.2f}x (off scale)", (0, top), xytext=(3, top - 0.08 * (top - min(rest))),
+                                fontsize=8, arrowprops={"arrowstyle": "->"})
             ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
