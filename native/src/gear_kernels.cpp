@@ -97,7 +97,7 @@ size_t sample_histograms(const uint8_t* P, size_t n, size_t C, const uint8_t* re
 }
 
 void delta_forward(const uint8_t* P, size_t n, size_t C, bool use_xor, uint8_t* __restrict R) {
-    if (n == 0) return;
+    if (n == 0 || C == 0) return;  // (empty planes may have null buffers)
     std::memcpy(R, P, C);
     for (size_t t = 1; t < n; ++t) {
         const uint8_t* __restrict row = P + t * C;
@@ -112,7 +112,7 @@ void delta_forward(const uint8_t* P, size_t n, size_t C, bool use_xor, uint8_t* 
 }
 
 void delta_inverse(const uint8_t* R, size_t n, size_t C, bool use_xor, uint8_t* __restrict P) {
-    if (n == 0) return;
+    if (n == 0 || C == 0) return;  // (empty planes may have null buffers)
     std::memcpy(P, R, C);
     for (size_t t = 1; t < n; ++t) {
         const uint8_t* __restrict in = R + t * C;

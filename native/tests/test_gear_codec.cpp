@@ -129,6 +129,20 @@ void test_hand_built_predictors() {
     CHECK(decode(c, bad, &out) == Status::Corrupt);
 }
 
+// Frames the encoder never writes but the format allows: every predictor on empty planes.
+void test_empty_planes() {
+    Codec c;
+    Bytes out;
+    for (uint8_t p : {0, 1, 2, 3}) {
+        Bytes f = header(1, {16, 0}, 16, {});
+        f.push_back(0);
+        stream(f, 0, 0, 0, {});
+        stream(f, p, 0, 0, {});
+        CHECK(decode(c, f, &out) == Status::Ok);
+        CHECK(out.empty());
+    }
+}
+
 uint32_t rnd32(std::mt19937& g) { return g(); }
 
 // Values of every class, as bit patterns of the element type.
@@ -392,6 +406,7 @@ int main(int argc, char** argv) {
     test_xxh64();
     test_document_example();
     test_hand_built_predictors();
+    test_empty_planes();
     test_round_trips();
     test_modes_are_used();
     test_damage_and_truncation();
