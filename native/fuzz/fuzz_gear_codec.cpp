@@ -96,8 +96,10 @@ void fuzz_round_trip(const uint8_t* data, size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    static Codec codec;
     if (size == 0) return 0;
+    // A fresh codec per input: a crash must not depend on the scratch buffers of earlier inputs
+    // (an empty plane's buffer is null only in a new codec), so that every artifact reproduces.
+    Codec codec;
     if (data[0] % 2 == 0)
         fuzz_decode(codec, data + 1, size - 1);
     else
