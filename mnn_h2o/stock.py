@@ -116,6 +116,14 @@ class StockLlm:
         self.dir = os.path.dirname(os.path.abspath(config_path))
         with open(config_path) as f:
             self.runtime = json.load(f)
+        # MNN.llm does not fail cleanly on a missing file (it crashes later): check first
+        needed = [self.runtime.get("llm_config", "llm_config.json"), self.runtime.get("llm_model", "llm.mnn"),
+                  self.runtime.get("llm_weight", "llm.mnn.weight"),
+                  self.runtime.get("tokenizer_file", "tokenizer.txt"),
+                  self.runtime.get("embedding_file", "embeddings_bf16.bin")]
+        missing = [f for f in needed if not os.path.isfile(os.path.join(self.dir, f))]
+        if missing:
+            raise ValueError(f"incomplete stock model directory {self.dir}: missing {', '.join(missing)}")
         with open(os.path.join(self.dir, self.runtime.get("llm_config", "llm_config.json"))) as f:
             self.llm_config = json.load(f)
         info_path = os.path.join(self.dir, "export_info.json")

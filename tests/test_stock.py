@@ -5,6 +5,7 @@ The exports are cached (``$MNN_H2O_CACHE/stock``): the first run exports int8 an
 """
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -136,6 +137,12 @@ def test_bad_inputs(tmp_path, smollm2_path, stock8):
         export_stock(smollm2_path, str(tmp_path / "x"), weight_bits=4, quant_block=128)
     with pytest.raises(ValueError, match="not found"):
         StockLlm(str(tmp_path))
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in ("config.json", "llm_config.json", "llm.mnn"):
+        shutil.copy(os.path.join(stock8.dir, f), partial / f)
+    with pytest.raises(ValueError, match="missing llm.mnn.weight"):
+        StockLlm(str(partial))
     with pytest.raises(ValueError, match="token ids"):
         stock8.logits([0, 49152])
     with pytest.raises(ValueError, match="max_new_tokens"):
