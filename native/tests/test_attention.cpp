@@ -14,30 +14,9 @@
 #include "mnn_h2o/fp16.h"
 #include "mnn_h2o/kv_cache.h"
 
+#include "test_support.h"
+
 using namespace mnn_h2o;
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            ++g_failures;                                         \
-            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::printf(__VA_ARGS__);                             \
-            std::printf("\n");                                    \
-        }                                                         \
-    } while (0)
-
-template <class E, class F>
-static bool throws(F&& f) {
-    try {
-        f();
-    } catch (const E&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
-    return false;
-}
 
 static std::vector<Isa> available_isas() {
     std::vector<Isa> isas;

@@ -13,16 +13,7 @@
 #include "mnn_h2o/gear_codec.h"
 #include "mnn_h2o/kv_cache.h"
 
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            ++g_failures;                                               \
-            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::printf(__VA_ARGS__);                                   \
-            std::printf("\n");                                          \
-        }                                                               \
-    } while (0)
+#include "test_support.h"
 
 static bool error_mentions(const char* text) { return std::strstr(mnn_h2o_last_error(), text) != nullptr; }
 

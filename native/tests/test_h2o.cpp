@@ -22,44 +22,9 @@
 #include "mnn_h2o/h2o_state.h"
 #include "mnn_h2o/kv_cache.h"
 
+#include "test_support.h"
+
 using namespace mnn_h2o;
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            ++g_failures;                                               \
-            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::printf(__VA_ARGS__);                                   \
-            std::printf("\n");                                          \
-        }                                                               \
-    } while (0)
-
-template <class E, class F>
-static bool throws(F&& f) {
-    try {
-        f();
-    } catch (const E&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
-    return false;
-}
-
-static long rss_bytes() {
-    std::ifstream statm("/proc/self/statm");
-    long size = 0, resident = 0;
-    statm >> size >> resident;
-    return resident * sysconf(_SC_PAGESIZE);
-}
-
-static std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale = 1.f) {
-    std::normal_distribution<float> dist(0.f, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    return v;
-}
 
 static KvCacheConfig small_config(int n_layers, int max_tokens, KvDtype dtype = KvDtype::F32, int block_tokens = 16) {
     KvCacheConfig c;

@@ -20,19 +20,10 @@
 #include "mnn_h2o/gear_codec.h"
 #include "mnn_h2o/kv_cache.h"
 
+#include "test_support.h"
+
 using namespace mnn_h2o;
 namespace gk = mnn_h2o::gear::kernels;
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            ++g_failures;                                               \
-            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::printf(__VA_ARGS__);                                   \
-            std::printf("\n");                                          \
-        }                                                               \
-    } while (0)
 
 using Bytes = std::vector<uint8_t>;
 

@@ -9,18 +9,9 @@
 
 #include "mnn_h2o/thread_pool.h"
 
-using namespace mnn_h2o;
+#include "test_support.h"
 
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            ++g_failures;                                               \
-            std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            std::printf(__VA_ARGS__);                                   \
-            std::printf("\n");                                          \
-        }                                                               \
-    } while (0)
+using namespace mnn_h2o;
 
 static void test_runs_every_task() {
     for (int n_threads : {1, 2, 4}) {
