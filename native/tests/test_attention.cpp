@@ -25,13 +25,6 @@ static std::vector<Isa> available_isas() {
     return isas;
 }
 
-static std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale) {
-    std::normal_distribution<float> dist(0.f, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    return v;
-}
-
 struct Reference {
     std::vector<double> out;     // [n_q][n_heads*hd]
     std::vector<double> scores;  // [n_kv][max_blocks]
