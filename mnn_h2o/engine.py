@@ -101,6 +101,7 @@ class Generation:
 
 
 _MEMORY_MODE = {"normal": 0, "low": 2}
+_HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 _DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
@@ -123,6 +124,7 @@ class Llm:
         self._F = MNN.expr
         manager = MNN.nn.create_runtime_manager(({
             "backend": "CPU", "numThread": rt["threads"], "memory": _MEMORY_MODE[rt["memory"]]},))
+        manager.set_hint(_HINT_DYNAMIC_QUANT_OPTIONS, rt["dynamic_quant"])
         self._modules = [None] * (c.n_layers + 2)
         names = [f"layer{i}" for i in range(c.n_layers)] + ["tail", "lm_head"]
         for j, name in enumerate(names):

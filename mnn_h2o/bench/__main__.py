@@ -39,7 +39,7 @@ def _speed(args, cfg) -> int:
     if longest > ours.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the model's {ours.max_context}")
     stock = StockLlm(ensure_stock(gguf, cfg["model"]["weight_bits"]), threads=cfg["runtime"]["threads"],
-                     memory=cfg["runtime"]["memory"])
+                     memory=cfg["runtime"]["memory"], config={"dynamic_option": cfg["runtime"]["dynamic_quant"]})
     if longest > stock.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's {stock.max_context}")
     h2o = cfg["h2o"] if cfg["h2o"]["enabled"] else None
