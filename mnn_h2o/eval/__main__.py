@@ -36,8 +36,8 @@ def plot_quality(rows, path: str) -> None:
     fig, axes = plt.subplots(len(lens), 2, figsize=(10, 3.6 * len(lens)), squeeze=False)
     for i, n in enumerate(lens):
         for policy, style in (("h2o", "o-"), ("streaming", "s--"), ("random", "^:")):
-            rs = sorted((r for r in rows if r["prompt_tokens"] == n and r["policy"] == policy),
-                        key=lambda r: r["lossy_ratio"])
+            rs = sorted((r for r in rows if r["prompt_tokens"] == n and r["policy"] == policy
+                         and r["evicted"]), key=lambda r: r["lossy_ratio"])
             if not rs:
                 continue
             x = [r["lossy_ratio"] for r in rs]
@@ -95,14 +95,19 @@ def main(argv=None) -> int:
             llm.configure_h2o(None)
             full = needle_hits(llm, prompts)
             print(f"needle, full cache: {full['needle_hits']}/{full['needle_total']}")
+            from tqdm import tqdm
+
             done = {}
+            bar = tqdm(total=len({(r["policy"], r["target_lossy_ratio"]) for r in rows}), desc="needle", unit="config")
             for r in rows:
                 key = (r["policy"], r["target_lossy_ratio"])
                 if key not in done:
                     llm.configure_h2o(h2o_section(cfg["h2o"], *key))
                     done[key] = needle_hits(llm, prompts)
+                    bar.update(1)
                 r.update(done[key], needle_context=args.needle_context,
                          needle_hits_full=full["needle_hits"])
+            bar.close()
             llm.configure_h2o(None)
     except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

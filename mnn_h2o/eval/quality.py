@@ -55,7 +55,10 @@ def compare(full: Trace, cand: Trace, continuation: Sequence[int]) -> Dict[str, 
             "ppl_full": float(np.exp(nll_full.mean())),
             "lossy_ratio": cand.lossy_ratio, "lossy_ratio_decode_avg": cand.lossy_ratio_avg,
             "kv_bytes_held": cand.kv_bytes_held, "decode_tps": cand.decode_tps,
-            "evictions": cand.evictions}
+            "evictions": cand.evictions,
+            # The floors (sink + recent) cap what a prompt of this length can reach; a run that
+            # evicted nothing is the full cache again and says nothing about the policy.
+            "evicted": cand.evictions > 0}
 
 
 def h2o_section(base: dict, policy: str, ratio: float) -> dict:
@@ -96,8 +99,8 @@ def quality_sweep(llm, tokenizer, base_h2o: dict, prompt_lens: Sequence[int], co
 
 
 def format_rows(rows: List[dict], extra: Optional[Sequence[str]] = ()) -> str:
-    cols = ["prompt_tokens", "policy", "target_lossy_ratio", "lossy_ratio", "kl", "top1_agreement",
-            "ppl", "ppl_full", *extra]
+    cols = ["prompt_tokens", "policy", "target_lossy_ratio", "lossy_ratio", "evicted", "kl",
+            "top1_agreement", "ppl", "ppl_full", *extra]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
