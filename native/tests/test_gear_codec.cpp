@@ -13,7 +13,7 @@
 
 #include "mnn_h2o/gear_codec.h"
 #include "mnn_h2o/xxhash64.h"
-#include "mnn_h2o/zstd_loader.h"
+#include "test_support.h"
 
 using namespace mnn_h2o;
 using namespace mnn_h2o::gear;
@@ -27,15 +27,6 @@ void* operator new(size_t n) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
-
-static int g_failures = 0;
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                    \
-        }                                                                    \
-    } while (0)
 
 namespace {
 
@@ -71,25 +62,25 @@ Status decode(Codec& c, const Bytes& frame, Bytes* out) {
 }
 
 void test_xxh64() {
-    CHECK(xxh64("", 0) == 0xEF46DB3751D8E999ull);
-    CHECK(xxh64("a", 1) == 0xD24EC4F1A98C6E5Bull);
-    CHECK(xxh64("abc", 3) == 0x44BC2CF5AD770999ull);
+    CHECK(xxh64("", 0) == 0xEF46DB3751D8E999ull, "in %s", __func__);
+    CHECK(xxh64("a", 1) == 0xD24EC4F1A98C6E5Bull, "in %s", __func__);
+    CHECK(xxh64("abc", 3) == 0x44BC2CF5AD770999ull, "in %s", __func__);
     const char* s = "Nobody inspects the spammish repetition";
-    CHECK(xxh64(s, std::strlen(s)) == 0xFBCEA83C8A378BF1ull);
+    CHECK(xxh64(s, std::strlen(s)) == 0xFBCEA83C8A378BF1ull, "in %s", __func__);
 }
 
 // The example of docs/gear_format.md, byte for byte.
 void test_document_example() {
     const Bytes data = {0x00, 0x3C, 0x00, 0xC0, 0x00, 0x3C, 0x00, 0xC0};  // [[1, -2], [1, -2]]
     Bytes f = header(1, {2, 2}, 2, data);
-    CHECK(f.size() == 32);
+    CHECK(f.size() == 32, "in %s", __func__);
     f.push_back(0);
     stream(f, 0, 0, 4, {0x00, 0x00, 0x00, 0x00});
     stream(f, 0, 0, 4, {0x3C, 0xC0, 0x3C, 0xC0});
     Codec c;
     Bytes out;
-    CHECK(decode(c, f, &out) == Status::Ok);
-    CHECK(out == data);
+    CHECK(decode(c, f, &out) == Status::Ok, "in %s", __func__);
+    CHECK(out == data, "in %s", __func__);
 }
 
 // Every predictor and backend, written by hand: plane 0 delta + RLE, plane 1 centre + stored,
@@ -109,8 +100,8 @@ void test_hand_built_predictors() {
     stream(f, 3, 0, 10, {0x3C, 0x40, 0x00, 0x80, 0x00, 0x80, 0x00, 0x04, 0x00, 0x04});
     Codec c;
     Bytes out;
-    CHECK(decode(c, f, &out) == Status::Ok);
-    CHECK(out == data);
+    CHECK(decode(c, f, &out) == Status::Ok, "in %s", __func__);
+    CHECK(out == data, "in %s", __func__);
 
     // Rows 0 and 2 equal, 1 and 3 equal: map 0 1 0 1 (w = 1), unique rows 3C01 C000 | 3C02 C000,
     // plane 0 with xor, plane 1 with RLE.
@@ -121,12 +112,12 @@ void test_hand_built_predictors() {
     stream(f, 0, 0, 4, {0, 1, 0, 1});
     stream(f, 1, 0, 4, {0x01, 0x00, 0x03, 0x00});  // xor: 01 00, 02^01 00^00
     stream(f, 0, 1, 4, {0x03, 0x3C, 0xC0, 0x3C, 0xC0});  // RLE: a literal run of 4
-    CHECK(decode(c, f, &out) == Status::Ok);
-    CHECK(out == data);
+    CHECK(decode(c, f, &out) == Status::Ok, "in %s", __func__);
+    CHECK(out == data, "in %s", __func__);
     // A map that is not in first-occurrence order is rejected.
     Bytes bad = f;
     bad[33 + 10] = 1;  // map 1 1 0 1
-    CHECK(decode(c, bad, &out) == Status::Corrupt);
+    CHECK(decode(c, bad, &out) == Status::Corrupt, "in %s", __func__);
 }
 
 // Frames the encoder never writes but the format allows: every predictor on empty planes.
@@ -138,8 +129,8 @@ void test_empty_planes() {
         f.push_back(0);
         stream(f, 0, 0, 0, {});
         stream(f, p, 0, 0, {});
-        CHECK(decode(c, f, &out) == Status::Ok);
-        CHECK(out.empty());
+        CHECK(decode(c, f, &out) == Status::Ok, "in %s", __func__);
+        CHECK(out.empty(), "in %s", __func__);
     }
 }
 
@@ -221,7 +212,7 @@ void test_round_trips() {
                     Bytes frame;
                     const bool ok = round_trip(c, t, shape, data, &frame);
                     if (!ok) std::fprintf(stderr, "round trip failed: type %d ndim %u bt %u variant %d\n", int(t), shape.ndim, bt, variant);
-                    CHECK(ok);
+                    CHECK(ok, "in %s", __func__);
                 }
             }
         }
@@ -238,7 +229,7 @@ void test_modes_are_used() {
     auto note = [&](const Bytes& frame) {
         FrameInfo fi;
         std::vector<StreamInfo> st;
-        CHECK(c.inspect(frame.data(), frame.size(), &fi, &st) == Status::Ok);
+        CHECK(c.inspect(frame.data(), frame.size(), &fi, &st) == Status::Ok, "in %s", __func__);
         for (const auto& s : st) {
             if (s.block < 0) seen_dedup = true;
             seen_pred[int(s.predictor)] = true;
@@ -247,10 +238,10 @@ void test_modes_are_used() {
     };
     Bytes frame;
     const Bytes kv = kv_like(256, 64, g, false);
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), kv, &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), kv, &frame), "in %s", __func__);
     note(frame);
     const Bytes rep = kv_like(256, 64, g, true);
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), rep, &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(256, 64), rep, &frame), "in %s", __func__);
     note(frame);
     // A slow ramp per channel (delta), and alternating bit patterns (xor).
     Bytes ramp(128 * 16 * 2), alt(128 * 16 * 2);
@@ -263,18 +254,18 @@ void test_modes_are_used() {
     EncodeOptions o;
     o.allow_zstd = false;  // RLE sees the runs the predictors make
     Codec rle(o);
-    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), ramp, &frame));
+    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), ramp, &frame), "in %s", __func__);
     note(frame);
-    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), alt, &frame));
+    CHECK(round_trip(rle, ElementType::F16, Shape::matrix(128, 16), alt, &frame), "in %s", __func__);
     note(frame);
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(128, 16), special_values(ElementType::F16, 128 * 16, g), &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(128, 16), special_values(ElementType::F16, 128 * 16, g), &frame), "in %s", __func__);
     note(frame);
     // Without zstd nothing shrinks the centred KV-like plane, and it is stored raw.
-    CHECK(seen_pred[0] && seen_pred[1] && seen_pred[2]);
-    CHECK(seen_pred[3] == zstd_available());
-    CHECK(seen_backend[0] && seen_backend[1]);
-    CHECK(seen_backend[2] == zstd_available());
-    CHECK(seen_dedup);
+    CHECK(seen_pred[0] && seen_pred[1] && seen_pred[2], "in %s", __func__);
+    CHECK(seen_pred[3] == zstd_available(), "in %s", __func__);
+    CHECK(seen_backend[0] && seen_backend[1], "in %s", __func__);
+    CHECK(seen_backend[2] == zstd_available(), "in %s", __func__);
+    CHECK(seen_dedup, "in %s", __func__);
 }
 
 // Any damage is an error, or decodes to the original data (bits the format ignores).
@@ -283,39 +274,39 @@ void test_damage_and_truncation() {
     Codec c;
     const Bytes data = kv_like(40, 8, g, true);
     Bytes frame, out;
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(40, 8), data, &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(40, 8), data, &frame), "in %s", __func__);
     for (size_t i = 0; i < frame.size(); ++i) {
         for (uint8_t flip : {0x01, 0x80, 0xFF}) {
             Bytes bad = frame;
             bad[i] ^= flip;
             const Status s = decode(c, bad, &out);
-            CHECK(s != Status::Ok || out == data);
+            CHECK(s != Status::Ok || out == data, "in %s", __func__);
         }
     }
     for (size_t n = 0; n < frame.size(); ++n) {
         Bytes cut(frame.begin(), frame.begin() + n);
-        CHECK(decode(c, cut, &out) != Status::Ok);
+        CHECK(decode(c, cut, &out) != Status::Ok, "in %s", __func__);
     }
     Bytes longer = frame;
     longer.push_back(0);
-    CHECK(decode(c, longer, &out) == Status::Corrupt);
+    CHECK(decode(c, longer, &out) == Status::Corrupt, "in %s", __func__);
     out.assign(data.size() - 1, 0);
-    CHECK(c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::OutputTooSmall);
+    CHECK(c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::OutputTooSmall, "in %s", __func__);
     size_t written = 0;
     CHECK(c.encode(data.data(), ElementType::F16, Shape::matrix(40, 8), out.data(), 10, &written) ==
-          Status::OutputTooSmall);
+          Status::OutputTooSmall, "in %s", __func__);
     Bytes bad = frame;
     bad[0] = 'X';
-    CHECK(decode(c, bad, &out) == Status::BadMagic);
+    CHECK(decode(c, bad, &out) == Status::BadMagic, "in %s", __func__);
     bad = frame;
     bad[4] = 2;
-    CHECK(decode(c, bad, &out) == Status::BadVersion);
+    CHECK(decode(c, bad, &out) == Status::BadVersion, "in %s", __func__);
     bad = frame;
     bad[5] = 2;  // BF16 instead of FP16: same bytes, other meaning; the header check catches it
-    CHECK(decode(c, bad, &out) == Status::BadHeader);
+    CHECK(decode(c, bad, &out) == Status::BadHeader, "in %s", __func__);
     bad = frame;
     bad[bad.size() - 1] ^= 1;  // last payload byte
-    CHECK(decode(c, bad, &out) != Status::Ok);
+    CHECK(decode(c, bad, &out) != Status::Ok, "in %s", __func__);
 }
 
 void test_invalid_arguments() {
@@ -323,11 +314,11 @@ void test_invalid_arguments() {
     Bytes frame;
     const uint16_t x = 0;
     Shape none;
-    CHECK(c.encode(&x, ElementType::F16, none, &frame) == Status::InvalidArgument);
-    CHECK(c.encode(&x, static_cast<ElementType>(9), Shape::matrix(1, 1), &frame) == Status::InvalidArgument);
+    CHECK(c.encode(&x, ElementType::F16, none, &frame) == Status::InvalidArgument, "in %s", __func__);
+    CHECK(c.encode(&x, static_cast<ElementType>(9), Shape::matrix(1, 1), &frame) == Status::InvalidArgument, "in %s", __func__);
     Shape huge = Shape::matrix(0xFFFFFFFF, 0xFFFFFFFF);
-    CHECK(c.encode(&x, ElementType::F16, huge, &frame) == Status::InvalidArgument);
-    CHECK(max_encoded_size(ElementType::F16, none, 64) == 0);
+    CHECK(c.encode(&x, ElementType::F16, huge, &frame) == Status::InvalidArgument, "in %s", __func__);
+    CHECK(max_encoded_size(ElementType::F16, none, 64) == 0, "in %s", __func__);
 }
 
 // After one call of a given size, encode and decode allocate nothing.
@@ -338,16 +329,16 @@ void test_no_allocation_when_warm() {
     Bytes frame(max_encoded_size(ElementType::F16, Shape::matrix(64, 64), 0)), out(a.size());
     size_t n = 0;
     for (const Bytes* d : {&a, &b}) {
-        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok);
-        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok);
+        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok, "in %s", __func__);
+        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok, "in %s", __func__);
     }
     const size_t before = g_allocations;
     for (const Bytes* d : {&a, &b}) {
-        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok);
-        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok);
-        CHECK(out == *d);
+        CHECK(c.encode(d->data(), ElementType::F16, Shape::matrix(64, 64), frame.data(), frame.size(), &n) == Status::Ok, "in %s", __func__);
+        CHECK(c.decode(frame.data(), n, out.data(), out.size()) == Status::Ok, "in %s", __func__);
+        CHECK(out == *d, "in %s", __func__);
     }
-    CHECK(g_allocations == before);
+    CHECK(g_allocations == before, "in %s", __func__);
 }
 
 void test_deterministic() {
@@ -355,28 +346,28 @@ void test_deterministic() {
     const Bytes a = kv_like(100, 32, g, true);
     Codec c1, c2;
     Bytes f1, f2, f3;
-    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f1) == Status::Ok);
-    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f2) == Status::Ok);
-    CHECK(c2.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f3) == Status::Ok);
-    CHECK(f1 == f2 && f1 == f3);
+    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f1) == Status::Ok, "in %s", __func__);
+    CHECK(c1.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f2) == Status::Ok, "in %s", __func__);
+    CHECK(c2.encode(a.data(), ElementType::F16, Shape::matrix(100, 32), &f3) == Status::Ok, "in %s", __func__);
+    CHECK(f1 == f2 && f1 == f3, "in %s", __func__);
 }
 
 // Run in a child with MNN_H2O_NO_ZSTD=1: RLE still works, zstd frames are refused cleanly.
 int child_without_zstd(const char* zstd_frame_path) {
-    CHECK(!zstd_available());
+    CHECK(!zstd_available(), "in %s", __func__);
     std::mt19937 g(11);
     Codec c;
     Bytes frame;
     const Bytes kv = kv_like(64, 64, g, true);
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv, &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv, &frame), "in %s", __func__);
     FILE* f = std::fopen(zstd_frame_path, "rb");
-    CHECK(f != nullptr);
+    CHECK(f != nullptr, "in %s", __func__);
     if (f) {
         Bytes z(1 << 16);
         z.resize(std::fread(z.data(), 1, z.size(), f));
         std::fclose(f);
         Bytes out;
-        CHECK(decode(c, z, &out) == Status::ZstdUnavailable);
+        CHECK(decode(c, z, &out) == Status::ZstdUnavailable, "in %s", __func__);
     }
     return g_failures ? 1 : 0;
 }
@@ -389,13 +380,13 @@ void test_without_zstd(const char* self) {
     std::mt19937 g(11);
     Codec c;
     Bytes frame;
-    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv_like(64, 64, g, false), &frame));
+    CHECK(round_trip(c, ElementType::F16, Shape::matrix(64, 64), kv_like(64, 64, g, false), &frame), "in %s", __func__);
     const std::string path = "gear_zstd_frame.bin";
     FILE* f = std::fopen(path.c_str(), "wb");
-    CHECK(f && std::fwrite(frame.data(), 1, frame.size(), f) == frame.size());
+    CHECK(f && std::fwrite(frame.data(), 1, frame.size(), f) == frame.size(), "in %s", __func__);
     if (f) std::fclose(f);
     const std::string cmd = std::string("MNN_H2O_NO_ZSTD=1 '") + self + "' --child-no-zstd " + path;
-    CHECK(std::system(cmd.c_str()) == 0);
+    CHECK(std::system(cmd.c_str()) == 0, "in %s", __func__);
     std::remove(path.c_str());
 }
 
