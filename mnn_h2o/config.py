@@ -71,8 +71,9 @@ SCHEMA: Tuple[Key, ...] = (
         choices=(0, 1, 2)),
     Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V",
         choices=("f16", "bf16", "f32")),
-    Key("runtime", "block_tokens", int, 64, "tokens", "tokens per KV cache block (the unit of "
-        "allocation, eviction and compression)", choices=(16, 32, 64, 128, 256)),
+    Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "
+        "allocation, eviction and compression); 16 lets H2O keep finer heavy hitters (KL at 3x "
+        "on SmolLM2 0.013 vs 0.036 with 64)", choices=(16, 32, 64, 128, 256)),
     Key("runtime", "prefill_chunk", int, 256, "tokens", "prompt tokens per prefill step",
         range=(1, 4096)),
     Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
@@ -88,7 +89,7 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
-    Key("h2o", "target_lossy_ratio", float, 3.0, "x", "adaptive budget: evicting layers keep what "
+    Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
         "makes the whole-model ratio (all layers) reach this; used when target_keep_ratio is 0",
         range=(0.0, 1000.0)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "

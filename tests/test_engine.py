@@ -72,8 +72,9 @@ def test_kv_bytes_held_and_reset(llm8, tokenizer):
     c = llm8.config
     llm8.reset()
     llm8.prefill(essay_tokens(tokenizer, 200))
-    blocks = -(-200 // 64)
-    expect = c.n_layers * c.n_kv_heads * 2 * blocks * 64 * c.head_dim * 2  # fp16, whole blocks
+    bt = llm8.cache.block_tokens
+    blocks = -(-200 // bt)
+    expect = c.n_layers * c.n_kv_heads * 2 * blocks * bt * c.head_dim * 2  # fp16, whole blocks
     assert llm8.cache.bytes_held() == expect
     llm8.reset()
     assert llm8.cache.bytes_held() == 0
