@@ -24,6 +24,7 @@ from .export import export, import_mnn
 from .gguf_model import ModelConfig
 from .model_source import resolve_gguf
 from .reference import rope_tables
+from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
 
 
@@ -49,13 +50,8 @@ class Sampling:
 
 
 @dataclass
-class Stats:
+class Stats(SpeedCounters):
     """Counters of the current context (since the last ``reset``)."""
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    decode_steps: int = 0
     mnn_s: float = 0.0        # time inside MNN module forwards (prefill + decode)
     attention_s: float = 0.0  # time inside the native cache step (append + attention)
     kv_bytes_held: int = 0
@@ -77,18 +73,9 @@ class Stats:
         s = self.decode_bytes_held_sum
         return self.decode_bytes_uncompressed_sum / s if s else 0.0
 
-    @property
-    def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        return self.decode_steps / self.decode_s if self.decode_s else 0.0
-
     def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps,
-                 lossy_ratio=self.lossy_ratio, lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
+        d = super().as_dict()
+        d.update(lossy_ratio=self.lossy_ratio, lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
         return d
 
 

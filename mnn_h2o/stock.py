@@ -34,6 +34,8 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
+from .speed_counters import SpeedCounters
+
 
 @contextlib.contextmanager
 def _quiet_stdout():
@@ -59,26 +61,10 @@ def _import_mnn_llm():
 
 
 @dataclass
-class StockStats:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_s: float = 0.0      # MNN's own prefill timer (embedding + graph + first sample)
-    decode_s: float = 0.0       # MNN's own decode timer
-    decode_steps: int = 0       # decode forwards MNN ran (each sampled token is fed back)
+class StockStats(SpeedCounters):
+    """prefill_s / decode_s are MNN's own timers (prefill: embedding + graph + first sample);
+    decode_steps counts the decode forwards MNN ran (each sampled token is fed back)."""
     wall_s: float = 0.0         # Python wall time of the whole generate call
-
-    @property
-    def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        return self.decode_steps / self.decode_s if self.decode_s else 0.0
-
-    def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps)
-        return d
 
 
 @dataclass
