@@ -20,7 +20,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from . import config as config_mod
-from .export import export, import_mnn
+from .export import export
+from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
 from .model_source import resolve_gguf
 from .reference import rope_tables

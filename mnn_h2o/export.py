@@ -18,7 +18,6 @@ exactly (block 128 does not divide 576-wide rows and silently falls back to per-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -29,41 +28,13 @@ import time
 import numpy as np
 
 from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import MODELS, cache_root, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
 EXPORT_VERSION = 1
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
-
-
-@contextlib.contextmanager
-def quiet_fds():
-    """Silence MNN's converter, which prints to the C-level stdout/stderr."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with open(os.devnull, "wb") as null:
-        os.dup2(null.fileno(), 1)
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-
-def import_mnn():
-    """Import MNN without its banner on stdout (it prints the CPU features on import)."""
-    if "MNN" not in sys.modules:
-        with quiet_fds():
-            import MNN  # noqa: F401
-            import MNN.expr  # noqa: F401
-            import MNN.nn  # noqa: F401
-    import MNN
-    return MNN
 
 
 # --- graph building ---------------------------------------------------------------------------
@@ -145,9 +116,10 @@ def _convert(src: str, dst: str, bits: int) -> None:
     if bits:
         args += ["--optimizeLevel", "2", "--weightQuantBits", str(bits),
                  "--weightQuantBlock", str(QUANT_BLOCK)]
-    with quiet_fds():
-        import _tools  # MNN's converter; never `import MNN.tools` (it pip-installs and phones home)
+    import_mnn()
+    import _tools  # MNN's converter; never `import MNN.tools` (it pip-installs and phones home)
 
+    with redirect_fds():
         _tools.mnnconvert(args)
     if not os.path.isfile(dst) or os.path.getsize(dst) == 0:
         raise RuntimeError(f"MNN converter produced no output for {src}")

@@ -27,37 +27,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
+from .mnn_runtime import import_mnn, redirect_fds
 from .speed_counters import SpeedCounters
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """MNN prints banners and warnings from C to file descriptor 1; silence them."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "wb") as null:
-        os.dup2(null.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
-def _import_mnn_llm():
-    if "MNN.llm" not in sys.modules:
-        with _quiet_stdout():
-            import MNN.llm  # noqa: F401
-    import MNN.llm as mllm
-
-    return mllm
 
 
 @dataclass
@@ -126,8 +103,8 @@ class StockLlm:
         if precision is not None:
             overrides["precision"] = precision
         self.runtime.update(overrides)
-        mllm = _import_mnn_llm()
-        with _quiet_stdout():
+        mllm = import_mnn().llm
+        with redirect_fds(os.devnull, (1,)):
             self._llm = mllm.create(config_path)
             self._llm.set_config(overrides)
             self._llm.load()
@@ -183,7 +160,7 @@ class StockLlm:
             # multi-token chunk: use the prefill module, not a clone per chunk length
             self._llm.context.update(gen_seq_len=0)
         key = (len(ids) > 1, all_logits)
-        quiet = _quiet_stdout() if key not in self._warm else contextlib.nullcontext()
+        quiet = redirect_fds(os.devnull, (1,)) if key not in self._warm else contextlib.nullcontext()
         with quiet:  # the first call of a kind may print "module need new clone"
             var = self._c.forward(ids)
         self._warm.add(key)

@@ -43,11 +43,9 @@ Directory produced::
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Callable, Optional, Union
@@ -55,6 +53,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import cache_root
 
 EXPORT_FORMAT_VERSION = 1
@@ -103,43 +102,14 @@ class _Progress:
 # ----------------------------------------------------------------------------------------------
 # converter
 # ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _redirect_fds(path: str, fds=(1,)):
-    """MNN prints from C: point file descriptors ``fds`` (1 = stdout, 2 = stderr) at a file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(fd) for fd in fds]
-    with open(path, "ab") as log:
-        for fd in fds:
-            os.dup2(log.fileno(), fd)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, keep in zip(fds, saved):
-                os.dup2(keep, fd)
-                os.close(keep)
-
-
-def _import_mnn_expr():
-    """Import MNN.expr without the CPU-feature banner MNN prints on stdout at import."""
-    if "MNN.expr" not in sys.modules:
-        with _redirect_fds(os.devnull):
-            import MNN.expr  # noqa: F401
-            import _tools  # noqa: F401
-    import MNN.expr as F
-
-    return F
-
-
 def _mnnconvert(args, log_path: str, expect: str):
     """Run MNN's converter in-process (never via MNN.tools, which pip-installs and phones home)."""
+    import_mnn()
     import _tools
 
     if os.path.exists(expect):
         os.remove(expect)
-    with _redirect_fds(log_path, (1, 2)):
+    with redirect_fds(log_path, (1, 2)):
         rc = _tools.mnnconvert(["mnnconvert"] + list(args))
     if not os.path.isfile(expect) or os.path.getsize(expect) == 0:
         tail = ""
@@ -427,7 +397,7 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
     tmp = tempfile.mkdtemp(prefix=".stock_export_", dir=out_dir)
     log_path = os.path.join(tmp, "convert.log")
     try:
-        F = _import_mnn_expr()
+        F = import_mnn().expr
         logits = build_graph(model, prog, n_layers)
         raw = os.path.join(tmp, "raw.mnn")
         F.save([logits], raw)

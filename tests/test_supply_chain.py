@@ -57,7 +57,7 @@ def test_importing_every_module_leaves_mnn_tools_unloaded():
             "for m in pkgutil.walk_packages(mnn_h2o.__path__, 'mnn_h2o.'):\n"
             "    if m.name.endswith('__main__'): continue\n"
             "    importlib.import_module(m.name)\n"
-            "from mnn_h2o.export import import_mnn; import_mnn()\n"
+            "from mnn_h2o.mnn_runtime import import_mnn; import_mnn()\n"
             "bad = [k for k in sys.modules if k.startswith('MNN.tools')]\n"
             "print(bad); sys.exit(1 if bad else 0)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -10,7 +10,7 @@ time goes (MNN module forwards, native cache step incl. eviction, Python glue).
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 from .measure import interleave, summarize
 
