@@ -138,6 +138,13 @@ void centre_references(const uint8_t* P, size_t n, size_t C, uint8_t mask, uint6
             sign[c] += row[c] >> 7;
         }
     }
+    centre_references_from_sums(sums, n, C, mask, refs);
+}
+
+void centre_references_from_sums(const uint64_t* sums, size_t n, size_t C, uint8_t mask,
+                                 uint8_t* refs) {
+    const uint64_t* field = sums;
+    const uint64_t* sign = sums + C;
     // The field's low bit is bit 0 (BF16, FP32) or bit 2 (FP16): round up in field units.
     const uint32_t unit = mask & -mask;
     const uint64_t round_up = uint64_t{n} * unit - 1;

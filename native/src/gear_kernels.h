@@ -34,6 +34,10 @@ void delta_inverse(const uint8_t* R, size_t n, size_t C, bool use_xor, uint8_t* 
 // the exponent field. sums is scratch of 2 * C.
 void centre_references(const uint8_t* P, size_t n, size_t C, uint8_t mask, uint64_t* sums,
                        uint8_t* refs);
+// Its last step, shared by every ISA: refs from sums[0..C) (exponent fields) and sums[C..2C)
+// (sign bits) accumulated over n rows.
+void centre_references_from_sums(const uint64_t* sums, size_t n, size_t C, uint8_t mask,
+                                 uint8_t* refs);
 
 // Number of runs of equal bytes (1 + the positions where a byte differs from the one before).
 size_t count_runs(const uint8_t* p, size_t n);

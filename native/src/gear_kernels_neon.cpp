@@ -153,13 +153,7 @@ void centre_references(const uint8_t* P, size_t n, size_t C, uint8_t mask, uint6
             sign[c] += row[c] >> 7;
         }
     }
-    // As scalar::centre_references: the field's low bit is bit 0 (BF16, FP32) or bit 2 (FP16).
-    const uint32_t unit = mask & -mask;
-    const uint64_t round_up = uint64_t{n} * unit - 1;
-    for (size_t c = 0; c < C; ++c) {
-        const uint32_t mean = static_cast<uint32_t>((field[c] + round_up) / (uint64_t{n} * unit)) * unit;
-        refs[c] = static_cast<uint8_t>((2 * sign[c] > n ? 0x80 : 0) | (mean & mask));
-    }
+    scalar::centre_references_from_sums(sums, n, C, mask, refs);
 }
 
 size_t count_runs(const uint8_t* p, size_t n) {
