@@ -27,10 +27,15 @@ class Key:
     meaning: str
     choices: Optional[Sequence[Any]] = None
     range: Optional[Tuple[Optional[float], Optional[float]]] = None  # inclusive bounds
+    item: Optional[type] = None  # for type list: the type of every item (choices/range apply per item)
 
     @property
     def path(self) -> str:
         return f"{self.section}.{self.name}"
+
+    @property
+    def type_name(self) -> str:
+        return f"list of {self.item.__name__}" if self.type is list else self.type.__name__
 
     def allowed(self) -> str:
         if self.choices is not None:
@@ -38,21 +43,32 @@ class Key:
         if self.range is not None:
             lo, hi = self.range
             return f"{'-inf' if lo is None else lo} .. {'inf' if hi is None else hi}"
-        return "any " + self.type.__name__
+        return "any " + self.type_name
 
     def check(self, value: Any) -> Any:
-        t = self.type
+        if self.type is not list:
+            return self._check_one(value, self.type, self.path)
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"{self.path}: expected a non-empty list of {self.item.__name__}, got "
+                              f"{type(value).__name__} {value!r} (allowed items: {self.allowed()})")
+        return [self._check_one(v, self.item, f"{self.path}[{i}]") for i, v in enumerate(value)]
+
+    def _check_one(self, value: Any, t: type, path: str) -> Any:
         if t is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, t) or (t is int and isinstance(value, bool)):
-            raise ConfigError(f"{self.path}: expected {t.__name__}, got {type(value).__name__} "
-                              f"{value!r} (allowed: {self.allowed()})")
+            # YAML 1.1 reads a bare off/on/no/yes as a boolean.
+            hint = " (quote it: YAML reads bare off/on/no/yes as booleans)" if isinstance(value, bool) and t is str else ""
+            raise ConfigError(f"{path}: expected {t.__name__}, got {type(value).__name__} "
+                              f"{value!r} (allowed: {self.allowed()}){hint}")
+        if t is float and value != value:
+            raise ConfigError(f"{path}: NaN is not allowed (allowed: {self.allowed()})")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{self.path}: {value!r} is not allowed (allowed: {self.allowed()})")
+            raise ConfigError(f"{path}: {value!r} is not allowed (allowed: {self.allowed()})")
         if self.range is not None:
             lo, hi = self.range
             if (lo is not None and value < lo) or (hi is not None and value > hi):
-                raise ConfigError(f"{self.path}: {value!r} is out of range (allowed: {self.allowed()})")
+                raise ConfigError(f"{path}: {value!r} is out of range (allowed: {self.allowed()})")
         return value
 
 
@@ -104,6 +120,61 @@ SCHEMA: Tuple[Key, ...] = (
     Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
     Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
+    Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks: off; probe "
+        "(encode/verify a sample, KV untouched); full (encode and verify every cold chunk, KV stays "
+        "raw); store (cold chunks held only compressed, read through the decode cache)",
+        choices=("off", "probe", "full", "store")),
+    Key("lossless", "scope", str, "front_n_and_h2o_kept", "-", "layers whose cold blocks are "
+        "compressed: the first front_n layers, the H2O layers (the tokens H2O keeps), or both",
+        choices=("front_n", "h2o_kept", "front_n_and_h2o_kept")),
+    Key("lossless", "front_n", int, 2, "layers", "layers [0, front_n) are in the front_n scope",
+        range=(0, 1 << 10)),
+    Key("lossless", "hot_sink_tokens", int, 16, "tokens", "first tokens of a head that always stay "
+        "raw (read every step)", range=(0, 1 << 20)),
+    Key("lossless", "hot_recent_tokens", int, 64, "tokens", "last tokens of a head that always stay "
+        "raw (still being written)", range=(0, 1 << 20)),
+    Key("lossless", "chunk_tokens", int, 128, "tokens", "tokens per compressed chunk (K and V of one "
+        "head in one frame; a multiple of runtime.block_tokens): bigger chunks compress better "
+        "(SmolLM2: 1.09x per 16-token frame, 1.17x per 64, 1.18x per 128)", range=(16, 4096)),
+    Key("lossless", "async_threads", int, 1, "threads", "worker threads that encode off the decode "
+        "path and prefetch; 0 encodes on the calling thread", range=(0, 16)),
+    Key("lossless", "max_queue", int, 64, "jobs", "bound of the worker queue; when full, work is "
+        "deferred to a later step (never dropped)", range=(1, 1 << 16)),
+    Key("lossless", "decode_cache_bytes", int, 0, "bytes", "budget of the cache of decoded chunks "
+        "(store mode): memory traded for decode speed", range=(0, 1 << 40)),
+    Key("lossless", "prefetch", bool, True, "-", "store mode: workers decode the next layer's chunks "
+        "into the decode cache while MNN computes"),
+    Key("lossless", "zstd_level", int, 1, "-", "zstd level of the Gear backend", range=(1, 19)),
+    Key("lossless", "probe_every", int, 8, "chunks", "probe mode: encode and verify one chunk in "
+        "every this many", range=(1, 1 << 20)),
+    Key("bench", "prompt_lengths", list, [512, 1024, 4096], "tokens", "runtime cases: prompt lengths "
+        "of essay text", range=(16, 1 << 20), item=int),
+    Key("bench", "decode_tokens", int, 128, "tokens", "runtime cases: teacher-forced decode tokens "
+        "after each prompt", range=(1, 1 << 16)),
+    Key("bench", "repetitions", int, 3, "runs", "interleaved repetitions of every runtime case "
+        "(A B A B); medians and spread", range=(3, 100)),
+    Key("bench", "cases", list, ["baseline", "probe", "full", "store"], "-", "runtime cases: "
+        "baseline = full cache (no eviction, no compression); probe/full/store = H2O plus that "
+        "lossless mode", choices=("baseline", "probe", "full", "store"), item=str),
+    Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O plus that lossless "
+        "mode, generating from real prompts (baseline runs too, as reference)",
+        choices=("probe", "full", "store"), item=str),
+    Key("bench", "demo_buckets", list, [128, 512, 2048, 4096], "tokens", "demo prompt lengths",
+        range=(16, 1 << 20), item=int),
+    Key("bench", "demo_new_tokens", int, 64, "tokens", "demo: tokens generated per prompt",
+        range=(1, 1 << 16)),
+    Key("bench", "output_dir", str, "bench_runs", "-", "where run folders are written"),
+    Key("gates", "min_lossy_ratio", float, 3.0, "x", "H2O cases at the longest prompt: whole-model "
+        "bytes an uncompressed cache would hold / bytes held by the block pool", range=(0.0, None)),
+    Key("gates", "min_lossless_ratio", float, 1.2, "x", "store case at the longest prompt: raw / "
+        "compressed bytes of the chunks in scope", range=(0.0, None)),
+    Key("gates", "min_top1_agreement", float, 0.9, "fraction", "every candidate case and prompt "
+        "length: teacher-forced top-1 agreement with the baseline", range=(0.0, 1.0)),
+    Key("gates", "speed_cases", list, ["probe"], "-", "cases whose decode tokens/s must not fall "
+        "below the baseline's beyond the measured noise, at every prompt length",
+        choices=("probe", "full", "store"), item=str),
+    Key("gates", "max_store_slowdown", float, 3.0, "x", "store case: baseline decode tokens/s / "
+        "store decode tokens/s at every prompt length may not exceed this", range=(1.0, None)),
 )
 
 _BY_PATH = {k.path: k for k in SCHEMA}
@@ -151,6 +222,10 @@ def _check_together(cfg) -> None:
     if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")
+    ll, bt = cfg["lossless"], cfg["runtime"]["block_tokens"]
+    if ll["chunk_tokens"] % bt:
+        raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
+                          f"runtime.block_tokens ({bt})")
 
 
 def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None):
@@ -180,7 +255,7 @@ def markdown() -> str:
              "| key | type | default | unit | allowed | meaning |",
              "|---|---|---|---|---|---|"]
     for k in SCHEMA:
-        lines.append(f"| `{k.path}` | {k.type.__name__} | `{k.default}` | {k.unit} | {k.allowed()} | {k.meaning} |")
+        lines.append(f"| `{k.path}` | {k.type_name} | `{k.default}` | {k.unit} | {k.allowed()} | {k.meaning} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
-"""python -m mnn_h2o.bench: benchmarks of mnn_h2o on the real model.
+"""python -m mnn_h2o.bench: the bench and regression harness, on the real model.
 
-    python -m mnn_h2o.bench [--config h2o.yaml]          # the default round
+    python -m mnn_h2o.bench [--config h2o.yaml] [--quick] [--compare RUN]   # a round with gates
+    python -m mnn_h2o.bench selftest                     # every gate can fail
     python -m mnn_h2o.bench speed [--json FILE]          # ours vs stock MNN.llm, interleaved
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads spin and steal MNN's cores
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
@@ -54,6 +56,73 @@ def _speed(args, cfg) -> int:
     return 0
 
 
+# --quick: a smoke round of about two minutes (2048 tokens is the shortest prompt at which the
+# default H2O target is reachable, so the gates stay meaningful).
+QUICK = {"bench.prompt_lengths": [2048], "bench.decode_tokens": 32, "bench.repetitions": 3,
+         "bench.demo_buckets": [128], "bench.demo_new_tokens": 16}
+
+
+def _round(args, cfg) -> int:
+    from tqdm import tqdm
+
+    from ..engine import Llm
+    from . import cases, gates, plots, report
+    from .environment import environment
+
+    b = cfg["bench"]
+    started = time.strftime("%Y%m%d-%H%M%S")
+    folder = args.out or os.path.join(b["output_dir"], started)
+    prev = report.load(args.compare) if args.compare else None  # fail early on a bad --compare
+    llm = Llm.load(None, cfg)
+    need = max(max(b["prompt_lengths"]) + b["decode_tokens"], max(b["demo_buckets"]) + b["demo_new_tokens"] + 64)
+    if need > llm.max_context:
+        raise ValueError(f"the bench plan needs {need} tokens of context; the model has {llm.max_context} "
+                         "(bench.prompt_lengths / bench.demo_buckets)")
+    n_cases = len(dict.fromkeys(["baseline"] + b["cases"]))
+    total = len(b["prompt_lengths"]) * n_cases * b["repetitions"] + \
+        len(b["demo_buckets"]) * len(dict.fromkeys(["baseline"] + b["demo_cases"]))
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="bench", unit="run") as bar:
+        def tick(case, n):
+            bar.set_postfix_str(f"{case} @{n}")
+            bar.update(1)
+        rows = cases.run_cases(llm, llm.tokenizer, cfg, tick)
+        demo = cases.run_demos(llm, llm.tokenizer, cfg, tick)
+    gate_rows = gates.evaluate(rows, demo, cfg["gates"])
+    summary = {"schema_version": report.SCHEMA_VERSION, "overall_pass": all(g["pass"] for g in gate_rows),
+               "gates": gate_rows, "cases": rows, "demo": demo, "model": cfg["model"]["name"],
+               "started": started, "duration_s": time.perf_counter() - t0, "config": cfg,
+               "environment": environment(), "quick": bool(args.quick)}
+    os.makedirs(folder, exist_ok=True)
+    summary["plots"] = plots.write_all(rows, folder)
+    report.write(folder, summary)
+    import yaml
+
+    with open(os.path.join(folder, "config.yaml"), "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    print(report.markdown(summary))
+    if prev is not None:
+        print(f"\n## Compared with {args.compare}\n\n" + report.compare(prev, summary))
+    print(f"\nrun folder: {folder} (summary.json, summary.md, plots, config.yaml)")
+    failed = [g["name"] for g in gate_rows if not g["pass"]]
+    if failed:
+        print(f"FAIL: {len(failed)} gate(s): " + "; ".join(failed), file=sys.stderr)
+        return 1
+    print("PASS: all gates")
+    return 0
+
+
+def _selftest(cfg) -> int:
+    from .gates import self_test
+
+    results = self_test(cfg["gates"])
+    for r in results:
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['breakage']}: failing gates {r['failed'] or 'none'}")
+    bad = [r for r in results if not r["ok"]]
+    print(f"{len(results) - len(bad)}/{len(results)} gate checks behave")
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     from .. import config as config_mod
     from ..engine import ContextOverflowError
@@ -61,28 +130,55 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m mnn_h2o.bench",
-        description="Benchmarks on the real model. Without a command, runs the default round "
-                    "(currently: `speed`) on the configuration given by --config (default h2o.yaml "
-                    "values). Speed targets live here, not in the tests.")
-    ap.add_argument("--config", help="YAML config (see docs/config.md); default: built-in defaults")
-    ap.add_argument("--model", help="named model or GGUF path (overrides model.name)")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The bench and regression harness on the real model.\n\n"
+                    "Without a command, runs a round: the runtime cases (bench.cases: baseline = full "
+                    "cache, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
+                    "interleaved A B A B for bench.repetitions, teacher-forced on essay text; then the "
+                    "demo cases on real prompts per bucket. Quality (KL, top-1 vs baseline), memory "
+                    "(bytes held, RSS) and speed come from the same runs. Gates (config section "
+                    "`gates`) decide the exit status: 0 all pass, 1 a gate failed, 2 an error. "
+                    "Writes a run folder: summary.json (docs/summary_schema.md), summary.md, PNG plots, "
+                    "config.yaml.",
+        epilog="examples:\n"
+               "  python -m mnn_h2o.bench                         # default round (~15 min on 2 cores)\n"
+               "  python -m mnn_h2o.bench --quick                 # ~2-minute smoke round\n"
+               "  python -m mnn_h2o.bench --compare bench_runs/OLD\n"
+               "  python -m mnn_h2o.bench --model qwen2.5-0.5b\n"
+               "  python -m mnn_h2o.bench selftest\n"
+               "  python -m mnn_h2o.bench speed --contexts 512,4096")
+    ap.add_argument("--config", help="YAML config (every key: docs/config.md); default: h2o.yaml's values, "
+                                     "which are the built-in defaults")
+    ap.add_argument("--model", help="named model (smollm2, qwen2.5-0.5b) or GGUF path; overrides model.name")
+    ap.add_argument("--quick", action="store_true", help="smoke round: one 2048-token prompt, 32 decode "
+                                                         "tokens, one 128-token demo bucket")
+    ap.add_argument("--compare", metavar="PREVIOUS_RUN", help="run folder (or summary.json) of an earlier "
+                                                               "round: print the regression table against it")
+    ap.add_argument("--out", help="run folder (default: bench.output_dir/<timestamp>)")
     sub = ap.add_subparsers(dest="command")
+    sub.add_parser("selftest", help="feed every gate a failing input and check that it fails")
     sp = sub.add_parser("speed", help="prefill/decode tokens/s of our engine vs stock MNN.llm on the same "
                                       "weights, interleaved A B / B A, medians and spread")
-    for p in (ap, sp):
-        p.add_argument("--contexts", type=_parse_ints, default=[512, 2048, 4096],
-                       help="context lengths in tokens of essay text (default 512,2048,4096)")
-        p.add_argument("--n-decode", type=int, default=64, help="decode tokens per run (default 64)")
-        p.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
-        p.add_argument("--json", help="also write the figures to this JSON file")
+    sp.add_argument("--contexts", type=_parse_ints, default=[512, 2048, 4096],
+                    help="context lengths in tokens of essay text (default 512,2048,4096)")
+    sp.add_argument("--n-decode", type=int, default=64, help="decode tokens per run (default 64)")
+    sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
+    sp.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     try:
-        if args.repetitions < 3:
-            raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")
-        if args.n_decode < 1:
-            raise ValueError("--n-decode must be >= 1")
-        cfg = config_mod.load(args.config, {"model.name": args.model} if args.model else None)
-        return _speed(args, cfg)
+        overrides = {"model.name": args.model} if args.model else {}
+        if args.quick:
+            overrides.update(QUICK)
+        cfg = config_mod.load(args.config, overrides)
+        if args.command == "selftest":
+            return _selftest(cfg)
+        if args.command == "speed":
+            if args.repetitions < 3:
+                raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")
+            if args.n_decode < 1:
+                raise ValueError("--n-decode must be >= 1")
+            return _speed(args, cfg)
+        return _round(args, cfg)
     except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

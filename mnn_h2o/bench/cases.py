@@ -1,0 +1,217 @@
+"""The cases of the bench round, and one run of each.
+
+Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
+``probe``, ``full`` and ``store`` are the config's H2O eviction plus that lossless mode. A run
+prefills a prompt of essay text and then feeds the true continuation token by token through the
+decode path (teacher forcing), so the decode is timed exactly as in generation and every case
+sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
+speed and memory.
+
+Demo cases (``bench.demo_cases``): real prompts (an essay excerpt and a question, in the chat
+template) in buckets of prompt length, greedy generation; reported per bucket.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..eval.quality import log_softmax
+
+H2O_CASES = ("probe", "full", "store")
+DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
+
+
+def case_sections(cfg: dict, case: str):
+    """(h2o section or None, lossless section or None) of a case."""
+    if case == "baseline":
+        return None, None
+    h2o = dict(cfg["h2o"], enabled=True)
+    return h2o, dict(cfg["lossless"], mode=case)
+
+
+def configure(llm, cfg: dict, case: str) -> None:
+    h2o, lossless = case_sections(cfg, case)
+    llm.configure_h2o(h2o)
+    llm.configure_lossless(lossless)
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc (0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _store_summary(stats: Optional[dict]) -> dict:
+    """The store counters the report uses, whole model (zeros when the store is off)."""
+    if not stats:
+        return {"lossless_ratio": 0.0, "fallbacks": 0, "fallback_reasons": {}, "mismatches": 0}
+    reasons = {k: v for k, v in stats.get("fallbacks", {}).items() if v}
+    # A chunk that does not compress stays raw by design; the others are errors.
+    errors = sum(v for k, v in reasons.items() if k != "incompressible")
+    keep = {k: v for k, v in stats.items() if not isinstance(v, (list, dict))}
+    return dict(keep, fallbacks=errors, fallback_reasons=reasons,
+                lossless_ratio=stats.get("lossless_ratio", 0.0), mismatches=stats.get("mismatches", 0))
+
+
+@dataclass
+class RunResult:
+    metrics: dict
+    logp: Optional[np.ndarray]  # [n_cont, vocab] log-probs (first repetition only)
+
+
+def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp: bool,
+             trace: bool) -> RunResult:
+    """One fresh context: prefill ``prompt``, then decode ``continuation`` teacher-forced."""
+    llm.reset()
+    rss_idle = rss_bytes()
+    n = len(continuation)
+    logp = np.empty((n, llm.config.vocab), np.float32) if keep_logp else None
+    digest = hashlib.sha256()
+    points: List[List[int]] = []
+    t0 = time.perf_counter()
+    logits = llm.prefill(prompt)
+    t1 = time.perf_counter()
+    st = llm.stats
+    if trace:
+        points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_pool, st.kv_bytes_uncompressed])
+    for i, t in enumerate(continuation):
+        digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
+        if logp is not None:
+            logp[i] = log_softmax(logits)
+        logits = llm.decode(int(t))
+        if trace:
+            points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_pool, st.kv_bytes_uncompressed])
+    t2 = time.perf_counter()
+    store = _store_summary(llm.store_stats())
+    m = {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n / (t2 - t1),
+         "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
+         "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
+         "lossy_ratio": st.lossy_ratio, "total_ratio": st.total_ratio,
+         "lossy_ratio_decode_avg": st.lossy_ratio_decode_avg, "evictions": st.evictions,
+         "rss_bytes": rss_bytes(), "rss_idle_bytes": rss_idle,
+         "logits_sha256": digest.hexdigest(), "store": store}
+    m["rss_delta_bytes"] = m["rss_bytes"] - rss_idle
+    if trace:
+        m["trace"] = points
+    return RunResult(m, logp)
+
+
+def quality(base_logp: np.ndarray, logp: np.ndarray, continuation: Sequence[int]) -> dict:
+    """KL(baseline || case), top-1 agreement and perplexities of the true continuation."""
+    p = np.exp(base_logp.astype(np.float64))
+    kl = float(np.mean(np.sum(p * (base_logp - logp), axis=-1)))
+    agree = float(np.mean(base_logp.argmax(-1) == logp.argmax(-1)))
+    # logp[i] is the distribution after the prompt and continuation[:i]: it predicts continuation[i].
+    idx, nxt = np.arange(len(continuation)), np.asarray(continuation)
+    ppl = float(np.exp(-logp[idx, nxt].astype(np.float64).mean()))
+    ppl_base = float(np.exp(-base_logp[idx, nxt].astype(np.float64).mean()))
+    return {"kl": kl, "top1_agreement": agree, "ppl": ppl, "ppl_baseline": ppl_base}
+
+
+def demo_prompt(tokenizer, bucket: int, offset: int) -> List[int]:
+    """About ``bucket`` tokens: an essay excerpt and a question, in the chat template."""
+    from ..essays import essay_tokens
+
+    overhead = len(tokenizer.encode(tokenizer.apply_chat_template("x" + DEMO_QUESTION))) - 1
+    n = max(8, bucket - overhead)
+    excerpt = tokenizer.decode(essay_tokens(tokenizer, n, offset))
+    ids = tokenizer.encode(tokenizer.apply_chat_template(excerpt + DEMO_QUESTION))
+    return ids
+
+
+def run_demo(llm, prompt: Sequence[int], new_tokens: int) -> dict:
+    llm.reset()
+    g = llm.generate(list(prompt), max_new_tokens=new_tokens)
+    st = g.stats
+    store = _store_summary(llm.store_stats())
+    return {"prompt_tokens": len(prompt), "generated_tokens": len(g.token_ids),
+            "prefill_tps": st.prefill_tps, "decode_tps": st.decode_tps,
+            "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
+            "kv_bytes_uncompressed": st.kv_bytes_uncompressed, "lossy_ratio": st.lossy_ratio,
+            "total_ratio": st.total_ratio, "rss_bytes": rss_bytes(), "token_ids": g.token_ids,
+            "text": g.text, "store": store}
+
+
+def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
+    """Every runtime case at every prompt length, interleaved per prompt length."""
+    from ..essays import essay_tokens
+    from .measure import interleave, summarize
+
+    b = cfg["bench"]
+    cases = list(dict.fromkeys(["baseline"] + b["cases"]))  # quality needs the baseline
+    n_dec = b["decode_tokens"]
+    rows: List[dict] = []
+    longest = max(b["prompt_lengths"])
+    for plen in b["prompt_lengths"]:
+        ids = essay_tokens(tokenizer, plen + n_dec)
+        prompt, cont = ids[:plen], ids[plen:]
+        first: Dict[str, RunResult] = {}
+
+        def runner(case):
+            def run():
+                configure(llm, cfg, case)
+                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", *H2O_CASES),
+                             trace=case not in first and plen == longest)
+                first.setdefault(case, r)
+                if progress:
+                    progress(case, plen)
+                return r.metrics
+            return run
+
+        runs = interleave({c: runner(c) for c in cases}, b["repetitions"])
+        base_logp = first["baseline"].logp
+        for case in cases:
+            ms = runs[case]
+            m0 = first[case].metrics
+            row = {"case": case, "prompt_tokens": plen, "decode_tokens": n_dec,
+                   "decode_tps": summarize([m["decode_tps"] for m in ms]),
+                   "prefill_tps": summarize([m["prefill_tps"] for m in ms])}
+            for k in ("kv_bytes_held", "kv_bytes_pool", "kv_bytes_peak", "kv_bytes_uncompressed",
+                      "lossy_ratio", "total_ratio", "lossy_ratio_decode_avg", "evictions",
+                      "logits_sha256"):
+                row[k] = m0[k]
+            row["rss_delta_bytes"] = summarize([m["rss_delta_bytes"] for m in ms])
+            row["rss_bytes"] = max(m["rss_bytes"] for m in ms)
+            row["store"] = m0["store"]
+            row["store"]["fallbacks"] = max(m["store"]["fallbacks"] for m in ms)
+            row["store"]["mismatches"] = max(m["store"]["mismatches"] for m in ms)
+            if "trace" in m0:
+                row["trace"] = m0["trace"]
+            row.update(quality(base_logp, first[case].logp, cont))
+            rows.append(row)
+        first.clear()
+    return rows
+
+
+def run_demos(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
+    b = cfg["bench"]
+    rows = []
+    for i, bucket in enumerate(b["demo_buckets"]):
+        prompt = demo_prompt(tokenizer, bucket, offset=20000 + 5000 * i)
+        ref = None
+        for case in ["baseline"] + [c for c in b["demo_cases"] if c != "baseline"]:
+            configure(llm, cfg, case)
+            r = run_demo(llm, prompt, b["demo_new_tokens"])
+            if ref is None:
+                ref = r["token_ids"]
+            same = 0
+            for a, c in zip(ref, r["token_ids"]):
+                if a != c:
+                    break
+                same += 1
+            r.update(case=case, bucket=bucket, same_prefix_tokens=same,
+                     identical_to_baseline=r["token_ids"] == ref)
+            rows.append(r)
+            if progress:
+                progress(case, bucket)
+    return rows
+

@@ -1,0 +1,102 @@
+"""PNG plots of a bench round (matplotlib, headless)."""
+from __future__ import annotations
+
+import os
+from typing import List, Sequence
+
+MIB = 1 << 20
+_COLOURS = {"baseline": "tab:gray", "probe": "tab:blue", "full": "tab:green", "store": "tab:red"}
+_LABELS = {"baseline": "baseline (full cache)", "probe": "H2O", "full": "H2O (+ full check)",
+           "store": "H2O + lossless store"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bytes_vs_context(rows: Sequence[dict], path: str) -> bool:
+    """KV bytes held as the context grows (the longest prompt's run, prefill then decode)."""
+    traced = [r for r in rows if r.get("trace") and r["case"] in ("baseline", "probe", "store")]
+    if not traced:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in traced:
+        ctx = [p[0] for p in r["trace"]]
+        ax.plot(ctx, [p[1] / MIB for p in r["trace"]], color=_COLOURS[r["case"]], label=_LABELS[r["case"]])
+    r0 = traced[0]
+    ax.plot([p[0] for p in r0["trace"]], [p[3] / MIB for p in r0["trace"]], "k:", lw=1, label="uncompressed")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("KV bytes held (MiB)")
+    ax.set_title(f"KV memory during decode after a {r0['prompt_tokens']}-token prompt")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def tokens_per_second(rows: Sequence[dict], path: str) -> bool:
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    lengths = sorted({r["prompt_tokens"] for r in rows})
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    w = 0.8 / len(cases)
+    for i, c in enumerate(cases):
+        rs = [next(r for r in rows if r["case"] == c and r["prompt_tokens"] == n) for n in lengths]
+        med = [r["decode_tps"]["median"] for r in rs]
+        lo = [r["decode_tps"]["median"] - r["decode_tps"]["min"] for r in rs]
+        hi = [r["decode_tps"]["max"] - r["decode_tps"]["median"] for r in rs]
+        ax.bar([j + i * w for j in range(len(lengths))], med, w, yerr=[lo, hi], capsize=3,
+               color=_COLOURS.get(c), label=_LABELS.get(c, c))
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(lengths))], [str(n) for n in lengths])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("decode tokens/s (median, min-max)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def quality_vs_ratio(rows: Sequence[dict], path: str) -> bool:
+    cand = [r for r in rows if r["case"] != "baseline"]
+    if not cand:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for c in dict.fromkeys(r["case"] for r in cand):
+        rs = [r for r in cand if r["case"] == c]
+        x = [r["total_ratio"] for r in rs]
+        axes[0].plot(x, [r["kl"] for r in rs], "o", color=_COLOURS.get(c), label=_LABELS.get(c, c))
+        axes[1].plot(x, [r["top1_agreement"] for r in rs], "o", color=_COLOURS.get(c), label=_LABELS.get(c, c))
+        for r in rs:
+            axes[0].annotate(str(r["prompt_tokens"]), (r["total_ratio"], r["kl"]), fontsize=7)
+    axes[0].set_ylabel("KL vs full cache (nats/token)")
+    axes[1].set_ylabel("top-1 agreement vs full cache")
+    for ax in axes:
+        ax.set_xlabel("whole-model ratio (uncompressed / bytes held)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_all(rows: Sequence[dict], folder: str) -> List[str]:
+    out = []
+    for name, fn in (("bytes_held.png", bytes_vs_context), ("decode_tps.png", tokens_per_second),
+                     ("quality_vs_ratio.png", quality_vs_ratio)):
+        if fn(rows, os.path.join(folder, name)):
+            out.append(name)
+    return out

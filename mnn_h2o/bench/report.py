@@ -1,0 +1,168 @@
+"""The run folder of a bench round: summary.json (docs/summary_schema.md), summary.md, the
+config used, and the regression table of ``--compare``."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence, Tuple
+
+SCHEMA_VERSION = 1
+MIB = 1 << 20
+
+
+def _mib(b) -> str:
+    return f"{b / MIB:.2f}"
+
+
+def _tps(s: dict) -> str:
+    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.3f}" if x else "-"
+
+
+def runtime_table(rows: Sequence[dict]) -> str:
+    base = {r["prompt_tokens"]: r for r in rows if r["case"] == "baseline"}
+    lines = ["| case | prompt | decode tok/s median (min-max) | vs baseline | prefill tok/s | KV held MiB | "
+             "raw blocks MiB | uncompressed MiB | lossy x | total x | lossless x (scope) | RSS delta MiB | "
+             "KL | top-1 | ppl (base) | fallbacks | mismatches |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        b = base.get(r["prompt_tokens"])
+        vs = f"{r['decode_tps']['median'] / b['decode_tps']['median']:.2f}x" if b else "-"
+        st = r["store"]
+        lines.append(
+            f"| {r['case']} | {r['prompt_tokens']} | {_tps(r['decode_tps'])} | {vs} | "
+            f"{r['prefill_tps']['median']:.0f} | {_mib(r['kv_bytes_held'])} | {_mib(r['kv_bytes_pool'])} | "
+            f"{_mib(r['kv_bytes_uncompressed'])} | {_ratio(r['lossy_ratio'])} | {_ratio(r['total_ratio'])} | "
+            f"{_ratio(st['lossless_ratio'])} | {_mib(r['rss_delta_bytes']['median'])} | {r['kl']:.4f} | "
+            f"{r['top1_agreement']:.3f} | {r['ppl']:.2f} ({r['ppl_baseline']:.2f}) | {st['fallbacks']} | "
+            f"{st['mismatches']} |")
+    return "\n".join(lines)
+
+
+def store_table(rows: Sequence[dict]) -> str:
+    keys = ["chunks_stored", "raw_bytes", "compressed_bytes", "encode_us", "decode_us", "async_wait_us",
+            "queue_peak", "deferrals", "cache_hits", "cache_misses", "cache_bytes", "scratch_bytes",
+            "dissolved"]
+    present = [k for k in keys if any(k in r["store"] for r in rows)]
+    lines = ["| case | prompt | " + " | ".join(present) + " | fallback reasons |",
+             "|---|---:|" + "---:|" * len(present) + "---|"]
+    for r in rows:
+        if r["case"] == "baseline":
+            continue
+        st = r["store"]
+        vals = []
+        for k in present:
+            v = st.get(k, "-")
+            vals.append(f"{v:.0f}" if isinstance(v, float) else str(v))
+        lines.append(f"| {r['case']} | {r['prompt_tokens']} | " + " | ".join(vals) + " | "
+                     f"{st['fallback_reasons'] or '-'} |")
+    return "\n".join(lines)
+
+
+def demo_table(demo: Sequence[dict]) -> str:
+    lines = ["| bucket | case | prompt | generated | decode tok/s | prefill tok/s | KV held MiB | lossy x | "
+             "total x | same tokens as baseline | start of the answer |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for d in demo:
+        text = d["text"].replace("\n", " ").replace("|", "/")[:70]
+        lines.append(f"| {d['bucket']} | {d['case']} | {d['prompt_tokens']} | {d['generated_tokens']} | "
+                     f"{d['decode_tps']:.1f} | {d['prefill_tps']:.0f} | {_mib(d['kv_bytes_held'])} | "
+                     f"{_ratio(d['lossy_ratio'])} | {_ratio(d['total_ratio'])} | "
+                     f"{d['same_prefix_tokens']}/{d['generated_tokens']} | {text} |")
+    return "\n".join(lines)
+
+
+def gates_table(gates: Sequence[dict]) -> str:
+    lines = ["| gate | value | rule | pass |", "|---|---:|---|---|"]
+    for g in gates:
+        v = g["value"]
+        v = f"{v:.4g}" if isinstance(v, float) else str(v)
+        lines.append(f"| {g['name']} | {v} | {g['op']} {g['threshold']} | {'PASS' if g['pass'] else '**FAIL**'} |")
+    return "\n".join(lines)
+
+
+def markdown(summary: dict) -> str:
+    env = summary["environment"]
+    out = [f"# Bench round {summary['started']}", "",
+           f"Model `{summary['model']}`, weights int{summary['config']['model']['weight_bits']}, "
+           f"{summary['config']['runtime']['threads']} threads, KV {summary['config']['runtime']['kv_dtype']}; "
+           f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores, ISA {env.get('isa', '?')}); "
+           f"{summary['duration_s'] / 60:.1f} min. **Overall: {'PASS' if summary['overall_pass'] else 'FAIL'}**", "",
+           "## Gates", "", gates_table(summary["gates"]), "",
+           "## Runtime cases", "",
+           f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
+           "after each prompt; speed medians over interleaved repetitions (min-max); memory and quality from the "
+           "first repetition. KV held = every byte the cache holds (raw blocks + compressed chunks + decode cache "
+           "+ scratch); lossy x = uncompressed / raw blocks; total x = uncompressed / KV held; KL and top-1 vs the "
+           "baseline (full cache) on the same tokens.", "",
+           runtime_table(summary["cases"]), "", "### Lossless store counters (first repetition)", "",
+           store_table(summary["cases"]), ""]
+    if summary["demo"]:
+        out += ["## Demo cases", "", "Real prompts (essay excerpt + question, chat template), greedy generation, "
+                "one run per bucket and case.", "", demo_table(summary["demo"]), ""]
+    if summary.get("plots"):
+        out += ["## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]] + [""]
+    return "\n".join(out)
+
+
+def write(folder: str, summary: dict) -> None:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(folder, "summary.md"), "w") as f:
+        f.write(markdown(summary))
+
+
+def load(path: str) -> dict:
+    p = os.path.join(path, "summary.json") if os.path.isdir(path) else path
+    try:
+        with open(p) as f:
+            s = json.load(f)
+    except OSError as e:
+        raise ValueError(f"--compare: cannot read {p}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--compare: {p} is not valid JSON: {e}") from None
+    if not isinstance(s, dict) or s.get("schema_version") != SCHEMA_VERSION or "cases" not in s:
+        raise ValueError(f"--compare: {p} is not a summary.json of schema version {SCHEMA_VERSION}")
+    return s
+
+
+# metric name, how to read it from a case row, whether higher is better
+_METRICS: Tuple[Tuple[str, object, bool], ...] = (
+    ("decode tok/s", lambda r: r["decode_tps"]["median"], True),
+    ("prefill tok/s", lambda r: r["prefill_tps"]["median"], True),
+    ("KV held MiB", lambda r: r["kv_bytes_held"] / MIB, False),
+    ("total ratio", lambda r: r["total_ratio"], True),
+    ("lossless ratio", lambda r: r["store"]["lossless_ratio"], True),
+    ("KL", lambda r: r["kl"], False),
+    ("top-1", lambda r: r["top1_agreement"], True),
+)
+
+
+def compare(prev: dict, now: dict) -> str:
+    """Regression table: every metric of every (case, prompt) present in both rounds."""
+    old = {(r["case"], r["prompt_tokens"]): r for r in prev["cases"]}
+    lines = ["| case | prompt | metric | previous | now | change | |", "|---|---:|---|---:|---:|---:|---|"]
+    for r in now["cases"]:
+        o: Optional[dict] = old.get((r["case"], r["prompt_tokens"]))
+        if o is None:
+            continue
+        for name, get, higher in _METRICS:
+            a, b = get(o), get(r)
+            if not a and not b:
+                continue
+            change = (b - a) / abs(a) if a else float("inf")
+            worse = (change < 0) if higher else (change > 0)
+            # Speed is noisy: flag only changes beyond the larger spread of the two rounds.
+            noise = max(o["decode_tps"]["spread"], r["decode_tps"]["spread"]) if "tok/s" in name else 1e-9
+            flag = "worse" if worse and abs(change) > noise else ("better" if abs(change) > noise else "")
+            lines.append(f"| {r['case']} | {r['prompt_tokens']} | {name} | {a:.4g} | {b:.4g} | {change:+.1%} | {flag} |")
+    pg = {g["name"]: g["pass"] for g in prev.get("gates", [])}
+    for g in now.get("gates", []):
+        if g["name"] in pg and pg[g["name"]] != g["pass"]:
+            lines.append(f"| gate | | {g['name']} | {'pass' if pg[g['name']] else 'FAIL'} | "
+                         f"{'pass' if g['pass'] else 'FAIL'} | | {'fixed' if g['pass'] else 'REGRESSED'} |")
+    return "\n".join(lines)
