@@ -8,13 +8,35 @@ that so the rotate-half RoPE of the HF reference applies (qwen2 is stored unperm
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
 import os
 from typing import Dict, Iterator, Tuple
 
 import numpy as np
 
 SUPPORTED_ARCHS = ("llama", "qwen2")
+
+# Bounds on what a model file may claim. Far above any model we run, low enough that a damaged
+# size field is refused before something is allocated or looped over from it.
+_MAX_SIZE = (1 << 31) - 1   # the native core takes int sizes
+_MAX_LAYERS = 1 << 12
+_MAX_HEADS = 1 << 12
+_MAX_CONTEXT = 1 << 24
+
+
+@functools.lru_cache(maxsize=1)
+def _kinds() -> dict:
+    """GGUF value types allowed per kind (floats may be written as ints). gguf is imported on
+    first use, like everywhere in this module, so importing mnn_h2o stays cheap."""
+    from gguf import GGUFValueType as T
+
+    ints = (T.UINT8, T.INT8, T.UINT16, T.INT16, T.UINT32, T.INT32, T.UINT64, T.INT64)
+    floats = (T.FLOAT32, T.FLOAT64)
+    return {"int": {(t,) for t in ints}, "float": {(t,) for t in floats + ints},
+            "str": {(T.STRING,)}, "str_array": {(T.ARRAY, T.STRING)},
+            "int_array": {(T.ARRAY, t) for t in ints}}
 
 
 class ModelFileError(ValueError):
@@ -60,6 +82,24 @@ def file_digest(path: str, chunk: int = 1 << 24) -> str:
     return h.hexdigest()
 
 
+def expected_shapes(c: "ModelConfig") -> Dict[str, Tuple[int, ...]]:
+    """HF-layout shape of every tensor the loader uses, from the config (output.weight and the
+    q/k/v biases are optional)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes = {"token_embd.weight": (c.vocab, c.hidden), "output_norm.weight": (c.hidden,),
+              "output.weight": (c.vocab, c.hidden)}
+    for i in range(c.n_layers):
+        b = f"blk.{i}."
+        shapes.update({b + "attn_norm.weight": (c.hidden,), b + "attn_q.weight": (q, c.hidden),
+                       b + "attn_k.weight": (kv, c.hidden), b + "attn_v.weight": (kv, c.hidden),
+                       b + "attn_output.weight": (c.hidden, q), b + "ffn_norm.weight": (c.hidden,),
+                       b + "ffn_gate.weight": (c.ffn, c.hidden), b + "ffn_up.weight": (c.ffn, c.hidden),
+                       b + "ffn_down.weight": (c.hidden, c.ffn)})
+        if c.qkv_bias:
+            shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+    return shapes
+
+
 class GgufModel:
     """Lazy view of a GGUF model: config and tokenizer metadata now, tensors on request."""
 
@@ -74,55 +114,98 @@ class GgufModel:
             raise ModelFileError(f"{path} is not a readable GGUF file: {e}") from None
         self.path = path
         self.fields = self.reader.fields
-        arch = self._get("general.architecture")
+        arch = self._get("general.architecture", kind="str")
         if arch not in SUPPORTED_ARCHS:
             raise ModelFileError(
                 f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
         self.tensors = {t.name: t for t in self.reader.tensors}
+        # GGUF aligns every tensor's data; an offset off the grid is damage, and reading from it
+        # would give shifted bytes that decode to plausible-looking garbage weights.
+        align = int(self.reader.alignment)
+        for t in self.reader.tensors:
+            if (t.data_offset - self.reader.data_offset) % align:
+                raise ModelFileError(f"{path}: tensor {t.name} data offset {t.data_offset} is not "
+                                     f"aligned to {align} bytes")
         self.config = self._read_config(arch)
 
-    def _get(self, key, default=KeyError):
+    def _get(self, key, default=KeyError, kind: str = "any"):
+        """The value of metadata ``key``; with ``kind`` (int, float, str, str_array, int_array)
+        its GGUF type is checked too, so a damaged file cannot hand a list or a string to the
+        code that sizes the model."""
         f = self.fields.get(key)
         if f is None:
             if default is KeyError:
                 raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} is missing")
             return default
+        types = tuple(f.types)
+        if kind != "any" and types not in _kinds()[kind]:
+            got = "[".join(getattr(t, "name", str(t)) for t in types) + "]" * (len(types) - 1)
+            raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} must be {kind.replace('_', ' ')}, "
+                                 f"got {got or 'nothing'}")
         try:
-            return f.contents()
+            v = f.contents()
         except Exception as e:
             raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} is unreadable: {e}") from None
+        if kind == "float" and not math.isfinite(v):
+            raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} is {v}")
+        return v
+
+    def _size(self, key: str, default=KeyError, lo: int = 1, hi: int = _MAX_SIZE) -> int:
+        """An integer size in [lo, hi]: zero, negative or absurd sizes are a damaged file."""
+        v = self._get(key, default, "int")
+        if not lo <= v <= hi:
+            raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} = {v} is out of range [{lo}, {hi}]")
+        return int(v)
+
+    def _positive_float(self, key: str, default=KeyError) -> float:
+        v = float(self._get(key, default, "float"))
+        if not v > 0:
+            raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} = {v} must be > 0")
+        return v
 
     def _read_config(self, arch: str) -> ModelConfig:
         p = arch + "."
-        n_heads = int(self._get(p + "attention.head_count"))
-        hidden = int(self._get(p + "embedding_length"))
-        head_dim = int(self._get(p + "rope.dimension_count", hidden // n_heads))
-        vocab = int(self._get(p + "vocab_size", 0)) or len(self.fields["tokenizer.ggml.tokens"].data)
+        n_heads = self._size(p + "attention.head_count", hi=_MAX_HEADS)
+        hidden = self._size(p + "embedding_length")
+        head_dim = self._size(p + "rope.dimension_count", max(hidden // n_heads, 1))
+        if p + "vocab_size" in self.fields:
+            vocab = self._size(p + "vocab_size")
+        else:
+            vocab = len(self._get("tokenizer.ggml.tokens", kind="str_array"))
+            if vocab < 1:
+                raise ModelFileError(f"{self.path}: the vocabulary (tokenizer.ggml.tokens) is empty")
+        token_id = lambda key: self._size(key, -1, lo=-1, hi=vocab - 1)  # noqa: E731 (-1: none)
+        name = self._get("general.name", os.path.basename(self.path))
         cfg = ModelConfig(
             arch=arch,
-            n_layers=int(self._get(p + "block_count")),
+            n_layers=self._size(p + "block_count", hi=_MAX_LAYERS),
             hidden=hidden,
-            ffn=int(self._get(p + "feed_forward_length")),
+            ffn=self._size(p + "feed_forward_length"),
             n_heads=n_heads,
-            n_kv_heads=int(self._get(p + "attention.head_count_kv", n_heads)),
+            n_kv_heads=self._size(p + "attention.head_count_kv", n_heads, hi=_MAX_HEADS),
             head_dim=head_dim,
             vocab=vocab,
-            context=int(self._get(p + "context_length")),
-            rope_theta=float(self._get(p + "rope.freq_base", 10000.0)),
-            rms_eps=float(self._get(p + "attention.layer_norm_rms_epsilon")),
+            context=self._size(p + "context_length", hi=_MAX_CONTEXT),
+            rope_theta=self._positive_float(p + "rope.freq_base", 10000.0),
+            rms_eps=self._positive_float(p + "attention.layer_norm_rms_epsilon"),
             tied_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
-            bos_token_id=int(self._get("tokenizer.ggml.bos_token_id", -1)),
-            eos_token_id=int(self._get("tokenizer.ggml.eos_token_id", -1)),
-            name=str(self._get("general.name", os.path.basename(self.path))),
+            bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
+            eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
+            name=name if isinstance(name, str) else os.path.basename(self.path),
         )
-        if cfg.n_heads * cfg.head_dim != cfg.hidden or cfg.n_heads % cfg.n_kv_heads:
+        # head_dim must be even: RoPE rotates halves and llama's q/k rows are un-permuted in pairs.
+        if cfg.n_heads * cfg.head_dim != cfg.hidden or cfg.n_heads % cfg.n_kv_heads or cfg.head_dim % 2:
             raise ModelFileError(f"{self.path}: inconsistent head layout {cfg}")
-        for i in range(cfg.n_layers):
-            for t in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                      "ffn_gate", "ffn_up", "ffn_down"):
-                if f"blk.{i}.{t}.weight" not in self.tensors:
-                    raise ModelFileError(f"{self.path}: tensor blk.{i}.{t}.weight is missing")
+        for name, shape in expected_shapes(cfg).items():
+            t = self.tensors.get(name)
+            if t is None:
+                if name == "output.weight":
+                    continue  # absent: the lm_head is tied to the embedding
+                raise ModelFileError(f"{self.path}: tensor {name} is missing")
+            got = tuple(int(x) for x in reversed(t.shape))
+            if got != shape:
+                raise ModelFileError(f"{self.path}: tensor {name} has shape {got}, the config says {shape}")
         return cfg
 
     # --- tensors -----------------------------------------------------------------------------
@@ -190,16 +273,31 @@ class GgufModel:
 
     # --- tokenizer metadata ------------------------------------------------------------------
     def tokenizer_metadata(self) -> dict:
-        model = self._get("tokenizer.ggml.model")
+        model = self._get("tokenizer.ggml.model", kind="str")
         if model != "gpt2":
             raise ModelFileError(f"{self.path}: tokenizer model {model!r} is not supported (byte-level BPE 'gpt2' only)")
-        tokens = self._get("tokenizer.ggml.tokens")
+        c = self.config
+        tokens = self._get("tokenizer.ggml.tokens", kind="str_array")
+        token_type = self._get("tokenizer.ggml.token_type", kind="int_array")
+        merges = self._get("tokenizer.ggml.merges", kind="str_array")
+        # Token ids index the embedding: a vocabulary longer than it, or special ids past the
+        # vocabulary, would only fail at run time, on some prompt.
+        if not 0 < len(tokens) <= c.vocab:
+            raise ModelFileError(f"{self.path}: {len(tokens)} tokens for an embedding of {c.vocab} rows")
+        if len(token_type) != len(tokens):
+            raise ModelFileError(f"{self.path}: {len(token_type)} token types for {len(tokens)} tokens")
+        for key, i in (("bos", c.bos_token_id), ("eos", c.eos_token_id)):
+            if i >= len(tokens):
+                raise ModelFileError(f"{self.path}: {key} token id {i} is past the {len(tokens)} tokens")
+        bad = next((m for m in merges if len(m.split(" ")) != 2 or "" in m.split(" ")), None)
+        if bad is not None:
+            raise ModelFileError(f"{self.path}: BPE merge {bad!r} is not two tokens separated by a space")
         return {
-            "pre": self._get("tokenizer.ggml.pre", "default"),
+            "pre": self._get("tokenizer.ggml.pre", "default", kind="str"),
             "tokens": list(tokens),
-            "token_type": [int(x) for x in self._get("tokenizer.ggml.token_type")],
-            "merges": list(self._get("tokenizer.ggml.merges")),
-            "bos_token_id": self.config.bos_token_id,
-            "eos_token_id": self.config.eos_token_id,
-            "chat_template": self._get("tokenizer.chat_template", None),
+            "token_type": [int(x) for x in token_type],
+            "merges": list(merges),
+            "bos_token_id": c.bos_token_id,
+            "eos_token_id": c.eos_token_id,
+            "chat_template": self._get("tokenizer.chat_template", None, kind="str"),
         }

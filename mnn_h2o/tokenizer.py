@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, List
 
+from .gguf_model import ModelFileError
+
 # GPT-2 / Llama-3 style split regexes, as llama.cpp uses them per `tokenizer.ggml.pre`.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -39,7 +41,11 @@ class Tokenizer:
         tokens = meta["tokens"]
         vocab = {t: i for i, t in enumerate(tokens)}
         merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
-        tok = HfTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+        except Exception as e:  # e.g. a merge of tokens that are not in the vocabulary
+            raise ModelFileError(f"the model's tokenizer is inconsistent: {e}") from None
+        tok = HfTokenizer(bpe)
         tok.pre_tokenizer = _pre_tokenizer(meta.get("pre", "default"))
         tok.decoder = decoders.ByteLevel()
         # token_type 3 = control, 4 = user-defined: matched whole, never split by BPE.
@@ -52,6 +58,9 @@ class Tokenizer:
         self.bos_token_id = meta.get("bos_token_id", -1)
         self.eos_token_id = meta.get("eos_token_id", -1)
         self.chat_template = meta.get("chat_template")
+        self._compiled = None
+        if self.chat_template:
+            self._template()  # a broken template is a broken model file: say so at load time
         self.stop_token_ids = {i for i in (self.eos_token_id, vocab.get("<|im_end|>"),
                                            vocab.get("<|endoftext|>"), vocab.get("<|eot_id|>"))
                                if i is not None and i >= 0}
@@ -66,16 +75,27 @@ class Tokenizer:
         """The prompt an instruct model expects for one user turn, ready for the assistant."""
         if not self.chat_template:
             return user_text
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        # The template comes from the model file: render it sandboxed.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user_text}]
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=self.meta["tokens"][self.bos_token_id] if self.bos_token_id >= 0 else "",
-            eos_token=self.meta["tokens"][self.eos_token_id] if self.eos_token_id >= 0 else "")
+        try:
+            return self._template().render(
+                messages=messages, add_generation_prompt=True,
+                bos_token=self.meta["tokens"][self.bos_token_id] if self.bos_token_id >= 0 else "",
+                eos_token=self.meta["tokens"][self.eos_token_id] if self.eos_token_id >= 0 else "")
+        except Exception as e:  # the template is code from the model file: any failure is the file's
+            raise ModelFileError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
+
+    def _template(self):
+        """The chat template compiled once, sandboxed (it comes from the model file)."""
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            try:
+                self._compiled = env.from_string(self.chat_template)
+            except Exception as e:
+                raise ModelFileError(f"the model's chat template does not compile: {e}") from None
+        return self._compiled
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
