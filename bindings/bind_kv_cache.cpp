@@ -15,6 +15,8 @@
 #include "mnn_h2o/h2o_config.h"
 #include "mnn_h2o/h2o_state.h"
 #include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/kv_store.h"
+#include "mnn_h2o/store_config.h"
 
 namespace py = pybind11;
 using mnn_h2o::H2oConfig;
@@ -23,6 +25,9 @@ using mnn_h2o::Isa;
 using mnn_h2o::KvCache;
 using mnn_h2o::KvCacheConfig;
 using mnn_h2o::KvDtype;
+using mnn_h2o::StoreConfig;
+using mnn_h2o::StoreMode;
+using mnn_h2o::StoreStats;
 
 namespace {
 
@@ -152,6 +157,79 @@ py::dict config_dict(const H2oConfig& c) {
     return d;
 }
 
+StoreMode parse_store_mode(const std::string& name) {
+    for (StoreMode m : {StoreMode::Off, StoreMode::Probe, StoreMode::Full, StoreMode::Store})
+        if (name == mnn_h2o::store_mode_name(m)) return m;
+    throw py::value_error("enable_store: mode must be 'off', 'probe', 'full' or 'store', got '" + name + "'");
+}
+
+py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
+    py::dict fallbacks;
+    for (int r = 0; r < mnn_h2o::kStoreFallbacks; ++r)
+        fallbacks[mnn_h2o::store_fallback_name(static_cast<mnn_h2o::StoreFallback>(r))] = c.fallbacks[r];
+    py::dict d;
+    d["chunks_encoded"] = c.chunks_encoded;
+    d["chunks_stored"] = c.chunks_stored;
+    d["raw_bytes"] = c.raw_bytes;
+    d["compressed_bytes"] = c.compressed_bytes;
+    d["stored_raw_bytes"] = c.stored_raw_bytes;
+    d["stored_blob_bytes"] = c.stored_blob_bytes;
+    d["encode_us"] = c.encode_us;
+    d["verify_us"] = c.verify_us;
+    d["decode_us"] = c.decode_us;
+    d["verify_mismatches"] = c.verify_mismatches;
+    d["cache_hits"] = c.cache_hits;
+    d["cache_misses"] = c.cache_misses;
+    d["dissolved"] = c.dissolved;
+    d["fallbacks"] = fallbacks;
+    return d;
+}
+
+py::dict store_stats_dict(const StoreStats& s) {
+    py::list layers;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        py::dict d = store_counters_dict(s.layers[i].counters);
+        d["layer"] = i;
+        d["chunks_held"] = s.layers[i].chunks_held;
+        d["blob_bytes"] = s.layers[i].blob_bytes;
+        layers.append(d);
+    }
+    py::dict d = store_counters_dict(s.total);
+    d["mode"] = mnn_h2o::store_mode_name(s.mode);
+    d["layers"] = layers;
+    d["lossless_ratio"] = s.lossless_ratio;
+    d["async_wait_us"] = s.async_wait_us;
+    d["queue_peak"] = s.queue_peak;
+    d["deferrals"] = s.deferrals;
+    d["stale_jobs"] = s.stale_jobs;
+    d["chunks_held"] = s.chunks_held;
+    d["blob_bytes"] = s.blob_bytes;
+    d["cache_bytes"] = s.cache_bytes;
+    d["scratch_bytes"] = s.scratch_bytes;
+    d["pool_bytes"] = s.pool_bytes;
+    d["bytes_held"] = s.bytes_held;
+    d["bytes_uncompressed"] = s.bytes_uncompressed;
+    d["total_ratio"] = s.total_ratio;
+    return d;
+}
+
+py::dict store_config_dict(const StoreConfig& c) {
+    py::dict d;
+    d["mode"] = mnn_h2o::store_mode_name(c.mode);
+    d["front_n"] = c.front_n;
+    d["h2o_kept"] = c.h2o_kept;
+    d["hot_sink_tokens"] = c.hot_sink_tokens;
+    d["hot_recent_tokens"] = c.hot_recent_tokens;
+    d["chunk_tokens"] = c.chunk_tokens;
+    d["async_threads"] = c.async_threads;
+    d["max_queue"] = c.max_queue;
+    d["decode_cache_bytes"] = c.decode_cache_bytes;
+    d["prefetch"] = c.prefetch;
+    d["zstd_level"] = c.zstd_level;
+    d["probe_every"] = c.probe_every;
+    return d;
+}
+
 // The cache plus a lock: the GIL is released during native work, so two Python threads could
 // otherwise enter one cache at once.
 struct PyKvCache {
@@ -277,6 +355,12 @@ mass each key block received, summed over the queries and the query heads of eac
                  NativeCall call(self);
                  return self.cache.bytes_held();
              })
+        .def("pool_bytes_held",
+             [](PyKvCache& self) {
+                 NativeCall call(self);
+                 return self.cache.pool_bytes_held();
+             },
+             "Bytes of raw KV blocks alone (bytes_held() adds the store's frames, cache and scratch).")
         .def("bytes_mapped",
              [](PyKvCache& self) {
                  NativeCall call(self);
@@ -416,6 +500,91 @@ ValueError naming the bad argument.)doc")
             },
             py::arg("layer"),
             "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet).")
+        .def(
+            "enable_store",
+            [](PyKvCache& self, const std::string& mode, long long front_n, bool h2o_kept, long long hot_sink_tokens,
+               long long hot_recent_tokens, long long chunk_tokens, long long async_threads, long long max_queue,
+               long long decode_cache_bytes, bool prefetch, long long zstd_level, long long probe_every,
+               const std::vector<std::string>& faults) {
+                const auto to_int = [](const char* name, long long x) {
+                    if (x < INT32_MIN || x > INT32_MAX)
+                        throw py::value_error(std::string("enable_store: ") + name + " is out of range, got " +
+                                              std::to_string(x));
+                    return static_cast<int>(x);
+                };
+                if (decode_cache_bytes < 0)
+                    throw py::value_error("enable_store: decode_cache_bytes must be >= 0, got " +
+                                          std::to_string(decode_cache_bytes));
+                StoreConfig c;
+                c.mode = parse_store_mode(mode);
+                c.front_n = to_int("front_n", front_n);
+                c.h2o_kept = h2o_kept;
+                c.hot_sink_tokens = to_int("hot_sink_tokens", hot_sink_tokens);
+                c.hot_recent_tokens = to_int("hot_recent_tokens", hot_recent_tokens);
+                c.chunk_tokens = to_int("chunk_tokens", chunk_tokens);
+                c.async_threads = to_int("async_threads", async_threads);
+                c.max_queue = to_int("max_queue", max_queue);
+                c.decode_cache_bytes = static_cast<size_t>(decode_cache_bytes);
+                c.prefetch = prefetch;
+                c.zstd_level = to_int("zstd_level", zstd_level);
+                c.probe_every = to_int("probe_every", probe_every);
+                for (const std::string& f : faults) {
+                    if (f == "encode_error") c.faults.encode_error = true;
+                    else if (f == "verify_mismatch") c.faults.verify_mismatch = true;
+                    else if (f == "alloc_failure") c.faults.alloc_failure = true;
+                    else if (f == "worker_exception") c.faults.worker_exception = true;
+                    else throw py::value_error("enable_store: faults: unknown fault '" + f + "'");
+                }
+                NativeCall call(self);
+                self.cache.enable_store(c);
+            },
+            py::kw_only(), py::arg("mode") = "store", py::arg("front_n") = 0, py::arg("h2o_kept") = false,
+            py::arg("hot_sink_tokens") = 64, py::arg("hot_recent_tokens") = 256, py::arg("chunk_tokens") = 128,
+            py::arg("async_threads") = 0, py::arg("max_queue") = 64, py::arg("decode_cache_bytes") = 8 << 20,
+            py::arg("prefetch") = true, py::arg("zstd_level") = 1, py::arg("probe_every") = 8,
+            py::arg("faults") = std::vector<std::string>(),
+            R"doc(Turn the lossless store on (mode 'probe', 'full' or 'store'; 'off' turns it off), or replace
+its settings (what is compressed is dissolved back to raw first). See docs/kv_cache.md.
+faults (tests only): any of 'encode_error', 'verify_mismatch', 'alloc_failure', 'worker_exception'.
+ValueError naming the bad argument.)doc")
+        .def(
+            "disable_store",
+            [](PyKvCache& self) {
+                NativeCall call(self);
+                self.cache.disable_store();
+            },
+            "Dissolve every compressed chunk back to raw blocks and stop the store's workers.")
+        .def(
+            "store_config",
+            [](PyKvCache& self) -> py::object {
+                StoreConfig c;
+                {
+                    NativeCall call(self);
+                    if (!self.cache.store_config()) return py::none();
+                    c = *self.cache.store_config();
+                }
+                return store_config_dict(c);
+            },
+            "The active store settings as a dict, or None when the store is off.")
+        .def(
+            "store_stats",
+            [](PyKvCache& self) {
+                StoreStats s;
+                {
+                    NativeCall call(self);
+                    s = self.cache.store_stats();
+                }
+                return store_stats_dict(s);
+            },
+            "Store counters (whole model and per layer) and bytes: pool_bytes + blob_bytes + cache_bytes + "
+            "scratch_bytes = bytes_held; total_ratio = bytes_uncompressed / bytes_held.")
+        .def(
+            "drain_store",
+            [](PyKvCache& self) {
+                NativeCall call(self);
+                self.cache.drain_store();
+            },
+            "Wait for every store job under way and install it.")
         .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })
         .def_property_readonly("head_dim", [](const PyKvCache& s) { return s.cache.config().head_dim; })

@@ -73,6 +73,7 @@ void validate(const AttentionProblem& p) {
     if (p.dtype != KvDtype::F16 && p.dtype != KvDtype::BF16 && p.dtype != KvDtype::F32) fail("unknown dtype");
     if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
     if (p.n_q < 1) fail("n_q must be >= 1");
+    if (p.split_keys < 0) fail("split_keys must be >= 0");
     for (int h = 0; h < p.n_kv_heads; ++h) {
         const KvHeadView& kv = p.heads[h];
         if (kv.n_keys < p.n_q)
@@ -95,8 +96,10 @@ int max_keys_of(const AttentionProblem& p) {
     return max_keys;
 }
 
+int split_keys_of(const AttentionProblem& p) { return std::max(p.split_keys, max_keys_of(p)); }
+
 bool parallel_worthwhile(const AttentionProblem& p) {
-    return static_cast<long long>(p.n_q) * max_keys_of(p) >= kParallelMinQueryKeys;
+    return static_cast<long long>(p.n_q) * split_keys_of(p) >= kParallelMinQueryKeys;
 }
 
 template <class Fn>
@@ -152,7 +155,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
 void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
              ThreadPool* pool, AttentionWorkspace& ws) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
-    const int max_keys = max_keys_of(p);
+    const int max_keys = split_keys_of(p);
     const int max_blocks = (max_keys + bt - 1) / bt;
     const int splits = n_threads > 1 && parallel_worthwhile(p) ? std::min(n_threads, max_blocks) : 1;
     const int n_tasks = p.n_kv_heads * splits;

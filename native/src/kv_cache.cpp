@@ -75,6 +75,8 @@ KvCache::KvCache(const KvCacheConfig& config)
     }
 }
 
+KvCache::~KvCache() { store_.reset(); }
+
 void KvCache::check_layer(int layer) const {
     if (layer < 0 || layer >= cfg_.n_layers)
         throw std::out_of_range("KvCache: layer " + std::to_string(layer) + " out of range [0, " +
@@ -186,16 +188,20 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
     p.out = out;
     p.block_scores = block_scores;
     p.scores_stride = scores_stride;
-    attention(p, isa, threads_.get(), workspace_);
+    if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, threads_.get(), workspace_);
+    else attention(p, isa, threads_.get(), workspace_);
 }
 
 void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
                    float* block_scores, size_t scores_stride) {
     check_append(layer, k, v, n_tokens);
     check_attend(layer, q, n_tokens, out, block_scores, scores_stride, n_tokens);
+    if (store_) store_->install_finished();
     append(layer, k, v, n_tokens);
     if (!h2o_ || !h2o_->collects(layer)) {
         attend(layer, q, n_tokens, out, block_scores, scores_stride);
+        // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
+        if (store_) store_->prefetch(layer + 1);
         return;
     }
     float* acc = h2o_->accumulator(layer);
@@ -216,6 +222,7 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         }
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) h2o_->record_step(layer, h, head(layer, h).length, n_tokens);
+    if (store_) store_->prefetch(layer + 1);
 }
 
 int KvCache::length(int layer, int h) const { return head(layer, h).length; }
@@ -236,8 +243,11 @@ void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
     for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
         const size_t n = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt) * cfg_.head_dim;
         const size_t offset = static_cast<size_t>(pos) * cfg_.head_dim;
-        convert_to_f32(isa_, cfg_.dtype, hs.k_blocks[b], k_out + offset, n);
-        convert_to_f32(isa_, cfg_.dtype, hs.v_blocks[b], v_out + offset, n);
+        const void* k = hs.k_blocks[b];
+        const void* v = hs.v_blocks[b];
+        if (!k) store_->read_block(layer, h, b, &k, &v);
+        convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, n);
+        convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, n);
     }
 }
 
@@ -256,11 +266,13 @@ void KvCache::truncate(int layer, int h, int n_tokens) {
     Head& hs = head(layer, h);
     require(n_tokens >= 0 && n_tokens <= hs.length, "truncate: n_tokens must be in [0, length]");
     const int old_length = hs.length;
+    if (store_) store_->truncate(layer, h, n_tokens);
     release_tail(hs, n_tokens);
     if (h2o_ && h2o_->collects(layer)) h2o_->truncate(layer, h, old_length, n_tokens);
 }
 
 void KvCache::reset() {
+    if (store_) store_->reset();
     for (Head& hs : heads_) release_tail(hs, 0);
     std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});
     if (h2o_) h2o_->reset();
@@ -270,9 +282,45 @@ void KvCache::enable_h2o(const H2oConfig& config) { h2o_ = std::make_unique<H2oS
 
 void KvCache::disable_h2o() { h2o_.reset(); }
 
+void KvCache::enable_store(const StoreConfig& config) {
+    validate_store_config(config, cfg_);
+    disable_store();
+    if (config.mode != StoreMode::Off) store_ = std::make_unique<KvStore>(config, cfg_, pool_, heads_);
+}
+
+void KvCache::disable_store() {
+    if (!store_) return;
+    store_->dissolve_all();
+    store_.reset();
+}
+
+void KvCache::drain_store() {
+    if (store_) store_->drain();
+}
+
+StoreStats KvCache::store_stats() const {
+    StoreStats s;
+    if (store_) s = store_->stats();
+    else s.layers.resize(static_cast<size_t>(cfg_.n_layers));
+    const H2oStats h = h2o_stats();
+    s.pool_bytes = pool_bytes_held();
+    s.bytes_held = bytes_held();
+    s.bytes_uncompressed = h.bytes_uncompressed;
+    if (s.bytes_held > 0) s.total_ratio = static_cast<double>(s.bytes_uncompressed) / static_cast<double>(s.bytes_held);
+    else if (s.bytes_uncompressed > 0) s.total_ratio = std::numeric_limits<double>::infinity();
+    return s;
+}
+
 bool KvCache::end_step(int n_tokens, bool prefill) {
     require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
-    if (!h2o_) return false;
+    if (store_) store_->install_finished();
+    const bool evicted = h2o_ && evict_due(n_tokens, prefill);
+    // New cold chunks, after eviction has had its say on this step's blocks.
+    if (store_) store_->schedule(h2o_config());
+    return evicted;
+}
+
+bool KvCache::evict_due(int n_tokens, bool prefill) {
     // Counted in decode tokens, the same for every layer (not in layer calls).
     const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
     const H2oConfig& c = h2o_->config();
@@ -308,7 +356,9 @@ void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
     const Clock::time_point t0 = Clock::now();
     const int old_length = hs.length;
     const size_t old_blocks = hs.k_blocks.size();
-    if (block_aligned(runs, cfg_.block_tokens, old_length)) drop_blocks(hs, runs);
+    const bool aligned = block_aligned(runs, cfg_.block_tokens, old_length);
+    if (store_) store_->compact(layer, h, runs, aligned);
+    if (aligned) drop_blocks(hs, runs);
     else move_rows(hs, runs);
     if (h2o_ && h2o_->collects(layer)) h2o_->compact(layer, h, runs, old_length);
     H2oLayerStats& st = stats_[layer];
@@ -377,7 +427,8 @@ H2oStats KvCache::h2o_stats() const {
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             const Head& hs = head(layer, h);
             l.held.push_back(hs.length);
-            l.bytes_held += (hs.k_blocks.size() + hs.v_blocks.size()) * pool_.block_bytes();
+            for (size_t b = 0; b < hs.k_blocks.size(); ++b)  // compressed blocks are null: not pool bytes
+                l.bytes_held += ((hs.k_blocks[b] != nullptr) + (hs.v_blocks[b] != nullptr)) * pool_.block_bytes();
         }
         s.bytes_uncompressed += static_cast<size_t>(stats_[layer].tokens_seen) * token_bytes;
         s.policy_us += stats_[layer].policy_us;

@@ -55,6 +55,12 @@ struct AttentionProblem {
     // every visible block of every head.
     float* block_scores = nullptr;
     size_t scores_stride = 0;
+
+    // Keys the work split is planned for; 0 = the longest head's. A caller that runs the heads of
+    // one problem in separate calls (the KV store, one head's memory at a time) passes the longest
+    // head of the whole problem, so the splits, and so the results, are bit-identical to the
+    // all-heads call.
+    int split_keys = 0;
 };
 
 // Scratch memory of attention(), kept between calls so a decode step allocates nothing.

@@ -8,6 +8,10 @@
 // With H2O eviction enabled (enable_h2o, docs/h2o.md) step() also collects attention scores for
 // the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
 //
+// With the lossless store enabled (enable_store, docs/kv_cache.md "Lossless store") end_step()
+// also Gear-encodes cold chunks of the layers in scope; in store mode they are then held only
+// compressed, and attention and read() decode them (bit-exact) when needed.
+//
 // Not thread-safe: use one KvCache from one thread at a time (its own worker threads are
 // internal to attend/step).
 #pragma once
@@ -22,6 +26,9 @@
 #include "mnn_h2o/cpu_features.h"
 #include "mnn_h2o/h2o_state.h"
 #include "mnn_h2o/kv_cache_config.h"
+#include "mnn_h2o/kv_head_blocks.h"
+#include "mnn_h2o/kv_store.h"
+#include "mnn_h2o/store_config.h"
 #include "mnn_h2o/thread_pool.h"
 
 namespace mnn_h2o {
@@ -30,6 +37,7 @@ class KvCache {
 public:
     // Throws std::invalid_argument for an unsupported configuration.
     explicit KvCache(const KvCacheConfig& config);
+    ~KvCache();
     KvCache(const KvCache&) = delete;
     KvCache& operator=(const KvCache&) = delete;
 
@@ -59,13 +67,16 @@ public:
               float* block_scores = nullptr, size_t scores_stride = 0);
 
     int length(int layer, int head) const;
-    // Bytes of KV blocks currently held (exact; blocks are block_tokens * head_dim * dtype size
-    // bytes, rounded up to 64). bytes_mapped() is the address space of the pool's slabs.
-    size_t bytes_held() const { return pool_.bytes_held(); }
+    // Bytes the KV cache holds: raw pool blocks plus, with the store on, its frames, decode
+    // cache, scratch and job copies. pool_bytes_held() is the raw blocks alone (exact; blocks are
+    // block_tokens * head_dim * dtype size bytes, rounded up to 64), which is also what
+    // h2o_stats() reports. bytes_mapped() is the address space of the pool's slabs.
+    size_t bytes_held() const { return pool_.bytes_held() + (store_ ? store_->bytes_held() : 0); }
+    size_t pool_bytes_held() const { return pool_.bytes_held(); }
     size_t bytes_mapped() const { return pool_.bytes_mapped(); }
 
     // Copies the length(layer, head) cached keys and values of one head out as float32
-    // [length][head_dim] each.
+    // [length][head_dim] each (compressed blocks are decoded: the true values).
     void read(int layer, int head, float* k_out, float* v_out) const;
 
     // Keeps the first n_tokens tokens of one head and gives the blocks past them back to the
@@ -73,7 +84,8 @@ public:
     void truncate(int layer, int head, int n_tokens);
 
     // Empties every head, returns all memory and zeroes the statistics. H2O stays enabled, with
-    // its scores and schedule restarted.
+    // its scores and schedule restarted; the store stays enabled, its jobs cancelled and all its
+    // memory returned.
     void reset();
 
     // --- H2O eviction (docs/h2o.md) ---------------------------------------------------------
@@ -87,7 +99,8 @@ public:
     // Call once after all layers of a forward of n_tokens tokens (prefill: a prompt chunk). Runs
     // the policy update when due: after every update_interval decode tokens on every evicting
     // layer, and after a prefill forward on the evicting layers that hold more than their
-    // budget. Returns true if any block was evicted. A no-op returning false when eviction is off.
+    // budget. Returns true if any block was evicted (false when eviction is off). With the store
+    // on, then installs finished store jobs and makes the frames of new cold chunks.
     bool end_step(int n_tokens, bool prefill);
     // Applies an explicit plan to one head: keeps the tokens of runs (see plan_error for what is
     // valid; the floors are those of the H2O config, or only the last token when eviction is
@@ -101,15 +114,28 @@ public:
     // NaN outside the evicting layers). Throws std::invalid_argument when eviction is off.
     std::vector<float> h2o_scores(int layer, int* n_blocks) const;
 
+    // --- Lossless store (docs/kv_cache.md "Lossless store") -----------------------------------
+    // Turns the store on (mode off: turns it off), or replaces its config: what the previous
+    // config holds compressed is first drained and dissolved back to raw blocks. Throws
+    // std::invalid_argument naming the bad field (nothing changes then), std::bad_alloc when the
+    // old chunks cannot be made raw again (the old store stays).
+    void enable_store(const StoreConfig& config);
+    // Dissolves every compressed chunk back to raw blocks and stops the workers. Throws
+    // std::bad_alloc when raw blocks cannot be had (the store stays on, nothing is lost).
+    void disable_store();
+    const StoreConfig* store_config() const { return store_ ? &store_->config() : nullptr; }
+    // Counters per layer and whole-model bytes (pool, frames, cache, scratch; total ratio).
+    StoreStats store_stats() const;
+    // Waits for every store job under way and installs it (deterministic tests and benches).
+    void drain_store();
+
     // The block list of one head, for compaction and inspection: block i holds tokens
-    // [i*block_tokens, (i+1)*block_tokens) of which the first length() are valid.
+    // [i*block_tokens, (i+1)*block_tokens) of which the first length() are valid. Blocks the
+    // store holds compressed are nullptr.
     KvHeadView view(int layer, int head) const;
 
 private:
-    struct Head {
-        std::vector<void*> k_blocks, v_blocks;
-        int length = 0;
-    };
+    using Head = KvHeadBlocks;
 
     Head& head(int layer, int h);
     const Head& head(int layer, int h) const;
@@ -117,6 +143,8 @@ private:
     void check_append(int layer, const float* k, const float* v, int n_tokens) const;
     void check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
                       size_t scores_stride, int extra_tokens) const;
+    // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
+    bool evict_due(int n_tokens, bool prefill);
     // Gives the blocks past the first n_tokens tokens back to the pool.
     void release_tail(Head& hs, int n_tokens);
     // Compaction by a block-aligned plan: drops the evicted blocks from the lists, moves nothing.
@@ -139,6 +167,7 @@ private:
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
     std::vector<int> lengths_;          // end_step(): a layer's head lengths
     std::vector<std::vector<TokenRun>> plans_;
+    std::unique_ptr<KvStore> store_;    // null when the store is off; last: it points at heads_, pool_
 };
 
 }  // namespace mnn_h2o

@@ -1,0 +1,781 @@
+#include "mnn_h2o/kv_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include "mnn_h2o/xxhash64.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double micros_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// What a block of a head is to the store.
+enum BlockState : uint8_t {
+    kRaw = 0,  // raw; becomes part of a chunk once cold
+    kQueued,   // raw; a job is encoding its chunk
+    kStored,   // compressed: null in the head's lists, its bytes in a chunk's frame
+    kSettled,  // raw for good: measured (probe, full) or left raw by a fallback, never retried
+};
+
+// A prefetch job's progress; the caller may take a job over before a worker starts it.
+enum PrefetchState : int { kWaiting = 0, kRunning, kCancelled, kDone };
+
+gear::ElementType element_type_of(KvDtype dtype) {
+    switch (dtype) {
+        case KvDtype::F16: return gear::ElementType::F16;
+        case KvDtype::BF16: return gear::ElementType::BF16;
+        case KvDtype::F32: return gear::ElementType::F32;
+    }
+    throw std::invalid_argument("KvStore: unknown dtype");
+}
+
+gear::EncodeOptions codec_options(const StoreConfig& c) {
+    gear::EncodeOptions o;
+    o.zstd_level = c.zstd_level;
+    return o;
+}
+
+void add(StoreLayerStats& to, const StoreLayerStats& from) {
+    to.chunks_encoded += from.chunks_encoded;
+    to.chunks_stored += from.chunks_stored;
+    to.raw_bytes += from.raw_bytes;
+    to.compressed_bytes += from.compressed_bytes;
+    to.stored_raw_bytes += from.stored_raw_bytes;
+    to.stored_blob_bytes += from.stored_blob_bytes;
+    to.encode_us += from.encode_us;
+    to.verify_us += from.verify_us;
+    to.decode_us += from.decode_us;
+    to.verify_mismatches += from.verify_mismatches;
+    to.cache_hits += from.cache_hits;
+    to.cache_misses += from.cache_misses;
+    to.dissolved += from.dissolved;
+    for (int r = 0; r < kStoreFallbacks; ++r) to.fallbacks[r] += from.fallbacks[r];
+}
+
+}  // namespace
+
+const char* store_fallback_name(StoreFallback reason) {
+    switch (reason) {
+        case StoreFallback::Incompressible: return "incompressible";
+        case StoreFallback::EncodeError: return "encode_error";
+        case StoreFallback::VerifyMismatch: return "verify_mismatch";
+        case StoreFallback::AllocFailure: return "alloc_failure";
+        case StoreFallback::WorkerException: return "worker_exception";
+    }
+    return "?";
+}
+
+// 64-byte aligned bytes, like pool blocks: the attention kernels read decoded chunks as blocks.
+struct KvStore::AlignedBytes {
+    explicit AlignedBytes(size_t n)
+        : data(static_cast<uint8_t*>(::operator new(n, std::align_val_t(64)))), size(n) {}
+    ~AlignedBytes() { ::operator delete(data, std::align_val_t(64)); }
+    AlignedBytes(const AlignedBytes&) = delete;
+    AlignedBytes& operator=(const AlignedBytes&) = delete;
+    uint8_t* const data;
+    const size_t size;
+};
+
+// A compressed run of blocks of one head: one frame of [2][n_blocks * block_tokens][head_dim].
+struct KvStore::Chunk {
+    int first = 0;          // position of its first live block in the head's lists
+    int n_blocks = 0;       // blocks in the frame
+    std::vector<int> live;  // frame blocks the head still holds, at positions first, first+1, ...
+    std::vector<uint8_t> blob;
+    std::unique_ptr<AlignedBytes> decoded;  // its decode cache entry
+    Job* prefetch = nullptr;                // a prefetch job that may still fill `decoded`
+};
+
+struct KvStore::Job {
+    enum class Kind { Encode, Prefetch };
+    Kind kind = Kind::Encode;
+    int layer = 0, head = 0;
+    // Encode: a private copy of the chunk's raw bytes, K then V; the worker fills the rest.
+    int first = 0, n_blocks = 0;
+    uint64_t generation = 0;
+    std::vector<uint8_t> raw;
+    std::vector<uint8_t> blob;
+    uint64_t hash = 0;
+    bool encoded = false, verified = false, failed = false;
+    double encode_us = 0.0, verify_us = 0.0;
+    // Prefetch: decodes chunk's frame into dest, the room reserved for it in the cache.
+    std::atomic<int> progress{kWaiting};
+    Chunk* chunk = nullptr;  // null once the caller has taken the job over
+    std::unique_ptr<AlignedBytes> dest;
+    bool decoded_ok = false;
+    double decode_us = 0.0;
+};
+
+struct KvStore::HeadState {
+    std::vector<uint8_t> state;                 // BlockState per block of the head
+    std::vector<std::unique_ptr<Chunk>> chunks; // ordered by position
+    uint64_t generation = 0;                    // bumped whenever the head's blocks move
+};
+
+KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool,
+                 std::vector<KvHeadBlocks>& heads)
+    : cfg_(config),
+      n_layers_(cache.n_layers),
+      n_kv_heads_(cache.n_kv_heads),
+      head_dim_(cache.head_dim),
+      block_tokens_(cache.block_tokens),
+      blocks_per_chunk_(config.chunk_tokens / cache.block_tokens),
+      row_bytes_(static_cast<size_t>(cache.head_dim) * kv_dtype_size(cache.dtype)),
+      block_bytes_(row_bytes_ * cache.block_tokens),
+      dtype_(cache.dtype),
+      element_type_(element_type_of(cache.dtype)),
+      pool_(pool),
+      heads_(heads),
+      states_(static_cast<size_t>(cache.n_layers) * cache.n_kv_heads),
+      stored_chunks_(static_cast<size_t>(cache.n_layers)),
+      layer_stats_(static_cast<size_t>(cache.n_layers)),
+      codec_(codec_options(config)) {
+    if (block_bytes_ != pool.block_bytes()) throw std::logic_error("KvStore: block size differs from the pool's");
+    if (cfg_.async_threads > 0) {
+        for (int t = 0; t < cfg_.async_threads; ++t) worker_codecs_.push_back(std::make_unique<gear::Codec>(codec_options(cfg_)));
+        worker_checks_.resize(static_cast<size_t>(cfg_.async_threads));
+        queue_ = std::make_unique<WorkQueue>(cfg_.async_threads, cfg_.max_queue);
+    }
+}
+
+KvStore::~KvStore() {
+    queue_.reset();  // workers stop before the jobs and frames they read go
+}
+
+KvStore::HeadState& KvStore::state(int layer, int head) {
+    return states_[static_cast<size_t>(layer) * n_kv_heads_ + head];
+}
+
+bool KvStore::in_scope(int layer, const H2oConfig* h2o) const {
+    if (layer < cfg_.front_n) return true;
+    return cfg_.h2o_kept && h2o && layer >= h2o->layer_start && layer < h2o->layer_end;
+}
+
+// --- making frames ------------------------------------------------------------------------------
+
+void KvStore::schedule(const H2oConfig* h2o) {
+    if (cfg_.mode == StoreMode::Off) return;
+    for (int layer = 0; layer < n_layers_; ++layer)
+        if (in_scope(layer, h2o))
+            for (int h = 0; h < n_kv_heads_; ++h) schedule_head(layer, h);
+}
+
+// A block is cold when it is full, starts at or after hot_sink_tokens and ends at or before
+// length - hot_recent_tokens. A run of consecutive raw cold blocks is cut into chunks of
+// chunk_tokens from its start; a shorter rest is encoded only once it cannot grow any more,
+// i.e. when the block after it is already compressed, queued or settled. A rest that reaches the
+// hot recent zone waits: the zone moves on as tokens arrive and the chunk fills up.
+void KvStore::schedule_head(int layer, int h) {
+    const KvHeadBlocks& kv = blocks(layer, h);
+    HeadState& hs = state(layer, h);
+    hs.state.resize(kv.k_blocks.size(), kRaw);
+    const int bt = block_tokens_;
+    const int cold_begin = (cfg_.hot_sink_tokens + bt - 1) / bt;
+    const int cold_end = std::max(0, (kv.length - cfg_.hot_recent_tokens) / bt);
+    for (int b = cold_begin; b < cold_end;) {
+        if (hs.state[b] != kRaw) {
+            ++b;
+            continue;
+        }
+        int e = b;
+        while (e < cold_end && hs.state[e] == kRaw) ++e;
+        for (int c = b; c < e; c += blocks_per_chunk_) {
+            const int n = std::min(blocks_per_chunk_, e - c);
+            if (n < blocks_per_chunk_ && e == cold_end) break;
+            submit(layer, h, c, n);
+        }
+        b = e;
+    }
+}
+
+void KvStore::submit(int layer, int h, int first, int n_blocks) {
+    if (queue_ && queue_->outstanding() >= queue_->capacity()) {
+        ++deferrals_;  // stays raw; the next end_step tries again
+        return;
+    }
+    HeadState& hs = state(layer, h);
+    const auto mark = [&](uint8_t s) { std::fill(hs.state.begin() + first, hs.state.begin() + first + n_blocks, s); };
+    if (cfg_.mode == StoreMode::Probe && candidates_++ % cfg_.probe_every != 0) {
+        mark(kSettled);
+        return;
+    }
+    auto job = std::make_unique<Job>();
+    job->layer = layer;
+    job->head = h;
+    job->first = first;
+    job->n_blocks = n_blocks;
+    job->generation = hs.generation;
+    const size_t half = static_cast<size_t>(n_blocks) * block_bytes_;
+    job->raw.resize(2 * half);
+    const KvHeadBlocks& kv = blocks(layer, h);
+    for (int j = 0; j < n_blocks; ++j) {
+        std::memcpy(job->raw.data() + j * block_bytes_, kv.k_blocks[first + j], block_bytes_);
+        std::memcpy(job->raw.data() + half + j * block_bytes_, kv.v_blocks[first + j], block_bytes_);
+    }
+    mark(kQueued);
+    if (!queue_) {
+        try {
+            run_encode(*job, codec_, check_);
+        } catch (...) {
+            job->failed = true;
+        }
+        install(*job, job->failed);
+        return;
+    }
+    Job* j = job.get();
+    const uint64_t id = next_job_++;
+    job_bytes_ += job->raw.size();
+    jobs_.emplace(id, std::move(job));
+    // Cannot be refused: only this thread submits, and it checked the room above.
+    queue_->try_submit(id, [this, j](int worker) { run_encode(*j, *worker_codecs_[worker], worker_checks_[worker]); });
+    queue_peak_ = std::max(queue_peak_, queue_->outstanding());
+}
+
+// On a worker (or the caller without workers): touches only the job and its codec.
+void KvStore::run_encode(Job& job, gear::Codec& codec, std::vector<uint8_t>& check) const {
+    if (cfg_.faults.worker_exception) throw std::runtime_error("injected worker fault");
+    job.hash = xxh64(job.raw.data(), job.raw.size());
+    gear::Shape shape;
+    shape.ndim = 3;
+    shape.dims[0] = 2;
+    shape.dims[1] = static_cast<uint32_t>(job.n_blocks * block_tokens_);
+    shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    Clock::time_point t0 = Clock::now();
+    const gear::Status s = cfg_.faults.encode_error ? gear::Status::InvalidArgument
+                                                    : codec.encode(job.raw.data(), element_type_, shape, &job.blob);
+    job.encode_us = micros_since(t0);
+    job.encoded = s == gear::Status::Ok;
+    if (!job.encoded) return;
+    t0 = Clock::now();
+    check.resize(job.raw.size());
+    const gear::Status d = codec.decode(job.blob.data(), job.blob.size(), check.data(), check.size());
+    job.verified = d == gear::Status::Ok && std::memcmp(check.data(), job.raw.data(), check.size()) == 0 &&
+                   !cfg_.faults.verify_mismatch;
+    job.verify_us = micros_since(t0);
+}
+
+void KvStore::process(const WorkQueue::Completion& done) {
+    auto it = jobs_.find(done.id);
+    if (it == jobs_.end()) return;
+    std::unique_ptr<Job> job = std::move(it->second);
+    jobs_.erase(it);
+    if (job->kind == Job::Kind::Encode) {
+        job_bytes_ -= job->raw.size();
+        job->failed = done.failed;
+        finished_.push_back(std::move(job));
+        return;
+    }
+    Chunk* chunk = job->chunk;
+    if (!chunk) return;  // taken over by the caller
+    chunk->prefetch = nullptr;
+    --active_prefetches_;
+    layer_stats_[job->layer].decode_us += job->decode_us;
+    if (!done.failed && job->decoded_ok) {
+        chunk->decoded = std::move(job->dest);
+    } else {
+        cache_bytes_ -= job->dest->size;
+    }
+}
+
+void KvStore::install_finished() {
+    if (queue_)
+        for (const WorkQueue::Completion& c : queue_->collect()) process(c);
+    for (auto& job : finished_) install(*job, job->failed);
+    finished_.clear();
+}
+
+void KvStore::install(Job& job, bool failed) {
+    const int layer = job.layer;
+    StoreLayerStats& st = layer_stats_[layer];
+    HeadState& hs = state(layer, job.head);
+    // A job whose head moved meanwhile: its blocks were made raw again then.
+    const bool current = job.generation == hs.generation;
+    const auto settle = [&] {
+        if (current) std::fill(hs.state.begin() + job.first, hs.state.begin() + job.first + job.n_blocks, kSettled);
+    };
+    if (failed) {
+        fallback(layer, StoreFallback::WorkerException);
+        settle();
+        return;
+    }
+    if (!job.encoded) {
+        fallback(layer, StoreFallback::EncodeError);
+        settle();
+        return;
+    }
+    ++st.chunks_encoded;
+    st.raw_bytes += static_cast<int64_t>(job.raw.size());
+    st.compressed_bytes += static_cast<int64_t>(job.blob.size());
+    st.encode_us += job.encode_us;
+    st.verify_us += job.verify_us;
+    KvHeadBlocks& kv = blocks(layer, job.head);
+    const size_t half = static_cast<size_t>(job.n_blocks) * block_bytes_;
+    bool same = job.verified;
+    if (same && current && cfg_.mode != StoreMode::Probe) {
+        // The blocks must still hold exactly the bytes that were encoded (verify before free; in
+        // full mode, the check that the KV is untouched).
+        check_.resize(job.raw.size());
+        for (int j = 0; j < job.n_blocks; ++j) {
+            std::memcpy(check_.data() + j * block_bytes_, kv.k_blocks[job.first + j], block_bytes_);
+            std::memcpy(check_.data() + half + j * block_bytes_, kv.v_blocks[job.first + j], block_bytes_);
+        }
+        same = xxh64(check_.data(), check_.size()) == job.hash;
+    }
+    if (!same) {
+        ++st.verify_mismatches;
+        fallback(layer, StoreFallback::VerifyMismatch);
+        settle();
+        return;
+    }
+    if (cfg_.mode != StoreMode::Store) {
+        settle();
+        return;
+    }
+    if (!current) {
+        ++stale_jobs_;
+        return;
+    }
+    if (job.blob.size() >= job.raw.size()) {
+        fallback(layer, StoreFallback::Incompressible);
+        settle();
+        return;
+    }
+    auto chunk = std::make_unique<Chunk>();
+    chunk->first = job.first;
+    chunk->n_blocks = job.n_blocks;
+    for (int j = 0; j < job.n_blocks; ++j) chunk->live.push_back(j);
+    chunk->blob = std::move(job.blob);
+    chunk->blob.shrink_to_fit();  // the encoder sized it for the worst case
+    for (int j = job.first; j < job.first + job.n_blocks; ++j) {
+        pool_.release(kv.k_blocks[j]);
+        pool_.release(kv.v_blocks[j]);
+        kv.k_blocks[j] = kv.v_blocks[j] = nullptr;
+        hs.state[j] = kStored;
+    }
+    ++st.chunks_stored;
+    st.stored_raw_bytes += static_cast<int64_t>(job.raw.size());
+    st.stored_blob_bytes += static_cast<int64_t>(chunk->blob.size());
+    blob_bytes_ += chunk->blob.capacity();
+    ++stored_chunks_[layer];
+    const auto at = std::upper_bound(hs.chunks.begin(), hs.chunks.end(), job.first,
+                                     [](int first, const std::unique_ptr<Chunk>& c) { return first < c->first; });
+    hs.chunks.insert(at, std::move(chunk));
+}
+
+void KvStore::drain() {
+    if (queue_ && queue_->outstanding() > 0) {
+        const Clock::time_point t0 = Clock::now();
+        while (queue_->outstanding() > 0)
+            for (const WorkQueue::Completion& c : queue_->wait_collect()) process(c);
+        async_wait_us_ += micros_since(t0);
+    }
+    install_finished();
+}
+
+// --- reading frames -----------------------------------------------------------------------------
+
+void KvStore::decode_into(int layer, const Chunk& chunk, uint8_t* out) {
+    const Clock::time_point t0 = Clock::now();
+    const size_t bytes = chunk_raw_bytes(chunk.n_blocks);
+    if (codec_.decode(chunk.blob.data(), chunk.blob.size(), out, bytes) != gear::Status::Ok)
+        throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
+    layer_stats_[layer].decode_us += micros_since(t0);
+}
+
+void KvStore::finish_prefetch(int layer, Chunk& chunk) {
+    Job* job = chunk.prefetch;
+    int expected = kWaiting;
+    if (job->progress.compare_exchange_strong(expected, kCancelled)) {
+        // Not started yet: decode it here, into the room reserved for it.
+        job->chunk = nullptr;
+        chunk.prefetch = nullptr;
+        --active_prefetches_;
+        chunk.decoded = std::move(job->dest);
+        decode_into(layer, chunk, chunk.decoded->data);
+        ++layer_stats_[layer].cache_misses;
+        return;
+    }
+    const Clock::time_point t0 = Clock::now();
+    while (chunk.prefetch)
+        for (const WorkQueue::Completion& c : queue_->wait_collect()) process(c);
+    async_wait_us_ += micros_since(t0);
+    if (chunk.decoded) ++layer_stats_[layer].cache_hits;
+}
+
+// The attention scans every chunk of every layer at every step, a cyclic scan: an LRU cache
+// smaller than the scan would evict each entry just before it is needed again and never hit.
+// So a decoded chunk is admitted only while it fits the budget, and entries stay until their
+// chunk goes; misses beyond the budget decode into scratch (scan-resistant).
+const uint8_t* KvStore::resolve(int layer, Chunk& chunk, size_t* scratch_used) {
+    StoreLayerStats& st = layer_stats_[layer];
+    if (chunk.prefetch) finish_prefetch(layer, chunk);
+    else if (chunk.decoded) ++st.cache_hits;
+    if (chunk.decoded) return chunk.decoded->data;
+    ++st.cache_misses;
+    const size_t bytes = chunk_raw_bytes(chunk.n_blocks);
+    if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
+        chunk.decoded = std::make_unique<AlignedBytes>(bytes);
+        cache_bytes_ += bytes;
+        decode_into(layer, chunk, chunk.decoded->data);
+        return chunk.decoded->data;
+    }
+    uint8_t* out = scratch_->data + *scratch_used;
+    *scratch_used += bytes;
+    decode_into(layer, chunk, out);
+    return out;
+}
+
+void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
+    const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G;
+    int split_keys = 0;
+    for (int h = 0; h < p.n_kv_heads; ++h) split_keys = std::max(split_keys, p.heads[h].n_keys);
+    const size_t group_floats = static_cast<size_t>(G) * hd;
+    q_head_.resize(static_cast<size_t>(p.n_q) * group_floats);
+    out_head_.resize(q_head_.size());
+    for (int h = 0; h < p.n_kv_heads; ++h) {
+        const KvHeadBlocks& kv = blocks(layer, h);
+        HeadState& hs = state(layer, h);
+        k_view_.assign(kv.k_blocks.begin(), kv.k_blocks.end());
+        v_view_.assign(kv.v_blocks.begin(), kv.v_blocks.end());
+        size_t need = 0;
+        for (const auto& c : hs.chunks)
+            if (!c->decoded) need += chunk_raw_bytes(c->n_blocks);
+        if (need > 0 && (!scratch_ || scratch_->size < need)) scratch_ = std::make_unique<AlignedBytes>(need);
+        size_t used = 0;
+        for (const auto& c : hs.chunks) {
+            const uint8_t* base = resolve(layer, *c, &used);
+            const size_t half = static_cast<size_t>(c->n_blocks) * block_bytes_;
+            for (size_t j = 0; j < c->live.size(); ++j) {
+                k_view_[c->first + j] = base + c->live[j] * block_bytes_;
+                v_view_[c->first + j] = base + half + c->live[j] * block_bytes_;
+            }
+        }
+        KvHeadView view;
+        view.k_blocks = k_view_.data();
+        view.v_blocks = v_view_.data();
+        view.n_keys = p.heads[h].n_keys;
+        for (int t = 0; t < p.n_q; ++t)
+            std::memcpy(q_head_.data() + t * group_floats, p.q + (static_cast<size_t>(t) * n_heads + h * G) * hd,
+                        group_floats * sizeof(float));
+        AttentionProblem one = p;
+        one.n_kv_heads = 1;
+        one.heads = &view;
+        one.q = q_head_.data();
+        one.out = out_head_.data();
+        one.block_scores = p.block_scores ? p.block_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
+        one.split_keys = split_keys;
+        attention(one, isa, pool, ws);
+        for (int t = 0; t < p.n_q; ++t)
+            std::memcpy(p.out + (static_cast<size_t>(t) * n_heads + h * G) * hd, out_head_.data() + t * group_floats,
+                        group_floats * sizeof(float));
+    }
+}
+
+void KvStore::prefetch(int layer) {
+    if (cfg_.mode != StoreMode::Store || !cfg_.prefetch || !queue_ || layer < 0 || layer >= n_layers_ ||
+        stored_chunks_[layer] == 0)
+        return;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        for (const auto& c : state(layer, h).chunks) {
+            if (c->decoded || c->prefetch) continue;
+            const size_t bytes = chunk_raw_bytes(c->n_blocks);
+            if (cache_bytes_ + bytes > cfg_.decode_cache_bytes || queue_->outstanding() >= queue_->capacity()) return;
+            auto job = std::make_unique<Job>();
+            job->kind = Job::Kind::Prefetch;
+            job->layer = layer;
+            job->head = h;
+            job->chunk = c.get();
+            job->dest = std::make_unique<AlignedBytes>(bytes);
+            Job* j = job.get();
+            const uint64_t id = next_job_++;
+            jobs_.emplace(id, std::move(job));
+            cache_bytes_ += bytes;
+            c->prefetch = j;
+            ++active_prefetches_;
+            queue_->try_submit(id, [this, j](int worker) {
+                int expected = kWaiting;
+                if (!j->progress.compare_exchange_strong(expected, kRunning)) return;  // the caller took it
+                const Clock::time_point t0 = Clock::now();
+                j->decoded_ok = worker_codecs_[worker]->decode(j->chunk->blob.data(), j->chunk->blob.size(),
+                                                               j->dest->data, j->dest->size) == gear::Status::Ok;
+                j->decode_us = micros_since(t0);
+                j->progress.store(kDone);
+            });
+            queue_peak_ = std::max(queue_peak_, queue_->outstanding());
+        }
+    }
+}
+
+// Before chunks change: no prefetch may still read a frame or fill an entry.
+void KvStore::settle_prefetches() {
+    if (active_prefetches_ == 0) return;
+    for (auto& entry : jobs_) {
+        Job& job = *entry.second;
+        if (job.kind != Job::Kind::Prefetch || !job.chunk) continue;
+        int expected = kWaiting;
+        if (!job.progress.compare_exchange_strong(expected, kCancelled)) continue;
+        cache_bytes_ -= job.dest->size;
+        job.dest.reset();
+        job.chunk->prefetch = nullptr;
+        job.chunk = nullptr;
+        --active_prefetches_;
+    }
+    const Clock::time_point t0 = Clock::now();
+    while (active_prefetches_ > 0)
+        for (const WorkQueue::Completion& c : queue_->wait_collect()) process(c);
+    async_wait_us_ += micros_since(t0);
+}
+
+void KvStore::read_block(int layer, int h, int block, const void** k, const void** v) {
+    HeadState& hs = state(layer, h);
+    settle_prefetches();
+    for (const auto& c : hs.chunks) {
+        if (block < c->first || block >= c->first + static_cast<int>(c->live.size())) continue;
+        const uint8_t* base;
+        if (c->decoded) {
+            base = c->decoded->data;
+        } else {
+            const size_t bytes = chunk_raw_bytes(c->n_blocks);
+            if (read_chunk_ != c.get()) {
+                if (!read_buf_ || read_buf_->size < bytes) read_buf_ = std::make_unique<AlignedBytes>(bytes);
+                decode_into(layer, *c, read_buf_->data);
+                read_chunk_ = c.get();
+            }
+            base = read_buf_->data;
+        }
+        const size_t frame_block = static_cast<size_t>(c->live[block - c->first]);
+        *k = base + frame_block * block_bytes_;
+        *v = base + static_cast<size_t>(c->n_blocks) * block_bytes_ + frame_block * block_bytes_;
+        return;
+    }
+    throw std::logic_error("KvStore: block is not compressed");
+}
+
+// --- taking frames apart ------------------------------------------------------------------------
+
+bool KvStore::dissolve(int layer, int h, Chunk& chunk, const std::vector<uint8_t>* keep) {
+    KvHeadBlocks& kv = blocks(layer, h);
+    HeadState& hs = state(layer, h);
+    const auto wanted = [&](size_t j) { return !keep || (*keep)[chunk.first + j]; };
+    std::vector<void*> got;  // K, V of each wanted block
+    if (cfg_.faults.alloc_failure) {
+        fallback(layer, StoreFallback::AllocFailure);
+        return false;
+    }
+    try {
+        // Behind the neighbours, so the lists stay contiguous where the pool allows.
+        const void* k_after = chunk.first > 0 ? kv.k_blocks[chunk.first - 1] : nullptr;
+        const void* v_after = chunk.first > 0 ? kv.v_blocks[chunk.first - 1] : nullptr;
+        for (size_t j = 0; j < chunk.live.size(); ++j) {
+            if (!wanted(j)) continue;
+            got.push_back(pool_.allocate(k_after));
+            k_after = got.back();
+            got.push_back(pool_.allocate(v_after));
+            v_after = got.back();
+        }
+    } catch (const std::bad_alloc&) {
+        for (void* b : got) pool_.release(b);
+        fallback(layer, StoreFallback::AllocFailure);
+        return false;
+    }
+    const uint8_t* base;
+    if (chunk.decoded) {
+        base = chunk.decoded->data;
+    } else {
+        check_.resize(chunk_raw_bytes(chunk.n_blocks));
+        decode_into(layer, chunk, check_.data());
+        base = check_.data();
+    }
+    const size_t half = static_cast<size_t>(chunk.n_blocks) * block_bytes_;
+    for (size_t j = 0, g = 0; j < chunk.live.size(); ++j) {
+        if (!wanted(j)) continue;
+        const size_t at = chunk.first + j, from = static_cast<size_t>(chunk.live[j]) * block_bytes_;
+        std::memcpy(got[g], base + from, block_bytes_);
+        std::memcpy(got[g + 1], base + half + from, block_bytes_);
+        kv.k_blocks[at] = got[g];
+        kv.v_blocks[at] = got[g + 1];
+        hs.state[at] = kRaw;
+        g += 2;
+    }
+    ++layer_stats_[layer].dissolved;
+    return true;
+}
+
+void KvStore::drop_chunk(int layer, int h, size_t index) {
+    HeadState& hs = state(layer, h);
+    Chunk& c = *hs.chunks[index];
+    if (c.decoded) cache_bytes_ -= c.decoded->size;
+    blob_bytes_ -= c.blob.capacity();
+    if (read_chunk_ == &c) read_chunk_ = nullptr;
+    --stored_chunks_[layer];
+    hs.chunks.erase(hs.chunks.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void KvStore::requeue(HeadState& hs) {
+    for (uint8_t& s : hs.state)
+        if (s == kQueued) s = kRaw;
+    ++hs.generation;
+}
+
+void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool block_aligned) {
+    settle_prefetches();
+    HeadState& hs = state(layer, h);
+    const KvHeadBlocks& kv = blocks(layer, h);
+    const size_t n_blocks = kv.k_blocks.size();
+    hs.state.resize(n_blocks, kRaw);
+    requeue(hs);
+    if (!block_aligned) {
+        // Rows will move across block boundaries: the whole head goes back to raw first.
+        while (!hs.chunks.empty()) {
+            if (!dissolve(layer, h, *hs.chunks.back(), nullptr)) throw std::bad_alloc();
+            drop_chunk(layer, h, hs.chunks.size() - 1);
+        }
+        std::fill(hs.state.begin(), hs.state.end(), kRaw);  // moved rows make new blocks
+        return;
+    }
+    // The blocks KvCache::drop_blocks keeps: those whose first token some run covers.
+    keep_.assign(n_blocks, 0);
+    std::vector<int> position(n_blocks);  // index after compaction
+    for (size_t b = 0, r = 0, kept = 0; b < n_blocks; ++b) {
+        const int64_t start = static_cast<int64_t>(b) * block_tokens_;
+        while (r < runs.size() && runs[r].offset + runs[r].length <= start) ++r;
+        keep_[b] = r < runs.size() && runs[r].offset <= start;
+        position[b] = static_cast<int>(kept);
+        kept += keep_[b];
+    }
+    for (size_t i = 0; i < hs.chunks.size();) {
+        Chunk& c = *hs.chunks[i];
+        int first_kept = -1;
+        size_t n_kept = 0;
+        for (size_t j = 0; j < c.live.size(); ++j) {
+            if (!keep_[c.first + j]) continue;
+            if (first_kept < 0) first_kept = c.first + static_cast<int>(j);
+            ++n_kept;
+        }
+        if (n_kept == 0 || (n_kept < c.live.size() && dissolve(layer, h, c, &keep_))) {
+            drop_chunk(layer, h, i);
+            continue;
+        }
+        if (n_kept < c.live.size()) {
+            // No raw blocks for the survivors: the chunk stays and serves them from its frame
+            // (which still holds the evicted blocks' bytes too), so nothing is lost.
+            std::vector<int> live;
+            for (size_t j = 0; j < c.live.size(); ++j)
+                if (keep_[c.first + j]) live.push_back(c.live[j]);
+            c.live = std::move(live);
+        }
+        c.first = position[first_kept];
+        ++i;
+    }
+    size_t w = 0;
+    for (size_t b = 0; b < n_blocks; ++b)
+        if (keep_[b]) hs.state[w++] = hs.state[b];
+    hs.state.resize(w);
+}
+
+void KvStore::truncate(int layer, int h, int n_tokens) {
+    settle_prefetches();
+    HeadState& hs = state(layer, h);
+    const KvHeadBlocks& kv = blocks(layer, h);
+    hs.state.resize(kv.k_blocks.size(), kRaw);
+    const int keep_blocks = (n_tokens + block_tokens_ - 1) / block_tokens_;
+    const int whole_blocks = n_tokens / block_tokens_;  // blocks left full and unchanged
+    keep_.assign(kv.k_blocks.size(), 0);
+    std::fill(keep_.begin(), keep_.begin() + keep_blocks, 1);
+    for (size_t i = hs.chunks.size(); i-- > 0;) {
+        Chunk& c = *hs.chunks[i];
+        if (c.first + static_cast<int>(c.live.size()) <= whole_blocks) continue;
+        // A chunk reaching the block that appends will write into must be raw again.
+        if (c.first < keep_blocks && !dissolve(layer, h, c, &keep_)) throw std::bad_alloc();
+        drop_chunk(layer, h, i);
+    }
+    requeue(hs);
+    hs.state.resize(std::min(hs.state.size(), static_cast<size_t>(keep_blocks)));
+}
+
+void KvStore::dissolve_all() {
+    drain();
+    settle_prefetches();
+    for (int layer = 0; layer < n_layers_; ++layer) {
+        for (int h = 0; h < n_kv_heads_; ++h) {
+            HeadState& hs = state(layer, h);
+            while (!hs.chunks.empty()) {
+                if (!dissolve(layer, h, *hs.chunks.back(), nullptr)) throw std::bad_alloc();
+                drop_chunk(layer, h, hs.chunks.size() - 1);
+            }
+        }
+    }
+}
+
+void KvStore::reset() {
+    // Cancels the queued jobs and waits for the running ones; a fresh queue takes new work.
+    queue_.reset();
+    jobs_.clear();
+    finished_.clear();
+    active_prefetches_ = 0;
+    for (HeadState& hs : states_) {
+        hs.chunks.clear();
+        hs.state.clear();
+        ++hs.generation;
+    }
+    std::fill(stored_chunks_.begin(), stored_chunks_.end(), 0);
+    std::fill(layer_stats_.begin(), layer_stats_.end(), StoreLayerStats{});
+    async_wait_us_ = 0.0;
+    queue_peak_ = 0;
+    deferrals_ = stale_jobs_ = candidates_ = 0;
+    blob_bytes_ = cache_bytes_ = job_bytes_ = 0;
+    scratch_.reset();
+    read_buf_.reset();
+    read_chunk_ = nullptr;
+    std::vector<uint8_t>().swap(check_);
+    if (cfg_.async_threads > 0) queue_ = std::make_unique<WorkQueue>(cfg_.async_threads, cfg_.max_queue);
+}
+
+// --- accounting ---------------------------------------------------------------------------------
+
+size_t KvStore::bytes_held() const {
+    // Workers' own buffers (their codec scratch) are not counted: reading them would race.
+    return blob_bytes_ + cache_bytes_ + job_bytes_ + (scratch_ ? scratch_->size : 0) +
+           (read_buf_ ? read_buf_->size : 0) + check_.capacity();
+}
+
+StoreStats KvStore::stats() const {
+    StoreStats s;
+    s.mode = cfg_.mode;
+    s.layers.resize(static_cast<size_t>(n_layers_));
+    for (int layer = 0; layer < n_layers_; ++layer) {
+        StoreStats::Layer& l = s.layers[layer];
+        l.counters = layer_stats_[layer];
+        for (int h = 0; h < n_kv_heads_; ++h)
+            for (const auto& c : states_[static_cast<size_t>(layer) * n_kv_heads_ + h].chunks) {
+                ++l.chunks_held;
+                l.blob_bytes += c->blob.capacity();
+            }
+        add(s.total, l.counters);
+        s.chunks_held += l.chunks_held;
+    }
+    const bool stored = cfg_.mode == StoreMode::Store;
+    const int64_t raw = stored ? s.total.stored_raw_bytes : s.total.raw_bytes;
+    const int64_t packed = stored ? s.total.stored_blob_bytes : s.total.compressed_bytes;
+    if (packed > 0) s.lossless_ratio = static_cast<double>(raw) / static_cast<double>(packed);
+    s.async_wait_us = async_wait_us_;
+    s.queue_peak = queue_peak_;
+    s.deferrals = deferrals_;
+    s.stale_jobs = stale_jobs_;
+    s.blob_bytes = blob_bytes_;
+    s.cache_bytes = cache_bytes_;
+    s.scratch_bytes = bytes_held() - blob_bytes_ - cache_bytes_;
+    return s;
+}
+
+}  // namespace mnn_h2o
