@@ -137,8 +137,11 @@ static void test_store_bit_identical() {
                     StoreConfig sc = store_config(StoreMode::Store, async);
                     sc.decode_cache_bytes = budget;
                     cache.enable_store(sc);
+                    // Async runs free-running (jobs land whenever they finish), except one drained
+                    // every step, where what is stored when is deterministic.
+                    const bool drained = async == 0 || budget == 0;
                     std::vector<float> outs;
-                    run(cache, 7, 60, &outs);
+                    run(cache, 7, 60, &outs, drained);
                     cache.drain_store();
                     const StoreStats st = cache.store_stats();
                     const std::string what = "per_head " + std::to_string(per_head) + " threads " +
@@ -146,7 +149,7 @@ static void test_store_bit_identical() {
                                              " budget " + std::to_string(budget);
                     CHECK(same_bytes(outs, ref.outs), "%s: outputs differ from the raw cache", what.c_str());
                     CHECK(st.total.chunks_stored > 0 && st.chunks_held > 0, "%s: nothing stored", what.c_str());
-                    CHECK(st.total.dissolved > 0, "%s: eviction dissolved no chunk", what.c_str());
+                    if (drained) CHECK(st.total.dissolved > 0, "%s: eviction dissolved no chunk", what.c_str());
                     CHECK(st.total.cache_misses > 0, "%s: no chunk was ever decoded for attention", what.c_str());
                     if (budget == 0) CHECK(st.cache_bytes == 0 && st.total.cache_hits == 0, "%s: cache used", what.c_str());
                     if (budget > (size_t{1} << 20)) CHECK(st.total.cache_hits > 0, "%s: big cache never hit", what.c_str());
@@ -315,8 +318,7 @@ static void test_faults() {
             sc.faults = c.faults;
             cache.enable_store(sc);
             std::vector<float> outs;
-            run(cache, 7, 60, &outs);
-            cache.drain_store();
+            run(cache, 7, 60, &outs, true);  // chunks in place before evictions reach them
             const StoreStats st = cache.store_stats();
             CHECK(same_bytes(outs, ref.outs), "%s async %d: outputs differ", c.name, async);
             CHECK(fallbacks(st, c.reason) > 0, "%s async %d: fallback not counted", c.name, async);
