@@ -82,6 +82,103 @@ def file_digest(path: str, chunk: int = 1 << 24) -> str:
     return h.hexdigest()
 
 
+# GGUF value types: sizes of the scalars (0-7, 10-12), 8 = string, 9 = array.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def check_layout(path: str) -> None:
+    """Walk the header, metadata and tensor infos and check every length, count and type
+    against the bytes that are really there, before gguf.GGUFReader sees the file.
+
+    The reader trusts those fields: the items of an array nested in an array are read one by
+    one, and past the end of the file each read is an empty slice that raises nothing, so a
+    count taken from damaged bytes (up to 2^64) is looped over: a hang (found by the fuzzer with
+    a string array re-typed as an array of arrays). Here every count must fit in the bytes
+    left, so the walk is bounded by the file size (40 ms for SmolLM2's 100k-token metadata)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise ModelFileError(f"{path} is not a readable GGUF file: empty") from None
+    with data:
+        size = len(data)
+        pos = 0
+
+        def fail(what: str):
+            raise ModelFileError(f"{path} is not a readable GGUF file: {what} (at byte {pos})")
+
+        if size < 24 or data[:4] != b"GGUF":
+            fail("no GGUF header")
+        version = struct.unpack_from("<I", data, 4)[0]
+        end = "<" if version & 0xFFFF else ">"  # the reader's own byte-order test
+        u32, u64 = struct.Struct(end + "I"), struct.Struct(end + "Q")
+
+        def read(st):
+            nonlocal pos
+            if pos + st.size > size:
+                fail("truncated")
+            v = st.unpack_from(data, pos)[0]
+            pos += st.size
+            return v
+
+        def skip(n: int, what: str):
+            nonlocal pos
+            if n > size - pos:
+                fail(f"{what} of {n} bytes runs past the end of the file")
+            pos += n
+
+        def value(t: int, depth: int):
+            if t in _SCALAR_BYTES:
+                skip(_SCALAR_BYTES[t], "value")
+            elif t == _GGUF_STRING:
+                skip(read(u64), "string")
+            elif t == _GGUF_ARRAY and depth < 2:
+                item = read(u32)
+                count = read(u64)
+                least = _SCALAR_BYTES.get(item, 8 if item == _GGUF_STRING else 12)
+                if item not in _SCALAR_BYTES and item not in (_GGUF_STRING, _GGUF_ARRAY):
+                    fail(f"array of unknown type {item}")
+                if count * least > size - pos:
+                    fail(f"array of {count} items runs past the end of the file")
+                if item in _SCALAR_BYTES:
+                    skip(count * least, "array")
+                else:
+                    for _ in range(count):
+                        value(item, depth + 1)
+            else:
+                fail(f"unknown or too deeply nested value type {t}")
+
+        pos = 8
+        n_tensors, n_kv = read(u64), read(u64)
+        # Each metadata entry takes at least 8 + 4 + 1 bytes, each tensor info 8 + 4 + 8 + 4 + 8.
+        if n_kv * 13 > size - pos or n_tensors * 32 > size - pos:
+            fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {size} bytes")
+        for _ in range(n_kv):
+            skip(read(u64), "key")
+            value(read(u32), 0)
+        for _ in range(n_tensors):
+            skip(read(u64), "tensor name")
+            n_dims = read(u32)
+            if not 1 <= n_dims <= _MAX_DIMS:
+                fail(f"tensor with {n_dims} dimensions")
+            elements = 1
+            for _ in range(n_dims):
+                d = read(u64)
+                if not 1 <= d <= size:
+                    fail(f"tensor dimension {d}")
+                elements *= d
+            if elements > 8 * size:  # more than 2 values per bit: cannot be stored in this file
+                fail(f"tensor of {elements} values in a file of {size} bytes")
+            read(u32)  # type: checked by the reader
+            if read(u64) > size:
+                fail("tensor data offset past the end of the file")
+
+
 def expected_shapes(c: "ModelConfig") -> Dict[str, Tuple[int, ...]]:
     """HF-layout shape of every tensor the loader uses, from the config (output.weight and the
     q/k/v biases are optional)."""
@@ -108,6 +205,7 @@ class GgufModel:
 
         if not os.path.isfile(path):
             raise ModelFileError(f"model file not found: {path}")
+        check_layout(path)
         try:
             self.reader = gguf.GGUFReader(path)
         except Exception as e:  # the gguf package raises assorted types on damaged files

@@ -235,6 +235,7 @@ def test_misaligned_tensor_offset_is_rejected(tmp_path):
 
 
 @pytest.mark.parametrize("kind, owner", [("array_count", "tokenizer.ggml.tokens"),
+                                         ("array_count", "tokenizer.ggml.token_type"),
                                          ("str_len", "general.name"), ("n_kv", ""), ("n_tensors", ""),
                                          ("dim", "token_embd.weight"), ("tensor_offset", "output_norm.weight")])
 def test_huge_size_fields(tmp_path, kind, owner):
@@ -243,3 +244,21 @@ def test_huge_size_fields(tmp_path, kind, owner):
         p.write_bytes(_patched_slot(kind, owner, lambda v: value))
         with pytest.raises(ModelFileError):
             _load_all(str(p))
+
+
+@pytest.mark.parametrize("kind, owner, value", [
+    # was a hang (> 20 s, found by the fuzzer): merges re-typed as an array of arrays, whose
+    # counts come from string bytes; gguf.GGUFReader loops over them reading empty slices
+    ("array_type", "tokenizer.ggml.merges", 9),
+    # bounded before too, kept as guards of check_layout's arithmetic
+    ("array_type", "tokenizer.ggml.token_type", 9),
+    ("array_count", "tokenizer.ggml.token_type", 1 << 32),
+    ("array_count", "tokenizer.ggml.token_type", (1 << 58) + 5),
+])
+def test_counts_past_the_end_fail_fast(tmp_path, kind, owner, value):
+    p = tmp_path / "hang.gguf"
+    p.write_bytes(_patched_slot(kind, owner, lambda v: value))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelFileError, match="not a readable GGUF"):
+        GgufModel(str(p))
+    assert time.perf_counter() - t0 < 2.0
