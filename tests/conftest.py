@@ -7,6 +7,17 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+# scripts/test_sanitizers.sh builds an instrumented _core into its own directory and names it
+# here: searched before mnn_h2o/, so `mnn_h2o._core` is the ASan/UBSan build for this run.
+_CORE_DIR = os.environ.get("MNN_H2O_CORE_DIR")
+if _CORE_DIR:
+    import mnn_h2o
+
+    mnn_h2o.__path__.insert(0, os.path.abspath(_CORE_DIR))
+    # The ASan runtime that script preloads into python must not leak into the programs tests
+    # start (the clang libFuzzer target has its own, incompatible one); this process keeps it.
+    os.environ.pop("LD_PRELOAD", None)
+
 
 @pytest.fixture(scope="session")
 def smollm2_path():
