@@ -55,7 +55,10 @@ class Key:
 
     def _check_one(self, value: Any, t: type, path: str) -> Any:
         if t is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:
+                raise ConfigError(f"{path}: {value} is too large for a float (allowed: {self.allowed()})") from None
         if not isinstance(value, t) or (t is int and isinstance(value, bool)):
             # YAML 1.1 reads a bare off/on/no/yes as a boolean.
             hint = " (quote it: YAML reads bare off/on/no/yes as booleans)" if isinstance(value, bool) and t is str else ""
@@ -217,8 +220,8 @@ def _check_together(cfg) -> None:
     """Rules that involve more than one key."""
     h = cfg["h2o"]
     if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["target_lossy_ratio"] < 1.0:
-        raise ConfigError("h2o: set target_keep_ratio in (0, 1] or target_lossy_ratio >= 1 "
-                          f"(got {h['target_keep_ratio']} and {h['target_lossy_ratio']})")
+        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio is 0 "
+                          f"(got {h['target_lossy_ratio']} and {h['target_keep_ratio']})")
     if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")
@@ -239,12 +242,20 @@ def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None)
                 raw = yaml.safe_load(f)
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path} is nested too deeply to be a config") from None
         cfg = validate(raw, cfg)
-    for dotted, value in (overrides or {}).items():
-        section, _, name = dotted.partition(".")
-        cfg = validate({section: {name: value}}, cfg)
+    if overrides:
+        # All at once: a set of overrides is checked as a whole against the cross-key rules.
+        raw: Dict[str, Dict[str, Any]] = {}
+        for dotted, value in overrides.items():
+            section, _, name = dotted.partition(".")
+            raw.setdefault(section, {})[name] = value
+        cfg = validate(raw, cfg)
     return cfg
 
 

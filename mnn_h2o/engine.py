@@ -55,7 +55,9 @@ class Stats(SpeedCounters):
     """Counters of the current context (since the last ``reset``)."""
     mnn_s: float = 0.0        # time inside MNN module forwards (prefill + decode)
     attention_s: float = 0.0  # time inside the native cache step (append + attention)
-    kv_bytes_held: int = 0
+    kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
+                                     # decode cache and scratch (the memory a user pays)
+    kv_bytes_pool: int = 0           # of which raw blocks (what eviction alone leaves)
     kv_bytes_peak: int = 0
     kv_bytes_uncompressed: int = 0   # what a cache without eviction/compression would hold
     evictions: int = 0               # forwards after which the H2O policy evicted something
@@ -66,7 +68,13 @@ class Stats(SpeedCounters):
 
     @property
     def lossy_ratio(self) -> float:
-        """Whole model, now: bytes an uncompressed cache would hold / bytes held."""
+        """Whole model, now: bytes an uncompressed cache would hold / bytes of raw blocks held
+        (with the lossless store off, all bytes held)."""
+        return self.kv_bytes_uncompressed / self.kv_bytes_pool if self.kv_bytes_pool else 0.0
+
+    @property
+    def total_ratio(self) -> float:
+        """Whole model, now: bytes an uncompressed cache would hold / all bytes held."""
         return self.kv_bytes_uncompressed / self.kv_bytes_held if self.kv_bytes_held else 0.0
 
     @property
@@ -76,7 +84,8 @@ class Stats(SpeedCounters):
 
     def as_dict(self) -> dict:
         d = super().as_dict()
-        d.update(lossy_ratio=self.lossy_ratio, lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
+        d.update(lossy_ratio=self.lossy_ratio, total_ratio=self.total_ratio,
+                 lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
         return d
 
 
@@ -134,7 +143,10 @@ class Llm:
         self.pos = 0  # true position of the next token (RoPE), independent of eviction
         self.stats = Stats()
         self.h2o: Optional[dict] = None
+        self.lossless: Optional[dict] = None
+        self._block_tokens = rt["block_tokens"]
         self.configure_h2o(cfg["h2o"])
+        self.configure_lossless(cfg["lossless"])
 
     @classmethod
     def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
@@ -160,6 +172,30 @@ class Llm:
             args["target_lossy_ratio"] = 0.0
         self.cache.enable_h2o(**args)
         self.h2o = h
+
+    def configure_lossless(self, lossless: Optional[dict]) -> None:
+        """Turn the lossless store on (a ``lossless`` config section whose mode is not off) or
+        off. Starts a fresh context."""
+        self.reset()
+        if lossless is None or lossless.get("mode", "off") == "off":
+            self.cache.disable_store()
+            self.lossless = None
+            return
+        ll = config_mod.validate({"lossless": lossless,
+                                  "runtime": {"block_tokens": self._block_tokens}})["lossless"]
+        scope = ll["scope"]
+        self.cache.enable_store(
+            mode=ll["mode"], front_n=ll["front_n"] if scope != "h2o_kept" else 0,
+            h2o_kept=scope != "front_n", hot_sink_tokens=ll["hot_sink_tokens"],
+            hot_recent_tokens=ll["hot_recent_tokens"], chunk_tokens=ll["chunk_tokens"],
+            async_threads=ll["async_threads"], max_queue=ll["max_queue"],
+            decode_cache_bytes=ll["decode_cache_bytes"], prefetch=ll["prefetch"],
+            zstd_level=ll["zstd_level"], probe_every=ll["probe_every"])
+        self.lossless = ll
+
+    def store_stats(self) -> Optional[dict]:
+        """The lossless store's counters (None when it is off)."""
+        return self.cache.store_stats() if self.lossless is not None else None
 
     def reset(self) -> None:
         """Forget the context and give the KV memory back."""
@@ -222,6 +258,7 @@ class Llm:
         self.pos += n
         st = self.stats
         st.kv_bytes_held = held = cache.bytes_held()
+        st.kv_bytes_pool = cache.pool_bytes_held()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         return logits
@@ -263,7 +300,7 @@ class Llm:
         st = self.stats
         st.decode_s += time.perf_counter() - t0
         st.decode_steps += 1
-        st.decode_bytes_held_sum += st.kv_bytes_held
+        st.decode_bytes_held_sum += st.kv_bytes_pool
         st.decode_bytes_uncompressed_sum += st.kv_bytes_uncompressed
         return logits
 

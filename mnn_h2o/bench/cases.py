@@ -59,7 +59,7 @@ def _store_summary(stats: Optional[dict]) -> dict:
     errors = sum(v for k, v in reasons.items() if k != "incompressible")
     keep = {k: v for k, v in stats.items() if not isinstance(v, (list, dict))}
     return dict(keep, fallbacks=errors, fallback_reasons=reasons,
-                lossless_ratio=stats.get("lossless_ratio", 0.0), mismatches=stats.get("mismatches", 0))
+                lossless_ratio=stats.get("lossless_ratio", 0.0), mismatches=stats.get("verify_mismatches", 0))
 
 
 @dataclass
