@@ -361,6 +361,12 @@ mass each key block received, summed over the queries and the query heads of eac
                  return self.cache.pool_bytes_held();
              },
              "Bytes of raw KV blocks alone (bytes_held() adds the store's frames, cache and scratch).")
+        .def("kept_bytes",
+             [](PyKvCache& self) {
+                 NativeCall call(self);
+                 return self.cache.kept_bytes();
+             },
+             "Bytes the held tokens would take as raw blocks, compressed or not (what eviction alone leaves).")
         .def("bytes_mapped",
              [](PyKvCache& self) {
                  NativeCall call(self);

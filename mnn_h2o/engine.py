@@ -57,7 +57,9 @@ class Stats(SpeedCounters):
     attention_s: float = 0.0  # time inside the native cache step (append + attention)
     kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
                                      # decode cache and scratch (the memory a user pays)
-    kv_bytes_pool: int = 0           # of which raw blocks (what eviction alone leaves)
+    kv_bytes_pool: int = 0           # of which raw blocks
+    kv_bytes_kept: int = 0           # the tokens held at raw size, compressed or not: what
+                                     # eviction alone leaves
     kv_bytes_peak: int = 0
     kv_bytes_uncompressed: int = 0   # what a cache without eviction/compression would hold
     evictions: int = 0               # forwards after which the H2O policy evicted something
@@ -68,9 +70,9 @@ class Stats(SpeedCounters):
 
     @property
     def lossy_ratio(self) -> float:
-        """Whole model, now: bytes an uncompressed cache would hold / bytes of raw blocks held
-        (with the lossless store off, all bytes held)."""
-        return self.kv_bytes_uncompressed / self.kv_bytes_pool if self.kv_bytes_pool else 0.0
+        """Whole model, now: bytes an uncompressed cache would hold / bytes the tokens held take
+        raw (eviction alone; with the lossless store off, all bytes held)."""
+        return self.kv_bytes_uncompressed / self.kv_bytes_kept if self.kv_bytes_kept else 0.0
 
     @property
     def total_ratio(self) -> float:
@@ -259,6 +261,7 @@ class Llm:
         st = self.stats
         st.kv_bytes_held = held = cache.bytes_held()
         st.kv_bytes_pool = cache.pool_bytes_held()
+        st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         return logits
@@ -300,7 +303,7 @@ class Llm:
         st = self.stats
         st.decode_s += time.perf_counter() - t0
         st.decode_steps += 1
-        st.decode_bytes_held_sum += st.kv_bytes_pool
+        st.decode_bytes_held_sum += st.kv_bytes_kept
         st.decode_bytes_uncompressed_sum += st.kv_bytes_uncompressed
         return logits
 

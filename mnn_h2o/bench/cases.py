@@ -82,19 +82,19 @@ def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp:
     t1 = time.perf_counter()
     st = llm.stats
     if trace:
-        points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_pool, st.kv_bytes_uncompressed])
+        points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
     for i, t in enumerate(continuation):
         digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
         if logp is not None:
             logp[i] = log_softmax(logits)
         logits = llm.decode(int(t))
         if trace:
-            points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_pool, st.kv_bytes_uncompressed])
+            points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
     t2 = time.perf_counter()
     store = _store_summary(llm.store_stats())
     m = {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n / (t2 - t1),
          "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
-         "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
+         "kv_bytes_kept": st.kv_bytes_kept, "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
          "lossy_ratio": st.lossy_ratio, "total_ratio": st.total_ratio,
          "lossy_ratio_decode_avg": st.lossy_ratio_decode_avg, "evictions": st.evictions,
          "rss_bytes": rss_bytes(), "rss_idle_bytes": rss_idle,
@@ -136,7 +136,7 @@ def run_demo(llm, prompt: Sequence[int], new_tokens: int) -> dict:
     return {"prompt_tokens": len(prompt), "generated_tokens": len(g.token_ids),
             "prefill_tps": st.prefill_tps, "decode_tps": st.decode_tps,
             "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
-            "kv_bytes_uncompressed": st.kv_bytes_uncompressed, "lossy_ratio": st.lossy_ratio,
+            "kv_bytes_kept": st.kv_bytes_kept, "kv_bytes_uncompressed": st.kv_bytes_uncompressed, "lossy_ratio": st.lossy_ratio,
             "total_ratio": st.total_ratio, "rss_bytes": rss_bytes(), "token_ids": g.token_ids,
             "text": g.text, "store": store}
 
@@ -175,7 +175,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
             row = {"case": case, "prompt_tokens": plen, "decode_tokens": n_dec,
                    "decode_tps": summarize([m["decode_tps"] for m in ms]),
                    "prefill_tps": summarize([m["prefill_tps"] for m in ms])}
-            for k in ("kv_bytes_held", "kv_bytes_pool", "kv_bytes_peak", "kv_bytes_uncompressed",
+            for k in ("kv_bytes_held", "kv_bytes_pool", "kv_bytes_kept", "kv_bytes_peak", "kv_bytes_uncompressed",
                       "lossy_ratio", "total_ratio", "lossy_ratio_decode_avg", "evictions",
                       "logits_sha256"):
                 row[k] = m0[k]

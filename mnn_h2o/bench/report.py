@@ -25,7 +25,7 @@ def _ratio(x: float) -> str:
 def runtime_table(rows: Sequence[dict]) -> str:
     base = {r["prompt_tokens"]: r for r in rows if r["case"] == "baseline"}
     lines = ["| case | prompt | decode tok/s median (min-max) | vs baseline | prefill tok/s | KV held MiB | "
-             "raw blocks MiB | uncompressed MiB | lossy x | total x | lossless x (scope) | RSS delta MiB | "
+             "kept (raw size) MiB | uncompressed MiB | lossy x | total x | lossless x (scope) | RSS delta MiB | "
              "KL | top-1 | ppl (base) | fallbacks | mismatches |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -34,7 +34,7 @@ def runtime_table(rows: Sequence[dict]) -> str:
         st = r["store"]
         lines.append(
             f"| {r['case']} | {r['prompt_tokens']} | {_tps(r['decode_tps'])} | {vs} | "
-            f"{r['prefill_tps']['median']:.0f} | {_mib(r['kv_bytes_held'])} | {_mib(r['kv_bytes_pool'])} | "
+            f"{r['prefill_tps']['median']:.0f} | {_mib(r['kv_bytes_held'])} | {_mib(r['kv_bytes_kept'])} | "
             f"{_mib(r['kv_bytes_uncompressed'])} | {_ratio(r['lossy_ratio'])} | {_ratio(r['total_ratio'])} | "
             f"{_ratio(st['lossless_ratio'])} | {_mib(r['rss_delta_bytes']['median'])} | {r['kl']:.4f} | "
             f"{r['top1_agreement']:.3f} | {r['ppl']:.2f} ({r['ppl_baseline']:.2f}) | {st['fallbacks']} | "
@@ -96,7 +96,8 @@ def markdown(summary: dict) -> str:
            f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
            "after each prompt; speed medians over interleaved repetitions (min-max); memory and quality from the "
            "first repetition. KV held = every byte the cache holds (raw blocks + compressed chunks + decode cache "
-           "+ scratch); lossy x = uncompressed / raw blocks; total x = uncompressed / KV held; KL and top-1 vs the "
+           "+ scratch); kept = the tokens held at raw size (what eviction alone leaves); lossy x = uncompressed / kept; "
+           "total x = uncompressed / KV held; KL and top-1 vs the "
            "baseline (full cache) on the same tokens.", "",
            runtime_table(summary["cases"]), "", "### Lossless store counters (first repetition)", "",
            store_table(summary["cases"]), ""]

@@ -417,6 +417,12 @@ void KvCache::move_rows(Head& hs, const std::vector<TokenRun>& runs) {
     release_tail(hs, static_cast<int>(dst));
 }
 
+size_t KvCache::kept_bytes() const {
+    size_t blocks = 0;
+    for (const Head& hs : heads_) blocks += hs.k_blocks.size() + hs.v_blocks.size();
+    return blocks * pool_.block_bytes();
+}
+
 H2oStats KvCache::h2o_stats() const {
     H2oStats s;
     s.layers.resize(cfg_.n_layers);

@@ -73,6 +73,10 @@ public:
     // h2o_stats() reports. bytes_mapped() is the address space of the pool's slabs.
     size_t bytes_held() const { return pool_.bytes_held() + (store_ ? store_->bytes_held() : 0); }
     size_t pool_bytes_held() const { return pool_.bytes_held(); }
+    // Bytes the tokens held would take as raw blocks, wherever they live (pool or compressed
+    // chunk): what eviction alone leaves, so uncompressed / kept_bytes() is the lossy ratio
+    // whether or not the store is on.
+    size_t kept_bytes() const;
     size_t bytes_mapped() const { return pool_.bytes_mapped(); }
 
     // Copies the length(layer, head) cached keys and values of one head out as float32
