@@ -259,6 +259,20 @@ def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None)
     return cfg
 
 
+def parse_assignment(text: str) -> Tuple[str, Any]:
+    """``section.key=value`` from a command line; the value is read as YAML (so 3, 2.5, true,
+    [512, 4096] and "off" mean what they do in a config file)."""
+    import yaml
+
+    path, sep, value = text.partition("=")
+    if not sep or "." not in path:
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    try:
+        return path.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {path}: the value is not valid YAML: {e}") from None
+
+
 def markdown() -> str:
     lines = ["# Configuration keys", "",
              "Generated from `mnn_h2o/config.py` by `python -m mnn_h2o.config --markdown`; "

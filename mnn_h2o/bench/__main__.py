@@ -112,6 +112,65 @@ def _round(args, cfg) -> int:
     return 0
 
 
+def _cache_sweep(args, cfg) -> int:
+    """Store-mode decode speed and bytes held against the decode cache budget, interleaved."""
+    from tqdm import tqdm
+
+    from ..engine import Llm
+    from ..essays import essay_tokens
+    from .cases import configure, run_case
+    from .measure import interleave, summarize
+
+    llm = Llm.load(None, cfg)
+    n_dec = cfg["bench"]["decode_tokens"]
+    ids = essay_tokens(llm.tokenizer, args.context + n_dec)
+    prompt, cont = ids[:args.context], ids[args.context:]
+    budgets = [int(m * (1 << 20)) for m in args.budgets_mib]
+
+    def runner(name, budget):
+        def run():
+            if budget is None:
+                configure(llm, cfg, name)
+            else:
+                llm.configure_h2o(dict(cfg["h2o"], enabled=True))
+                llm.configure_lossless(dict(cfg["lossless"], mode="store", decode_cache_bytes=budget))
+            r = run_case(llm, prompt, cont, keep_logp=False, trace=False).metrics
+            bar.update(1)
+            return r
+        return run
+
+    runners = {"baseline": runner("baseline", None), "probe": runner("probe", None)}
+    runners.update({f"store cache {m:g} MiB": runner("store", b) for m, b in zip(args.budgets_mib, budgets)})
+    with tqdm(total=len(runners) * args.repetitions, desc="cache sweep", unit="run") as bar:
+        runs = interleave(runners, args.repetitions)
+    base = summarize([m["decode_tps"] for m in runs["baseline"]])["median"]
+    print(f"\nprompt {args.context} + {n_dec} decode tokens, {args.repetitions} interleaved repetitions\n")
+    print("| case | decode tok/s median (min-max) | vs baseline | KV held MiB | cache MiB | hits | misses |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, ms in runs.items():
+        s = summarize([m["decode_tps"] for m in ms])
+        st = ms[0]["store"]
+        rows.append({"case": name, "decode_tps": s, "kv_bytes_held": ms[0]["kv_bytes_held"], "store": st})
+        print(f"| {name} | {s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}) | {s['median'] / base:.2f}x | "
+              f"{ms[0]['kv_bytes_held'] / (1 << 20):.2f} | {st.get('cache_bytes', 0) / (1 << 20):.2f} | "
+              f"{st.get('cache_hits', 0)} | {st.get('cache_misses', 0)} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": cfg, "context": args.context, "rows": rows}, f, indent=1)
+    return 0
+
+
+def _floats(s: str):
+    try:
+        v = [float(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+    if not v or min(v) < 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {s!r}")
+    return v
+
+
 def _selftest(cfg) -> int:
     from .gates import self_test
 
@@ -155,8 +214,18 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", metavar="PREVIOUS_RUN", help="run folder (or summary.json) of an earlier "
                                                                "round: print the regression table against it")
     ap.add_argument("--out", help="run folder (default: bench.output_dir/<timestamp>)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config key (repeatable), e.g. --set lossless.decode_cache_bytes=4194304")
     sub = ap.add_subparsers(dest="command")
     sub.add_parser("selftest", help="feed every gate a failing input and check that it fails")
+    cs = sub.add_parser("cache-sweep", help="store mode: decode tokens/s and bytes held against the decode "
+                                            "cache budget (lossless.decode_cache_bytes), interleaved with the "
+                                            "baseline and H2O alone")
+    cs.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
+    cs.add_argument("--budgets-mib", type=_floats, default=[0, 8, 32, 128],
+                    help="decode cache budgets in MiB (default 0,8,32,128)")
+    cs.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3)")
+    cs.add_argument("--json", help="also write the figures to this JSON file")
     sp = sub.add_parser("speed", help="prefill/decode tokens/s of our engine vs stock MNN.llm on the same "
                                       "weights, interleaved A B / B A, medians and spread")
     sp.add_argument("--contexts", type=_parse_ints, default=[512, 2048, 4096],
@@ -169,9 +238,14 @@ def main(argv=None) -> int:
         overrides = {"model.name": args.model} if args.model else {}
         if args.quick:
             overrides.update(QUICK)
+        overrides.update(config_mod.parse_assignment(a) for a in args.set)
         cfg = config_mod.load(args.config, overrides)
         if args.command == "selftest":
             return _selftest(cfg)
+        if args.command == "cache-sweep":
+            if args.repetitions < 3:
+                raise ValueError("--repetitions must be >= 3")
+            return _cache_sweep(args, cfg)
         if args.command == "speed":
             if args.repetitions < 3:
                 raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")

@@ -50,6 +50,17 @@ def rss_bytes() -> int:
         return 0
 
 
+def trim_heap() -> None:
+    """Give free heap pages back to the OS (glibc malloc_trim), so that an RSS delta measures
+    memory a run really took rather than heap that an earlier run left mapped."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _store_summary(stats: Optional[dict]) -> dict:
     """The store counters the report uses, whole model (zeros when the store is off)."""
     if not stats:
@@ -72,6 +83,7 @@ def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp:
              trace: bool) -> RunResult:
     """One fresh context: prefill ``prompt``, then decode ``continuation`` teacher-forced."""
     llm.reset()
+    trim_heap()
     rss_idle = rss_bytes()
     n = len(continuation)
     logp = np.empty((n, llm.config.vocab), np.float32) if keep_logp else None

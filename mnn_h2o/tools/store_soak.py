@@ -5,7 +5,7 @@
 
 Each run prefills ``--prompt`` tokens of essay text and then decodes ``--tokens`` tokens of the
 true continuation (teacher-forced, so the text never degenerates into a loop), with H2O and the
-store on (lossless.mode forced to store). Runs follow each other on one engine (reset between),
+lossless store on (``--mode store``, or ``--mode full`` to check every chunk byte for byte). Runs follow each other on one engine (reset between),
 so ``--runs 2 --tokens 5000`` is a 10 000-token soak. Every ``--every`` tokens it samples the
 cache's own accounting (raw blocks, compressed chunks, decode cache, scratch) and the process
 RSS. It checks, and exits 1 if any check fails:
@@ -66,6 +66,8 @@ def soak(llm, tokenizer, prompt_len: int, n_tokens: int, runs: int, every: int, 
         stats = llm.store_stats() or {}
         llm.reset()
         ends.append({"run": run, "decode_tps": llm_tps(samples, run), "bytes_after_reset": llm.cache.bytes_held(),
+                     "chunks_encoded": stats.get("chunks_encoded", 0),
+                     "verify_mismatches": stats.get("verify_mismatches", 0),
                      "fallbacks": {k: v for k, v in stats.get("fallbacks", {}).items() if v},
                      "lossless_ratio": stats.get("lossless_ratio", 0.0), "deferrals": stats.get("deferrals", 0),
                      "dissolved": stats.get("dissolved", 0)})
@@ -106,6 +108,9 @@ def check(samples, ends, cfg, head_dim: int, warmup: int, leak_mib: float) -> li
                        "pass": growth < leak_mib})
     checks.append({"check": "reset returns every byte", "bytes_after_reset": [e["bytes_after_reset"] for e in ends],
                    "pass": all(e["bytes_after_reset"] == 0 for e in ends)})
+    checks.append({"check": "no verify mismatches", "mismatches": [e["verify_mismatches"] for e in ends],
+                   "chunks_encoded": [e["chunks_encoded"] for e in ends],
+                   "pass": all(e["verify_mismatches"] == 0 for e in ends)})
     checks.append({"check": "no error fallbacks", "fallbacks": [e["fallbacks"] for e in ends],
                    "pass": all(not {k for k in e["fallbacks"] if k != "incompressible"} for e in ends)})
     return checks
@@ -149,7 +154,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.store_soak", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]))
-    ap.add_argument("--config", help="YAML config (docs/config.md); lossless.mode is forced to store")
+    ap.add_argument("--config", help="YAML config (docs/config.md)")
+    ap.add_argument("--mode", choices=("store", "full"), default="store",
+                    help="lossless mode (default store; full checks every chunk byte for byte)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config key (repeatable), e.g. --set lossless.front_n=30")
     ap.add_argument("--model", help="named model or GGUF path (overrides model.name)")
     ap.add_argument("--prompt", type=int, default=1024, help="prompt tokens per run (default 1024)")
     ap.add_argument("--tokens", type=int, default=5000, help="decode tokens per run (default 5000)")
@@ -163,7 +172,8 @@ def main(argv=None) -> int:
     try:
         if min(args.prompt, args.tokens, args.runs, args.every) < 1:
             raise ValueError("--prompt, --tokens, --runs and --every must be >= 1")
-        overrides = {"lossless.mode": "store", **({"model.name": args.model} if args.model else {})}
+        overrides = dict(config_mod.parse_assignment(a) for a in args.set)
+        overrides.update({"lossless.mode": args.mode, **({"model.name": args.model} if args.model else {})})
         cfg = config_mod.load(args.config, overrides)
         llm = Llm.load(None, cfg)
         if args.prompt + args.tokens > llm.max_context:
