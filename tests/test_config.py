@@ -53,3 +53,15 @@ def test_bad_yaml_file(tmp_path):
 def test_overrides_apply_after_file():
     cfg = config.load(None, {"runtime.threads": 1, "model.name": "x.gguf"})
     assert cfg["runtime"]["threads"] == 1 and cfg["model"]["name"] == "x.gguf"
+
+
+def test_command_line_assignments():
+    assert config.parse_assignment("lossless.decode_cache_bytes=4194304") == ("lossless.decode_cache_bytes", 4194304)
+    assert config.parse_assignment('lossless.mode="off"') == ("lossless.mode", "off")
+    assert config.parse_assignment("bench.prompt_lengths=[512, 4096]") == ("bench.prompt_lengths", [512, 4096])
+    for bad in ("threads=2", "runtime.threads", "runtime.threads=[1,"):
+        with pytest.raises(config.ConfigError):
+            config.parse_assignment(bad)
+    # A bare off is YAML's boolean: the error says how to write it.
+    with pytest.raises(config.ConfigError, match="quote it"):
+        config.load(None, dict([config.parse_assignment("lossless.mode=off")]))
