@@ -16,14 +16,20 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads spin and
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
-def _parse_ints(s: str):
-    try:
-        v = [int(x) for x in s.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not v or min(v) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return v
+def _number_list(kind, minimum):
+    """An argparse type: comma-separated numbers of ``kind``, each >= ``minimum``."""
+    def parse(s: str):
+        try:
+            v = [kind(x) for x in s.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {s!r}") from None
+        if not v or min(v) < minimum:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}s >= {minimum}, got {s!r}")
+        return v
+    return parse
+
+
+_parse_ints = _number_list(int, 1)
 
 
 def _speed(args, cfg) -> int:
@@ -161,16 +167,6 @@ def _cache_sweep(args, cfg) -> int:
     return 0
 
 
-def _floats(s: str):
-    try:
-        v = [float(x) for x in s.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
-    if not v or min(v) < 0:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {s!r}")
-    return v
-
-
 def _selftest(cfg) -> int:
     from .gates import self_test
 
@@ -222,7 +218,7 @@ def main(argv=None) -> int:
                                             "cache budget (lossless.decode_cache_bytes), interleaved with the "
                                             "baseline and H2O alone")
     cs.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
-    cs.add_argument("--budgets-mib", type=_floats, default=[0, 8, 32, 128],
+    cs.add_argument("--budgets-mib", type=_number_list(float, 0), default=[0, 8, 32, 128],
                     help="decode cache budgets in MiB (default 0,8,32,128)")
     cs.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3)")
     cs.add_argument("--json", help="also write the figures to this JSON file")
