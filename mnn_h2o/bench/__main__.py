@@ -138,8 +138,7 @@ def _cache_sweep(args, cfg) -> int:
             if budget is None:
                 configure(llm, cfg, name)
             else:
-                llm.configure_h2o(dict(cfg["h2o"], enabled=True))
-                llm.configure_lossless(dict(cfg["lossless"], mode="store", decode_cache_bytes=budget))
+                configure(llm, dict(cfg, lossless=dict(cfg["lossless"], decode_cache_bytes=budget)), "store")
             r = run_case(llm, prompt, cont, keep_logp=False, trace=False).metrics
             bar.update(1)
             return r

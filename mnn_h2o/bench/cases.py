@@ -61,7 +61,7 @@ def trim_heap() -> None:
         pass
 
 
-def _store_summary(stats: Optional[dict]) -> dict:
+def store_summary(stats: Optional[dict]) -> dict:
     """The store counters the report uses, whole model (zeros when the store is off)."""
     if not stats:
         return {"lossless_ratio": 0.0, "fallbacks": 0, "fallback_reasons": {}, "mismatches": 0}
@@ -103,7 +103,7 @@ def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp:
         if trace:
             points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
     t2 = time.perf_counter()
-    store = _store_summary(llm.store_stats())
+    store = store_summary(llm.store_stats())
     m = {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n / (t2 - t1),
          "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
          "kv_bytes_kept": st.kv_bytes_kept, "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
@@ -144,7 +144,7 @@ def run_demo(llm, prompt: Sequence[int], new_tokens: int) -> dict:
     llm.reset()
     g = llm.generate(list(prompt), max_new_tokens=new_tokens)
     st = g.stats
-    store = _store_summary(llm.store_stats())
+    store = store_summary(llm.store_stats())
     return {"prompt_tokens": len(prompt), "generated_tokens": len(g.token_ids),
             "prefill_tps": st.prefill_tps, "decode_tps": st.decode_tps,
             "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
