@@ -181,6 +181,7 @@ py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
     d["cache_hits"] = c.cache_hits;
     d["cache_misses"] = c.cache_misses;
     d["dissolved"] = c.dissolved;
+    d["repacked"] = c.repacked;
     d["fallbacks"] = fallbacks;
     return d;
 }

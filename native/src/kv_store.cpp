@@ -27,8 +27,9 @@ enum BlockState : uint8_t {
     kSettled,  // raw for good: measured (probe, full) or left raw by a fallback, never retried
 };
 
-// A prefetch job's progress; the caller may take a job over before a worker starts it.
-enum PrefetchState : int { kWaiting = 0, kRunning, kCancelled, kDone };
+// A job's progress; the caller may take a job over (prefetch) or cancel it (encode) before a
+// worker starts it.
+enum JobProgress : int { kWaiting = 0, kRunning, kCancelled, kDone };
 
 gear::ElementType element_type_of(KvDtype dtype) {
     switch (dtype) {
@@ -59,6 +60,7 @@ void add(StoreLayerStats& to, const StoreLayerStats& from) {
     to.cache_hits += from.cache_hits;
     to.cache_misses += from.cache_misses;
     to.dissolved += from.dissolved;
+    to.repacked += from.repacked;
     for (int r = 0; r < kStoreFallbacks; ++r) to.fallbacks[r] += from.fallbacks[r];
 }
 
@@ -100,20 +102,34 @@ struct KvStore::Job {
     enum class Kind { Encode, Prefetch };
     Kind kind = Kind::Encode;
     int layer = 0, head = 0;
-    // Encode: a private copy of the chunk's raw bytes, K then V; the worker fills the rest.
+    // Taken with a compare-exchange from kWaiting by whoever runs or cancels the job first.
+    std::atomic<int> progress{kWaiting};
+    // Encode: the worker reads the chunk's raw blocks in place (no copy: the caller settles a
+    // head's jobs before any of its blocks can be released or written), then fills the rest.
     int first = 0, n_blocks = 0;
     uint64_t generation = 0;
-    std::vector<uint8_t> raw;
+    std::vector<const void*> k_src, v_src;
+    size_t raw_size = 0;
     std::vector<uint8_t> blob;
+    size_t held = 0;  // blob bytes counted in job_bytes_ until the job is installed or dropped
     uint64_t hash = 0;
     bool encoded = false, verified = false, failed = false;
     double encode_us = 0.0, verify_us = 0.0;
     // Prefetch: decodes chunk's frame into dest, the room reserved for it in the cache.
-    std::atomic<int> progress{kWaiting};
     Chunk* chunk = nullptr;  // null once the caller has taken the job over
     std::unique_ptr<AlignedBytes> dest;
     bool decoded_ok = false;
     double decode_us = 0.0;
+};
+
+// What one thread needs to encode: its codec and buffers, reused from job to job.
+struct KvStore::EncodeBuffers {
+    explicit EncodeBuffers(const gear::EncodeOptions& options) : codec(options) {}
+    gear::Codec codec;
+    std::vector<uint8_t> raw;    // the chunk gathered from its blocks, K then V
+    std::vector<uint8_t> frame;  // encoder output, worst-case sized
+    std::vector<uint8_t> check;  // the frame decoded again
+    size_t bytes() const { return raw.capacity() + frame.capacity() + check.capacity(); }
 };
 
 struct KvStore::HeadState {
@@ -139,11 +155,10 @@ KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPoo
       states_(static_cast<size_t>(cache.n_layers) * cache.n_kv_heads),
       stored_chunks_(static_cast<size_t>(cache.n_layers)),
       layer_stats_(static_cast<size_t>(cache.n_layers)),
-      codec_(codec_options(config)) {
+      own_(std::make_unique<EncodeBuffers>(codec_options(config))) {
     if (block_bytes_ != pool.block_bytes()) throw std::logic_error("KvStore: block size differs from the pool's");
     if (cfg_.async_threads > 0) {
-        for (int t = 0; t < cfg_.async_threads; ++t) worker_codecs_.push_back(std::make_unique<gear::Codec>(codec_options(cfg_)));
-        worker_checks_.resize(static_cast<size_t>(cfg_.async_threads));
+        for (int t = 0; t < cfg_.async_threads; ++t) workers_.push_back(std::make_unique<EncodeBuffers>(codec_options(cfg_)));
         queue_ = std::make_unique<WorkQueue>(cfg_.async_threads, cfg_.max_queue);
     }
 }
@@ -215,17 +230,14 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     job->first = first;
     job->n_blocks = n_blocks;
     job->generation = hs.generation;
-    const size_t half = static_cast<size_t>(n_blocks) * block_bytes_;
-    job->raw.resize(2 * half);
+    job->raw_size = chunk_raw_bytes(n_blocks);
     const KvHeadBlocks& kv = blocks(layer, h);
-    for (int j = 0; j < n_blocks; ++j) {
-        std::memcpy(job->raw.data() + j * block_bytes_, kv.k_blocks[first + j], block_bytes_);
-        std::memcpy(job->raw.data() + half + j * block_bytes_, kv.v_blocks[first + j], block_bytes_);
-    }
+    job->k_src.assign(kv.k_blocks.begin() + first, kv.k_blocks.begin() + first + n_blocks);
+    job->v_src.assign(kv.v_blocks.begin() + first, kv.v_blocks.begin() + first + n_blocks);
     mark(kQueued);
     if (!queue_) {
         try {
-            run_encode(*job, codec_, check_);
+            run_encode(*job, *own_);
         } catch (...) {
             job->failed = true;
         }
@@ -234,34 +246,61 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     }
     Job* j = job.get();
     const uint64_t id = next_job_++;
-    job_bytes_ += job->raw.size();
     jobs_.emplace(id, std::move(job));
     // Cannot be refused: only this thread submits, and it checked the room above.
-    queue_->try_submit(id, [this, j](int worker) { run_encode(*j, *worker_codecs_[worker], worker_checks_[worker]); });
+    queue_->try_submit(id, [this, j](int worker) {
+        int expected = kWaiting;
+        if (!j->progress.compare_exchange_strong(expected, kRunning)) return;  // cancelled
+        EncodeBuffers& buffers = *workers_[worker];
+        const size_t before = buffers.bytes();
+        try {
+            run_encode(*j, buffers);
+        } catch (...) {
+            worker_bytes_ += buffers.bytes() - before;
+            j->progress.store(kDone);
+            throw;
+        }
+        worker_bytes_ += buffers.bytes() - before;
+        j->held = j->blob.capacity();
+        job_bytes_ += j->held;
+        j->progress.store(kDone);
+    });
     queue_peak_ = std::max(queue_peak_, queue_->outstanding());
 }
 
-// On a worker (or the caller without workers): touches only the job and its codec.
-void KvStore::run_encode(Job& job, gear::Codec& codec, std::vector<uint8_t>& check) const {
+// On a worker (or the caller without workers): reads the job's blocks, which stay unchanged
+// until the job is settled, and writes only the job and its buffers.
+void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
     if (cfg_.faults.worker_exception) throw std::runtime_error("injected worker fault");
-    job.hash = xxh64(job.raw.data(), job.raw.size());
+    const size_t half = job.raw_size / 2;
+    b.raw.resize(job.raw_size);
+    for (int j = 0; j < job.n_blocks; ++j) {
+        std::memcpy(b.raw.data() + j * block_bytes_, job.k_src[j], block_bytes_);
+        std::memcpy(b.raw.data() + half + j * block_bytes_, job.v_src[j], block_bytes_);
+    }
+    job.hash = xxh64(b.raw.data(), b.raw.size());
     gear::Shape shape;
     shape.ndim = 3;
     shape.dims[0] = 2;
     shape.dims[1] = static_cast<uint32_t>(job.n_blocks * block_tokens_);
     shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
     Clock::time_point t0 = Clock::now();
-    const gear::Status s = cfg_.faults.encode_error ? gear::Status::InvalidArgument
-                                                    : codec.encode(job.raw.data(), element_type_, shape, &job.blob);
+    size_t written = 0;
+    const gear::Status s = cfg_.faults.encode_error
+                               ? gear::Status::InvalidArgument
+                               : b.codec.encode(b.raw.data(), element_type_, shape, b.frame.data(), b.frame.size(), &written);
     job.encode_us = micros_since(t0);
     job.encoded = s == gear::Status::Ok;
     if (!job.encoded) return;
     t0 = Clock::now();
-    check.resize(job.raw.size());
-    const gear::Status d = codec.decode(job.blob.data(), job.blob.size(), check.data(), check.size());
-    job.verified = d == gear::Status::Ok && std::memcmp(check.data(), job.raw.data(), check.size()) == 0 &&
+    b.check.resize(b.raw.size());
+    const gear::Status d = b.codec.decode(b.frame.data(), written, b.check.data(), b.check.size());
+    job.verified = d == gear::Status::Ok && std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 &&
                    !cfg_.faults.verify_mismatch;
     job.verify_us = micros_since(t0);
+    // Only what the frame needs is kept while the job waits to be installed.
+    job.blob.assign(b.frame.data(), b.frame.data() + written);
 }
 
 void KvStore::process(const WorkQueue::Completion& done) {
@@ -270,7 +309,7 @@ void KvStore::process(const WorkQueue::Completion& done) {
     std::unique_ptr<Job> job = std::move(it->second);
     jobs_.erase(it);
     if (job->kind == Job::Kind::Encode) {
-        job_bytes_ -= job->raw.size();
+        if (job->progress.load() == kCancelled) return;  // its blocks were made raw again then
         job->failed = done.failed;
         finished_.push_back(std::move(job));
         return;
@@ -290,7 +329,10 @@ void KvStore::process(const WorkQueue::Completion& done) {
 void KvStore::install_finished() {
     if (queue_)
         for (const WorkQueue::Completion& c : queue_->collect()) process(c);
-    for (auto& job : finished_) install(*job, job->failed);
+    for (auto& job : finished_) {
+        job_bytes_ -= job->held;
+        install(*job, job->failed);
+    }
     finished_.clear();
 }
 
@@ -314,22 +356,23 @@ void KvStore::install(Job& job, bool failed) {
         return;
     }
     ++st.chunks_encoded;
-    st.raw_bytes += static_cast<int64_t>(job.raw.size());
+    st.raw_bytes += static_cast<int64_t>(job.raw_size);
     st.compressed_bytes += static_cast<int64_t>(job.blob.size());
     st.encode_us += job.encode_us;
     st.verify_us += job.verify_us;
     KvHeadBlocks& kv = blocks(layer, job.head);
-    const size_t half = static_cast<size_t>(job.n_blocks) * block_bytes_;
+    const size_t half = job.raw_size / 2;
     bool same = job.verified;
     if (same && current && cfg_.mode != StoreMode::Probe) {
         // The blocks must still hold exactly the bytes that were encoded (verify before free; in
         // full mode, the check that the KV is untouched).
-        check_.resize(job.raw.size());
+        std::vector<uint8_t>& live = own_->check;
+        live.resize(job.raw_size);
         for (int j = 0; j < job.n_blocks; ++j) {
-            std::memcpy(check_.data() + j * block_bytes_, kv.k_blocks[job.first + j], block_bytes_);
-            std::memcpy(check_.data() + half + j * block_bytes_, kv.v_blocks[job.first + j], block_bytes_);
+            std::memcpy(live.data() + j * block_bytes_, kv.k_blocks[job.first + j], block_bytes_);
+            std::memcpy(live.data() + half + j * block_bytes_, kv.v_blocks[job.first + j], block_bytes_);
         }
-        same = xxh64(check_.data(), check_.size()) == job.hash;
+        same = xxh64(live.data(), live.size()) == job.hash;
     }
     if (!same) {
         ++st.verify_mismatches;
@@ -345,7 +388,7 @@ void KvStore::install(Job& job, bool failed) {
         ++stale_jobs_;
         return;
     }
-    if (job.blob.size() >= job.raw.size()) {
+    if (job.blob.size() >= job.raw_size) {
         fallback(layer, StoreFallback::Incompressible);
         settle();
         return;
@@ -355,7 +398,6 @@ void KvStore::install(Job& job, bool failed) {
     chunk->n_blocks = job.n_blocks;
     for (int j = 0; j < job.n_blocks; ++j) chunk->live.push_back(j);
     chunk->blob = std::move(job.blob);
-    chunk->blob.shrink_to_fit();  // the encoder sized it for the worst case
     for (int j = job.first; j < job.first + job.n_blocks; ++j) {
         pool_.release(kv.k_blocks[j]);
         pool_.release(kv.v_blocks[j]);
@@ -363,7 +405,7 @@ void KvStore::install(Job& job, bool failed) {
         hs.state[j] = kStored;
     }
     ++st.chunks_stored;
-    st.stored_raw_bytes += static_cast<int64_t>(job.raw.size());
+    st.stored_raw_bytes += static_cast<int64_t>(job.raw_size);
     st.stored_blob_bytes += static_cast<int64_t>(chunk->blob.size());
     blob_bytes_ += chunk->blob.capacity();
     ++stored_chunks_[layer];
@@ -387,7 +429,7 @@ void KvStore::drain() {
 void KvStore::decode_into(int layer, const Chunk& chunk, uint8_t* out) {
     const Clock::time_point t0 = Clock::now();
     const size_t bytes = chunk_raw_bytes(chunk.n_blocks);
-    if (codec_.decode(chunk.blob.data(), chunk.blob.size(), out, bytes) != gear::Status::Ok)
+    if (own_->codec.decode(chunk.blob.data(), chunk.blob.size(), out, bytes) != gear::Status::Ok)
         throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
     layer_stats_[layer].decode_us += micros_since(t0);
 }
@@ -506,7 +548,7 @@ void KvStore::prefetch(int layer) {
                 int expected = kWaiting;
                 if (!j->progress.compare_exchange_strong(expected, kRunning)) return;  // the caller took it
                 const Clock::time_point t0 = Clock::now();
-                j->decoded_ok = worker_codecs_[worker]->decode(j->chunk->blob.data(), j->chunk->blob.size(),
+                j->decoded_ok = workers_[worker]->codec.decode(j->chunk->blob.data(), j->chunk->blob.size(),
                                                                j->dest->data, j->dest->size) == gear::Status::Ok;
                 j->decode_us = micros_since(t0);
                 j->progress.store(kDone);
@@ -533,6 +575,32 @@ void KvStore::settle_prefetches() {
     const Clock::time_point t0 = Clock::now();
     while (active_prefetches_ > 0)
         for (const WorkQueue::Completion& c : queue_->wait_collect()) process(c);
+    async_wait_us_ += micros_since(t0);
+}
+
+// Before a head's blocks may be released or written: its encode jobs that have not started are
+// cancelled (their blocks go back to raw) and the running ones, which read the blocks in place,
+// are waited for.
+void KvStore::settle_encodes(int layer, int h) {
+    if (!queue_) return;
+    const auto reading = [&](Job& job) {
+        return job.kind == Job::Kind::Encode && job.layer == layer && job.head == h && job.progress.load() == kRunning;
+    };
+    bool running = false;
+    for (auto& entry : jobs_) {
+        Job& job = *entry.second;
+        if (job.kind != Job::Kind::Encode || job.layer != layer || job.head != h) continue;
+        int expected = kWaiting;
+        if (!job.progress.compare_exchange_strong(expected, kCancelled)) running |= expected == kRunning;
+    }
+    if (!running) return;
+    const Clock::time_point t0 = Clock::now();
+    for (;;) {
+        bool any = false;
+        for (auto& entry : jobs_) any |= reading(*entry.second);
+        if (!any) break;
+        for (const WorkQueue::Completion& c : queue_->wait_collect()) process(c);
+    }
     async_wait_us_ += micros_since(t0);
 }
 
@@ -592,9 +660,10 @@ bool KvStore::dissolve(int layer, int h, Chunk& chunk, const std::vector<uint8_t
     if (chunk.decoded) {
         base = chunk.decoded->data;
     } else {
-        check_.resize(chunk_raw_bytes(chunk.n_blocks));
-        decode_into(layer, chunk, check_.data());
-        base = check_.data();
+        std::vector<uint8_t>& decoded = own_->check;
+        decoded.resize(chunk_raw_bytes(chunk.n_blocks));
+        decode_into(layer, chunk, decoded.data());
+        base = decoded.data();
     }
     const size_t half = static_cast<size_t>(chunk.n_blocks) * block_bytes_;
     for (size_t j = 0, g = 0; j < chunk.live.size(); ++j) {
@@ -608,6 +677,88 @@ bool KvStore::dissolve(int layer, int h, Chunk& chunk, const std::vector<uint8_t
         g += 2;
     }
     ++layer_stats_[layer].dissolved;
+    return true;
+}
+
+// H2O trims a few blocks off many chunks at every update. Dissolving them would hand the
+// survivors raw blocks until they are encoded again (and H2O trims again soon after); instead the
+// survivors are re-encoded here, from the frame, into a smaller frame that replaces it once it
+// decodes back exactly. False (chunk unchanged) when that fails or does not compress.
+bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
+    EncodeBuffers& b = *own_;
+    const uint8_t* base;
+    if (c.decoded) {
+        base = c.decoded->data;
+    } else {
+        b.check.resize(chunk_raw_bytes(c.n_blocks));
+        decode_into(layer, c, b.check.data());
+        base = b.check.data();
+    }
+    int n = 0;
+    for (size_t j = 0; j < c.live.size(); ++j) n += keep[c.first + j] ? 1 : 0;
+    const size_t old_half = static_cast<size_t>(c.n_blocks) * block_bytes_;
+    const size_t half = static_cast<size_t>(n) * block_bytes_;
+    b.raw.resize(2 * half);
+    for (size_t j = 0, g = 0; j < c.live.size(); ++j) {
+        if (!keep[c.first + j]) continue;
+        const size_t from = static_cast<size_t>(c.live[j]) * block_bytes_;
+        std::memcpy(b.raw.data() + g * block_bytes_, base + from, block_bytes_);
+        std::memcpy(b.raw.data() + half + g * block_bytes_, base + old_half + from, block_bytes_);
+        ++g;
+    }
+    gear::Shape shape;
+    shape.ndim = 3;
+    shape.dims[0] = 2;
+    shape.dims[1] = static_cast<uint32_t>(n * block_tokens_);
+    shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
+    StoreLayerStats& st = layer_stats_[layer];
+    Clock::time_point t0 = Clock::now();
+    size_t written = 0;
+    const gear::Status s = cfg_.faults.encode_error
+                               ? gear::Status::InvalidArgument
+                               : b.codec.encode(b.raw.data(), element_type_, shape, b.frame.data(), b.frame.size(), &written);
+    st.encode_us += micros_since(t0);
+    if (s != gear::Status::Ok) {
+        fallback(layer, StoreFallback::EncodeError);
+        return false;
+    }
+    if (written >= b.raw.size()) return false;
+    t0 = Clock::now();
+    b.check.resize(b.raw.size());
+    const bool same = b.codec.decode(b.frame.data(), written, b.check.data(), b.check.size()) == gear::Status::Ok &&
+                      std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 && !cfg_.faults.verify_mismatch;
+    st.verify_us += micros_since(t0);
+    if (!same) {
+        ++st.verify_mismatches;
+        fallback(layer, StoreFallback::VerifyMismatch);
+        return false;
+    }
+    std::vector<uint8_t> blob;
+    try {
+        if (cfg_.faults.alloc_failure) throw std::bad_alloc();
+        blob.assign(b.frame.data(), b.frame.data() + written);
+    } catch (const std::bad_alloc&) {
+        fallback(layer, StoreFallback::AllocFailure);
+        return false;
+    }
+    blob_bytes_ += blob.capacity();
+    blob_bytes_ -= c.blob.capacity();
+    c.blob = std::move(blob);
+    if (c.decoded) {
+        cache_bytes_ -= c.decoded->size;
+        c.decoded.reset();
+    }
+    if (read_chunk_ == &c) read_chunk_ = nullptr;
+    c.n_blocks = n;
+    c.live.resize(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) c.live[j] = j;
+    ++st.repacked;
+    ++st.chunks_encoded;
+    st.raw_bytes += static_cast<int64_t>(b.raw.size());
+    st.compressed_bytes += static_cast<int64_t>(written);
+    st.stored_raw_bytes += static_cast<int64_t>(b.raw.size());
+    st.stored_blob_bytes += static_cast<int64_t>(written);
     return true;
 }
 
@@ -629,6 +780,7 @@ void KvStore::requeue(HeadState& hs) {
 
 void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool block_aligned) {
     settle_prefetches();
+    settle_encodes(layer, h);
     HeadState& hs = state(layer, h);
     const KvHeadBlocks& kv = blocks(layer, h);
     const size_t n_blocks = kv.k_blocks.size();
@@ -662,13 +814,13 @@ void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool 
             if (first_kept < 0) first_kept = c.first + static_cast<int>(j);
             ++n_kept;
         }
-        if (n_kept == 0 || (n_kept < c.live.size() && dissolve(layer, h, c, &keep_))) {
+        if (n_kept == 0 || (n_kept < c.live.size() && !repack(layer, c, keep_) && dissolve(layer, h, c, &keep_))) {
             drop_chunk(layer, h, i);
             continue;
         }
         if (n_kept < c.live.size()) {
-            // No raw blocks for the survivors: the chunk stays and serves them from its frame
-            // (which still holds the evicted blocks' bytes too), so nothing is lost.
+            // Neither re-encoded nor dissolved (no raw blocks could be had): the survivors are
+            // served from the frame, which still holds the evicted blocks' bytes too.
             std::vector<int> live;
             for (size_t j = 0; j < c.live.size(); ++j)
                 if (keep_[c.first + j]) live.push_back(c.live[j]);
@@ -685,6 +837,7 @@ void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool 
 
 void KvStore::truncate(int layer, int h, int n_tokens) {
     settle_prefetches();
+    settle_encodes(layer, h);
     HeadState& hs = state(layer, h);
     const KvHeadBlocks& kv = blocks(layer, h);
     hs.state.resize(kv.k_blocks.size(), kRaw);
@@ -737,7 +890,9 @@ void KvStore::reset() {
     scratch_.reset();
     read_buf_.reset();
     read_chunk_ = nullptr;
-    std::vector<uint8_t>().swap(check_);
+    for (auto& b : workers_) b = std::make_unique<EncodeBuffers>(codec_options(cfg_));
+    own_ = std::make_unique<EncodeBuffers>(codec_options(cfg_));
+    worker_bytes_ = 0;
     if (cfg_.async_threads > 0) queue_ = std::make_unique<WorkQueue>(cfg_.async_threads, cfg_.max_queue);
 }
 
@@ -745,8 +900,8 @@ void KvStore::reset() {
 
 size_t KvStore::bytes_held() const {
     // Workers' own buffers (their codec scratch) are not counted: reading them would race.
-    return blob_bytes_ + cache_bytes_ + job_bytes_ + (scratch_ ? scratch_->size : 0) +
-           (read_buf_ ? read_buf_->size : 0) + check_.capacity();
+    return blob_bytes_ + cache_bytes_ + job_bytes_ + worker_bytes_ + own_->bytes() +
+           (scratch_ ? scratch_->size : 0) + (read_buf_ ? read_buf_->size : 0);
 }
 
 StoreStats KvStore::stats() const {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,7 @@ struct StoreLayerStats {
     int64_t verify_mismatches = 0; // frames whose decode differed from the raw bytes
     int64_t cache_hits = 0, cache_misses = 0;  // compressed chunks resolved for attention
     int64_t dissolved = 0;         // chunks turned back into raw blocks
+    int64_t repacked = 0;          // chunks re-encoded without the blocks H2O evicted
     std::array<int64_t, kStoreFallbacks> fallbacks{};
 };
 
@@ -128,6 +130,7 @@ public:
 private:
     struct Chunk;
     struct Job;
+    struct EncodeBuffers;
     struct HeadState;
     struct AlignedBytes;
 
@@ -138,7 +141,8 @@ private:
 
     void schedule_head(int layer, int head);
     void submit(int layer, int head, int first, int n_blocks);
-    void run_encode(Job& job, gear::Codec& codec, std::vector<uint8_t>& check) const;
+    void run_encode(Job& job, EncodeBuffers& buffers) const;
+    void settle_encodes(int layer, int head);
     void process(const WorkQueue::Completion& done);
     void install(Job& job, bool failed);
     void fallback(int layer, StoreFallback reason) { ++layer_stats_[layer].fallbacks[static_cast<int>(reason)]; }
@@ -152,6 +156,7 @@ private:
     // Raw pool blocks again for the live blocks of chunk whose keep flag is set (all when keep
     // is null); false (nothing changed) when blocks cannot be allocated.
     bool dissolve(int layer, int head, Chunk& chunk, const std::vector<uint8_t>* keep);
+    bool repack(int layer, Chunk& chunk, const std::vector<uint8_t>& keep);
     void drop_chunk(int layer, int head, size_t index);
     void requeue(HeadState& hs);  // a head's blocks moved: its queued blocks are raw again
 
@@ -169,19 +174,19 @@ private:
     double async_wait_us_ = 0.0;
     int queue_peak_ = 0;
     int64_t deferrals_ = 0, stale_jobs_ = 0, candidates_ = 0;
-    size_t blob_bytes_ = 0, cache_bytes_ = 0, job_bytes_ = 0;
+    size_t blob_bytes_ = 0, cache_bytes_ = 0;
+    // Written by workers: frames of finished jobs not yet installed, and the workers' buffers.
+    std::atomic<size_t> job_bytes_{0}, worker_bytes_{0};
     int active_prefetches_ = 0;
 
-    gear::Codec codec_;                 // the caller's thread
-    std::vector<uint8_t> check_;        // the caller's verification buffer
+    std::unique_ptr<EncodeBuffers> own_;  // the caller's thread: encoding without workers, checks
     std::unique_ptr<AlignedBytes> scratch_;   // decoded chunks that missed the cache
     std::unique_ptr<AlignedBytes> read_buf_;  // read_block(): the last chunk it decoded
     const Chunk* read_chunk_ = nullptr;
     std::vector<uint8_t> keep_;               // compact(), truncate(): blocks kept
     std::vector<const void*> k_view_, v_view_;
     std::vector<float> q_head_, out_head_;
-    std::vector<std::unique_ptr<gear::Codec>> worker_codecs_;
-    std::vector<std::vector<uint8_t>> worker_checks_;
+    std::vector<std::unique_ptr<EncodeBuffers>> workers_;  // [worker]
 
     uint64_t next_job_ = 1;
     std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_;  // submitted, not yet processed
