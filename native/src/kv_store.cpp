@@ -268,6 +268,16 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     queue_peak_ = std::max(queue_peak_, queue_->outstanding());
 }
 
+// A chunk's frame holds [2][n_blocks * block_tokens][head_dim]: K, then V.
+gear::Shape KvStore::chunk_shape(int n_blocks) const {
+    gear::Shape shape;
+    shape.ndim = 3;
+    shape.dims[0] = 2;
+    shape.dims[1] = static_cast<uint32_t>(n_blocks * block_tokens_);
+    shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    return shape;
+}
+
 // On a worker (or the caller without workers): reads the job's blocks, which stay unchanged
 // until the job is settled, and writes only the job and its buffers.
 void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
@@ -279,11 +289,7 @@ void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
         std::memcpy(b.raw.data() + half + j * block_bytes_, job.v_src[j], block_bytes_);
     }
     job.hash = xxh64(b.raw.data(), b.raw.size());
-    gear::Shape shape;
-    shape.ndim = 3;
-    shape.dims[0] = 2;
-    shape.dims[1] = static_cast<uint32_t>(job.n_blocks * block_tokens_);
-    shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    const gear::Shape shape = chunk_shape(job.n_blocks);
     b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
     Clock::time_point t0 = Clock::now();
     size_t written = 0;
@@ -706,11 +712,7 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
         std::memcpy(b.raw.data() + half + g * block_bytes_, base + old_half + from, block_bytes_);
         ++g;
     }
-    gear::Shape shape;
-    shape.ndim = 3;
-    shape.dims[0] = 2;
-    shape.dims[1] = static_cast<uint32_t>(n * block_tokens_);
-    shape.dims[2] = static_cast<uint32_t>(head_dim_);
+    const gear::Shape shape = chunk_shape(n);
     b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
     StoreLayerStats& st = layer_stats_[layer];
     Clock::time_point t0 = Clock::now();

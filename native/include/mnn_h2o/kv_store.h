@@ -137,6 +137,7 @@ private:
     HeadState& state(int layer, int head);
     KvHeadBlocks& blocks(int layer, int head) { return heads_[static_cast<size_t>(layer) * n_kv_heads_ + head]; }
     bool in_scope(int layer, const H2oConfig* h2o) const;
+    gear::Shape chunk_shape(int n_blocks) const;
     size_t chunk_raw_bytes(int n_blocks) const { return 2 * static_cast<size_t>(n_blocks) * block_bytes_; }
 
     void schedule_head(int layer, int head);
