@@ -59,19 +59,21 @@ void bind_codec(py::module_& m) {
 
     py::class_<Codec>(m, "GearCodec",
                       "A reusable Gear encoder/decoder (scratch buffers, zstd contexts). Not thread-safe.")
-        .def(py::init([](uint32_t predictors, bool allow_rle, bool allow_zstd, int zstd_level,
-                         uint32_t block_tokens, bool dedup) {
+        .def(py::init([](uint32_t predictors, bool allow_rle, bool allow_zstd, bool allow_rans,
+                         int zstd_level, uint32_t block_tokens, bool dedup) {
                  EncodeOptions o;
                  o.predictors = predictors;
                  o.allow_rle = allow_rle;
                  o.allow_zstd = allow_zstd;
+                 o.allow_rans = allow_rans;
                  o.zstd_level = zstd_level;
                  o.block_tokens = block_tokens;
                  o.dedup = dedup;
                  return new Codec(o);
              }),
              py::arg("predictors") = kAllPredictors, py::arg("allow_rle") = true,
-             py::arg("allow_zstd") = true, py::arg("zstd_level") = 1, py::arg("block_tokens") = 0,
+             py::arg("allow_zstd") = true, py::arg("allow_rans") = true, py::arg("zstd_level") = 1,
+             py::arg("block_tokens") = 0,
              py::arg("dedup") = true)
         .def(
             "encode",

@@ -25,13 +25,13 @@ from . import _core
 GearError = _core.GearError
 
 PREDICTORS = ("raw", "xor", "delta", "centre")
-BACKENDS = ("stored", "rle", "zstd")
+BACKENDS = ("stored", "rle", "zstd", "rans")
 ELEMENT_TYPES = {"fp16": 1, "bf16": 2, "fp32": 3}
 _NUMPY_DTYPE = {1: np.float16, 2: np.uint16, 3: np.float32}
 
 
 def zstd_available() -> bool:
-    """True when libzstd.so.1 could be loaded (otherwise only the RLE backend exists)."""
+    """True when libzstd.so.1 could be loaded (otherwise the RLE and rANS backends remain)."""
     return _core.gear_zstd_available()
 
 
@@ -60,14 +60,15 @@ class Codec:
         channels matrix of one KV head) as one block, which compresses best. A cache that
         compresses block by block encodes each block as its own frame instead.
     dedup: code repeated token rows once (layer 0, where values depend on the token only).
-    allow_rle, allow_zstd: backends the encoder may use.
+    allow_rle, allow_zstd, allow_rans: backends the encoder may use (rANS: static order-0
+        coding, with per-channel-group tables on long slices).
 
     Not thread-safe: use one per thread.
     """
 
     def __init__(self, predictors: Iterable[str] = PREDICTORS, zstd_level: int = 1,
                  block_tokens: int = 0, dedup: bool = True, allow_rle: bool = True,
-                 allow_zstd: bool = True):
+                 allow_zstd: bool = True, allow_rans: bool = True):
         mask = 0
         for p in predictors:
             if p not in PREDICTORS:
@@ -77,9 +78,10 @@ class Codec:
             raise ValueError("block_tokens must be >= 0")
         self.options = dict(predictors=tuple(predictors), zstd_level=zstd_level,
                             block_tokens=block_tokens, dedup=dedup, allow_rle=allow_rle,
-                            allow_zstd=allow_zstd)
+                            allow_zstd=allow_zstd, allow_rans=allow_rans)
         self._c = _core.GearCodec(predictors=mask, allow_rle=allow_rle, allow_zstd=allow_zstd,
-                                  zstd_level=zstd_level, block_tokens=block_tokens, dedup=dedup)
+                                  allow_rans=allow_rans, zstd_level=zstd_level,
+                                  block_tokens=block_tokens, dedup=dedup)
 
     def encode(self, array, element_type: Optional[str] = None) -> bytes:
         a = np.ascontiguousarray(array)
@@ -145,13 +147,14 @@ def _codec(**options) -> Codec:
 
 def encode(array, *, element_type: Optional[str] = None, predictors: Iterable[str] = PREDICTORS,
            zstd_level: int = 1, block_tokens: int = 0, dedup: bool = True,
-           allow_rle: bool = True, allow_zstd: bool = True) -> bytes:
+           allow_rle: bool = True, allow_zstd: bool = True, allow_rans: bool = True) -> bytes:
     """Compress ``array`` (float16, float32, or uint16 with ``element_type="bf16"``) to a frame.
 
     Options as for :class:`Codec`.
     """
     return _codec(predictors=tuple(predictors), zstd_level=zstd_level, block_tokens=block_tokens,
-                  dedup=dedup, allow_rle=allow_rle, allow_zstd=allow_zstd).encode(array, element_type)
+                  dedup=dedup, allow_rle=allow_rle, allow_zstd=allow_zstd,
+                  allow_rans=allow_rans).encode(array, element_type)
 
 
 def decode(data) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""The Gear codec from Python: bit-exact round trips, hand-built frames, damage, inspect, and the
-offline evaluator's core on a tiny synthetic cache."""
+"""The Gear codec from Python: bit-exact round trips, hand-built frames, damage, inspect, the
+offline evaluator's core on a tiny synthetic cache, and an independent reference decoder of the
+format (docs/gear_format.md) that every encoded frame must satisfy."""
 import struct
 
 import numpy as np
@@ -51,6 +52,269 @@ def xxh64(data: bytes, seed: int = 0) -> int:
     acc = acc * P3 & M64
     return acc ^ (acc >> 32)
 
+
+
+# --- a reference implementation of docs/gear_format.md, written from the document alone ----------
+
+L_RANS = 1 << 16
+
+
+class _BitReader:
+    """Bits from the least significant bit of each byte up, byte after byte."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def get(self, n: int) -> int:
+        v = 0
+        for i in range(n):
+            if self.pos >> 3 >= len(self.data):
+                raise ValueError("table runs past the payload")
+            v |= (self.data[self.pos >> 3] >> (self.pos & 7) & 1) << i
+            self.pos += 1
+        return v
+
+    def eg(self, k: int) -> int:
+        n = 0
+        while self.get(1):
+            n += 1
+            if n > 16:
+                raise ValueError("EG prefix longer than 16")
+        return ((1 << n) - 1 << k) + self.get(n + k)
+
+
+class _BitWriter:
+    def __init__(self):
+        self.bits = []
+
+    def put(self, v: int, n: int):
+        self.bits += [(v >> i) & 1 for i in range(n)]
+
+    def eg(self, v: int, k: int):
+        n = ((v >> k) + 1).bit_length() - 1
+        self.put((1 << n) - 1, n + 1)
+        self.put(v - ((1 << n) - 1 << k), n + k)
+
+    def to_bytes(self) -> bytes:
+        bits = self.bits + [0] * (-len(self.bits) % 8)
+        return bytes(sum(bits[i + j] << j for j in range(8)) for i in range(0, len(bits), 8))
+
+
+def level_value(q: int, b: int) -> int:
+    return q if q < 2 << b else ((1 << b) + q % (1 << b)) << (q // (1 << b) - 1)
+
+
+def zigzag(d: int) -> int:
+    return 2 * d if d >= 0 else -2 * d - 1
+
+
+def read_rans_table(bits: _BitReader, M: int):
+    b, k = bits.get(2), bits.get(2)
+    present, pos, first, absent = [], 0, True, True
+    while pos < 256:
+        v = bits.eg(2)
+        length = v if first else v + 1
+        first = False
+        if pos + length > 256:
+            raise ValueError("runs past 255")
+        if not absent:
+            present += range(pos, pos + length)
+        pos, absent = pos + length, not absent
+    if not present:
+        raise ValueError("table without symbols")
+    levels, q = [], 0
+    for _ in present:
+        z = bits.eg(k)
+        q += z // 2 if z % 2 == 0 else -(z + 1) // 2
+        if q < 1 or level_value(q, b) > M:
+            raise ValueError("level out of range")
+        levels.append(q)
+    r = levels.index(max(levels))
+    f = [0] * 256
+    for i, s in enumerate(present):
+        if i != r:
+            f[s] = level_value(levels[i], b)
+    if M - sum(f) < 1:
+        raise ValueError("frequencies exceed M")
+    f[present[r]] = M - sum(f)
+    return f
+
+
+def rans_decode(payload: bytes, n: int, columns: int) -> bytes:
+    mode = payload[0]
+    P, G = mode & 15, (mode >> 4 & 3) + 1
+    if mode >> 6:
+        raise ValueError("mode bits 6-7")
+    M, pos, ids = 1 << P, 1, [0] * max(columns, 1)
+    if G > 1:
+        raw = payload[pos:pos + (columns + 3) // 4]
+        if len(raw) < (columns + 3) // 4:
+            raise ValueError("truncated ids")
+        ids = [raw[c // 4] >> 2 * (c % 4) & 3 for c in range(columns)]
+        if any(i >= G for i in ids) or (columns % 4 and raw[-1] >> 2 * (columns % 4)):
+            raise ValueError("bad group ids")
+        pos += len(raw)
+    bits = _BitReader(payload[pos:])
+    tables = [read_rans_table(bits, M) for _ in range(G)]
+    if bits.pos % 8 and bits.get(8 - bits.pos % 8):
+        raise ValueError("padding bits")
+    pos += bits.pos // 8
+    if len(payload) - pos < 32:
+        raise ValueError("truncated states")
+    x = list(struct.unpack_from("<8I", payload, pos))
+    pos += 32
+    if min(x) < L_RANS:
+        raise ValueError("state below L")
+    owners = [[s for s in range(256) for _ in range(f[s])] for f in tables]
+    cums = [[sum(f[:s]) for s in range(256)] for f in tables]
+    out = bytearray(n)
+    for i in range(n):
+        j, t = i % 8, ids[i % columns]
+        slot = x[j] % M
+        s = owners[t][slot]
+        out[i] = s
+        x[j] = tables[t][s] * (x[j] // M) + slot - cums[t][s]
+        if x[j] < L_RANS:
+            if pos + 2 > len(payload):
+                raise ValueError("words run out")
+            x[j] = x[j] << 16 | int.from_bytes(payload[pos:pos + 2], "little")
+            pos += 2
+    if pos != len(payload) or any(v != L_RANS for v in x):
+        raise ValueError("words left over or final states not L")
+    return bytes(out)
+
+
+def rans_encode(data: bytes, columns: int, P: int, tables, ids=None) -> bytes:
+    """The informative encoder of the document. tables: (b, k, {symbol: level}) per table."""
+    M, G = 1 << P, len(tables)
+    w = _BitWriter()
+    freqs = []
+    for b, k, levels in tables:
+        w.put(b, 2)
+        w.put(k, 2)
+        present = sorted(levels)
+        runs, pos = [], 0
+        for s in present:
+            if runs and s == runs[-1][1]:
+                runs[-1][1] += 1
+            else:
+                runs.append([s, s + 1])
+        first = True
+        for start, end in runs:
+            w.eg(start - pos - (0 if first else 1), 2)
+            w.eg(end - start - 1, 2)
+            pos, first = end, False
+        if pos < 256:
+            w.eg(256 - pos - 1, 2)
+        q = 0
+        for s in present:
+            w.eg(zigzag(levels[s] - q), k)
+            q = levels[s]
+        r = max(present, key=lambda s: (levels[s], -s))
+        f = [0] * 256
+        for s in present:
+            if s != r:
+                f[s] = level_value(levels[s], b)
+        f[r] = M - sum(f)
+        freqs.append(f)
+    head = bytes([P | (G - 1) << 4])
+    if G > 1:
+        packed = bytearray((columns + 3) // 4)
+        for c, g in enumerate(ids):
+            packed[c // 4] |= g << 2 * (c % 4)
+        head += bytes(packed)
+    x, words = [L_RANS] * 8, []
+    for i in reversed(range(len(data))):
+        j, f = i % 8, freqs[ids[i % columns] if G > 1 else 0]
+        s = data[i]
+        if x[j] >= f[s] << (32 - P):
+            words.append(x[j] & 0xFFFF)
+            x[j] >>= 16
+        x[j] = x[j] // f[s] * M + x[j] % f[s] + sum(f[:s])
+    return head + w.to_bytes() + struct.pack("<8I", *x) + b"".join(struct.pack("<H", v) for v in reversed(words))
+
+
+def _unpredict(raw: bytes, predictor: int, n: int, C: int, mask: int) -> bytes:
+    if predictor == 0:
+        return raw
+    if predictor == 3:
+        ref, R = raw[:C], raw[C:]
+        other = 0xFF & ~(0x80 | mask)
+        return bytes(((R[i] ^ ref[i % C]) & 0x80) | (((R[i] & mask) + (ref[i % C] & mask)) & mask) | (R[i] & other)
+                     for i in range(n * C))
+    P = bytearray(raw)
+    for i in range(C, n * C):
+        P[i] = P[i] ^ P[i - C] if predictor == 1 else (P[i] + P[i - C]) & 0xFF
+    return bytes(P)
+
+
+def reference_decode(frame: bytes, rans_modes=None) -> bytes:
+    """The decoded array bytes of a frame, per the document (zstd payloads via zstandard); the mode
+    byte of every rANS payload is appended to rans_modes."""
+    import zstandard
+
+    assert frame[:5] == b"GEAR\x01"
+    etype, ndim = frame[5], frame[6]
+    block_tokens = struct.unpack_from("<I", frame, 8)[0]
+    dims = struct.unpack_from(f"<{ndim}I", frame, 12)
+    es = 4 if etype == 3 else 2
+    mask = 0x7C if etype == 1 else 0x7F
+    C = dims[-1] if ndim > 1 else 1
+    tokens = dims[-2] if ndim > 1 else dims[0]
+    slices = int(np.prod(dims[:-2])) if ndim > 2 else 1
+    pos, out = 24 + 4 * ndim, bytearray()
+
+    def stream(columns):
+        nonlocal pos
+        predictor, backend, raw_len, payload_len = struct.unpack_from("<BBII", frame, pos)
+        payload = frame[pos + 10:pos + 10 + payload_len]
+        pos += 10 + payload_len
+        if backend == 0:
+            raw = payload
+        elif backend == 1:
+            raw, i = bytearray(), 0
+            while i < len(payload):
+                c = payload[i]
+                if c < 128:
+                    raw += payload[i + 1:i + 2 + c]
+                    i += 2 + c
+                else:
+                    raw += bytes([payload[i + 1]]) * (c - 125)
+                    i += 2
+        elif backend == 2:
+            raw = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+        else:
+            raw = rans_decode(payload, raw_len, columns)
+            if rans_modes is not None:
+                rans_modes.append(payload[0])
+        assert len(raw) == raw_len
+        return predictor, bytes(raw)
+
+    for _ in range(slices):
+        flags = frame[pos]
+        pos += 1
+        rows, row_map = tokens, None
+        if flags & 1:
+            w = 1 if tokens <= 256 else 2 if tokens <= 65536 else 4
+            _, m = stream(1)
+            row_map = [int.from_bytes(m[t * w:t * w + w], "little") for t in range(tokens)]
+            rows = 1 + max(row_map) if tokens else 0
+        unique = bytearray()
+        for b0 in range(0, rows, block_tokens):
+            n = min(block_tokens, rows - b0)
+            planes = []
+            for _ in range(es):
+                predictor, raw = stream(C)
+                planes.append(_unpredict(raw, predictor, n, C, mask))
+            unique += bytes(planes[k][i] for i in range(n * C) for k in range(es))
+        row_bytes = C * es
+        if row_map is None:
+            out += unique
+        else:
+            for t in range(tokens):
+                out += unique[row_map[t] * row_bytes:(row_map[t] + 1) * row_bytes]
+    assert pos == len(frame)
+    return bytes(out)
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -111,6 +375,97 @@ def test_decodes_hand_built_fp32_frame_with_rle_and_centre():
         ("raw", "rle"), ("raw", "rle"), ("raw", "stored"), ("centre", "stored")]
 
 
+def test_decodes_the_documented_rans_example():
+    a = np.array([[1.0], [1.0], [1.0], [-1.0]], dtype=np.float16)
+    payload = rans_encode(bytes([0x3C, 0x3C, 0x3C, 0xBC]), 1, 2, [(0, 1, {0x3C: 2, 0xBC: 1})])
+    assert payload == bytes.fromhex("02 f4007c023c2305" + "55550100" * 3 + "03000400" + "00000100" * 4)
+    frame = (frame_header(1, (4, 1), 4, a.tobytes()) + b"\x00"
+             + stream(0, 0, 4, bytes(4)) + stream(0, 3, 4, payload))
+    assert same_bits(codec.decode(frame), a)
+    assert reference_decode(frame) == a.tobytes()
+    assert [s["backend"] for s in codec.inspect(frame)["streams"]] == ["stored", "rans"]
+
+
+def _random_rans_tables(rng, P, G, alphabet_size):
+    """G valid tables: random levels, the remainder symbol's level the largest."""
+    M, tables = 1 << P, []
+    for _ in range(G):
+        b = int(rng.integers(0, 4))
+        K = int(rng.integers(1, alphabet_size + 1))
+        symbols = [int(v) for v in rng.choice(256, size=K, replace=False)]
+        small = max(q for q in range(1, 200) if level_value(q, b) <= max(1, M // (2 * K)))
+        levels = {v: int(rng.integers(1, small + 1)) for v in symbols}
+        r = symbols[int(rng.integers(0, K))]
+        levels[r] = max(levels.values()) + int(rng.integers(0, 2))
+        while level_value(levels[r], b) > M:
+            levels[r] -= 1
+        tables.append((b, int(rng.integers(0, 4)), levels))
+    return tables
+
+
+def test_reference_rans_payloads_decode_natively():
+    """Payloads of the document's reference encoder (random tables, groups and precisions)."""
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        C, tokens = int(rng.integers(1, 10)), int(rng.integers(1, 40))
+        G = int(rng.integers(1, 5)) if C > 1 else 1
+        P = int(rng.integers(6, 16))
+        tables = _random_rans_tables(rng, P, G, 40)
+        ids = [int(rng.integers(0, G)) for _ in range(C)] if G > 1 else None
+        plane1 = bytes(int(rng.choice(sorted(tables[ids[i % C] if ids else 0][2]))) for i in range(tokens * C))
+        payload = rans_encode(plane1, C, P, tables, ids)
+        assert rans_decode(payload, len(plane1), C) == plane1
+        plane0 = rng.bytes(tokens * C)
+        a = np.frombuffer(bytes(v for pair in zip(plane0, plane1) for v in pair), dtype=np.float16).reshape(tokens, C)
+        frame = (frame_header(1, (tokens, C), tokens, a.tobytes()) + b"\x00"
+                 + stream(0, 0, len(plane0), plane0) + stream(0, 3, len(plane1), payload))
+        assert same_bits(codec.decode(frame), a)
+        for cut in (1, 2, 33):  # any missing byte is an error
+            with pytest.raises(GearError):
+                codec.decode(frame[:-cut])
+
+
+def _two_kinds_of_channels(tokens, seed):
+    """Half the channels narrow (few distinct values), half wide: per-channel tables pay."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((2, tokens, 32)).astype(np.float32)
+    a[..., ::2] = np.round(a[..., ::2] * 2) / 8
+    return a.astype(np.float16)
+
+
+@pytest.mark.parametrize("make,block_tokens", [
+    (lambda: kv_like(tokens=512, channels=32, heads=2, seed=1), 0),
+    (lambda: kv_like(tokens=256, channels=32, heads=2, seed=2, repeat_rows=True), 64),
+    (lambda: _two_kinds_of_channels(300, 3), 0),
+    (lambda: _two_kinds_of_channels(300, 4).astype(np.float32), 128),
+])
+def test_frames_match_the_reference_decoder(make, block_tokens):
+    a = make()
+    frame = codec.encode(a, block_tokens=block_tokens)
+    assert reference_decode(frame) == a.tobytes()
+    assert any(s["backend"] == "rans" for s in codec.inspect(frame)["streams"])
+
+
+def test_rans_groups_pay_on_channels_that_differ():
+    a = _two_kinds_of_channels(512, 6)
+    frame = codec.encode(a)
+    modes = []
+    assert reference_decode(frame, rans_modes=modes) == a.tobytes()
+    assert any(m >> 4 > 0 for m in modes)  # more than one table
+    assert len(frame) < len(codec.encode(a, allow_zstd=False, allow_rans=False))
+
+
+def test_rans_works_without_zstd_and_alone():
+    a = kv_like(tokens=256)
+    for options in ({"allow_zstd": False}, {"allow_zstd": False, "allow_rle": False}):
+        frame = codec.encode(a, **options)
+        assert {s["backend"] for s in codec.inspect(frame)["streams"] if s["kind"] == "plane1"} == {"rans"}
+        assert same_bits(codec.decode(frame), a)
+    no_rans = codec.encode(a, allow_rans=False)
+    assert "rans" not in {s["backend"] for s in codec.inspect(no_rans)["streams"]}
+    assert len(codec.encode(a)) < len(no_rans)
+
+
 @pytest.mark.parametrize("dtype,element_type", [(np.float16, None), (np.float32, None), (np.uint16, "bf16")])
 @pytest.mark.parametrize("shape", [(7,), (1, 1), (64, 64), (3, 100, 64), (2, 3, 5, 4), (0, 8), (5, 0)])
 @pytest.mark.parametrize("block_tokens", [0, 1, 64])
@@ -141,8 +496,7 @@ def test_kv_like_data_compresses_and_uses_the_exponent_model():
     info = codec.inspect(frame)
     assert info["ratio"] > 1.1
     top = [s for s in info["streams"] if s["kind"] == "plane1"]
-    if codec.zstd_available():
-        assert all(s["predictor"] == "centre" and s["backend"] == "zstd" for s in top)
+    assert all(s["predictor"] == "centre" and s["backend"] == "rans" for s in top)
     assert info["summary"]["dedup_slices"] == 0
 
 

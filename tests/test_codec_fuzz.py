@@ -17,10 +17,13 @@ BINARY = os.environ.get("MNN_H2O_FUZZ_BINARY", os.path.join(ROOT, "build-fuzz", 
 
 
 def write_seeds(directory: str) -> None:
-    """Valid frames (first byte 0: decode mode) and arrays to round-trip (first byte 1)."""
+    """Valid frames (first byte 0: decode mode), arrays to round-trip (first byte 1) and rANS
+    payloads (first byte 2: columns, symbol count, payload)."""
+    from test_codec import _random_rans_tables, rans_encode
+
     rng = np.random.default_rng(0)
     n = 0
-    for shape in ((4, 8), (16, 4), (2, 12, 3)):
+    for shape in ((4, 8), (16, 4), (2, 12, 3), (2, 160, 8)):
         for dtype in (np.float16, np.float32):
             a = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-2, 2, shape[-1])).astype(dtype)
             repeated = np.ascontiguousarray(np.repeat(a[..., ::2, :], 2, axis=-2))
@@ -32,6 +35,14 @@ def write_seeds(directory: str) -> None:
     for i in range(6):
         with open(os.path.join(directory, f"array{i}"), "wb") as f:
             f.write(bytes([1, i % 3, 3 + i, i, 0x7F, i % 4]) + rng.bytes(200))
+    for i in range(8):
+        columns, G, P = 1 + i % 5, 1 + i % 4 if i % 5 else 1, 6 + i
+        tables = _random_rans_tables(rng, P, G, 30)
+        ids = [int(rng.integers(0, G)) for _ in range(columns)] if G > 1 else None
+        n = 40 + 30 * i
+        data = bytes(int(rng.choice(sorted(tables[ids[j % columns] if ids else 0][2]))) for j in range(n))
+        with open(os.path.join(directory, f"rans{i}"), "wb") as f:
+            f.write(bytes([2, columns - 1, n & 0xFF, n >> 8]) + rans_encode(data, columns, P, tables, ids))
 
 
 @pytest.mark.skipif(not os.access(BINARY, os.X_OK), reason=f"fuzz target not built ({BINARY})")

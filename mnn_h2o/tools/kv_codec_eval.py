@@ -163,7 +163,9 @@ ABLATIONS = {
     "no dedup": {"dedup": False},
     "zstd level 3": {"zstd_level": 3},
     "zstd level 19": {"zstd_level": 19},
-    "RLE only (no zstd)": {"allow_zstd": False},
+    "no zstd (rANS + RLE)": {"allow_zstd": False},
+    "no rANS (zstd + RLE)": {"allow_rans": False},
+    "RLE only": {"allow_zstd": False, "allow_rans": False},
 }
 
 

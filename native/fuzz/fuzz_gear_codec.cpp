@@ -1,13 +1,16 @@
 // libFuzzer target for the Gear codec (build: see the MNN_H2O_FUZZ block in CMakeLists.txt).
 //
-// The first input byte picks what the rest is:
-//   even: a frame to decode. Random bytes would almost never pass the header check, so the
-//         header's check field is recomputed first; everything behind it (streams, maps, RLE and
-//         zstd payloads, checksums) is the fuzzer's. A decode must fail cleanly or, if it
-//         succeeds, re-encode and decode to the same data.
-//   odd:  an array to round-trip (type, channels, block size and options from the next bytes),
-//         then the encoded frame damaged at fuzzer-chosen places: decoding a damaged frame must
-//         give an error or exactly the original data.
+// The first input byte, modulo 3, picks what the rest is:
+//   0: a frame to decode. Random bytes would almost never pass the header check, so the
+//      header's check field is recomputed first; everything behind it (streams, maps, RLE, zstd
+//      and rANS payloads, checksums) is the fuzzer's. A decode must fail cleanly or, if it
+//      succeeds, re-encode and decode to the same data.
+//   1: an array to round-trip (type, channels, block size and options from the next bytes),
+//      then the encoded frame damaged at fuzzer-chosen places: decoding a damaged frame must
+//      give an error or exactly the original data.
+//   2: an rANS payload (columns and symbol count from the next 3 bytes) for the backend's
+//      decoder directly, which reaches its table parsing without a frame around it; what decodes
+//      must round-trip through the rANS encoder.
 // Any other outcome aborts; ASan/UBSan report memory and undefined-behaviour errors.
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../src/gear_rans.h"
 #include "mnn_h2o/gear_codec.h"
 #include "mnn_h2o/xxhash64.h"
 
@@ -68,6 +72,7 @@ void fuzz_round_trip(const uint8_t* data, size_t size) {
     o.dedup = data[3] & 0x40;
     o.zstd_level = data[3] & 0x80 ? 3 : 1;
     const size_t damage = data[4] % 4;  // bytes to damage, at positions taken from the tail
+    o.allow_rans = !(data[4] & 4);
     data += 5;
     size -= 5;
     const size_t row_bytes = channels * element_size(type);
@@ -93,6 +98,22 @@ void fuzz_round_trip(const uint8_t* data, size_t size) {
         require(same(out.data(), data, out.size()), "damaged frame decoded to other data");
 }
 
+void fuzz_rans(const uint8_t* data, size_t size) {
+    if (size < 3) return;
+    const size_t columns = data[0] % 70 + 1, n = data[1] | size_t{data[2]} << 8;
+    std::vector<uint8_t> out(n), payload, again(n);
+    rans::Decoder d;
+    if (!d.decode(data + 3, size - 3, out.data(), n, columns) || n == 0) return;
+    rans::Encoder e;
+    const size_t estimate = e.plan(out.data(), n, columns);
+    require(estimate != SIZE_MAX, "no rANS plan for decoded data");
+    payload.resize(2 * n + 4096);
+    const size_t len = e.encode(out.data(), n, columns, payload.data(), payload.size());
+    require(len > 0, "rANS encode failed");
+    require(d.decode(payload.data(), len, again.data(), n, columns), "rANS re-decode failed");
+    require(again == out, "rANS re-encoded data differs");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -100,9 +121,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // A fresh codec per input: a crash must not depend on the scratch buffers of earlier inputs
     // (an empty plane's buffer is null only in a new codec), so that every artifact reproduces.
     Codec codec;
-    if (data[0] % 2 == 0)
+    if (data[0] % 3 == 0)
         fuzz_decode(codec, data + 1, size - 1);
-    else
+    else if (data[0] % 3 == 1)
         fuzz_round_trip(data + 1, size - 1);
+    else
+        fuzz_rans(data + 1, size - 1);
     return 0;
 }

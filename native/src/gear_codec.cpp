@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gear_kernels.h"
+#include "gear_rans.h"
 #include "mnn_h2o/xxhash64.h"
 #include "mnn_h2o/zstd_loader.h"
 
@@ -53,6 +54,9 @@ constexpr uint8_t kSliceDedup = 1;
 // Order-0 estimate above which a stream is stored without trying the backends: only long-range
 // repeats could still be found there, and dedup already removes those.
 constexpr double kIncompressibleBitsPerByte = 7.9;
+// The most raw bytes per payload byte a ZSTD or rANS stream may claim (docs/gear_format.md,
+// "Limits"; RLE's limit is 65).
+constexpr uint64_t kMaxExpansion = 32768;
 
 size_t header_size(uint32_t ndim) { return 24 + 4 * static_cast<size_t>(ndim); }
 
@@ -232,8 +236,8 @@ public:
         table_[0] = 0.f;
         for (size_t c = 1; c < kSize; ++c) table_[c] = static_cast<float>(c * std::log2(double(c)));
     }
-    double operator()(uint32_t c) const {
-        return c < kSize ? table_[c] : c * std::log2(double(c));
+    float operator()(uint32_t c) const {
+        return c < kSize ? table_[c] : static_cast<float>(c * std::log2(double(c)));
     }
 
 private:
@@ -247,13 +251,18 @@ private:
 double entropy_bits_per_byte(const uint32_t* hist, uint64_t total) {
     static const CLogC clogc;
     if (total == 0) return 0;
-    double sum = 0;
+    // Without a branch on empty bins (clogc(0) = 0): which bins are empty is irregular.
+    float sum[4] = {};
     int seen = 0;
-    for (int v = 0; v < 256; ++v) {
-        if (hist[v]) sum += clogc(hist[v]), ++seen;
+    for (int v = 0; v < 256; v += 4) {
+        for (int k = 0; k < 4; ++k) {
+            sum[k] += clogc(hist[v + k]);
+            seen += hist[v + k] != 0;
+        }
     }
     const double n = static_cast<double>(total);
-    return std::log2(n) - sum / n + (seen - 1) / (2 * n * std::log(2.0));
+    const double sum_clogc = double(sum[0]) + sum[1] + sum[2] + sum[3];
+    return std::log2(n) - sum_clogc / n + (seen - 1) / (2 * n * std::log(2.0));
 }
 
 }  // namespace
@@ -276,10 +285,14 @@ size_t max_encoded_size(ElementType type, const Shape& shape, uint32_t block_tok
 struct detail::Scratch {
     zstd::CompressContext cctx;
     zstd::DecompressContext dctx;
+    rans::Encoder rans_enc;
+    rans::Decoder rans_dec;
     std::vector<uint8_t> planes[4];  // one block's planes, n x channels each
     std::vector<uint8_t> predicted;  // a predictor's output (with centre references)
-    std::vector<uint8_t> packed;     // a backend's output
-    std::vector<uint8_t> packed2;
+    std::vector<uint8_t> zstd_out;   // each backend's output (the best so far is kept)
+    std::vector<uint8_t> rans_out;
+    std::vector<uint8_t> rle_out;
+    std::vector<uint32_t> probe;     // has_long_repeats: position + 1 per hashed 8-byte key
     std::vector<uint64_t> field_sums;  // per channel: exponent fields and sign bits, summed
     std::vector<uint8_t> refs;
     // dedup
@@ -324,27 +337,69 @@ void write_stream_header(Writer& w, Predictor p, Backend b, uint32_t raw_len, ui
     w.u32(payload_len);
 }
 
-// Writes `raw` (the output of predictor p, plain plane bytes `plain` when p is not Raw) with the
-// backend that makes it smallest; a stream no backend shrinks is written raw and stored.
-void write_stream(EncodeJob& j, Predictor p, const uint8_t* raw, uint32_t raw_len,
+// True when the 8 bytes at some 8-byte aligned position of p[0, n) occur at an earlier aligned
+// position (as far as a hash table of at most 2^16 positions remembers). Such repeats are what
+// lets an LZ coder (zstd) beat order-0 coding: on KV planes every stream where zstd beat rANS by
+// more than 20 bytes had one, and only about 4 % of the others. (KV planes repeat whole rows, and
+// rows of a multiple of 8 channels keep repeats aligned.)
+bool has_long_repeats(Scratch& s, const uint8_t* p, size_t n) {
+    if (n < 16) return false;
+    const size_t positions = n / 8;
+    uint32_t bits = 10;
+    while (bits < 16 && (size_t{1} << bits) < 2 * positions) ++bits;
+    uint32_t* table = sized(s.probe, size_t{1} << bits);
+    std::fill(table, table + (size_t{1} << bits), 0u);
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t key;
+        std::memcpy(&key, p + i, 8);
+        const size_t h = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        if (table[h]) {
+            uint64_t earlier;
+            std::memcpy(&earlier, p + (table[h] - 1), 8);
+            if (earlier == key) return true;
+        }
+        table[h] = static_cast<uint32_t>(i + 1);
+    }
+    return false;
+}
+
+// Writes `raw` (the output of predictor p, plain plane bytes `plain` when p is not Raw; byte i in
+// column i mod `columns`) with the backend that makes it smallest; a stream no backend shrinks is
+// written raw and stored.
+void write_stream(EncodeJob& j, Predictor p, const uint8_t* raw, uint32_t raw_len, size_t columns,
                   const uint8_t* plain, uint32_t plain_len, double estimated_bits) {
     Scratch& s = *j.s;
     Backend best = Backend::Stored;
     size_t best_len = plain_len;
     const uint8_t* best_payload = plain;
-    const bool worth_trying = estimated_bits < kIncompressibleBitsPerByte * raw_len;
-    if (worth_trying && j.opt->allow_zstd && raw_len > 0) {
-        uint8_t* dst = sized(s.packed, raw_len);
-        const size_t n = s.cctx.compress(dst, best_len - (best_len > 0), raw, raw_len, j.opt->zstd_level);
+    const bool worth_trying =
+        raw_len > 0 && plain_len > 0 && estimated_bits < kIncompressibleBitsPerByte * raw_len;
+    // The rANS size is estimated from the stream's histogram before coding.
+    const size_t rans_size =
+        worth_trying && j.opt->allow_rans ? s.rans_enc.plan(raw, raw_len, columns) : SIZE_MAX;
+    // zstd costs as much time as the rest of the encoder; against rANS it can only win by long
+    // repeats (its Huffman coding of literals is order-0 too), so it is tried when there are some.
+    if (worth_trying && j.opt->allow_zstd && (rans_size == SIZE_MAX || has_long_repeats(s, raw, raw_len))) {
+        uint8_t* dst = sized(s.zstd_out, raw_len);
+        const size_t n = s.cctx.compress(dst, best_len - 1, raw, raw_len, j.opt->zstd_level);
         if (n > 0 && n < best_len) {
             best = Backend::Zstd;
             best_len = n;
             best_payload = dst;
         }
     }
+    if (rans_size < best_len) {
+        uint8_t* dst = sized(s.rans_out, best_len);
+        const size_t n = s.rans_enc.encode(raw, raw_len, columns, dst, best_len - 1);
+        if (n > 0 && raw_len <= kMaxExpansion * n) {
+            best = Backend::Rans;
+            best_len = n;
+            best_payload = dst;
+        }
+    }
     // Every run costs at least one byte, so RLE cannot win with as many runs as the best size.
-    if (worth_trying && j.opt->allow_rle && best_len > 0 && kernels::count_runs(raw, raw_len) < best_len) {
-        uint8_t* dst = sized(s.packed2, raw_len);
+    if (worth_trying && j.opt->allow_rle && kernels::count_runs(raw, raw_len) < best_len) {
+        uint8_t* dst = sized(s.rle_out, raw_len);
         const size_t n = rle_encode(raw, raw_len, dst, best_len - 1);
         if (n > 0) {
             best = Backend::Rle;
@@ -412,7 +467,7 @@ void encode_block(EncodeJob& j, const uint8_t* rows, size_t n) {
         double bits;
         const Predictor p = choose_predictor(j, planes[k], n, C, k + 1 == es, &raw_len, &bits);
         const uint8_t* raw = p == Predictor::Raw ? planes[k] : s.predicted.data();
-        write_stream(j, p, raw, raw_len, planes[k], static_cast<uint32_t>(plane_len), bits);
+        write_stream(j, p, raw, raw_len, C, planes[k], static_cast<uint32_t>(plane_len), bits);
     }
 }
 
@@ -479,7 +534,7 @@ void encode_slice(EncodeJob& j, const uint8_t* slice) {
         }
         uint32_t hist[256] = {};
         for (size_t i = 0; i < len; ++i) ++hist[m[i]];
-        write_stream(j, Predictor::Raw, m, static_cast<uint32_t>(len), m, static_cast<uint32_t>(len),
+        write_stream(j, Predictor::Raw, m, static_cast<uint32_t>(len), 1, m, static_cast<uint32_t>(len),
                      entropy_bits_per_byte(hist, len) * len);
     }
     for (size_t b = 0; b < n_rows; b += g.block_tokens) {
@@ -534,21 +589,22 @@ Status read_stream(Reader& r, uint64_t base_len, uint64_t C, bool top, bool map,
     if (!r.take(payload_len, &st->payload)) return Status::Truncated;
     st->payload_len = payload_len;
     const bool centre = p == static_cast<uint8_t>(Predictor::Centre);
-    if (p > 3 || (centre && !top) || (map && p != 0) || b > 2) return Status::Corrupt;
+    if (p > 3 || (centre && !top) || (map && p != 0) || b > 3) return Status::Corrupt;
     if (st->raw_len != base_len + (centre ? C : 0)) return Status::Corrupt;
     if (b == static_cast<uint8_t>(Backend::Stored) && payload_len != st->raw_len) return Status::Corrupt;
     // No valid payload expands more than this (RLE: 2 bytes make at most 130; zstd: a 4-byte RLE
-    // block makes at most 128 KiB). Checking it first bounds what a hostile frame can make the
-    // decoder allocate.
-    const uint64_t max_expansion = b == static_cast<uint8_t>(Backend::Rle) ? 65 : 32768;
+    // block makes at most 128 KiB; rANS: a limit of the format). Checking it first bounds what a
+    // hostile frame can make the decoder allocate.
+    const uint64_t max_expansion = b == static_cast<uint8_t>(Backend::Rle) ? 65 : kMaxExpansion;
     if (st->raw_len > max_expansion * payload_len) return Status::Corrupt;
     st->predictor = static_cast<Predictor>(p);
     st->backend = static_cast<Backend>(b);
     return Status::Ok;
 }
 
-// Runs the backend of a stream: its raw bytes, in place in the frame when stored, else in dst.
-Status unpack(Scratch& s, const StreamHeader& st, uint8_t* dst, const uint8_t** raw) {
+// Runs the backend of a stream (byte i in column i mod `columns`): its raw bytes, in place in the
+// frame when stored, else in dst.
+Status unpack(Scratch& s, const StreamHeader& st, size_t columns, uint8_t* dst, const uint8_t** raw) {
     switch (st.backend) {
         case Backend::Stored:
             *raw = st.payload;
@@ -560,6 +616,9 @@ Status unpack(Scratch& s, const StreamHeader& st, uint8_t* dst, const uint8_t** 
             if (!s.dctx.available()) return Status::ZstdUnavailable;
             if (!s.dctx.decompress_exact(dst, st.raw_len, st.payload, st.payload_len)) return Status::Corrupt;
             break;
+        case Backend::Rans:
+            if (!s.rans_dec.decode(st.payload, st.payload_len, dst, st.raw_len, columns)) return Status::Corrupt;
+            break;
     }
     *raw = dst;
     return Status::Ok;
@@ -570,7 +629,7 @@ Status decode_map(Scratch& s, Reader& r, const Geometry& g, StreamHeader* st, si
     const size_t w = g.map_width, len = g.tokens * w;
     if (Status e = read_stream(r, len, 0, false, true, st); e != Status::Ok) return e;
     const uint8_t* m;
-    if (Status e = unpack(s, *st, sized(s.map_bytes, len), &m); e != Status::Ok) return e;
+    if (Status e = unpack(s, *st, 1, sized(s.map_bytes, len), &m); e != Status::Ok) return e;
     uint32_t* map = sized(s.map, g.tokens);
     size_t next = 0;  // unique rows seen so far
     for (size_t t = 0; t < g.tokens; ++t) {
@@ -609,11 +668,11 @@ Status decode_block(DecodeJob& j, size_t n, int32_t block, uint8_t* dst) {
         uint8_t* plane = sized(s.planes[k], plane_len);
         const uint8_t* raw;
         if (st.predictor == Predictor::Raw) {
-            if (Status e = unpack(s, st, plane, &raw); e != Status::Ok) return e;
+            if (Status e = unpack(s, st, C, plane, &raw); e != Status::Ok) return e;
             planes[k] = raw;
             continue;
         }
-        if (Status e = unpack(s, st, sized(s.predicted, st.raw_len), &raw); e != Status::Ok) return e;
+        if (Status e = unpack(s, st, C, sized(s.predicted, st.raw_len), &raw); e != Status::Ok) return e;
         if (st.predictor == Predictor::Centre)
             kernels::centre_inverse(raw + C, n, C, raw, exponent_field_mask(g.type), plane);
         else

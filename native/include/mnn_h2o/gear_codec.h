@@ -3,8 +3,8 @@
 //
 // Values are split into byte planes; per plane the codec picks a predictor along tokens (raw,
 // xor, delta, or a per-channel exponent model on the sign/exponent plane) and a backend (stored,
-// RLE, or zstd when libzstd.so.1 can be loaded) and keeps the smallest. Every frame carries an
-// XXH64 of the data, checked by every decode: a damaged frame is an error, never wrong data.
+// RLE, rANS, or zstd when libzstd.so.1 can be loaded) and keeps the smallest. Every frame carries
+// an XXH64 of the data, checked by every decode: a damaged frame is an error, never wrong data.
 //
 // The unit of work is a [tokens][channels] array. The cache compresses one block of
 // block_tokens tokens at a time (64 x 64 FP16 = 8 KiB), so a Codec keeps its scratch buffers
@@ -22,7 +22,7 @@ namespace gear {
 
 enum class ElementType : uint8_t { F16 = 1, BF16 = 2, F32 = 3 };
 enum class Predictor : uint8_t { Raw = 0, Xor = 1, Delta = 2, Centre = 3 };
-enum class Backend : uint8_t { Stored = 0, Rle = 1, Zstd = 2 };
+enum class Backend : uint8_t { Stored = 0, Rle = 1, Zstd = 2, Rans = 3 };
 
 enum class Status {
     Ok = 0,
@@ -57,6 +57,8 @@ struct EncodeOptions {
     uint32_t predictors = kAllPredictors;
     bool allow_rle = true;
     bool allow_zstd = true;
+    // Static order-0 rANS (no library needed), with per-channel-group tables on long slices.
+    bool allow_rans = true;
     int zstd_level = 1;
     // Tokens per block inside a frame; 0 puts each slice's tokens in a single block, which
     // compresses best (a cache that compresses block by block encodes each block as its own
