@@ -278,6 +278,27 @@ gear::Shape KvStore::chunk_shape(int n_blocks) const {
     return shape;
 }
 
+// Encodes b.raw, a chunk of n_blocks, into b.frame and decodes the frame back into b.check to
+// compare (verify before free). Touches only b: safe on any thread.
+KvStore::Encoded KvStore::encode_checked(EncodeBuffers& b, int n_blocks) const {
+    const gear::Shape shape = chunk_shape(n_blocks);
+    b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
+    Encoded e;
+    Clock::time_point t0 = Clock::now();
+    const gear::Status s = cfg_.faults.encode_error
+                               ? gear::Status::InvalidArgument
+                               : b.codec.encode(b.raw.data(), element_type_, shape, b.frame.data(), b.frame.size(), &e.size);
+    e.encode_us = micros_since(t0);
+    e.encoded = s == gear::Status::Ok;
+    if (!e.encoded) return e;
+    t0 = Clock::now();
+    b.check.resize(b.raw.size());
+    e.verified = b.codec.decode(b.frame.data(), e.size, b.check.data(), b.check.size()) == gear::Status::Ok &&
+                 std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 && !cfg_.faults.verify_mismatch;
+    e.verify_us = micros_since(t0);
+    return e;
+}
+
 // On a worker (or the caller without workers): reads the job's blocks, which stay unchanged
 // until the job is settled, and writes only the job and its buffers.
 void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
@@ -289,24 +310,14 @@ void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
         std::memcpy(b.raw.data() + half + j * block_bytes_, job.v_src[j], block_bytes_);
     }
     job.hash = xxh64(b.raw.data(), b.raw.size());
-    const gear::Shape shape = chunk_shape(job.n_blocks);
-    b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
-    Clock::time_point t0 = Clock::now();
-    size_t written = 0;
-    const gear::Status s = cfg_.faults.encode_error
-                               ? gear::Status::InvalidArgument
-                               : b.codec.encode(b.raw.data(), element_type_, shape, b.frame.data(), b.frame.size(), &written);
-    job.encode_us = micros_since(t0);
-    job.encoded = s == gear::Status::Ok;
+    const Encoded e = encode_checked(b, job.n_blocks);
+    job.encoded = e.encoded;
+    job.verified = e.verified;
+    job.encode_us = e.encode_us;
+    job.verify_us = e.verify_us;
     if (!job.encoded) return;
-    t0 = Clock::now();
-    b.check.resize(b.raw.size());
-    const gear::Status d = b.codec.decode(b.frame.data(), written, b.check.data(), b.check.size());
-    job.verified = d == gear::Status::Ok && std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 &&
-                   !cfg_.faults.verify_mismatch;
-    job.verify_us = micros_since(t0);
     // Only what the frame needs is kept while the job waits to be installed.
-    job.blob.assign(b.frame.data(), b.frame.data() + written);
+    job.blob.assign(b.frame.data(), b.frame.data() + e.size);
 }
 
 void KvStore::process(const WorkQueue::Completion& done) {
@@ -712,26 +723,16 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
         std::memcpy(b.raw.data() + half + g * block_bytes_, base + old_half + from, block_bytes_);
         ++g;
     }
-    const gear::Shape shape = chunk_shape(n);
-    b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
     StoreLayerStats& st = layer_stats_[layer];
-    Clock::time_point t0 = Clock::now();
-    size_t written = 0;
-    const gear::Status s = cfg_.faults.encode_error
-                               ? gear::Status::InvalidArgument
-                               : b.codec.encode(b.raw.data(), element_type_, shape, b.frame.data(), b.frame.size(), &written);
-    st.encode_us += micros_since(t0);
-    if (s != gear::Status::Ok) {
+    const Encoded e = encode_checked(b, n);
+    st.encode_us += e.encode_us;
+    st.verify_us += e.verify_us;
+    if (!e.encoded) {
         fallback(layer, StoreFallback::EncodeError);
         return false;
     }
-    if (written >= b.raw.size()) return false;
-    t0 = Clock::now();
-    b.check.resize(b.raw.size());
-    const bool same = b.codec.decode(b.frame.data(), written, b.check.data(), b.check.size()) == gear::Status::Ok &&
-                      std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 && !cfg_.faults.verify_mismatch;
-    st.verify_us += micros_since(t0);
-    if (!same) {
+    if (e.size >= b.raw.size()) return false;
+    if (!e.verified) {
         ++st.verify_mismatches;
         fallback(layer, StoreFallback::VerifyMismatch);
         return false;
@@ -739,7 +740,7 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
     std::vector<uint8_t> blob;
     try {
         if (cfg_.faults.alloc_failure) throw std::bad_alloc();
-        blob.assign(b.frame.data(), b.frame.data() + written);
+        blob.assign(b.frame.data(), b.frame.data() + e.size);
     } catch (const std::bad_alloc&) {
         fallback(layer, StoreFallback::AllocFailure);
         return false;
@@ -758,9 +759,9 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
     ++st.repacked;
     ++st.chunks_encoded;
     st.raw_bytes += static_cast<int64_t>(b.raw.size());
-    st.compressed_bytes += static_cast<int64_t>(written);
+    st.compressed_bytes += static_cast<int64_t>(e.size);
     st.stored_raw_bytes += static_cast<int64_t>(b.raw.size());
-    st.stored_blob_bytes += static_cast<int64_t>(written);
+    st.stored_blob_bytes += static_cast<int64_t>(e.size);
     return true;
 }
 

@@ -10,6 +10,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <initializer_list>
 #include <vector>
 
 #include "../src/gear_rans.h"
@@ -460,13 +461,31 @@ void test_modes_are_used() {
 }
 
 // Damaged rANS payloads inside frames: an error, or the original data (bits the format ignores).
+// Flipping bits of frame[first..] is an error or decodes to data (bits the format ignores);
+// every truncation is an error.
+void check_damage(Codec& c, const Bytes& frame, const Bytes& data, size_t first, std::initializer_list<uint8_t> flips) {
+    Bytes out;
+    for (size_t i = first; i < frame.size(); ++i) {
+        for (uint8_t flip : flips) {
+            Bytes bad = frame;
+            bad[i] ^= flip;
+            const Status s = decode(c, bad, &out);
+            CHECK(s != Status::Ok || out == data, "byte %zu flip %02x", i, flip);
+        }
+    }
+    for (size_t n = 0; n < frame.size(); ++n) {
+        Bytes cut(frame.begin(), frame.begin() + n);
+        CHECK(decode(c, cut, &out) != Status::Ok, "truncated to %zu bytes", n);
+    }
+}
+
 void test_rans_damage() {
     std::mt19937 g(31);
     EncodeOptions o;
     o.allow_zstd = false;
     o.allow_rle = false;
     Codec c(o);
-    Bytes data(300 * 8 * 2), frame, out;
+    Bytes data(300 * 8 * 2), frame;
     for (size_t i = 0; i < data.size(); i += 2) {
         data[i] = uint8_t(g());
         data[i + 1] = uint8_t(i / 2 % 8 < 4 ? 0x3C : 0x30 + g() % 24);
@@ -475,18 +494,7 @@ void test_rans_damage() {
     FrameInfo fi;
     std::vector<StreamInfo> st;
     CHECK(c.inspect(frame.data(), frame.size(), &fi, &st) == Status::Ok && st[1].backend == Backend::Rans, "in %s", __func__);
-    for (size_t i = 32; i < frame.size(); ++i) {
-        for (uint8_t flip : {0x01, 0x10, 0x80}) {
-            Bytes bad = frame;
-            bad[i] ^= flip;
-            const Status s = decode(c, bad, &out);
-            CHECK(s != Status::Ok || out == data, "in %s", __func__);
-        }
-    }
-    for (size_t n = 0; n < frame.size(); ++n) {
-        Bytes cut(frame.begin(), frame.begin() + n);
-        CHECK(decode(c, cut, &out) != Status::Ok, "in %s", __func__);
-    }
+    check_damage(c, frame, data, 32, {0x01, 0x10, 0x80});
 }
 
 // Any damage is an error, or decodes to the original data (bits the format ignores).
@@ -496,18 +504,7 @@ void test_damage_and_truncation() {
     const Bytes data = kv_like(40, 8, g, true);
     Bytes frame, out;
     CHECK(round_trip(c, ElementType::F16, Shape::matrix(40, 8), data, &frame), "in %s", __func__);
-    for (size_t i = 0; i < frame.size(); ++i) {
-        for (uint8_t flip : {0x01, 0x80, 0xFF}) {
-            Bytes bad = frame;
-            bad[i] ^= flip;
-            const Status s = decode(c, bad, &out);
-            CHECK(s != Status::Ok || out == data, "in %s", __func__);
-        }
-    }
-    for (size_t n = 0; n < frame.size(); ++n) {
-        Bytes cut(frame.begin(), frame.begin() + n);
-        CHECK(decode(c, cut, &out) != Status::Ok, "in %s", __func__);
-    }
+    check_damage(c, frame, data, 0, {0x01, 0x80, 0xFF});
     Bytes longer = frame;
     longer.push_back(0);
     CHECK(decode(c, longer, &out) == Status::Corrupt, "in %s", __func__);

@@ -142,6 +142,12 @@ private:
 
     void schedule_head(int layer, int head);
     void submit(int layer, int head, int first, int n_blocks);
+    struct Encoded {
+        bool encoded = false, verified = false;
+        size_t size = 0;  // frame bytes in the buffers' frame
+        double encode_us = 0.0, verify_us = 0.0;
+    };
+    Encoded encode_checked(EncodeBuffers& buffers, int n_blocks) const;
     void run_encode(Job& job, EncodeBuffers& buffers) const;
     void settle_encodes(int layer, int head);
     void process(const WorkQueue::Completion& done);
