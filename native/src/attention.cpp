@@ -110,7 +110,7 @@ void for_tasks(ThreadPool* pool, int n_tasks, const Fn& fn) {
 }
 
 void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
-           ThreadPool* pool, AttentionWorkspace& ws) {
+           ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, R = ks.tile_rows;
     if (R > kMaxTileRows) throw std::logic_error("attention: kernel tile larger than kMaxTileRows");
     const int rows_per_head = p.n_q * G;
@@ -123,7 +123,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
     if (ws.per_thread.size() < slice * n_threads) ws.per_thread.resize(slice * n_threads);
     if (p.block_scores) ws.tile_scores.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
 
-    for_tasks(parallel_worthwhile(p) ? pool : nullptr, n_tasks, [&](int task, int thread) {
+    const auto run_tile = [&](int task, int thread) {
         const int h = task / tiles_per_head, r0 = task % tiles_per_head * R;
         const int n_rows = std::min(R, rows_per_head - r0);
         const float* q_rows[kMaxTileRows];
@@ -140,7 +140,17 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
                                ws.per_thread.data() + slice * thread,
                                p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr};
         ks.tile(args);
-    });
+    };
+    ThreadPool* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
+    if (source) {
+        for (int h = 0; h < p.n_kv_heads; ++h) {
+            source->prepare(h, 0, p.heads[h].n_keys);
+            for_tasks(tile_pool, tiles_per_head,
+                      [&](int tile, int thread) { run_tile(h * tiles_per_head + tile, thread); });
+        }
+    } else {
+        for_tasks(tile_pool, n_tasks, run_tile);
+    }
 
     if (p.block_scores) {
         for (int task = 0; task < n_tasks; ++task) {
@@ -153,7 +163,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
 }
 
 void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
-             ThreadPool* pool, AttentionWorkspace& ws) {
+             ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
     const int max_keys = split_keys_of(p);
     const int max_blocks = (max_keys + bt - 1) / bt;
@@ -175,12 +185,16 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
     float* os = ls + n_states;
     float* block_sums = os + n_states * hd;  // [head][query][row][block]
 
-    for_tasks(splits > 1 ? pool : nullptr, n_tasks, [&](int task, int thread) {
-        const int h = task / splits, s = task % splits;
+    const auto split_keys = [&](int task, int* key_begin, int* key_end) {
+        const int nb = (p.heads[task / splits].n_keys + bt - 1) / bt, s = task % splits;
+        *key_begin = split_begin(nb, s) * bt;
+        *key_end = std::min(split_begin(nb, s + 1) * bt, p.heads[task / splits].n_keys);
+    };
+    const auto run_split = [&](int task, int thread) {
+        const int h = task / splits;
         const KvHeadView& kv = p.heads[h];
-        const int nb = (kv.n_keys + bt - 1) / bt;
-        const int key_begin = split_begin(nb, s) * bt;
-        const int key_end_split = std::min(split_begin(nb, s + 1) * bt, kv.n_keys);
+        int key_begin, key_end_split;
+        split_keys(task, &key_begin, &key_end_split);
         const float* q_rows[kMaxGroup];
         for (int t = 0; t < p.n_q; ++t) {
             const size_t state = (static_cast<size_t>(task) * p.n_q + t) * G;
@@ -209,7 +223,18 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                                      static_cast<size_t>(max_blocks)};
             ks.decode(args);
         }
-    });
+    };
+    if (source) {
+        // Threads would need every split's keys at once; one split at a time needs one's.
+        for (int task = 0; task < n_tasks; ++task) {
+            int key_begin, key_end;
+            split_keys(task, &key_begin, &key_end);
+            source->prepare(task / splits, key_begin, std::max(key_begin, key_end));
+            run_split(task, 0);
+        }
+    } else {
+        for_tasks(splits > 1 ? pool : nullptr, n_tasks, run_split);
+    }
 
     for (int h = 0; h < p.n_kv_heads; ++h) {
         const int nb = (p.heads[h].n_keys + bt - 1) / bt;
@@ -261,13 +286,13 @@ const char* kv_dtype_name(KvDtype dtype) {
 
 bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
 
-void attention(const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
+void attention(const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
     validate(p);
     const kernels::Shape shape{p.head_dim, p.block_tokens, p.dtype, 1.f / std::sqrt(static_cast<float>(p.head_dim))};
     const int n_threads = pool ? pool->size() : 1;
-    if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, n_threads, pool, ws);
-    else decoded(p, ks, shape, n_threads, pool, ws);
+    if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, n_threads, pool, ws, source);
+    else decoded(p, ks, shape, n_threads, pool, ws, source);
 }
 
 // The SIMD sets convert whole vectors of 16; the scalar code, bit-identical, does the rest.

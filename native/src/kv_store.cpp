@@ -180,6 +180,13 @@ bool KvStore::in_scope(int layer, const H2oConfig* h2o) const {
 
 void KvStore::schedule(const H2oConfig* h2o) {
     if (cfg_.mode == StoreMode::Off) return;
+    // Scratch keeps the size the key ranges of the steps since the last call needed: the whole
+    // heads that prefill reads are not held through decode, which reads a split at a time.
+    if (scratch_ && scratch_->size > scratch_need_) {
+        scratch_.reset();
+        if (scratch_need_ > 0) scratch_ = std::make_unique<AlignedBytes>(scratch_need_);
+    }
+    scratch_need_ = 0;
     for (int layer = 0; layer < n_layers_; ++layer)
         if (in_scope(layer, h2o))
             for (int h = 0; h < n_kv_heads_; ++h) schedule_head(layer, h);
@@ -443,11 +450,14 @@ void KvStore::drain() {
 
 // --- reading frames -----------------------------------------------------------------------------
 
+void KvStore::decode_into(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const {
+    if (codec.decode(chunk.blob.data(), chunk.blob.size(), out, chunk_raw_bytes(chunk.n_blocks)) != gear::Status::Ok)
+        throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
+}
+
 void KvStore::decode_into(int layer, const Chunk& chunk, uint8_t* out) {
     const Clock::time_point t0 = Clock::now();
-    const size_t bytes = chunk_raw_bytes(chunk.n_blocks);
-    if (own_->codec.decode(chunk.blob.data(), chunk.blob.size(), out, bytes) != gear::Status::Ok)
-        throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
+    decode_into(chunk, out, own_->codec);
     layer_stats_[layer].decode_us += micros_since(t0);
 }
 
@@ -475,23 +485,71 @@ void KvStore::finish_prefetch(int layer, Chunk& chunk) {
 // smaller than the scan would evict each entry just before it is needed again and never hit.
 // So a decoded chunk is admitted only while it fits the budget, and entries stay until their
 // chunk goes; misses beyond the budget decode into scratch (scan-resistant).
-const uint8_t* KvStore::resolve(int layer, Chunk& chunk, size_t* scratch_used) {
+//
+// attention() asks for a head's keys one split (decode) or one head (prefill) at a time; the
+// chunks the range touches are resolved here, and those not cached are decoded into scratch on
+// the pool's threads at once, so scratch holds one split's chunks rather than the whole head's.
+void KvStore::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadPool* pool) {
     StoreLayerStats& st = layer_stats_[layer];
-    if (chunk.prefetch) finish_prefetch(layer, chunk);
-    else if (chunk.decoded) ++st.cache_hits;
-    if (chunk.decoded) return chunk.decoded->data;
-    ++st.cache_misses;
-    const size_t bytes = chunk_raw_bytes(chunk.n_blocks);
-    if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
-        chunk.decoded = std::make_unique<AlignedBytes>(bytes);
-        cache_bytes_ += bytes;
-        decode_into(layer, chunk, chunk.decoded->data);
-        return chunk.decoded->data;
+    HeadState& hs = state(layer, h);
+    const int first_block = key_begin / block_tokens_;
+    const int end_block = (key_end + block_tokens_ - 1) / block_tokens_;
+    pending_.clear();
+    size_t need = 0;
+    for (const auto& c : hs.chunks) {
+        if (c->first + static_cast<int>(c->live.size()) <= first_block || c->first >= end_block) continue;
+        if (c->prefetch) finish_prefetch(layer, *c);
+        else if (c->decoded) ++st.cache_hits;
+        if (c->decoded) {
+            set_views(*c, c->decoded->data);
+            continue;
+        }
+        ++st.cache_misses;
+        const size_t bytes = chunk_raw_bytes(c->n_blocks);
+        if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
+            c->decoded = std::make_unique<AlignedBytes>(bytes);
+            cache_bytes_ += bytes;
+            pending_.push_back({c.get(), c->decoded->data});
+        } else {
+            pending_.push_back({c.get(), nullptr});
+            need += bytes;
+        }
     }
-    uint8_t* out = scratch_->data + *scratch_used;
-    *scratch_used += bytes;
-    decode_into(layer, chunk, out);
-    return out;
+    scratch_need_ = std::max(scratch_need_, need);
+    if (need > 0 && (!scratch_ || scratch_->size < need)) {
+        scratch_.reset();  // the previous range is no longer read
+        scratch_ = std::make_unique<AlignedBytes>(need);
+    }
+    size_t used = 0;
+    for (Pending& d : pending_) {
+        if (d.out) continue;
+        d.out = scratch_->data + used;
+        used += chunk_raw_bytes(d.chunk->n_blocks);
+    }
+    const int n_threads = pool ? pool->size() : 1;
+    while (static_cast<int>(decoders_.size()) + 1 < n_threads)
+        decoders_.push_back(std::make_unique<gear::Codec>(codec_options(cfg_)));
+    decode_us_.assign(static_cast<size_t>(n_threads), 0.0);
+    const auto decode_one = [&](int i, int thread) {
+        const Clock::time_point t0 = Clock::now();
+        decode_into(*pending_[i].chunk, pending_[i].out, thread == 0 ? own_->codec : *decoders_[thread - 1]);
+        decode_us_[thread] += micros_since(t0);
+    };
+    const int n = static_cast<int>(pending_.size());
+    if (pool && n > 1) pool->parallel_for(n, decode_one);
+    else
+        for (int i = 0; i < n; ++i) decode_one(i, 0);
+    for (double us : decode_us_) st.decode_us += us;
+    for (const Pending& d : pending_) set_views(*d.chunk, d.out);
+}
+
+// Points the attention views of chunk's live blocks at its decoded bytes.
+void KvStore::set_views(const Chunk& c, const uint8_t* base) {
+    const size_t half = static_cast<size_t>(c.n_blocks) * block_bytes_;
+    for (size_t j = 0; j < c.live.size(); ++j) {
+        k_view_[c.first + j] = base + c.live[j] * block_bytes_;
+        v_view_[c.first + j] = base + half + c.live[j] * block_bytes_;
+    }
 }
 
 void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
@@ -503,22 +561,21 @@ void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* 
     out_head_.resize(q_head_.size());
     for (int h = 0; h < p.n_kv_heads; ++h) {
         const KvHeadBlocks& kv = blocks(layer, h);
-        HeadState& hs = state(layer, h);
+        // Compressed blocks are null in the lists; prepare_keys() points them at decoded bytes.
         k_view_.assign(kv.k_blocks.begin(), kv.k_blocks.end());
         v_view_.assign(kv.v_blocks.begin(), kv.v_blocks.end());
-        size_t need = 0;
-        for (const auto& c : hs.chunks)
-            if (!c->decoded) need += chunk_raw_bytes(c->n_blocks);
-        if (need > 0 && (!scratch_ || scratch_->size < need)) scratch_ = std::make_unique<AlignedBytes>(need);
-        size_t used = 0;
-        for (const auto& c : hs.chunks) {
-            const uint8_t* base = resolve(layer, *c, &used);
-            const size_t half = static_cast<size_t>(c->n_blocks) * block_bytes_;
-            for (size_t j = 0; j < c->live.size(); ++j) {
-                k_view_[c->first + j] = base + c->live[j] * block_bytes_;
-                v_view_[c->first + j] = base + half + c->live[j] * block_bytes_;
+        struct Source final : KeySource {
+            KvStore* store;
+            int layer, head;
+            ThreadPool* pool;
+            void prepare(int, int key_begin, int key_end) override {
+                store->prepare_keys(layer, head, key_begin, key_end, pool);
             }
-        }
+        } source;
+        source.store = this;
+        source.layer = layer;
+        source.head = h;
+        source.pool = pool;
         KvHeadView view;
         view.k_blocks = k_view_.data();
         view.v_blocks = v_view_.data();
@@ -533,7 +590,7 @@ void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* 
         one.out = out_head_.data();
         one.block_scores = p.block_scores ? p.block_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.split_keys = split_keys;
-        attention(one, isa, pool, ws);
+        attention(one, isa, pool, ws, &source);
         for (int t = 0; t < p.n_q; ++t)
             std::memcpy(p.out + (static_cast<size_t>(t) * n_heads + h * G) * hd, out_head_.data() + t * group_floats,
                         group_floats * sizeof(float));
@@ -891,6 +948,7 @@ void KvStore::reset() {
     deferrals_ = stale_jobs_ = candidates_ = 0;
     blob_bytes_ = cache_bytes_ = job_bytes_ = 0;
     scratch_.reset();
+    scratch_need_ = 0;
     read_buf_.reset();
     read_chunk_ = nullptr;
     for (auto& b : workers_) b = std::make_unique<EncodeBuffers>(codec_options(cfg_));

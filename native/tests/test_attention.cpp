@@ -13,6 +13,7 @@
 #include "mnn_h2o/attention.h"
 #include "mnn_h2o/fp16.h"
 #include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/thread_pool.h"
 
 #include "test_support.h"
 
@@ -309,12 +310,110 @@ static void test_conversions() {
           "bf16 ties to even");
 }
 
+// A KeySource that, like the KV store, makes only the range it was asked for readable: every
+// other block of the views points at NaNs, so a kernel reading outside its range changes the
+// result. Output and block scores must be bit-identical to the call without a source.
+static void test_key_source() {
+    const int hd = 64, bt = 16, n_kv = 2, G = 3, n_keys[2] = {1000, 517};
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    const size_t block_elems = static_cast<size_t>(bt) * hd;
+    std::vector<std::vector<uint16_t>> k_data(n_kv), v_data(n_kv);
+    std::vector<std::vector<const void*>> k_real(n_kv), v_real(n_kv), k_view(n_kv), v_view(n_kv);
+    const std::vector<uint16_t> nan_block(block_elems, 0x7E00);
+    for (int h = 0; h < n_kv; ++h) {
+        const int nb = (n_keys[h] + bt - 1) / bt;
+        k_data[h].resize(nb * block_elems);
+        v_data[h].resize(nb * block_elems);
+        for (size_t i = 0; i < k_data[h].size(); ++i) {
+            k_data[h][i] = fp32_to_fp16(u(rng));
+            v_data[h][i] = fp32_to_fp16(u(rng));
+        }
+        for (int b = 0; b < nb; ++b) {
+            k_real[h].push_back(k_data[h].data() + b * block_elems);
+            v_real[h].push_back(v_data[h].data() + b * block_elems);
+        }
+    }
+    struct Source final : KeySource {
+        std::vector<std::vector<const void*>>*k_real, *v_real, *k_view, *v_view;
+        const void* nan = nullptr;
+        const int* n_keys = nullptr;
+        int calls = 0, bad = 0;
+        void prepare(int head, int key_begin, int key_end) override {
+            ++calls;
+            if (head < 0 || head >= 2 || key_begin < 0 || key_begin > key_end || key_end > n_keys[head] ||
+                key_begin % 16) {
+                ++bad;
+                return;
+            }
+            for (int h = 0; h < 2; ++h)
+                for (size_t b = 0; b < (*k_view)[h].size(); ++b) {
+                    const bool in = h == head && static_cast<int>(b) * 16 < key_end && static_cast<int>(b + 1) * 16 > key_begin;
+                    (*k_view)[h][b] = in ? (*k_real)[h][b] : nan;
+                    (*v_view)[h][b] = in ? (*v_real)[h][b] : nan;
+                }
+        }
+    };
+    ThreadPool pool(2);
+    for (Isa isa : available_isas()) {
+        for (int n_q : {1, 2, 40, 300}) {
+            KvHeadView views[2];
+            AttentionProblem p;
+            p.n_kv_heads = n_kv;
+            p.group = G;
+            p.head_dim = hd;
+            p.block_tokens = bt;
+            p.dtype = KvDtype::F16;
+            p.n_q = n_q;
+            std::vector<float> q(static_cast<size_t>(n_q) * n_kv * G * hd), out_a(q.size()), out_b(q.size());
+            for (float& x : q) x = u(rng);
+            const size_t stride = (n_keys[0] + bt - 1) / bt;
+            std::vector<float> scores_a(n_kv * stride, 0.f), scores_b(scores_a.size(), 0.f);
+            p.q = q.data();
+            p.scores_stride = stride;
+            p.heads = views;
+            AttentionWorkspace ws;
+            for (int h = 0; h < n_kv; ++h) {
+                views[h].k_blocks = k_real[h].data();
+                views[h].v_blocks = v_real[h].data();
+                views[h].n_keys = n_keys[h];
+            }
+            p.out = out_a.data();
+            p.block_scores = scores_a.data();
+            attention(p, isa, &pool, ws);
+            for (int h = 0; h < n_kv; ++h) {
+                k_view[h].assign(k_real[h].size(), nan_block.data());
+                v_view[h].assign(v_real[h].size(), nan_block.data());
+                views[h].k_blocks = k_view[h].data();
+                views[h].v_blocks = v_view[h].data();
+            }
+            Source source;
+            source.k_real = &k_real;
+            source.v_real = &v_real;
+            source.k_view = &k_view;
+            source.v_view = &v_view;
+            source.nan = nan_block.data();
+            source.n_keys = n_keys;
+            p.out = out_b.data();
+            p.block_scores = scores_b.data();
+            attention(p, isa, &pool, ws, &source);
+            CHECK(source.calls >= n_kv && source.bad == 0, "%s n_q=%d: %d prepare calls, %d malformed", isa_name(isa), n_q,
+                  source.calls, source.bad);
+            CHECK(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)) == 0,
+                  "%s n_q=%d: output differs with a key source", isa_name(isa), n_q);
+            CHECK(std::memcmp(scores_a.data(), scores_b.data(), scores_a.size() * sizeof(float)) == 0,
+                  "%s n_q=%d: block scores differ with a key source", isa_name(isa), n_q);
+        }
+    }
+}
+
 int main() {
     std::printf("best isa: %s\n", isa_name(best_isa()));
     test_conversions();
     test_against_reference();
     test_chunked_prefill();
     test_uneven_heads();
+    test_key_source();
     test_errors();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

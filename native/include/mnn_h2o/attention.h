@@ -71,12 +71,28 @@ public:
     std::vector<float> tile_scores;  // prefill: per-tile block scores, summed afterwards
 };
 
+// Makes the keys of a kv head readable through the problem's views just before the kernels read
+// them. The KV store decodes compressed blocks there, one key range at a time, so it holds the
+// decoded keys of one range instead of a whole head's.
+class KeySource {
+public:
+    virtual ~KeySource() = default;
+    // Called on the thread that called attention(), outside any task: every read of the previous
+    // range has finished, and the kernels read only keys [key_begin, key_end) of kv head `head`
+    // until the next call. May use the pool itself.
+    virtual void prepare(int head, int key_begin, int key_end) = 0;
+};
+
 // True if kernels for isa are compiled in and this CPU can run them.
 bool isa_available(Isa isa);
 
 // Runs the attention with the kernels of isa (std::invalid_argument if unavailable or if the
-// problem is malformed). pool may be null (single thread).
-void attention(const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws);
+// problem is malformed). pool may be null (single thread). With a key source, the work is the
+// same (same splits and tiles, so bit-identical results) but ordered by key range: decode runs
+// its (head, split) tasks one after another on the calling thread, prefill one head's tiles at a
+// time.
+void attention(const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws,
+               KeySource* source = nullptr);
 
 // Element conversion between fp32 and the cache dtype, bit-identical on every ISA
 // (round-to-nearest-even; the same bytes as fp16.h).

@@ -154,12 +154,15 @@ private:
     void install(Job& job, bool failed);
     void fallback(int layer, StoreFallback reason) { ++layer_stats_[layer].fallbacks[static_cast<int>(reason)]; }
 
-    // Decoded bytes of a chunk, [2][n_blocks][block] (K then V): its cache entry, a new cache
-    // entry if the budget has room, else scratch at *scratch_used.
-    const uint8_t* resolve(int layer, Chunk& chunk, size_t* scratch_used);
+    // attend(): points the views of the chunks that keys [key_begin, key_end) of a head touch at
+    // their decoded bytes, [2][n_blocks][block] (K then V): a cache entry, a new one if the budget
+    // has room, else scratch.
+    void prepare_keys(int layer, int head, int key_begin, int key_end, ThreadPool* pool);
+    void set_views(const Chunk& chunk, const uint8_t* base);
     void finish_prefetch(int layer, Chunk& chunk);
     void settle_prefetches();
-    void decode_into(int layer, const Chunk& chunk, uint8_t* out);
+    void decode_into(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const;  // any thread
+    void decode_into(int layer, const Chunk& chunk, uint8_t* out);  // caller's thread, timed
     // Raw pool blocks again for the live blocks of chunk whose keep flag is set (all when keep
     // is null); false (nothing changed) when blocks cannot be allocated.
     bool dissolve(int layer, int head, Chunk& chunk, const std::vector<uint8_t>* keep);
@@ -188,6 +191,14 @@ private:
 
     std::unique_ptr<EncodeBuffers> own_;  // the caller's thread: encoding without workers, checks
     std::unique_ptr<AlignedBytes> scratch_;   // decoded chunks that missed the cache
+    size_t scratch_need_ = 0;                 // most scratch one key range needed since schedule()
+    struct Pending {
+        Chunk* chunk;
+        uint8_t* out;
+    };
+    std::vector<Pending> pending_;                         // prepare_keys(): chunks to decode
+    std::vector<std::unique_ptr<gear::Codec>> decoders_;   // prepare_keys(): [pool thread - 1]
+    std::vector<double> decode_us_;                        // prepare_keys(): [pool thread]
     std::unique_ptr<AlignedBytes> read_buf_;  // read_block(): the last chunk it decoded
     const Chunk* read_chunk_ = nullptr;
     std::vector<uint8_t> keep_;               // compact(), truncate(): blocks kept
