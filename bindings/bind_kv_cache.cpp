@@ -193,6 +193,7 @@ py::dict store_stats_dict(const StoreStats& s) {
         d["layer"] = i;
         d["chunks_held"] = s.layers[i].chunks_held;
         d["blob_bytes"] = s.layers[i].blob_bytes;
+        d["table_bytes"] = s.layers[i].table_bytes;
         layers.append(d);
     }
     py::dict d = store_counters_dict(s.total);
@@ -205,6 +206,7 @@ py::dict store_stats_dict(const StoreStats& s) {
     d["stale_jobs"] = s.stale_jobs;
     d["chunks_held"] = s.chunks_held;
     d["blob_bytes"] = s.blob_bytes;
+    d["table_bytes"] = s.table_bytes;
     d["cache_bytes"] = s.cache_bytes;
     d["scratch_bytes"] = s.scratch_bytes;
     d["pool_bytes"] = s.pool_bytes;
@@ -222,6 +224,7 @@ py::dict store_config_dict(const StoreConfig& c) {
     d["hot_sink_tokens"] = c.hot_sink_tokens;
     d["hot_recent_tokens"] = c.hot_recent_tokens;
     d["chunk_tokens"] = c.chunk_tokens;
+    d["v_dedup_layers"] = c.v_dedup_layers;
     d["async_threads"] = c.async_threads;
     d["max_queue"] = c.max_queue;
     d["decode_cache_bytes"] = c.decode_cache_bytes;
@@ -510,7 +513,8 @@ ValueError naming the bad argument.)doc")
         .def(
             "enable_store",
             [](PyKvCache& self, const std::string& mode, long long front_n, bool h2o_kept, long long hot_sink_tokens,
-               long long hot_recent_tokens, long long chunk_tokens, long long async_threads, long long max_queue,
+               long long hot_recent_tokens, long long chunk_tokens, long long v_dedup_layers, long long async_threads,
+               long long max_queue,
                long long decode_cache_bytes, bool prefetch, long long zstd_level, long long probe_every,
                const std::vector<std::string>& faults) {
                 const auto to_int = [](const char* name, long long x) {
@@ -529,6 +533,7 @@ ValueError naming the bad argument.)doc")
                 c.hot_sink_tokens = to_int("hot_sink_tokens", hot_sink_tokens);
                 c.hot_recent_tokens = to_int("hot_recent_tokens", hot_recent_tokens);
                 c.chunk_tokens = to_int("chunk_tokens", chunk_tokens);
+                c.v_dedup_layers = to_int("v_dedup_layers", v_dedup_layers);
                 c.async_threads = to_int("async_threads", async_threads);
                 c.max_queue = to_int("max_queue", max_queue);
                 c.decode_cache_bytes = static_cast<size_t>(decode_cache_bytes);
@@ -547,6 +552,7 @@ ValueError naming the bad argument.)doc")
             },
             py::kw_only(), py::arg("mode") = "store", py::arg("front_n") = 0, py::arg("h2o_kept") = false,
             py::arg("hot_sink_tokens") = 64, py::arg("hot_recent_tokens") = 256, py::arg("chunk_tokens") = 128,
+            py::arg("v_dedup_layers") = 0,
             py::arg("async_threads") = 0, py::arg("max_queue") = 64, py::arg("decode_cache_bytes") = 8 << 20,
             py::arg("prefetch") = true, py::arg("zstd_level") = 1, py::arg("probe_every") = 8,
             py::arg("faults") = std::vector<std::string>(),
@@ -583,8 +589,8 @@ ValueError naming the bad argument.)doc")
                 }
                 return store_stats_dict(s);
             },
-            "Store counters (whole model and per layer) and bytes: pool_bytes + blob_bytes + cache_bytes + "
-            "scratch_bytes = bytes_held; total_ratio = bytes_uncompressed / bytes_held.")
+            "Store counters (whole model and per layer) and bytes: pool_bytes + blob_bytes + table_bytes + "
+            "cache_bytes + scratch_bytes = bytes_held; total_ratio = bytes_uncompressed / bytes_held.")
         .def(
             "drain_store",
             [](PyKvCache& self) {

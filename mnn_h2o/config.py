@@ -139,6 +139,10 @@ SCHEMA: Tuple[Key, ...] = (
     Key("lossless", "chunk_tokens", int, 128, "tokens", "tokens per compressed chunk (K and V of one "
         "head in one frame; a multiple of runtime.block_tokens): bigger chunks compress better "
         "(SmolLM2: 1.09x per 16-token frame, 1.17x per 64, 1.18x per 128)", range=(16, 4096)),
+    Key("lossless", "v_dedup_layers", int, 1, "layers", "store mode: layers [0, v_dedup_layers) hold "
+        "each distinct V row once per kv head and chunks refer to it (layer 0's V depends on the "
+        "token id only, so repeated tokens repeat rows exactly: SmolLM2 at 4096 tokens, 1264 distinct "
+        "rows of 4224); 0 = off", range=(0, 1 << 10)),
     Key("lossless", "async_threads", int, 1, "threads", "worker threads that encode off the decode "
         "path and prefetch; 0 encodes on the calling thread", range=(0, 16)),
     Key("lossless", "max_queue", int, 64, "jobs", "bound of the worker queue; when full, work is "

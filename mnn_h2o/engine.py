@@ -190,7 +190,7 @@ class Llm:
             mode=ll["mode"], front_n=ll["front_n"] if scope != "h2o_kept" else 0,
             h2o_kept=scope != "front_n", hot_sink_tokens=ll["hot_sink_tokens"],
             hot_recent_tokens=ll["hot_recent_tokens"], chunk_tokens=ll["chunk_tokens"],
-            async_threads=ll["async_threads"], max_queue=ll["max_queue"],
+            v_dedup_layers=ll["v_dedup_layers"], async_threads=ll["async_threads"], max_queue=ll["max_queue"],
             decode_cache_bytes=ll["decode_cache_bytes"], prefetch=ll["prefetch"],
             zstd_level=ll["zstd_level"], probe_every=ll["probe_every"])
         self.lossless = ll

@@ -81,7 +81,9 @@ def test_accounting():
     cache.drain_store()
     s = cache.store_stats()
     assert s["pool_bytes"] == cache.pool_bytes_held() and s["bytes_held"] == cache.bytes_held()
-    assert s["bytes_held"] == s["pool_bytes"] + s["blob_bytes"] + s["cache_bytes"] + s["scratch_bytes"]
+    assert s["bytes_held"] == (s["pool_bytes"] + s["blob_bytes"] + s["table_bytes"] + s["cache_bytes"]
+                               + s["scratch_bytes"])
+    assert s["table_bytes"] == 0  # no V dedup layer
     assert s["pool_bytes"] + s["blob_bytes"] < raw.pool_bytes_held()
     assert s["total_ratio"] == pytest.approx(s["bytes_uncompressed"] / s["bytes_held"])
     assert s["bytes_uncompressed"] == cache.h2o_stats()["bytes_uncompressed"]
@@ -140,7 +142,38 @@ def test_reset_disable_and_bad_args():
     assert cache.store_config() is None and cache.bytes_held() == cache.pool_bytes_held()
     for kw, field in [({"chunk_tokens": 24}, "chunk_tokens"), ({"front_n": 9}, "front_n"),
                       ({"mode": "zip"}, "mode"), ({"max_queue": 0}, "max_queue"),
-                      ({"decode_cache_bytes": -1}, "decode_cache_bytes"), ({"faults": ["nope"]}, "faults")]:
+                      ({"decode_cache_bytes": -1}, "decode_cache_bytes"), ({"faults": ["nope"]}, "faults"),
+                      ({"v_dedup_layers": L + 1}, "v_dedup_layers")]:
         with pytest.raises(ValueError, match=f"enable_store: {field}"):
             cache.enable_store(**{**STORE, **kw})
     assert cache.store_config() is None
+
+
+def test_v_dedup_layer_holds_repeated_rows_once():
+    """Layer 0's V rows drawn from 30 token rows: held once per head in the table, bit-identical."""
+    rng = np.random.default_rng(3)
+    vocab = kv_rows(rng, 30)
+    ids = rng.integers(0, 30, 400)
+    k = kv_rows(rng, 400)
+    q = rng.standard_normal((400, H * HD)).astype(np.float32)
+    outs = {}
+    for dedup in (0, 1):
+        cache = make_cache(h2o=False)
+        cache.enable_store(mode="store", v_dedup_layers=dedup, **STORE)
+        out = np.empty((400, H * HD), np.float32)
+        cache.step(0, q, k, vocab[ids], out)
+        cache.end_step(400, True)
+        cache.step(0, q[:1], k[:1], vocab[ids[:1]], out[:1])  # attends over the stored chunks
+        outs[dedup] = out[:1].copy()
+        s = cache.store_stats()
+        assert cache.store_config()["v_dedup_layers"] == dedup
+        assert s["layers"][0]["chunks_held"] > 0 and s["verify_mismatches"] == 0
+        assert np.array_equal(cache.read(0, 1)[1][:400], vocab[ids][:, HD:].astype(np.float16).astype(np.float32))
+        if dedup:
+            # 30 distinct rows per head fit one 64-row page (+ hash slots).
+            assert 0 < s["layers"][0]["table_bytes"] <= KV * (64 * HD * 2 + 64 * 4 + 64)
+            assert s["layers"][0]["blob_bytes"] + s["table_bytes"] < without
+        else:
+            assert s["table_bytes"] == 0
+            without = s["layers"][0]["blob_bytes"]
+    assert outs[0].tobytes() == outs[1].tobytes()

@@ -60,7 +60,8 @@ def soak(llm, tokenizer, prompt_len: int, n_tokens: int, runs: int, every: int, 
                 ss = llm.store_stats() or {}
                 samples.append({"run": run, "token": i, "context": llm.pos, "bytes_held": st.kv_bytes_held,
                                 "pool_bytes": st.kv_bytes_pool, "kept_bytes": st.kv_bytes_kept, "uncompressed": st.kv_bytes_uncompressed,
-                                "blob_bytes": ss.get("blob_bytes", 0), "cache_bytes": ss.get("cache_bytes", 0),
+                                "blob_bytes": ss.get("blob_bytes", 0), "table_bytes": ss.get("table_bytes", 0),
+                                "cache_bytes": ss.get("cache_bytes", 0),
                                 "scratch_bytes": ss.get("scratch_bytes", 0), "rss": _rss(),
                                 "elapsed_s": time.perf_counter() - t0})
             bar.update(1)
@@ -190,7 +191,8 @@ def main(argv=None) -> int:
     last = [s for s in samples if s["token"] == args.tokens - 1]
     for s, e in zip(last, ends):
         print(f"run {e['run']}: {e['decode_tps']:.1f} tok/s, held {s['bytes_held'] / MIB:.2f} MiB "
-              f"(raw blocks {s['pool_bytes'] / MIB:.2f}, chunks {s['blob_bytes'] / MIB:.2f}, cache "
+              f"(raw blocks {s['pool_bytes'] / MIB:.2f}, chunks {s['blob_bytes'] / MIB:.2f}, V row tables "
+              f"{s['table_bytes'] / MIB:.2f}, cache "
               f"{s['cache_bytes'] / MIB:.2f}, scratch {s['scratch_bytes'] / MIB:.2f}) of {s['uncompressed'] / MIB:.1f} "
               f"uncompressed; RSS {s['rss'] / MIB:.0f} MiB; lossless {e['lossless_ratio']:.3f}; "
               f"deferrals {e['deferrals']}, repacked {e['repacked']}, dissolved {e['dissolved']}")

@@ -88,12 +88,18 @@ struct KvStore::AlignedBytes {
     const size_t size;
 };
 
-// A compressed run of blocks of one head: one frame of [2][n_blocks * block_tokens][head_dim].
+// A compressed run of blocks of one head: one frame of [2][n_blocks * block_tokens][head_dim]
+// (K then V). In a V dedup layer the frame holds K only, [1][n_blocks * block_tokens][head_dim],
+// and the blob goes on with one index into the head's row table per V row (ref_width bytes each,
+// little-endian).
 struct KvStore::Chunk {
     int first = 0;          // position of its first live block in the head's lists
     int n_blocks = 0;       // blocks in the frame
     std::vector<int> live;  // frame blocks the head still holds, at positions first, first+1, ...
     std::vector<uint8_t> blob;
+    size_t frame_size = 0;            // the frame: blob[0, frame_size)
+    int ref_width = 0;                // 0: V is in the frame; 2 or 4: V row indices follow it
+    const RowTable* table = nullptr;  // with ref_width: the head's table
     std::unique_ptr<AlignedBytes> decoded;  // its decode cache entry
     Job* prefetch = nullptr;                // a prefetch job that may still fill `decoded`
 };
@@ -107,6 +113,7 @@ struct KvStore::Job {
     // Encode: the worker reads the chunk's raw blocks in place (no copy: the caller settles a
     // head's jobs before any of its blocks can be released or written), then fills the rest.
     int first = 0, n_blocks = 0;
+    bool k_only = false;  // a V dedup layer: the frame holds K; V rows go to the table on install
     uint64_t generation = 0;
     std::vector<const void*> k_src, v_src;
     size_t raw_size = 0;
@@ -136,7 +143,23 @@ struct KvStore::HeadState {
     std::vector<uint8_t> state;                 // BlockState per block of the head
     std::vector<std::unique_ptr<Chunk>> chunks; // ordered by position
     uint64_t generation = 0;                    // bumped whenever the head's blocks move
+    std::unique_ptr<RowTable> table;            // V dedup layers: the distinct V rows
+    size_t dropped_refs = 0;                    // references to table rows dropped since its last compaction
 };
+
+namespace {
+
+uint32_t read_ref(const uint8_t* p, int width) {
+    uint32_t x = 0;
+    for (int i = 0; i < width; ++i) x |= static_cast<uint32_t>(p[i]) << (8 * i);
+    return x;
+}
+
+void write_ref(uint8_t* p, int width, uint32_t x) {
+    for (int i = 0; i < width; ++i) p[i] = static_cast<uint8_t>(x >> (8 * i));
+}
+
+}  // namespace
 
 KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool,
                  std::vector<KvHeadBlocks>& heads)
@@ -238,6 +261,7 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     job->n_blocks = n_blocks;
     job->generation = hs.generation;
     job->raw_size = chunk_raw_bytes(n_blocks);
+    job->k_only = dedup_layer(layer);
     const KvHeadBlocks& kv = blocks(layer, h);
     job->k_src.assign(kv.k_blocks.begin() + first, kv.k_blocks.begin() + first + n_blocks);
     job->v_src.assign(kv.v_blocks.begin() + first, kv.v_blocks.begin() + first + n_blocks);
@@ -275,20 +299,21 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     queue_peak_ = std::max(queue_peak_, queue_->outstanding());
 }
 
-// A chunk's frame holds [2][n_blocks * block_tokens][head_dim]: K, then V.
-gear::Shape KvStore::chunk_shape(int n_blocks) const {
+// A chunk's frame holds [2][n_blocks * block_tokens][head_dim]: K, then V; or K only.
+gear::Shape KvStore::chunk_shape(int n_blocks, bool k_only) const {
     gear::Shape shape;
     shape.ndim = 3;
-    shape.dims[0] = 2;
+    shape.dims[0] = k_only ? 1 : 2;
     shape.dims[1] = static_cast<uint32_t>(n_blocks * block_tokens_);
     shape.dims[2] = static_cast<uint32_t>(head_dim_);
     return shape;
 }
 
-// Encodes b.raw, a chunk of n_blocks, into b.frame and decodes the frame back into b.check to
-// compare (verify before free). Touches only b: safe on any thread.
-KvStore::Encoded KvStore::encode_checked(EncodeBuffers& b, int n_blocks) const {
-    const gear::Shape shape = chunk_shape(n_blocks);
+// Encodes b.raw, a chunk of n_blocks (K only: its first half), into b.frame and decodes the
+// frame back into b.check to compare (verify before free). Touches only b: safe on any thread.
+KvStore::Encoded KvStore::encode_checked(EncodeBuffers& b, int n_blocks, bool k_only) const {
+    const gear::Shape shape = chunk_shape(n_blocks, k_only);
+    const size_t raw_size = chunk_raw_bytes(n_blocks) / (k_only ? 2 : 1);
     b.frame.resize(gear::max_encoded_size(element_type_, shape, 0));
     Encoded e;
     Clock::time_point t0 = Clock::now();
@@ -299,9 +324,9 @@ KvStore::Encoded KvStore::encode_checked(EncodeBuffers& b, int n_blocks) const {
     e.encoded = s == gear::Status::Ok;
     if (!e.encoded) return e;
     t0 = Clock::now();
-    b.check.resize(b.raw.size());
-    e.verified = b.codec.decode(b.frame.data(), e.size, b.check.data(), b.check.size()) == gear::Status::Ok &&
-                 std::memcmp(b.check.data(), b.raw.data(), b.raw.size()) == 0 && !cfg_.faults.verify_mismatch;
+    b.check.resize(raw_size);
+    e.verified = b.codec.decode(b.frame.data(), e.size, b.check.data(), raw_size) == gear::Status::Ok &&
+                 std::memcmp(b.check.data(), b.raw.data(), raw_size) == 0 && !cfg_.faults.verify_mismatch;
     e.verify_us = micros_since(t0);
     return e;
 }
@@ -317,7 +342,7 @@ void KvStore::run_encode(Job& job, EncodeBuffers& b) const {
         std::memcpy(b.raw.data() + half + j * block_bytes_, job.v_src[j], block_bytes_);
     }
     job.hash = xxh64(b.raw.data(), b.raw.size());
-    const Encoded e = encode_checked(b, job.n_blocks);
+    const Encoded e = encode_checked(b, job.n_blocks, job.k_only);
     job.encoded = e.encoded;
     job.verified = e.verified;
     job.encode_us = e.encode_us;
@@ -344,6 +369,7 @@ void KvStore::process(const WorkQueue::Completion& done) {
     --active_prefetches_;
     layer_stats_[job->layer].decode_us += job->decode_us;
     if (!done.failed && job->decoded_ok) {
+        if (chunk->ref_width) gather_v(*chunk, job->dest->data);
         chunk->decoded = std::move(job->dest);
     } else {
         cache_bytes_ -= job->dest->size;
@@ -412,7 +438,9 @@ void KvStore::install(Job& job, bool failed) {
         ++stale_jobs_;
         return;
     }
-    if (job.blob.size() >= job.raw_size) {
+    // (A K-only frame is judged against K's raw bytes: its V rows cost at most their references
+    // more than raw.)
+    if (job.blob.size() >= (job.k_only ? half : job.raw_size)) {
         fallback(layer, StoreFallback::Incompressible);
         settle();
         return;
@@ -421,7 +449,19 @@ void KvStore::install(Job& job, bool failed) {
     chunk->first = job.first;
     chunk->n_blocks = job.n_blocks;
     for (int j = 0; j < job.n_blocks; ++j) chunk->live.push_back(j);
+    chunk->frame_size = job.blob.size();
     chunk->blob = std::move(job.blob);
+    size_t table_growth = 0;
+    if (job.k_only) {
+        // own_->check still holds the blocks' bytes, checked against the job's hash above.
+        const size_t rows_before = hs.table ? hs.table->size() : 0;
+        if (!add_v_refs(layer, job.head, *chunk, own_->check.data() + half)) {
+            settle();
+            return;
+        }
+        table_growth = (hs.table->size() - rows_before) * row_bytes_;
+        st.compressed_bytes += static_cast<int64_t>(chunk->blob.size() - chunk->frame_size + table_growth);
+    }
     for (int j = job.first; j < job.first + job.n_blocks; ++j) {
         pool_.release(kv.k_blocks[j]);
         pool_.release(kv.v_blocks[j]);
@@ -430,12 +470,76 @@ void KvStore::install(Job& job, bool failed) {
     }
     ++st.chunks_stored;
     st.stored_raw_bytes += static_cast<int64_t>(job.raw_size);
-    st.stored_blob_bytes += static_cast<int64_t>(chunk->blob.size());
+    st.stored_blob_bytes += static_cast<int64_t>(chunk->blob.size() + table_growth);
     blob_bytes_ += chunk->blob.capacity();
     ++stored_chunks_[layer];
     const auto at = std::upper_bound(hs.chunks.begin(), hs.chunks.end(), job.first,
                                      [](int first, const std::unique_ptr<Chunk>& c) { return first < c->first; });
     hs.chunks.insert(at, std::move(chunk));
+}
+
+// Store mode, a V dedup layer: interns the chunk's V rows (v: its n_blocks raw blocks of V) in
+// the head's table, appends their indices to the blob and checks that the table gives back
+// exactly these rows (verify before free). False, counted as a fallback, when memory cannot be
+// had or the check fails; the chunk is then not installed (rows it added stay in the table,
+// unreferenced, until the table's next compaction).
+bool KvStore::add_v_refs(int layer, int h, Chunk& c, const uint8_t* v) {
+    HeadState& hs = state(layer, h);
+    const size_t n = static_cast<size_t>(c.n_blocks) * block_tokens_;
+    try {
+        if (cfg_.faults.alloc_failure) throw std::bad_alloc();
+        if (!hs.table) hs.table = std::make_unique<RowTable>(row_bytes_);
+        refs_.resize(n);
+        for (size_t i = 0; i < n; ++i) refs_[i] = hs.table->intern(v + i * row_bytes_);
+        const int width = hs.table->size() <= 65536 ? 2 : 4;
+        std::vector<uint8_t> blob;
+        blob.reserve(c.frame_size + n * width);  // exactly: the capacity is what is held
+        blob.assign(c.blob.begin(), c.blob.begin() + static_cast<std::ptrdiff_t>(c.frame_size));
+        blob.resize(c.frame_size + n * width);
+        for (size_t i = 0; i < n; ++i) write_ref(blob.data() + c.frame_size + i * width, width, refs_[i]);
+        c.blob.swap(blob);
+        c.ref_width = width;
+        c.table = hs.table.get();
+    } catch (const std::bad_alloc&) {
+        hs.dropped_refs += n;
+        fallback(layer, StoreFallback::AllocFailure);
+        return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (std::memcmp(hs.table->row(refs_[i]), v + i * row_bytes_, row_bytes_) != 0 || cfg_.faults.verify_mismatch) {
+            hs.dropped_refs += n;
+            ++layer_stats_[layer].verify_mismatches;
+            fallback(layer, StoreFallback::VerifyMismatch);
+            return false;
+        }
+    }
+    return true;
+}
+
+// A V dedup head drops references as chunks go or shrink; once it has dropped as many as half the
+// rows the table holds (or has no chunk left), the rows no chunk refers to any more are removed
+// and the references renumbered.
+void KvStore::compact_table(int layer, int h) {
+    HeadState& hs = state(layer, h);
+    if (!hs.table || hs.dropped_refs == 0 || (!hs.chunks.empty() && hs.dropped_refs * 2 < hs.table->size())) return;
+    std::vector<uint8_t> live(hs.table->size(), 0);
+    std::vector<uint32_t> remap;
+    try {
+        for (const auto& c : hs.chunks) {
+            const uint8_t* refs = c->blob.data() + c->frame_size;
+            for (size_t i = 0, n = static_cast<size_t>(c->n_blocks) * block_tokens_; i < n; ++i)
+                live[read_ref(refs + i * c->ref_width, c->ref_width)] = 1;
+        }
+        hs.table->compact(live, &remap);
+    } catch (const std::bad_alloc&) {
+        return;  // keeps the unreferenced rows; tried again after the next drop
+    }
+    for (const auto& c : hs.chunks) {
+        uint8_t* refs = c->blob.data() + c->frame_size;
+        for (size_t i = 0, n = static_cast<size_t>(c->n_blocks) * block_tokens_; i < n; ++i)
+            write_ref(refs + i * c->ref_width, c->ref_width, remap[read_ref(refs + i * c->ref_width, c->ref_width)]);
+    }
+    hs.dropped_refs = 0;
 }
 
 void KvStore::drain() {
@@ -450,9 +554,27 @@ void KvStore::drain() {
 
 // --- reading frames -----------------------------------------------------------------------------
 
+bool KvStore::decode_frame(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const {
+    const size_t bytes = chunk_raw_bytes(chunk.n_blocks) / (chunk.ref_width ? 2 : 1);
+    return codec.decode(chunk.blob.data(), chunk.frame_size, out, bytes) == gear::Status::Ok;
+}
+
+// V rows of a dedup chunk from its table; reads the table only (safe while nothing interns).
+void KvStore::gather_v(const Chunk& chunk, uint8_t* out) const {
+    uint8_t* v = out + static_cast<size_t>(chunk.n_blocks) * block_bytes_;
+    const uint8_t* refs = chunk.blob.data() + chunk.frame_size;
+    const int w = chunk.ref_width;
+    for (size_t i = 0, n = static_cast<size_t>(chunk.n_blocks) * block_tokens_; i < n; ++i) {
+        const uint32_t ref = read_ref(refs + i * w, w);
+        if (ref >= chunk.table->size()) throw std::runtime_error("KvStore: a V row reference is out of range");
+        std::memcpy(v + i * row_bytes_, chunk.table->row(ref), row_bytes_);
+    }
+}
+
 void KvStore::decode_into(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const {
-    if (codec.decode(chunk.blob.data(), chunk.blob.size(), out, chunk_raw_bytes(chunk.n_blocks)) != gear::Status::Ok)
+    if (!decode_frame(chunk, out, codec))
         throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
+    if (chunk.ref_width) gather_v(chunk, out);
 }
 
 void KvStore::decode_into(int layer, const Chunk& chunk, uint8_t* out) {
@@ -622,8 +744,9 @@ void KvStore::prefetch(int layer) {
                 int expected = kWaiting;
                 if (!j->progress.compare_exchange_strong(expected, kRunning)) return;  // the caller took it
                 const Clock::time_point t0 = Clock::now();
-                j->decoded_ok = workers_[worker]->codec.decode(j->chunk->blob.data(), j->chunk->blob.size(),
-                                                               j->dest->data, j->dest->size) == gear::Status::Ok;
+                // The frame only: the caller adds a dedup chunk's V rows, since it may be growing
+                // the table meanwhile.
+                j->decoded_ok = decode_frame(*j->chunk, j->dest->data, workers_[worker]->codec);
                 j->decode_us = micros_since(t0);
                 j->progress.store(kDone);
             });
@@ -758,7 +881,7 @@ bool KvStore::dissolve(int layer, int h, Chunk& chunk, const std::vector<uint8_t
 // survivors raw blocks until they are encoded again (and H2O trims again soon after); instead the
 // survivors are re-encoded here, from the frame, into a smaller frame that replaces it once it
 // decodes back exactly. False (chunk unchanged) when that fails or does not compress.
-bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
+bool KvStore::repack(int layer, int h, Chunk& c, const std::vector<uint8_t>& keep) {
     EncodeBuffers& b = *own_;
     const uint8_t* base;
     if (c.decoded) {
@@ -781,27 +904,38 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
         ++g;
     }
     StoreLayerStats& st = layer_stats_[layer];
-    const Encoded e = encode_checked(b, n);
+    const bool k_only = c.ref_width > 0;
+    const Encoded e = encode_checked(b, n, k_only);
     st.encode_us += e.encode_us;
     st.verify_us += e.verify_us;
     if (!e.encoded) {
         fallback(layer, StoreFallback::EncodeError);
         return false;
     }
-    if (e.size >= b.raw.size()) return false;
+    if (e.size >= (k_only ? half : b.raw.size())) return false;
     if (!e.verified) {
         ++st.verify_mismatches;
         fallback(layer, StoreFallback::VerifyMismatch);
         return false;
     }
+    // A dedup chunk keeps the references of its surviving rows (the table is unchanged).
+    const int w = c.ref_width;
+    const size_t block_refs = static_cast<size_t>(block_tokens_) * w;
     std::vector<uint8_t> blob;
     try {
         if (cfg_.faults.alloc_failure) throw std::bad_alloc();
+        blob.reserve(e.size + n * block_refs);
         blob.assign(b.frame.data(), b.frame.data() + e.size);
+        for (size_t j = 0; j < c.live.size() && w; ++j) {
+            if (!keep[c.first + j]) continue;
+            const uint8_t* refs = c.blob.data() + c.frame_size + static_cast<size_t>(c.live[j]) * block_refs;
+            blob.insert(blob.end(), refs, refs + block_refs);
+        }
     } catch (const std::bad_alloc&) {
         fallback(layer, StoreFallback::AllocFailure);
         return false;
     }
+    if (w) state(layer, h).dropped_refs += static_cast<size_t>(c.n_blocks - n) * block_tokens_;
     blob_bytes_ += blob.capacity();
     blob_bytes_ -= c.blob.capacity();
     c.blob = std::move(blob);
@@ -810,21 +944,23 @@ bool KvStore::repack(int layer, Chunk& c, const std::vector<uint8_t>& keep) {
         c.decoded.reset();
     }
     if (read_chunk_ == &c) read_chunk_ = nullptr;
+    c.frame_size = e.size;
     c.n_blocks = n;
     c.live.resize(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) c.live[j] = j;
     ++st.repacked;
     ++st.chunks_encoded;
     st.raw_bytes += static_cast<int64_t>(b.raw.size());
-    st.compressed_bytes += static_cast<int64_t>(e.size);
+    st.compressed_bytes += static_cast<int64_t>(c.blob.size());
     st.stored_raw_bytes += static_cast<int64_t>(b.raw.size());
-    st.stored_blob_bytes += static_cast<int64_t>(e.size);
+    st.stored_blob_bytes += static_cast<int64_t>(c.blob.size());
     return true;
 }
 
 void KvStore::drop_chunk(int layer, int h, size_t index) {
     HeadState& hs = state(layer, h);
     Chunk& c = *hs.chunks[index];
+    if (c.ref_width) hs.dropped_refs += static_cast<size_t>(c.n_blocks) * block_tokens_;
     if (c.decoded) cache_bytes_ -= c.decoded->size;
     blob_bytes_ -= c.blob.capacity();
     if (read_chunk_ == &c) read_chunk_ = nullptr;
@@ -874,7 +1010,7 @@ void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool 
             if (first_kept < 0) first_kept = c.first + static_cast<int>(j);
             ++n_kept;
         }
-        if (n_kept == 0 || (n_kept < c.live.size() && !repack(layer, c, keep_) && dissolve(layer, h, c, &keep_))) {
+        if (n_kept == 0 || (n_kept < c.live.size() && !repack(layer, h, c, keep_) && dissolve(layer, h, c, &keep_))) {
             drop_chunk(layer, h, i);
             continue;
         }
@@ -893,6 +1029,7 @@ void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool 
     for (size_t b = 0; b < n_blocks; ++b)
         if (keep_[b]) hs.state[w++] = hs.state[b];
     hs.state.resize(w);
+    compact_table(layer, h);
 }
 
 void KvStore::truncate(int layer, int h, int n_tokens) {
@@ -914,6 +1051,7 @@ void KvStore::truncate(int layer, int h, int n_tokens) {
     }
     requeue(hs);
     hs.state.resize(std::min(hs.state.size(), static_cast<size_t>(keep_blocks)));
+    compact_table(layer, h);
 }
 
 void KvStore::dissolve_all() {
@@ -926,6 +1064,8 @@ void KvStore::dissolve_all() {
                 if (!dissolve(layer, h, *hs.chunks.back(), nullptr)) throw std::bad_alloc();
                 drop_chunk(layer, h, hs.chunks.size() - 1);
             }
+            hs.table.reset();
+            hs.dropped_refs = 0;
         }
     }
 }
@@ -939,6 +1079,8 @@ void KvStore::reset() {
     for (HeadState& hs : states_) {
         hs.chunks.clear();
         hs.state.clear();
+        hs.table.reset();
+        hs.dropped_refs = 0;
         ++hs.generation;
     }
     std::fill(stored_chunks_.begin(), stored_chunks_.end(), 0);
@@ -961,8 +1103,23 @@ void KvStore::reset() {
 
 size_t KvStore::bytes_held() const {
     // Workers' own buffers (their codec scratch) are not counted: reading them would race.
-    return blob_bytes_ + cache_bytes_ + job_bytes_ + worker_bytes_ + own_->bytes() +
+    return blob_bytes_ + table_bytes() + cache_bytes_ + job_bytes_ + worker_bytes_ + own_->bytes() +
            (scratch_ ? scratch_->size : 0) + (read_buf_ ? read_buf_->size : 0);
+}
+
+size_t KvStore::table_bytes(int layer) const {
+    size_t bytes = 0;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        const HeadState& hs = states_[static_cast<size_t>(layer) * n_kv_heads_ + h];
+        if (hs.table) bytes += hs.table->bytes();
+    }
+    return bytes;
+}
+
+size_t KvStore::table_bytes() const {
+    size_t bytes = 0;
+    for (int layer = 0; layer < std::min(cfg_.v_dedup_layers, n_layers_); ++layer) bytes += table_bytes(layer);
+    return bytes;
 }
 
 StoreStats KvStore::stats() const {
@@ -977,6 +1134,8 @@ StoreStats KvStore::stats() const {
                 ++l.chunks_held;
                 l.blob_bytes += c->blob.capacity();
             }
+        l.table_bytes = table_bytes(layer);
+        s.table_bytes += l.table_bytes;
         add(s.total, l.counters);
         s.chunks_held += l.chunks_held;
     }
@@ -990,7 +1149,7 @@ StoreStats KvStore::stats() const {
     s.stale_jobs = stale_jobs_;
     s.blob_bytes = blob_bytes_;
     s.cache_bytes = cache_bytes_;
-    s.scratch_bytes = bytes_held() - blob_bytes_ - cache_bytes_;
+    s.scratch_bytes = bytes_held() - blob_bytes_ - s.table_bytes - cache_bytes_;
     return s;
 }
 

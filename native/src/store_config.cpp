@@ -38,6 +38,8 @@ void validate_store_config(const StoreConfig& c, const KvCacheConfig& cache) {
     require(c.max_queue >= 1, "max_queue", "must be >= 1");
     require(c.zstd_level >= 1 && c.zstd_level <= 19, "zstd_level", "must be in [1, 19]");
     require(c.probe_every >= 1, "probe_every", "must be >= 1");
+    require(c.v_dedup_layers >= 0 && c.v_dedup_layers <= cache.n_layers, "v_dedup_layers",
+            "must be in [0, n_layers=" + std::to_string(cache.n_layers) + "]");
 }
 
 }  // namespace mnn_h2o

@@ -78,13 +78,22 @@ std::vector<float> kv_rows(std::mt19937& rng, int n) {
 }
 
 // Prefill in two chunks (the second attends over chunks the first left), then decode steps; all
-// attention outputs appended to *outs. Every call gets the same inputs whatever the cache.
-void run(KvCache& cache, uint32_t seed, int decode_steps, std::vector<float>* outs, bool drain_each_step = false) {
+// attention outputs appended to *outs. Every call gets the same inputs whatever the cache. With
+// a vocabulary, layer 0's V rows are those of a random token id of it, as in a real model.
+void run(KvCache& cache, uint32_t seed, int decode_steps, std::vector<float>* outs, bool drain_each_step = false,
+         int vocab = 0) {
     std::mt19937 rng(seed);
+    std::mt19937 vocab_rng(seed + 1);
+    const std::vector<float> token_v = kv_rows(vocab_rng, std::max(vocab, 1));  // [token][kv head][hd]
     const auto forward = [&](int n, bool prefill) {
         for (int layer = 0; layer < kLayers; ++layer) {
             const std::vector<float> q = random_vec(rng, static_cast<size_t>(n) * kHeads * kHd, 2.f);
-            const std::vector<float> k = kv_rows(rng, n), v = kv_rows(rng, n);
+            const std::vector<float> k = kv_rows(rng, n);
+            std::vector<float> v = kv_rows(rng, n);
+            const size_t token_floats = static_cast<size_t>(kKv) * kHd;
+            for (int t = 0; t < n && layer == 0 && vocab > 0; ++t)
+                std::memcpy(v.data() + t * token_floats, token_v.data() + rng() % vocab * token_floats,
+                            token_floats * sizeof(float));
             std::vector<float> out(static_cast<size_t>(n) * kHeads * kHd);
             cache.step(layer, q.data(), k.data(), v.data(), n, out.data());
             outs->insert(outs->end(), out.begin(), out.end());
@@ -472,6 +481,65 @@ static void measure_decode() {
                 st.lossless_ratio);
 }
 
+// V dedup layers hold each distinct V row once: layer 0's rows come from a 40-token vocabulary,
+// layer 1's never repeat. Outputs and read() stay bit-identical with H2O evicting there too
+// (re-encoding keeps the references), through the decode cache and prefetches, truncation
+// compacts the tables, and a table that cannot grow leaves the chunk raw.
+static void test_v_dedup() {
+    for (int async : {0, 2}) {
+        for (size_t budget : {size_t{0}, size_t{64} << 20}) {
+            H2oConfig h = h2o_config(false);
+            h.layer_start = 0;
+            KvCache raw(cache_config()), cache(cache_config());
+            raw.enable_h2o(h);
+            cache.enable_h2o(h);
+            StoreConfig sc = store_config(StoreMode::Store, async);
+            sc.v_dedup_layers = 2;
+            sc.decode_cache_bytes = budget;
+            cache.enable_store(sc);
+            std::vector<float> want, outs;
+            run(raw, 9, 60, &want, false, 40);
+            run(cache, 9, 60, &outs, async > 0, 40);
+            cache.drain_store();
+            const StoreStats st = cache.store_stats();
+            const std::string what = "async " + std::to_string(async) + " budget " + std::to_string(budget);
+            CHECK(same_bytes(outs, want), "%s: outputs differ from the raw cache", what.c_str());
+            CHECK(same_kv(cache, raw), "%s: read() differs", what.c_str());
+            CHECK(st.layers[0].chunks_held > 0 && st.layers[0].table_bytes > 0 && st.layers[2].table_bytes == 0,
+                  "%s: tables %zu / %zu", what.c_str(), st.layers[0].table_bytes, st.layers[2].table_bytes);
+            // 40 distinct rows per head fit one page: far below layer 0's V at raw size.
+            const size_t v0_raw = static_cast<size_t>(raw.length(0, 0) + raw.length(0, 1)) * kHd * 2;
+            CHECK(st.layers[0].table_bytes < v0_raw / 2, "%s: layer 0 table %zu for V of %zu", what.c_str(),
+                  st.layers[0].table_bytes, v0_raw);
+            CHECK(st.total.repacked > 0 && st.layers[0].counters.repacked > 0, "%s: no dedup chunk re-encoded", what.c_str());
+            CHECK(st.bytes_held == st.pool_bytes + st.blob_bytes + st.table_bytes + st.cache_bytes + st.scratch_bytes,
+                  "%s: held = sum of parts", what.c_str());
+            if (budget > 0) CHECK(st.total.cache_hits > 0, "%s: cache never hit", what.c_str());
+            if (async == 0) {
+                for (int head = 0; head < kKv; ++head) {
+                    raw.truncate(1, head, 40);
+                    cache.truncate(1, head, 40);
+                }
+                CHECK(cache.store_stats().layers[1].table_bytes == 0, "%s: layer 1 table %zu after truncation",
+                      what.c_str(), cache.store_stats().layers[1].table_bytes);
+                CHECK(same_kv(cache, raw), "%s: read() differs after truncation", what.c_str());
+            }
+        }
+    }
+    KvCache raw(cache_config()), cache(cache_config());
+    StoreConfig sc = store_config(StoreMode::Store);
+    sc.v_dedup_layers = 1;
+    sc.faults.alloc_failure = true;
+    cache.enable_store(sc);
+    std::vector<float> want, outs;
+    run(raw, 9, 10, &want, false, 40);
+    run(cache, 9, 10, &outs, false, 40);
+    const StoreStats st = cache.store_stats();
+    CHECK(same_bytes(outs, want) && same_kv(cache, raw), "alloc failure: values differ");
+    CHECK(st.layers[0].chunks_held == 0 && st.layers[1].chunks_held > 0 && fallbacks(st, StoreFallback::AllocFailure) > 0,
+          "alloc failure: layer 0 holds %lld chunks", static_cast<long long>(st.layers[0].chunks_held));
+}
+
 int main() {
     test_store_bit_identical();
     test_scope();
@@ -480,6 +548,7 @@ int main() {
     test_explicit_evict_and_truncate();
     test_deferral();
     test_faults();
+    test_v_dedup();
     test_reset_and_teardown();
     test_enable_disable();
     test_isas_and_splits();

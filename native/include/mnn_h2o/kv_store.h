@@ -25,6 +25,7 @@
 #include "mnn_h2o/h2o_config.h"
 #include "mnn_h2o/kv_cache_config.h"
 #include "mnn_h2o/kv_head_blocks.h"
+#include "mnn_h2o/row_table.h"
 #include "mnn_h2o/store_config.h"
 #include "mnn_h2o/thread_pool.h"
 #include "mnn_h2o/work_queue.h"
@@ -59,6 +60,7 @@ struct StoreStats {
         StoreLayerStats counters;
         int64_t chunks_held = 0;  // compressed chunks now
         size_t blob_bytes = 0;    // their frames (capacity)
+        size_t table_bytes = 0;   // V dedup layers: the distinct V rows (row_table.h)
     };
     StoreMode mode = StoreMode::Off;
     std::vector<Layer> layers;
@@ -70,6 +72,7 @@ struct StoreStats {
     int64_t stale_jobs = 0;         // finished jobs whose blocks had moved meanwhile (dropped)
     int64_t chunks_held = 0;
     size_t blob_bytes = 0;          // frames held (capacity)
+    size_t table_bytes = 0;         // V row tables of the dedup layers
     size_t cache_bytes = 0;         // decode cache (including prefetches under way)
     size_t scratch_bytes = 0;       // decode scratch and job copies
     // Filled by KvCache::store_stats(): the whole cache.
@@ -123,7 +126,7 @@ public:
     // until the next call into the store.
     void read_block(int layer, int head, int block, const void** k, const void** v);
 
-    // Frames + decode cache + scratch + job copies.
+    // Frames + V row tables + decode cache + scratch + job copies.
     size_t bytes_held() const;
     StoreStats stats() const;
 
@@ -137,7 +140,8 @@ private:
     HeadState& state(int layer, int head);
     KvHeadBlocks& blocks(int layer, int head) { return heads_[static_cast<size_t>(layer) * n_kv_heads_ + head]; }
     bool in_scope(int layer, const H2oConfig* h2o) const;
-    gear::Shape chunk_shape(int n_blocks) const;
+    bool dedup_layer(int layer) const { return cfg_.mode == StoreMode::Store && layer < cfg_.v_dedup_layers; }
+    gear::Shape chunk_shape(int n_blocks, bool k_only) const;
     size_t chunk_raw_bytes(int n_blocks) const { return 2 * static_cast<size_t>(n_blocks) * block_bytes_; }
 
     void schedule_head(int layer, int head);
@@ -147,7 +151,7 @@ private:
         size_t size = 0;  // frame bytes in the buffers' frame
         double encode_us = 0.0, verify_us = 0.0;
     };
-    Encoded encode_checked(EncodeBuffers& buffers, int n_blocks) const;
+    Encoded encode_checked(EncodeBuffers& buffers, int n_blocks, bool k_only) const;
     void run_encode(Job& job, EncodeBuffers& buffers) const;
     void settle_encodes(int layer, int head);
     void process(const WorkQueue::Completion& done);
@@ -161,12 +165,18 @@ private:
     void set_views(const Chunk& chunk, const uint8_t* base);
     void finish_prefetch(int layer, Chunk& chunk);
     void settle_prefetches();
-    void decode_into(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const;  // any thread
+    bool decode_frame(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const;  // any thread
+    void gather_v(const Chunk& chunk, uint8_t* out) const;  // not while the table grows
+    void decode_into(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const;  // both
     void decode_into(int layer, const Chunk& chunk, uint8_t* out);  // caller's thread, timed
     // Raw pool blocks again for the live blocks of chunk whose keep flag is set (all when keep
     // is null); false (nothing changed) when blocks cannot be allocated.
     bool dissolve(int layer, int head, Chunk& chunk, const std::vector<uint8_t>* keep);
-    bool repack(int layer, Chunk& chunk, const std::vector<uint8_t>& keep);
+    bool repack(int layer, int head, Chunk& chunk, const std::vector<uint8_t>& keep);
+    bool add_v_refs(int layer, int head, Chunk& chunk, const uint8_t* v);
+    void compact_table(int layer, int head);
+    size_t table_bytes(int layer) const;
+    size_t table_bytes() const;
     void drop_chunk(int layer, int head, size_t index);
     void requeue(HeadState& hs);  // a head's blocks moved: its queued blocks are raw again
 
@@ -202,6 +212,7 @@ private:
     std::unique_ptr<AlignedBytes> read_buf_;  // read_block(): the last chunk it decoded
     const Chunk* read_chunk_ = nullptr;
     std::vector<uint8_t> keep_;               // compact(), truncate(): blocks kept
+    std::vector<uint32_t> refs_;              // add_v_refs(): the chunk's row indices
     std::vector<const void*> k_view_, v_view_;
     std::vector<float> q_head_, out_head_;
     std::vector<std::unique_ptr<EncodeBuffers>> workers_;  // [worker]

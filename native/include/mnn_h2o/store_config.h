@@ -36,6 +36,10 @@ struct StoreConfig {
     int hot_recent_tokens = 256;
     // Tokens of one Gear frame (K and V of one kv head): a multiple of block_tokens.
     int chunk_tokens = 128;
+    // Store mode, layers [0, v_dedup_layers): V rows are held once per distinct row, in a table
+    // per kv head, and chunks refer to them (layer 0's V is a function of the token id alone, so
+    // repeated tokens repeat its rows exactly). The chunk frames hold K only.
+    int v_dedup_layers = 0;
     int async_threads = 0;  // 0: encode on the caller's thread
     int max_queue = 64;     // jobs in flight (submitted, not yet installed); more are deferred
     size_t decode_cache_bytes = size_t{8} << 20;
