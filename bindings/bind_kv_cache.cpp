@@ -182,6 +182,7 @@ py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
     d["cache_misses"] = c.cache_misses;
     d["dissolved"] = c.dissolved;
     d["repacked"] = c.repacked;
+    d["merged"] = c.merged;
     d["fallbacks"] = fallbacks;
     return d;
 }
@@ -194,6 +195,7 @@ py::dict store_stats_dict(const StoreStats& s) {
         d["chunks_held"] = s.layers[i].chunks_held;
         d["blob_bytes"] = s.layers[i].blob_bytes;
         d["table_bytes"] = s.layers[i].table_bytes;
+        d["held_raw_bytes"] = s.layers[i].held_raw_bytes;
         layers.append(d);
     }
     py::dict d = store_counters_dict(s.total);
@@ -207,6 +209,7 @@ py::dict store_stats_dict(const StoreStats& s) {
     d["chunks_held"] = s.chunks_held;
     d["blob_bytes"] = s.blob_bytes;
     d["table_bytes"] = s.table_bytes;
+    d["held_raw_bytes"] = s.held_raw_bytes;
     d["cache_bytes"] = s.cache_bytes;
     d["scratch_bytes"] = s.scratch_bytes;
     d["pool_bytes"] = s.pool_bytes;

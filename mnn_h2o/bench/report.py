@@ -45,7 +45,7 @@ def runtime_table(rows: Sequence[dict]) -> str:
 def store_table(rows: Sequence[dict]) -> str:
     keys = ["chunks_stored", "raw_bytes", "compressed_bytes", "encode_us", "decode_us", "async_wait_us",
             "queue_peak", "deferrals", "cache_hits", "cache_misses", "table_bytes", "cache_bytes", "scratch_bytes",
-            "repacked", "dissolved"]
+            "repacked", "merged", "dissolved"]
     present = [k for k in keys if any(k in r["store"] for r in rows)]
     lines = ["| case | prompt | " + " | ".join(present) + " | fallback reasons |",
              "|---|---:|" + "---:|" * len(present) + "---|"]

@@ -73,7 +73,7 @@ def soak(llm, tokenizer, prompt_len: int, n_tokens: int, runs: int, every: int, 
                      "verify_mismatches": stats.get("verify_mismatches", 0),
                      "fallbacks": summary["fallback_reasons"], "error_fallbacks": summary["fallbacks"],
                      "lossless_ratio": stats.get("lossless_ratio", 0.0), "deferrals": stats.get("deferrals", 0),
-                     "repacked": stats.get("repacked", 0), "dissolved": stats.get("dissolved", 0)})
+                     "repacked": stats.get("repacked", 0), "merged": stats.get("merged", 0), "dissolved": stats.get("dissolved", 0)})
     bar.close()
     return samples, ends
 
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
               f"{s['table_bytes'] / MIB:.2f}, cache "
               f"{s['cache_bytes'] / MIB:.2f}, scratch {s['scratch_bytes'] / MIB:.2f}) of {s['uncompressed'] / MIB:.1f} "
               f"uncompressed; RSS {s['rss'] / MIB:.0f} MiB; lossless {e['lossless_ratio']:.3f}; "
-              f"deferrals {e['deferrals']}, repacked {e['repacked']}, dissolved {e['dissolved']}")
+              f"deferrals {e['deferrals']}, repacked {e['repacked']}, merged {e['merged']}, dissolved {e['dissolved']}")
     for ch in checks:
         print(("PASS " if ch["pass"] else "FAIL ") + json.dumps(ch))
     if args.json:

@@ -61,6 +61,7 @@ void add(StoreLayerStats& to, const StoreLayerStats& from) {
     to.cache_misses += from.cache_misses;
     to.dissolved += from.dissolved;
     to.repacked += from.repacked;
+    to.merged += from.merged;
     for (int r = 0; r < kStoreFallbacks; ++r) to.fallbacks[r] += from.fallbacks[r];
 }
 
@@ -957,6 +958,92 @@ bool KvStore::repack(int layer, int h, Chunk& c, const std::vector<uint8_t>& kee
     return true;
 }
 
+// H2O trims chunks a block or two at a time, and small frames compress worse (on SmolLM2 KV:
+// 1.171x at 64 tokens, 1.188x at 128, where the rANS tables per channel group start to pay). So
+// after a compaction, neighbouring chunks (adjacent in the head, nothing raw between them) whose
+// live blocks fit one chunk together are re-encoded into one frame, which replaces both once it
+// decodes back exactly. V dedup chunks are left as they are.
+void KvStore::merge_neighbours(int layer, int h) {
+    HeadState& hs = state(layer, h);
+    for (size_t i = 0; i + 1 < hs.chunks.size();) {
+        Chunk& a = *hs.chunks[i];
+        const Chunk& b = *hs.chunks[i + 1];
+        const int na = static_cast<int>(a.live.size()), nb = static_cast<int>(b.live.size());
+        if (a.first + na != b.first || na + nb > blocks_per_chunk_ || a.ref_width || b.ref_width || !merge(layer, a, b)) {
+            ++i;
+            continue;
+        }
+        drop_chunk(layer, h, i + 1);  // a now holds b's blocks too: try a with the next one
+    }
+}
+
+// Encodes a's live blocks followed by b's into one frame that replaces a's. False (nothing
+// changed) when that fails or is not smaller than the two frames.
+bool KvStore::merge(int layer, Chunk& a, const Chunk& b) {
+    EncodeBuffers& buf = *own_;
+    const int na = static_cast<int>(a.live.size()), n = na + static_cast<int>(b.live.size());
+    const size_t half = static_cast<size_t>(n) * block_bytes_;
+    buf.raw.resize(2 * half);
+    int at = 0;
+    for (const Chunk* c : {static_cast<const Chunk*>(&a), &b}) {
+        const uint8_t* base;
+        if (c->decoded) {
+            base = c->decoded->data;
+        } else {
+            buf.check.resize(chunk_raw_bytes(c->n_blocks));
+            decode_into(layer, *c, buf.check.data());
+            base = buf.check.data();
+        }
+        const size_t c_half = static_cast<size_t>(c->n_blocks) * block_bytes_;
+        for (int j : c->live) {
+            std::memcpy(buf.raw.data() + at * block_bytes_, base + j * block_bytes_, block_bytes_);
+            std::memcpy(buf.raw.data() + half + at * block_bytes_, base + c_half + j * block_bytes_, block_bytes_);
+            ++at;
+        }
+    }
+    StoreLayerStats& st = layer_stats_[layer];
+    const Encoded e = encode_checked(buf, n, false);
+    st.encode_us += e.encode_us;
+    st.verify_us += e.verify_us;
+    if (!e.encoded) {
+        fallback(layer, StoreFallback::EncodeError);
+        return false;
+    }
+    if (e.size >= a.blob.size() + b.blob.size()) return false;
+    if (!e.verified) {
+        ++st.verify_mismatches;
+        fallback(layer, StoreFallback::VerifyMismatch);
+        return false;
+    }
+    std::vector<uint8_t> blob;
+    try {
+        if (cfg_.faults.alloc_failure) throw std::bad_alloc();
+        blob.assign(buf.frame.data(), buf.frame.data() + e.size);
+    } catch (const std::bad_alloc&) {
+        fallback(layer, StoreFallback::AllocFailure);
+        return false;
+    }
+    blob_bytes_ += blob.capacity();
+    blob_bytes_ -= a.blob.capacity();
+    a.blob = std::move(blob);
+    a.frame_size = e.size;
+    if (a.decoded) {
+        cache_bytes_ -= a.decoded->size;
+        a.decoded.reset();
+    }
+    if (read_chunk_ == &a) read_chunk_ = nullptr;
+    a.n_blocks = n;
+    a.live.resize(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) a.live[j] = j;
+    ++st.merged;
+    ++st.chunks_encoded;
+    st.raw_bytes += static_cast<int64_t>(buf.raw.size());
+    st.compressed_bytes += static_cast<int64_t>(e.size);
+    st.stored_raw_bytes += static_cast<int64_t>(buf.raw.size());
+    st.stored_blob_bytes += static_cast<int64_t>(e.size);
+    return true;
+}
+
 void KvStore::drop_chunk(int layer, int h, size_t index) {
     HeadState& hs = state(layer, h);
     Chunk& c = *hs.chunks[index];
@@ -1029,6 +1116,7 @@ void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool 
     for (size_t b = 0; b < n_blocks; ++b)
         if (keep_[b]) hs.state[w++] = hs.state[b];
     hs.state.resize(w);
+    merge_neighbours(layer, h);
     compact_table(layer, h);
 }
 
@@ -1133,16 +1221,20 @@ StoreStats KvStore::stats() const {
             for (const auto& c : states_[static_cast<size_t>(layer) * n_kv_heads_ + h].chunks) {
                 ++l.chunks_held;
                 l.blob_bytes += c->blob.capacity();
+                l.held_raw_bytes += chunk_raw_bytes(static_cast<int>(c->live.size()));
             }
         l.table_bytes = table_bytes(layer);
         s.table_bytes += l.table_bytes;
         add(s.total, l.counters);
         s.chunks_held += l.chunks_held;
+        s.held_raw_bytes += l.held_raw_bytes;
     }
+    // Store mode: what the chunks held now stand for over what they hold (a chunk re-encoded five
+    // times counts once); the modes that hold nothing: over everything encoded.
     const bool stored = cfg_.mode == StoreMode::Store;
-    const int64_t raw = stored ? s.total.stored_raw_bytes : s.total.raw_bytes;
-    const int64_t packed = stored ? s.total.stored_blob_bytes : s.total.compressed_bytes;
-    if (packed > 0) s.lossless_ratio = static_cast<double>(raw) / static_cast<double>(packed);
+    const double raw = stored ? static_cast<double>(s.held_raw_bytes) : static_cast<double>(s.total.raw_bytes);
+    const double packed = stored ? static_cast<double>(blob_bytes_ + s.table_bytes) : static_cast<double>(s.total.compressed_bytes);
+    if (raw > 0 && packed > 0) s.lossless_ratio = raw / packed;
     s.async_wait_us = async_wait_us_;
     s.queue_peak = queue_peak_;
     s.deferrals = deferrals_;

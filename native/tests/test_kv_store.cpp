@@ -149,10 +149,12 @@ static void test_store_bit_identical() {
         int threads, async;
         size_t budget;
         bool drained;
+        int chunk_tokens = 32;
     };
     const Case cases[] = {{false, 1, 0, 0, false},          {false, 1, 0, size_t{64} << 20, false},
                           {false, 2, 2, size_t{64} << 10, false}, {false, 1, 2, 0, true},
-                          {true, 1, 2, 0, true},            {true, 2, 0, size_t{64} << 10, false}};
+                          {true, 1, 2, 0, true},            {true, 2, 0, size_t{64} << 10, false},
+                          {false, 2, 2, 0, true, 64}};
     for (const Case& c : cases) {
         KvCache raw(cache_config(c.threads));
         raw.enable_h2o(h2o_config(c.per_head));
@@ -162,13 +164,15 @@ static void test_store_bit_identical() {
         cache.enable_h2o(h2o_config(c.per_head));
         StoreConfig sc = store_config(StoreMode::Store, c.async);
         sc.decode_cache_bytes = c.budget;
+        sc.chunk_tokens = c.chunk_tokens;
         cache.enable_store(sc);
         std::vector<float> outs;
         run(cache, 7, 40, &outs, c.drained);
         cache.drain_store();
         const StoreStats st = cache.store_stats();
         const std::string what = "per_head " + std::to_string(c.per_head) + " threads " + std::to_string(c.threads) +
-                                 " async " + std::to_string(c.async) + " budget " + std::to_string(c.budget);
+                                 " async " + std::to_string(c.async) + " budget " + std::to_string(c.budget) +
+                                 " chunk " + std::to_string(c.chunk_tokens);
         const bool deterministic = c.async == 0 || c.drained;  // free-running jobs land whenever they finish
         CHECK(same_bytes(outs, want), "%s: outputs differ from the raw cache", what.c_str());
         CHECK(same_kv(cache, raw), "%s: read() differs", what.c_str());
@@ -540,12 +544,40 @@ static void test_v_dedup() {
           "alloc failure: layer 0 holds %lld chunks", static_cast<long long>(st.layers[0].chunks_held));
 }
 
+// Two neighbouring chunks trimmed to half by one plan become one frame.
+static void test_merge_neighbours() {
+    KvCache raw(cache_config()), cache(cache_config());
+    StoreConfig sc = store_config(StoreMode::Store);
+    sc.chunk_tokens = 64;  // chunks of blocks 1-4, 5-8, 9-12 in layer 0
+    cache.enable_store(sc);
+    std::vector<float> a, b;
+    run(raw, 5, 4, &a);
+    run(cache, 5, 4, &b);
+    const int64_t chunks = cache.store_stats().layers[0].chunks_held;
+    // Blocks 3-4 and 7-8 go: the first two chunks keep two blocks each and meet.
+    const std::vector<TokenRun> plan{{0, 48}, {80, 32}, {144, raw.length(0, 0) - 144}};
+    raw.evict(0, 0, plan);
+    cache.evict(0, 0, plan);
+    const StoreStats st = cache.store_stats();
+    CHECK(st.layers[0].counters.repacked >= 2 && st.layers[0].counters.merged == 1 && st.layers[0].chunks_held == chunks - 1,
+          "repacked %lld, merged %lld, chunks %lld -> %lld", static_cast<long long>(st.layers[0].counters.repacked),
+          static_cast<long long>(st.layers[0].counters.merged), static_cast<long long>(chunks),
+          static_cast<long long>(st.layers[0].chunks_held));
+    CHECK(same_kv(raw, cache), "KV differs after merging");
+    a.clear();
+    b.clear();
+    run(raw, 6, 4, &a);
+    run(cache, 6, 4, &b);
+    CHECK(same_bytes(a, b), "outputs differ after merging");
+}
+
 int main() {
     test_store_bit_identical();
     test_scope();
     test_full_and_probe();
     test_accounting();
     test_explicit_evict_and_truncate();
+    test_merge_neighbours();
     test_deferral();
     test_faults();
     test_v_dedup();

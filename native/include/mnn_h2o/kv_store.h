@@ -52,6 +52,7 @@ struct StoreLayerStats {
     int64_t cache_hits = 0, cache_misses = 0;  // compressed chunks resolved for attention
     int64_t dissolved = 0;         // chunks turned back into raw blocks
     int64_t repacked = 0;          // chunks re-encoded without the blocks H2O evicted
+    int64_t merged = 0;            // pairs of trimmed neighbouring chunks re-encoded as one
     std::array<int64_t, kStoreFallbacks> fallbacks{};
 };
 
@@ -61,11 +62,13 @@ struct StoreStats {
         int64_t chunks_held = 0;  // compressed chunks now
         size_t blob_bytes = 0;    // their frames (capacity)
         size_t table_bytes = 0;   // V dedup layers: the distinct V rows (row_table.h)
+        size_t held_raw_bytes = 0;  // the live blocks of the chunks held, at raw size
     };
     StoreMode mode = StoreMode::Off;
     std::vector<Layer> layers;
     StoreLayerStats total;          // the layers' counters summed
-    double lossless_ratio = 1.0;    // store: stored raw / stored frame bytes; probe, full: of all encoded
+    double lossless_ratio = 1.0;    // store: held_raw_bytes / (blob_bytes + table_bytes), the chunks
+                                    // held now; probe, full: raw / compressed of everything encoded
     double async_wait_us = 0.0;     // the caller waiting for workers (prefetches, drain)
     int queue_peak = 0;             // most jobs in flight at once
     int64_t deferrals = 0;          // chunks left raw for a later end_step because the queue was full
@@ -73,6 +76,7 @@ struct StoreStats {
     int64_t chunks_held = 0;
     size_t blob_bytes = 0;          // frames held (capacity)
     size_t table_bytes = 0;         // V row tables of the dedup layers
+    size_t held_raw_bytes = 0;      // the live blocks of the chunks held, at raw size
     size_t cache_bytes = 0;         // decode cache (including prefetches under way)
     size_t scratch_bytes = 0;       // decode scratch and job copies
     // Filled by KvCache::store_stats(): the whole cache.
@@ -173,6 +177,8 @@ private:
     // is null); false (nothing changed) when blocks cannot be allocated.
     bool dissolve(int layer, int head, Chunk& chunk, const std::vector<uint8_t>* keep);
     bool repack(int layer, int head, Chunk& chunk, const std::vector<uint8_t>& keep);
+    void merge_neighbours(int layer, int head);
+    bool merge(int layer, Chunk& a, const Chunk& b);
     bool add_v_refs(int layer, int head, Chunk& chunk, const uint8_t* v);
     void compact_table(int layer, int head);
     size_t table_bytes(int layer) const;
