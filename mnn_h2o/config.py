@@ -160,9 +160,10 @@ SCHEMA: Tuple[Key, ...] = (
         "after each prompt", range=(1, 1 << 16)),
     Key("bench", "repetitions", int, 3, "runs", "interleaved repetitions of every runtime case "
         "(A B A B); medians and spread", range=(3, 100)),
-    Key("bench", "cases", list, ["baseline", "probe", "full", "store"], "-", "runtime cases: "
-        "baseline = full cache (no eviction, no compression); probe/full/store = H2O plus that "
-        "lossless mode", choices=("baseline", "probe", "full", "store"), item=str),
+    Key("bench", "cases", list, ["baseline", "h2o", "probe", "full", "store"], "-", "runtime cases: "
+        "baseline = full cache (no eviction, no compression); h2o = H2O eviction alone (lossless "
+        "off); probe/full/store = H2O plus that lossless mode",
+        choices=("baseline", "h2o", "probe", "full", "store"), item=str),
     Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O plus that lossless "
         "mode, generating from real prompts (baseline runs too, as reference)",
         choices=("probe", "full", "store"), item=str),
@@ -177,9 +178,9 @@ SCHEMA: Tuple[Key, ...] = (
         "compressed bytes of the chunks in scope", range=(0.0, None)),
     Key("gates", "min_top1_agreement", float, 0.9, "fraction", "every candidate case and prompt "
         "length: teacher-forced top-1 agreement with the baseline", range=(0.0, 1.0)),
-    Key("gates", "speed_cases", list, ["probe"], "-", "cases whose decode tokens/s must not fall "
-        "below the baseline's beyond the measured noise, at every prompt length",
-        choices=("probe", "full", "store"), item=str),
+    Key("gates", "speed_cases", list, ["h2o", "probe"], "-", "cases whose decode tokens/s must not "
+        "fall below the baseline's beyond the measured noise, at every prompt length",
+        choices=("h2o", "probe", "full", "store"), item=str),
     Key("gates", "max_store_slowdown", float, 3.0, "x", "store case: baseline decode tokens/s / "
         "store decode tokens/s at every prompt length may not exceed this", range=(1.0, None)),
 )

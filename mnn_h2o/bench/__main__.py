@@ -144,7 +144,7 @@ def _cache_sweep(args, cfg) -> int:
             return r
         return run
 
-    runners = {"baseline": runner("baseline", None), "probe": runner("probe", None)}
+    runners = {"baseline": runner("baseline", None), "h2o": runner("h2o", None)}
     runners.update({f"store cache {m:g} MiB": runner("store", b) for m, b in zip(args.budgets_mib, budgets)})
     with tqdm(total=len(runners) * args.repetitions, desc="cache sweep", unit="run") as bar:
         runs = interleave(runners, args.repetitions)
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The bench and regression harness on the real model.\n\n"
                     "Without a command, runs a round: the runtime cases (bench.cases: baseline = full "
-                    "cache, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
+                    "cache, h2o = H2O eviction alone, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
                     "interleaved A B A B for bench.repetitions, teacher-forced on essay text; then the "
                     "demo cases on real prompts per bucket. Quality (KL, top-1 vs baseline), memory "
                     "(bytes held, RSS) and speed come from the same runs. Gates (config section "

@@ -1,7 +1,8 @@
 """The cases of the bench round, and one run of each.
 
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
-``probe``, ``full`` and ``store`` are the config's H2O eviction plus that lossless mode. A run
+``h2o`` is the config's H2O eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
+that eviction plus that lossless mode. A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -21,7 +22,8 @@ import numpy as np
 
 from ..eval.quality import log_softmax
 
-H2O_CASES = ("probe", "full", "store")
+LOSSLESS_CASES = ("probe", "full", "store")
+H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
@@ -30,7 +32,7 @@ def case_sections(cfg: dict, case: str):
     if case == "baseline":
         return None, None
     h2o = dict(cfg["h2o"], enabled=True)
-    return h2o, dict(cfg["lossless"], mode=case)
+    return h2o, (dict(cfg["lossless"], mode=case) if case in LOSSLESS_CASES else None)
 
 
 def configure(llm, cfg: dict, case: str) -> None:

@@ -11,7 +11,7 @@ import copy
 import math
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from .cases import H2O_CASES
+from .cases import H2O_CASES, LOSSLESS_CASES
 
 _OPS: Dict[str, Callable[[float, float], bool]] = {
     ">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "==": lambda v, t: v == t,
@@ -59,20 +59,20 @@ def evaluate(rows: Sequence[dict], demo: Sequence[dict], g: dict) -> List[dict]:
             out.append(gate(f"store_slowdown baseline/store @{n}", by["baseline", n]["decode_tps"]["median"] /
                             by["store", n]["decode_tps"]["median"], "<=", g["max_store_slowdown"]))
     for c in cases:
-        if c in H2O_CASES:
+        if c in LOSSLESS_CASES:
             out.append(gate(f"fallbacks {c}", sum(by[c, n]["store"]["fallbacks"] for n in lengths), "==", 0))
     if "full" in cases:
         out.append(gate("full-mode mismatches", sum(by["full", n]["store"]["mismatches"] for n in lengths), "==", 0))
-    lossless = [c for c in cases if c in H2O_CASES]
-    if len(lossless) > 1:
+    evicting = [c for c in cases if c in H2O_CASES]
+    if len(evicting) > 1:
         for n in lengths:
-            differ = sum(by[c, n]["logits_sha256"] != by[lossless[0], n]["logits_sha256"] for c in lossless)
-            out.append(gate(f"identical logits {'/'.join(lossless)} @{n}", differ, "==", 0))
+            differ = sum(by[c, n]["logits_sha256"] != by[evicting[0], n]["logits_sha256"] for c in evicting)
+            out.append(gate(f"identical logits {'/'.join(evicting)} @{n}", differ, "==", 0))
     by_bucket: Dict[int, Dict[str, dict]] = {}
     for d in demo:
         by_bucket.setdefault(d["bucket"], {})[d["case"]] = d
     for bucket, ds in sorted(by_bucket.items()):
-        lossless = [c for c in ds if c in H2O_CASES]
+        lossless = [c for c in ds if c in LOSSLESS_CASES]
         if len(lossless) > 1:
             differ = sum(ds[c]["token_ids"] != ds[lossless[0]]["token_ids"] for c in lossless)
             out.append(gate(f"demo identical tokens {'/'.join(lossless)} @{bucket}", differ, "==", 0))
@@ -93,7 +93,7 @@ def _row(case: str, n: int) -> dict:
 
 
 def _passing_round(g: dict):
-    cases = ["baseline", "probe", "full", "store"]
+    cases = ["baseline", "h2o", "probe", "full", "store"]
     rows = [_row(c, n) for n in (512, 4096) for c in cases]
     demo = [{"case": c, "bucket": 128, "token_ids": [1, 2, 3], "store": {"fallbacks": 0}} for c in ("full", "store")]
     return rows, demo
@@ -127,11 +127,15 @@ def _breakages(g: dict):
         ("quality is NaN", "top1_agreement full @4096", set_("full", 4096, ["top1_agreement"], float("nan"))),
         ("decode slower than the noise", "decode_speed probe",
          set_("probe", 4096, ["decode_tps"], {"median": 80.0, "spread": 0.05})),
+        ("H2O alone slower than the noise", "decode_speed h2o",
+         set_("h2o", 512, ["decode_tps"], {"median": 80.0, "spread": 0.05})),
+        ("H2O alone below target", "lossy_ratio h2o", set_("h2o", 4096, ["lossy_ratio"], g["min_lossy_ratio"] * 0.9)),
         ("store far slower", "store_slowdown", set_("store", 512, ["decode_tps"],
                                                     {"median": 100.0 / (g["max_store_slowdown"] * 1.5), "spread": 0.05})),
         ("a fallback", "fallbacks store", set_("store", 512, ["store", "fallbacks"], 1)),
         ("a full-mode mismatch", "full-mode mismatches", set_("full", 4096, ["store", "mismatches"], 2)),
         ("store logits differ from full", "identical logits", set_("store", 4096, ["logits_sha256"], "other")),
+        ("H2O alone logits differ", "identical logits", set_("h2o", 512, ["logits_sha256"], "other")),
         ("demo tokens differ", "demo identical tokens", demo_tokens),
         ("demo fallback", "demo fallbacks", demo_fallback),
     ]
@@ -140,7 +144,7 @@ def _breakages(g: dict):
 def self_test(g: dict) -> List[dict]:
     """Runs every breakage; returns one row per breakage with ``ok`` (the gate failed as it
     must, and with an intact round every gate passed). Raises nothing."""
-    g = dict(g, speed_cases=["probe"])
+    g = dict(g, speed_cases=["h2o", "probe"])
     rows, demo = _passing_round(g)
     baseline_gates = evaluate(rows, demo, g)
     results = [{"breakage": "intact round", "expect_fail": "-",

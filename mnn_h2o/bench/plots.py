@@ -5,9 +5,10 @@ import os
 from typing import List, Sequence
 
 MIB = 1 << 20
-_COLOURS = {"baseline": "tab:gray", "probe": "tab:blue", "full": "tab:green", "store": "tab:red"}
-_LABELS = {"baseline": "baseline (full cache)", "probe": "H2O", "full": "H2O (+ full check)",
-           "store": "H2O + lossless store"}
+_COLOURS = {"baseline": "tab:gray", "h2o": "tab:purple", "probe": "tab:blue", "full": "tab:green",
+            "store": "tab:red"}
+_LABELS = {"baseline": "baseline (full cache)", "h2o": "H2O alone", "probe": "H2O (+ probe)",
+           "full": "H2O (+ full check)", "store": "H2O + lossless store"}
 
 
 def _plt():
@@ -21,7 +22,7 @@ def _plt():
 
 def bytes_vs_context(rows: Sequence[dict], path: str) -> bool:
     """KV bytes held as the context grows (the longest prompt's run, prefill then decode)."""
-    traced = [r for r in rows if r.get("trace") and r["case"] in ("baseline", "probe", "store")]
+    traced = [r for r in rows if r.get("trace") and r["case"] in ("baseline", "h2o", "store")]
     if not traced:
         return False
     plt = _plt()
