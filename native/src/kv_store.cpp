@@ -627,8 +627,15 @@ void KvStore::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadP
             set_views(*c, c->decoded->data);
             continue;
         }
-        ++st.cache_misses;
         const size_t bytes = chunk_raw_bytes(c->n_blocks);
+        if (c.get() == carry_) {
+            // Decoded into scratch by the previous range of this head (a split boundary falls
+            // inside it): moved to the front below instead of decoded again.
+            pending_.insert(pending_.begin(), {c.get(), nullptr});
+            need += bytes;
+            continue;
+        }
+        ++st.cache_misses;
         if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
             c->decoded = std::make_unique<AlignedBytes>(bytes);
             cache_bytes_ += bytes;
@@ -639,15 +646,26 @@ void KvStore::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadP
         }
     }
     scratch_need_ = std::max(scratch_need_, need);
+    bool carried = !pending_.empty() && pending_.front().chunk == carry_;
     if (need > 0 && (!scratch_ || scratch_->size < need)) {
         scratch_.reset();  // the previous range is no longer read
         scratch_ = std::make_unique<AlignedBytes>(need);
+        if (carried) ++st.cache_misses;
+        carried = false;  // its bytes went with the old scratch: decoded again
     }
+    if (carried) std::memmove(scratch_->data, scratch_->data + carry_offset_, chunk_raw_bytes(carry_->n_blocks));
     size_t used = 0;
+    carry_ = nullptr;
     for (Pending& d : pending_) {
         if (d.out) continue;
         d.out = scratch_->data + used;
+        carry_ = d.chunk;  // the last chunk in scratch, which the next range may start with
+        carry_offset_ = used;
         used += chunk_raw_bytes(d.chunk->n_blocks);
+    }
+    if (carried) {
+        set_views(*pending_.front().chunk, pending_.front().out);
+        pending_.erase(pending_.begin());
     }
     const int n_threads = pool ? pool->size() : 1;
     while (static_cast<int>(decoders_.size()) + 1 < n_threads)
@@ -686,6 +704,7 @@ void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* 
         const KvHeadBlocks& kv = blocks(layer, h);
         // Compressed blocks are null in the lists; prepare_keys() points them at decoded bytes.
         k_view_.assign(kv.k_blocks.begin(), kv.k_blocks.end());
+        carry_ = nullptr;
         v_view_.assign(kv.v_blocks.begin(), kv.v_blocks.end());
         struct Source final : KeySource {
             KvStore* store;

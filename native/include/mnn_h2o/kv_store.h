@@ -213,6 +213,8 @@ private:
         uint8_t* out;
     };
     std::vector<Pending> pending_;                         // prepare_keys(): chunks to decode
+    const Chunk* carry_ = nullptr;  // prepare_keys(): the last chunk the previous range of the
+    size_t carry_offset_ = 0;       // head being attended decoded into scratch, and where
     std::vector<std::unique_ptr<gear::Codec>> decoders_;   // prepare_keys(): [pool thread - 1]
     std::vector<double> decode_us_;                        // prepare_keys(): [pool thread]
     std::unique_ptr<AlignedBytes> read_buf_;  // read_block(): the last chunk it decoded
