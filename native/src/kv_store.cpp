@@ -897,6 +897,24 @@ bool KvStore::dissolve(int layer, int h, Chunk& chunk, const std::vector<uint8_t
     return true;
 }
 
+// Encodes the caller's buffer own_->raw, n blocks, for a chunk re-encoded in place. The result
+// counts as verified only when the frame decoded back exactly and is smaller than limit bytes;
+// errors are counted as fallbacks.
+KvStore::Encoded KvStore::reencode(int layer, int n, bool k_only, size_t limit) {
+    StoreLayerStats& st = layer_stats_[layer];
+    Encoded e = encode_checked(*own_, n, k_only);
+    st.encode_us += e.encode_us;
+    st.verify_us += e.verify_us;
+    if (!e.encoded) {
+        fallback(layer, StoreFallback::EncodeError);
+    } else if (e.size < limit && !e.verified) {
+        ++st.verify_mismatches;
+        fallback(layer, StoreFallback::VerifyMismatch);
+    }
+    e.verified = e.verified && e.encoded && e.size < limit;
+    return e;
+}
+
 // H2O trims a few blocks off many chunks at every update. Dissolving them would hand the
 // survivors raw blocks until they are encoded again (and H2O trims again soon after); instead the
 // survivors are re-encoded here, from the frame, into a smaller frame that replaces it once it
@@ -925,19 +943,8 @@ bool KvStore::repack(int layer, int h, Chunk& c, const std::vector<uint8_t>& kee
     }
     StoreLayerStats& st = layer_stats_[layer];
     const bool k_only = c.ref_width > 0;
-    const Encoded e = encode_checked(b, n, k_only);
-    st.encode_us += e.encode_us;
-    st.verify_us += e.verify_us;
-    if (!e.encoded) {
-        fallback(layer, StoreFallback::EncodeError);
-        return false;
-    }
-    if (e.size >= (k_only ? half : b.raw.size())) return false;
-    if (!e.verified) {
-        ++st.verify_mismatches;
-        fallback(layer, StoreFallback::VerifyMismatch);
-        return false;
-    }
+    const Encoded e = reencode(layer, n, k_only, k_only ? half : b.raw.size());
+    if (!e.verified) return false;
     // A dedup chunk keeps the references of its surviving rows (the table is unchanged).
     const int w = c.ref_width;
     const size_t block_refs = static_cast<size_t>(block_tokens_) * w;
@@ -956,25 +963,32 @@ bool KvStore::repack(int layer, int h, Chunk& c, const std::vector<uint8_t>& kee
         return false;
     }
     if (w) state(layer, h).dropped_refs += static_cast<size_t>(c.n_blocks - n) * block_tokens_;
+    replace_frame(layer, c, std::move(blob), e.size, n);
+    ++st.repacked;
+    return true;
+}
+
+// c's frame becomes blob (a frame of n blocks in blob[0, frame_size), then any row references),
+// made from the caller's buffers; its cache entry goes.
+void KvStore::replace_frame(int layer, Chunk& c, std::vector<uint8_t>&& blob, size_t frame_size, int n) {
     blob_bytes_ += blob.capacity();
     blob_bytes_ -= c.blob.capacity();
     c.blob = std::move(blob);
+    c.frame_size = frame_size;
     if (c.decoded) {
         cache_bytes_ -= c.decoded->size;
         c.decoded.reset();
     }
     if (read_chunk_ == &c) read_chunk_ = nullptr;
-    c.frame_size = e.size;
     c.n_blocks = n;
     c.live.resize(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) c.live[j] = j;
-    ++st.repacked;
+    StoreLayerStats& st = layer_stats_[layer];
     ++st.chunks_encoded;
-    st.raw_bytes += static_cast<int64_t>(b.raw.size());
+    st.raw_bytes += static_cast<int64_t>(chunk_raw_bytes(n));
     st.compressed_bytes += static_cast<int64_t>(c.blob.size());
-    st.stored_raw_bytes += static_cast<int64_t>(b.raw.size());
+    st.stored_raw_bytes += static_cast<int64_t>(chunk_raw_bytes(n));
     st.stored_blob_bytes += static_cast<int64_t>(c.blob.size());
-    return true;
 }
 
 // H2O trims chunks a block or two at a time, and small frames compress worse (on SmolLM2 KV:
@@ -1021,19 +1035,8 @@ bool KvStore::merge(int layer, Chunk& a, const Chunk& b) {
         }
     }
     StoreLayerStats& st = layer_stats_[layer];
-    const Encoded e = encode_checked(buf, n, false);
-    st.encode_us += e.encode_us;
-    st.verify_us += e.verify_us;
-    if (!e.encoded) {
-        fallback(layer, StoreFallback::EncodeError);
-        return false;
-    }
-    if (e.size >= a.blob.size() + b.blob.size()) return false;
-    if (!e.verified) {
-        ++st.verify_mismatches;
-        fallback(layer, StoreFallback::VerifyMismatch);
-        return false;
-    }
+    const Encoded e = reencode(layer, n, false, a.blob.size() + b.blob.size());
+    if (!e.verified) return false;
     std::vector<uint8_t> blob;
     try {
         if (cfg_.faults.alloc_failure) throw std::bad_alloc();
@@ -1042,24 +1045,8 @@ bool KvStore::merge(int layer, Chunk& a, const Chunk& b) {
         fallback(layer, StoreFallback::AllocFailure);
         return false;
     }
-    blob_bytes_ += blob.capacity();
-    blob_bytes_ -= a.blob.capacity();
-    a.blob = std::move(blob);
-    a.frame_size = e.size;
-    if (a.decoded) {
-        cache_bytes_ -= a.decoded->size;
-        a.decoded.reset();
-    }
-    if (read_chunk_ == &a) read_chunk_ = nullptr;
-    a.n_blocks = n;
-    a.live.resize(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) a.live[j] = j;
+    replace_frame(layer, a, std::move(blob), e.size, n);
     ++st.merged;
-    ++st.chunks_encoded;
-    st.raw_bytes += static_cast<int64_t>(buf.raw.size());
-    st.compressed_bytes += static_cast<int64_t>(e.size);
-    st.stored_raw_bytes += static_cast<int64_t>(buf.raw.size());
-    st.stored_blob_bytes += static_cast<int64_t>(e.size);
     return true;
 }
 

@@ -177,6 +177,8 @@ private:
     // is null); false (nothing changed) when blocks cannot be allocated.
     bool dissolve(int layer, int head, Chunk& chunk, const std::vector<uint8_t>* keep);
     bool repack(int layer, int head, Chunk& chunk, const std::vector<uint8_t>& keep);
+    Encoded reencode(int layer, int n_blocks, bool k_only, size_t limit);
+    void replace_frame(int layer, Chunk& chunk, std::vector<uint8_t>&& blob, size_t frame_size, int n_blocks);
     void merge_neighbours(int layer, int head);
     bool merge(int layer, Chunk& a, const Chunk& b);
     bool add_v_refs(int layer, int head, Chunk& chunk, const uint8_t* v);
