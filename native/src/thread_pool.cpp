@@ -54,7 +54,8 @@ void ThreadPool::run(int n_tasks, TaskFn fn, void* ctx) {
         next_task_.store(0, std::memory_order_relaxed);
         failed_.store(false, std::memory_order_relaxed);
         error_ = nullptr;
-        busy_workers_ = static_cast<int>(workers_.size());
+        busy_workers_ = 0;
+        closed_ = false;
         ++generation_;
     }
     wake_.notify_all();
@@ -62,6 +63,9 @@ void ThreadPool::run(int n_tasks, TaskFn fn, void* ctx) {
     std::exception_ptr error;
     {
         std::unique_lock<std::mutex> lock(mutex_);
+        // Wait only for workers that joined: one still waking up (tens of microseconds on a VM
+        // whose idle vCPU halted) finds the job closed and goes back to sleep.
+        closed_ = true;
         done_.wait(lock, [this] { return busy_workers_ == 0; });
         error = std::move(error_);
         error_ = nullptr;
@@ -97,10 +101,12 @@ void ThreadPool::worker_loop(int thread) {
             wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
             if (stop_) return;
             seen = generation_;
+            if (closed_) continue;  // the caller already finished this job
+            ++busy_workers_;
         }
         work(thread);
         std::lock_guard<std::mutex> lock(mutex_);
-        if (--busy_workers_ == 0) done_.notify_one();
+        if (--busy_workers_ == 0 && closed_) done_.notify_one();
     }
 }
 

@@ -1,5 +1,6 @@
 // ThreadPool: every task runs once, thread indices are exclusive, exceptions propagate, nested
-// and concurrent callers work, and the pool shuts down cleanly (run it under TSan too).
+// and concurrent callers work, late workers stay out of finished jobs, and the pool shuts down
+// cleanly (run it under TSan too).
 #include <atomic>
 #include <cstdio>
 #include <stdexcept>
@@ -68,6 +69,25 @@ static void test_nested_and_concurrent() {
     CHECK(total == 3 * 100 * 28, "concurrent callers total %ld", total.load());
 }
 
+// Back-to-back small jobs: a worker that wakes after the caller finished a job must not join it
+// (its lambda and counters are gone: ASan/TSan would see the stale access), and must still join
+// the next one.
+static void test_late_workers() {
+    ThreadPool pool(2);
+    long joined = 0;
+    for (int round = 0; round < 20000; ++round) {
+        std::vector<int> hits(2, 0);
+        std::atomic<int> by_worker{0};
+        pool.parallel_for(2, [&](int task, int thread) {
+            ++hits[task];
+            if (thread) ++by_worker;
+        });
+        CHECK(hits[0] == 1 && hits[1] == 1, "round %d: tasks ran %d and %d times", round, hits[0], hits[1]);
+        joined += by_worker.load() > 0;
+    }
+    std::printf("  worker joined %ld of 20000 two-task jobs\n", joined);
+}
+
 static void test_shutdown() {
     for (int i = 0; i < 50; ++i) {
         ThreadPool pool(3);
@@ -86,6 +106,7 @@ int main() {
     test_runs_every_task();
     test_exceptions();
     test_nested_and_concurrent();
+    test_late_workers();
     test_shutdown();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);
