@@ -183,6 +183,7 @@ py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
     d["dissolved"] = c.dissolved;
     d["repacked"] = c.repacked;
     d["merged"] = c.merged;
+    d["decode_batches"] = c.decode_batches;
     d["fallbacks"] = fallbacks;
     return d;
 }

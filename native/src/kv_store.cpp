@@ -62,6 +62,7 @@ void add(StoreLayerStats& to, const StoreLayerStats& from) {
     to.dissolved += from.dissolved;
     to.repacked += from.repacked;
     to.merged += from.merged;
+    to.decode_batches += from.decode_batches;
     for (int r = 0; r < kStoreFallbacks; ++r) to.fallbacks[r] += from.fallbacks[r];
 }
 
@@ -103,6 +104,8 @@ struct KvStore::Chunk {
     const RowTable* table = nullptr;  // with ref_width: the head's table
     std::unique_ptr<AlignedBytes> decoded;  // its decode cache entry
     Job* prefetch = nullptr;                // a prefetch job that may still fill `decoded`
+    uint64_t batch = 0;          // prepare_keys(): the decode batch it is in (KvStore::batch_)
+    size_t batch_offset = 0;     // ... and where in scratch its bytes are
 };
 
 struct KvStore::Job {
@@ -609,64 +612,89 @@ void KvStore::finish_prefetch(int layer, Chunk& chunk) {
 // So a decoded chunk is admitted only while it fits the budget, and entries stay until their
 // chunk goes; misses beyond the budget decode into scratch (scan-resistant).
 //
-// attention() asks for a head's keys one split (decode) or one head (prefill) at a time; the
-// chunks the range touches are resolved here, and those not cached are decoded into scratch on
-// the pool's threads at once, so scratch holds one split's chunks rather than the whole head's.
+// attention() asks for a head's keys one split (decode) or one head (prefill) at a time, in
+// order, and attend() runs the heads in order. When a range needs a chunk that is not decoded,
+// a *batch* starts there: the range's chunks and, while they fit kDecodeBatchBytes, the chunks
+// the next ranges of this layer will need, decoded at once on the pool's threads. One batch per
+// layer instead of one parallel decode per split: each wakes the workers, and on a VM that
+// costs tens of microseconds (at 1024 tokens a layer's chunks fill one batch).
 void KvStore::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadPool* pool) {
     StoreLayerStats& st = layer_stats_[layer];
-    HeadState& hs = state(layer, h);
     const int first_block = key_begin / block_tokens_;
     const int end_block = (key_end + block_tokens_ - 1) / block_tokens_;
+    const auto in_range = [&](const Chunk& c) {
+        return c.first + static_cast<int>(c.live.size()) > first_block && c.first < end_block;
+    };
+    // Resolve what is decoded already; find the first chunk of the range that is not.
+    HeadState& hs = state(layer, h);
+    size_t start = hs.chunks.size();
+    for (size_t i = 0; i < hs.chunks.size(); ++i) {
+        Chunk& c = *hs.chunks[i];
+        if (!in_range(c)) continue;
+        if (c.prefetch) finish_prefetch(layer, c);
+        else if (c.decoded) ++st.cache_hits;
+        if (c.decoded) set_views(c, c.decoded->data);
+        else if (c.batch == batch_) set_views(c, scratch_->data + c.batch_offset);
+        else if (start == hs.chunks.size()) start = i;
+    }
+    if (start == hs.chunks.size()) return;
+
+    // A new batch. The range's chunks of the old one (the old one's last: it ran in the same
+    // order) move to the front of scratch instead of being decoded again.
+    const uint64_t old_batch = batch_++;
+    size_t carried_from = SIZE_MAX, used = 0;
+    for (const auto& c : hs.chunks)
+        if (c->batch == old_batch && in_range(*c) && c->batch_offset < carried_from) carried_from = c->batch_offset;
+    if (carried_from != SIZE_MAX) used = batch_used_ - carried_from;
     pending_.clear();
-    size_t need = 0;
-    for (const auto& c : hs.chunks) {
-        if (c->first + static_cast<int>(c->live.size()) <= first_block || c->first >= end_block) continue;
-        if (c->prefetch) finish_prefetch(layer, *c);
-        else if (c->decoded) ++st.cache_hits;
-        if (c->decoded) {
-            set_views(*c, c->decoded->data);
-            continue;
+    size_t need = used;
+    // Candidates in the order the attention reads them: this head from `start`, then the next
+    // heads. The range's chunks always join; the rest while the batch has room.
+    for (int head = h; head < n_kv_heads_; ++head) {
+        HeadState& s = state(layer, head);
+        bool full = false;
+        for (size_t i = head == h ? start : 0; i < s.chunks.size(); ++i) {
+            Chunk& c = *s.chunks[i];
+            if (c.decoded || c.prefetch || c.batch == old_batch) continue;
+            const bool needed = head == h && in_range(c);
+            const size_t bytes = chunk_raw_bytes(c.n_blocks);
+            if (!needed && need + bytes > kDecodeBatchBytes) {
+                full = true;
+                break;
+            }
+            ++st.cache_misses;
+            if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
+                c.decoded = std::make_unique<AlignedBytes>(bytes);
+                cache_bytes_ += bytes;
+                pending_.push_back({&c, c.decoded->data, needed});
+            } else {
+                c.batch = batch_;
+                c.batch_offset = need;
+                pending_.push_back({&c, nullptr, needed});
+                need += bytes;
+            }
         }
-        const size_t bytes = chunk_raw_bytes(c->n_blocks);
-        if (c.get() == carry_) {
-            // Decoded into scratch by the previous range of this head (a split boundary falls
-            // inside it): moved to the front below instead of decoded again.
-            pending_.insert(pending_.begin(), {c.get(), nullptr});
-            need += bytes;
-            continue;
-        }
-        ++st.cache_misses;
-        if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
-            c->decoded = std::make_unique<AlignedBytes>(bytes);
-            cache_bytes_ += bytes;
-            pending_.push_back({c.get(), c->decoded->data});
-        } else {
-            pending_.push_back({c.get(), nullptr});
-            need += bytes;
-        }
+        if (full) break;
     }
     scratch_need_ = std::max(scratch_need_, need);
-    bool carried = !pending_.empty() && pending_.front().chunk == carry_;
     if (need > 0 && (!scratch_ || scratch_->size < need)) {
-        scratch_.reset();  // the previous range is no longer read
-        scratch_ = std::make_unique<AlignedBytes>(need);
-        if (carried) ++st.cache_misses;
-        carried = false;  // its bytes went with the old scratch: decoded again
+        auto bigger = std::make_unique<AlignedBytes>(need);
+        if (used) std::memcpy(bigger->data, scratch_->data + carried_from, used);
+        scratch_ = std::move(bigger);
+    } else if (used) {
+        std::memmove(scratch_->data, scratch_->data + carried_from, used);
     }
-    if (carried) std::memmove(scratch_->data, scratch_->data + carry_offset_, chunk_raw_bytes(carry_->n_blocks));
-    size_t used = 0;
-    carry_ = nullptr;
-    for (Pending& d : pending_) {
-        if (d.out) continue;
-        d.out = scratch_->data + used;
-        carry_ = d.chunk;  // the last chunk in scratch, which the next range may start with
-        carry_offset_ = used;
-        used += chunk_raw_bytes(d.chunk->n_blocks);
-    }
-    if (carried) {
-        set_views(*pending_.front().chunk, pending_.front().out);
-        pending_.erase(pending_.begin());
-    }
+    if (used)
+        for (const auto& c : hs.chunks)
+            if (c->batch == old_batch && in_range(*c)) {
+                c->batch = batch_;
+                c->batch_offset -= carried_from;
+                set_views(*c, scratch_->data + c->batch_offset);
+            }
+    batch_used_ = need;
+    for (Pending& d : pending_)
+        if (!d.out) d.out = scratch_->data + d.chunk->batch_offset;
+
     const int n_threads = pool ? pool->size() : 1;
     while (static_cast<int>(decoders_.size()) + 1 < n_threads)
         decoders_.push_back(std::make_unique<gear::Codec>(codec_options(cfg_)));
@@ -677,11 +705,13 @@ void KvStore::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadP
         decode_us_[thread] += micros_since(t0);
     };
     const int n = static_cast<int>(pending_.size());
+    ++st.decode_batches;
     if (pool && n > 1) pool->parallel_for(n, decode_one);
     else
         for (int i = 0; i < n; ++i) decode_one(i, 0);
     for (double us : decode_us_) st.decode_us += us;
-    for (const Pending& d : pending_) set_views(*d.chunk, d.out);
+    for (const Pending& d : pending_)
+        if (d.in_range) set_views(*d.chunk, d.out);  // the later ranges' views are set when they come
 }
 
 // Points the attention views of chunk's live blocks at its decoded bytes.
@@ -700,11 +730,12 @@ void KvStore::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* 
     const size_t group_floats = static_cast<size_t>(G) * hd;
     q_head_.resize(static_cast<size_t>(p.n_q) * group_floats);
     out_head_.resize(q_head_.size());
+    ++batch_;  // a new layer: nothing of it is in scratch yet
+    batch_used_ = 0;
     for (int h = 0; h < p.n_kv_heads; ++h) {
         const KvHeadBlocks& kv = blocks(layer, h);
         // Compressed blocks are null in the lists; prepare_keys() points them at decoded bytes.
         k_view_.assign(kv.k_blocks.begin(), kv.k_blocks.end());
-        carry_ = nullptr;
         v_view_.assign(kv.v_blocks.begin(), kv.v_blocks.end());
         struct Source final : KeySource {
             KvStore* store;

@@ -465,6 +465,51 @@ static void test_isas_and_splits() {
     }
 }
 
+// Decode batches of at most 512 KiB. Head 0 holds 8 chunks of 32 KB, head 1 30. The first batch
+// takes head 0 and, as lookahead, head 1's first 8 chunks; head 1's range then finds those in
+// scratch, moves them to the front and decodes its other 22 chunks behind them, over the place
+// they were (so wrong offsets would show). Every chunk is decoded exactly once per step, and the
+// outputs stay bit-identical, with one thread (a range per head) and two (a range per split).
+static void test_decode_batches() {
+    for (int threads : {1, 2}) {
+        KvCacheConfig c = cache_config(threads);
+        c.n_layers = 1;
+        c.max_tokens = 4096;
+        KvCache raw(c), cache(c);
+        StoreConfig sc = store_config(StoreMode::Store);
+        sc.front_n = 1;
+        sc.chunk_tokens = 128;
+        sc.decode_cache_bytes = 0;
+        cache.enable_store(sc);
+        for (KvCache* kv : {&raw, &cache}) {
+            std::mt19937 rng(11);
+            const std::vector<float> k = kv_rows(rng, 4000), v = kv_rows(rng, 4000);
+            kv->append(0, k.data(), v.data(), 4000);
+            kv->truncate(0, 0, 1072);
+            kv->end_step(1, true);
+        }
+        const StoreStats before = cache.store_stats();
+        const int64_t chunks = before.layers[0].chunks_held;
+        CHECK(chunks == 38, "%lld chunks stored, expected 8 + 30", static_cast<long long>(chunks));
+        std::mt19937 rng(12);
+        for (int step = 0; step < 3; ++step) {
+            const std::vector<float> k = kv_rows(rng, 1), v = kv_rows(rng, 1);
+            const std::vector<float> q = random_vec(rng, kHeads * kHd);
+            std::vector<float> o1(q.size()), o2(q.size());
+            raw.step(0, q.data(), k.data(), v.data(), 1, o1.data());
+            cache.step(0, q.data(), k.data(), v.data(), 1, o2.data());
+            CHECK(same_bytes(o1, o2), "threads %d step %d: the batched decode changed the output", threads, step);
+        }
+        const StoreStats after = cache.store_stats();
+        const int64_t decodes = after.total.cache_misses - before.total.cache_misses;
+        const int64_t batches = after.total.decode_batches - before.total.decode_batches;
+        CHECK(decodes == 3 * chunks, "threads %d: %lld chunk decodes over 3 steps of %lld chunks", threads,
+              static_cast<long long>(decodes), static_cast<long long>(chunks));
+        CHECK(threads == 2 || batches == 3 * 2, "%lld decode batches over 3 steps, expected 2 per step",
+              static_cast<long long>(batches));
+    }
+}
+
 // Rough cost of the attention path's decode: a cache too small to hold anything.
 static void measure_decode() {
     KvCacheConfig c = cache_config();
@@ -584,6 +629,7 @@ int main() {
     test_reset_and_teardown();
     test_enable_disable();
     test_isas_and_splits();
+    test_decode_batches();
     measure_decode();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

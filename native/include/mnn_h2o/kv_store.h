@@ -50,6 +50,7 @@ struct StoreLayerStats {
     double decode_us = 0.0;        // decodes for attention, read() and dissolving
     int64_t verify_mismatches = 0; // frames whose decode differed from the raw bytes
     int64_t cache_hits = 0, cache_misses = 0;  // compressed chunks resolved for attention
+    int64_t decode_batches = 0;    // parallel decodes of the misses (each wakes the threads)
     int64_t dissolved = 0;         // chunks turned back into raw blocks
     int64_t repacked = 0;          // chunks re-encoded without the blocks H2O evicted
     int64_t merged = 0;            // pairs of trimmed neighbouring chunks re-encoded as one
@@ -209,14 +210,19 @@ private:
 
     std::unique_ptr<EncodeBuffers> own_;  // the caller's thread: encoding without workers, checks
     std::unique_ptr<AlignedBytes> scratch_;   // decoded chunks that missed the cache
-    size_t scratch_need_ = 0;                 // most scratch one key range needed since schedule()
+    size_t scratch_need_ = 0;                 // most scratch one batch needed since schedule()
+    // prepare_keys() decodes chunks in batches of up to this many bytes of scratch (more when one
+    // key range needs more): at 1024 tokens one batch per layer, at 4096 with H2O about one per
+    // evicted layer and four for layers 0-1.
+    static constexpr size_t kDecodeBatchBytes = size_t{1} << 19;
     struct Pending {
         Chunk* chunk;
         uint8_t* out;
+        bool in_range;  // read by the range being prepared (else by a later one)
     };
-    std::vector<Pending> pending_;                         // prepare_keys(): chunks to decode
-    const Chunk* carry_ = nullptr;  // prepare_keys(): the last chunk the previous range of the
-    size_t carry_offset_ = 0;       // head being attended decoded into scratch, and where
+    std::vector<Pending> pending_;  // prepare_keys(): chunks to decode
+    uint64_t batch_ = 1;            // prepare_keys(): the batch in scratch (Chunk::batch)
+    size_t batch_used_ = 0;         // ... and its bytes there
     std::vector<std::unique_ptr<gear::Codec>> decoders_;   // prepare_keys(): [pool thread - 1]
     std::vector<double> decode_us_;                        // prepare_keys(): [pool thread]
     std::unique_ptr<AlignedBytes> read_buf_;  // read_block(): the last chunk it decoded
