@@ -109,8 +109,10 @@ class Codec:
 
 def _describe(raw: dict, frame_size: int) -> dict:
     names = {v: k for k, v in ELEMENT_TYPES.items()}
+    # A slice that shares the previous slice's map is listed with an empty map stream.
     streams = [dict(s, predictor=PREDICTORS[s["predictor"]], backend=BACKENDS[s["backend"]],
-                    kind="map" if s["block"] < 0 else f"plane{s['plane']}")
+                    kind=(("map" if s["raw_len"] else "shared_map") if s["block"] < 0
+                          else f"plane{s['plane']}"))
                for s in raw["streams"]]
     modes = collections.Counter((s["kind"], s["predictor"], s["backend"]) for s in streams)
     return {
@@ -124,7 +126,8 @@ def _describe(raw: dict, frame_size: int) -> dict:
         "streams": streams,
         "summary": {
             "header_bytes": raw["header_size"],
-            "dedup_slices": sum(s["kind"] == "map" for s in streams),
+            "dedup_slices": sum(s["kind"] in ("map", "shared_map") for s in streams),
+            "shared_maps": sum(s["kind"] == "shared_map" for s in streams),
             "modes": {f"{k}:{p}+{b}": n for (k, p, b), n in sorted(modes.items())},
             "payload_bytes": {k: sum(s["payload_len"] for s in streams if s["kind"] == k)
                               for k in sorted({s["kind"] for s in streams})},

@@ -290,15 +290,22 @@ def reference_decode(frame: bytes, rans_modes=None) -> bytes:
         assert len(raw) == raw_len
         return predictor, bytes(raw)
 
+    prev_map = None
     for _ in range(slices):
         flags = frame[pos]
         pos += 1
+        assert flags in (0, 1, 3)
         rows, row_map = tokens, None
-        if flags & 1:
+        if flags == 3:  # dedup with the previous slice's map
+            row_map = prev_map
+            assert row_map
+            rows = 1 + max(row_map)
+        elif flags & 1:
             w = 1 if tokens <= 256 else 2 if tokens <= 65536 else 4
             _, m = stream(1)
             row_map = [int.from_bytes(m[t * w:t * w + w], "little") for t in range(tokens)]
             rows = 1 + max(row_map) if tokens else 0
+        prev_map = row_map
         unique = bytearray()
         for b0 in range(0, rows, block_tokens):
             n = min(block_tokens, rows - b0)
@@ -507,6 +514,24 @@ def test_repeated_rows_are_deduplicated():
     assert info["summary"]["dedup_slices"] == a.shape[0]
     assert len(frame) < len(codec.encode(a, dedup=False))
     assert same_bits(codec.decode(frame), a)
+
+
+def test_heads_with_the_same_repeats_share_one_map():
+    """Layer 0: every head repeats the same tokens, so only the first slice writes its map."""
+    a = kv_like(repeat_rows=True, heads=3)
+    info = codec.inspect(codec.encode(a))
+    assert info["summary"]["dedup_slices"] == 3 and info["summary"]["shared_maps"] == 2
+    assert [s["kind"] for s in info["streams"] if s["block"] < 0] == ["map", "shared_map", "shared_map"]
+    # Other repeats in the middle head: it writes its own map, and so does the last head, whose
+    # map is compared with the one right before it
+    b = a.copy()
+    b[1] = b[1][np.random.default_rng(1).permutation(b.shape[1])]
+    info = codec.inspect(codec.encode(b))
+    assert [s["kind"] for s in info["streams"] if s["block"] < 0] == ["map", "map", "map"]
+    for x in (a, b):
+        frame = codec.encode(x)
+        assert same_bits(codec.decode(frame), x)
+        assert reference_decode(frame) == x.tobytes()
 
 
 def test_inspect_reports_modes_and_sizes():

@@ -29,7 +29,12 @@ const Api* load() {
                     bind(lib, "ZSTD_decompressDCtx", &a.decompress_dctx) &&
                     bind(lib, "ZSTD_isError", &a.is_error) &&
                     bind(lib, "ZSTD_versionNumber", &a.version_number);
-    return ok ? &a : nullptr;
+    if (!ok) return nullptr;
+    // Optional: all three or none.
+    if (!(bind(lib, "ZSTD_CCtx_setParameter", &a.cctx_set_parameter) && bind(lib, "ZSTD_CCtx_reset", &a.cctx_reset) &&
+          bind(lib, "ZSTD_compress2", &a.compress2)))
+        a.cctx_set_parameter = nullptr, a.cctx_reset = nullptr, a.compress2 = nullptr;
+    return &a;
 }
 
 }  // namespace
@@ -47,11 +52,27 @@ CompressContext::~CompressContext() {
     if (ctx_) api()->free_cctx(ctx_);
 }
 
+// Values of zstd.h's ZSTD_cParameter and ZSTD_ResetDirective (stable API since 1.4.0).
+constexpr int kParamLevel = 100, kParamHashLog = 102, kParamMinMatch = 105;
+constexpr int kResetSessionAndParameters = 3;
+
 size_t CompressContext::compress(void* dst, size_t dst_capacity, const void* src, size_t src_size,
-                                 int level) {
+                                 const Params& params) {
     if (!ctx_) return 0;
-    const size_t n = api()->compress_cctx(ctx_, dst, dst_capacity, src, src_size, level);
-    return api()->is_error(n) ? 0 : n;
+    const Api& z = *api();
+    size_t n;
+    if ((params.hash_log || params.min_match) && z.compress2) {
+        // Parameters are sticky on a context: start from zstd's defaults every time.
+        bool ok = !z.is_error(z.cctx_reset(ctx_, kResetSessionAndParameters)) &&
+                  !z.is_error(z.cctx_set_parameter(ctx_, kParamLevel, params.level));
+        if (ok && params.hash_log) ok = !z.is_error(z.cctx_set_parameter(ctx_, kParamHashLog, params.hash_log));
+        if (ok && params.min_match) ok = !z.is_error(z.cctx_set_parameter(ctx_, kParamMinMatch, params.min_match));
+        if (!ok) return 0;
+        n = z.compress2(ctx_, dst, dst_capacity, src, src_size);
+    } else {
+        n = z.compress_cctx(ctx_, dst, dst_capacity, src, src_size, params.level);
+    }
+    return z.is_error(n) ? 0 : n;
 }
 
 DecompressContext::DecompressContext() {

@@ -123,6 +123,55 @@ void test_hand_built_predictors() {
     CHECK(decode(c, bad, &out) == Status::Corrupt, "in %s", __func__);
 }
 
+// Two slices with the same repeats: the second shares the first's map (slice flags 3), and the
+// decoder refuses flag 3 where there is no map to share.
+void test_shared_map() {
+    // FP16 [2][4][1]: slice 0 is 1 2 1 2, slice 1 is 3 4 3 4 (both map 0 1 0 1).
+    const uint16_t v[8] = {0x3C00, 0x4000, 0x3C00, 0x4000, 0x4200, 0x4400, 0x4200, 0x4400};
+    Bytes data(16);
+    std::memcpy(data.data(), v, 16);
+    const auto frame = [&](uint8_t flags0, uint8_t flags1) {
+        Bytes f = header(1, {2, 4, 1}, 64, data);
+        f.push_back(flags0);
+        if (flags0 & 1) stream(f, 0, 0, 4, {0, 1, 0, 1});
+        if (flags0 & 1) {
+            stream(f, 0, 0, 2, {0x00, 0x00});
+            stream(f, 0, 0, 2, {0x3C, 0x40});
+        } else {
+            stream(f, 0, 0, 4, {0x00, 0x00, 0x00, 0x00});
+            stream(f, 0, 0, 4, {0x3C, 0x40, 0x3C, 0x40});
+        }
+        f.push_back(flags1);
+        stream(f, 0, 0, 2, {0x00, 0x00});
+        stream(f, 0, 0, 2, {0x42, 0x44});
+        return f;
+    };
+    Codec c;
+    Bytes out;
+    CHECK(decode(c, frame(1, 3), &out) == Status::Ok && out == data, "in %s", __func__);
+    CHECK(decode(c, frame(0, 3), &out) == Status::Corrupt, "no map before: in %s", __func__);
+    CHECK(decode(c, frame(1, 2), &out) == Status::Corrupt, "shared map without dedup: in %s", __func__);
+    CHECK(decode(c, frame(1, 7), &out) == Status::Corrupt, "unknown flag: in %s", __func__);
+    Bytes first = header(1, {2, 4, 1}, 64, data);
+    first.push_back(3);  // the first slice has nothing to share
+    CHECK(decode(c, first, &out) == Status::Corrupt, "in %s", __func__);
+    // The encoder writes the map once: two heads of 8 tokens x 4 channels, rows A B A B ...
+    std::vector<uint16_t> heads(2 * 8 * 4);
+    for (size_t i = 0; i < heads.size(); ++i) heads[i] = static_cast<uint16_t>(0x3C00 + (i / 32) * 64 + (i / 4 % 2) * 8 + i % 4);
+    data.assign(heads.size() * 2, 0);
+    std::memcpy(data.data(), heads.data(), data.size());
+    Bytes enc;
+    CHECK(c.encode(data.data(), ElementType::F16, Shape{3, {2, 8, 4}}, &enc) == Status::Ok, "in %s", __func__);
+    FrameInfo fi;
+    std::vector<StreamInfo> st;
+    CHECK(c.inspect(enc.data(), enc.size(), &fi, &st) == Status::Ok, "in %s", __func__);
+    int maps = 0, shared = 0;
+    for (const StreamInfo& s : st)
+        if (s.block < 0) (s.raw_len ? maps : shared) += 1;
+    CHECK(maps == 1 && shared == 1, "maps %d shared %d in %s", maps, shared, __func__);
+    CHECK(decode(c, enc, &out) == Status::Ok && out == data, "in %s", __func__);
+}
+
 // The rANS example of docs/gear_format.md: [1, 1, 1, -1] with plane 1 coded by rANS.
 const Bytes kRansExamplePayload = {
     0x02,                                      // mode: P = 2, G = 1
@@ -635,6 +684,7 @@ int main(int argc, char** argv) {
     test_xxh64();
     test_document_example();
     test_hand_built_predictors();
+    test_shared_map();
     test_empty_planes();
     test_rans_document_example();
     test_rans_malformed_payloads();

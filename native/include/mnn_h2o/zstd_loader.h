@@ -22,6 +22,19 @@ struct Api {
                               size_t src_size);
     unsigned (*is_error)(size_t code);
     unsigned (*version_number)();
+    // zstd >= 1.4.0 (advanced API); nullptr with an older library, which then compresses at the
+    // level's own parameters.
+    size_t (*cctx_set_parameter)(void* cctx, int param, int value);
+    size_t (*cctx_reset)(void* cctx, int directive);
+    size_t (*compress2)(void* cctx, void* dst, size_t dst_capacity, const void* src, size_t src_size);
+};
+
+// Compression parameters: a level, and optionally two of the level's parameters overridden
+// (0 = the level's own value).
+struct Params {
+    int level = 1;
+    int hash_log = 0;   // log2 of the match finder's hash table entries
+    int min_match = 0;  // shortest match searched for, in bytes
 };
 
 // The loaded library, or nullptr when libzstd.so.1 cannot be loaded, lacks a symbol, or the
@@ -36,7 +49,8 @@ public:
     CompressContext(const CompressContext&) = delete;
     CompressContext& operator=(const CompressContext&) = delete;
     // Compressed size, or 0 when zstd is missing, fails, or needs more than dst_capacity.
-    size_t compress(void* dst, size_t dst_capacity, const void* src, size_t src_size, int level);
+    // Standard zstd frames whatever the parameters: decoding needs no knowledge of them.
+    size_t compress(void* dst, size_t dst_capacity, const void* src, size_t src_size, const Params& params);
 
 private:
     void* ctx_ = nullptr;
