@@ -439,6 +439,18 @@ static void test_enable_disable() {
     CHECK(!cache.store_config() && cache.bytes_held() == raw.bytes_held() && same_kv(raw, cache), "disable");
 }
 
+// Layer 0 of both caches gets the same `tokens` random rows (seed `seed`), then head `head` is cut
+// to `keep` tokens (heads of different lengths) and the step ends as a prefill would.
+static void prefill_alike(KvCache& a, KvCache& b, uint32_t seed, int tokens, int head, int keep) {
+    for (KvCache* c : {&a, &b}) {
+        std::mt19937 rng(seed);
+        const std::vector<float> k = kv_rows(rng, tokens), v = kv_rows(rng, tokens);
+        c->append(0, k.data(), v.data(), tokens);
+        c->truncate(0, head, keep);
+        c->end_step(1, true);
+    }
+}
+
 // The store path gives the same bits as the raw cache with every ISA, prefill rows included, and
 // with two threads over heads of different lengths (where split_keys keeps the decode split of
 // the all-heads call).
@@ -446,13 +458,7 @@ static void test_isas_and_splits() {
     for (Isa isa : {Isa::Scalar, best_isa()}) {
         KvCache raw(cache_config(2)), cache(cache_config(2));
         cache.enable_store(store_config(StoreMode::Store));
-        for (KvCache* c : {&raw, &cache}) {
-            std::mt19937 rng(8);
-            const std::vector<float> k = kv_rows(rng, 1100), v = kv_rows(rng, 1100);
-            c->append(0, k.data(), v.data(), 1100);
-            c->truncate(0, 1, 700);
-            c->end_step(1, true);
-        }
+        prefill_alike(raw, cache, 8, 1100, 1, 700);
         CHECK(cache.store_stats().layers[0].chunks_held > 0, "nothing stored");
         for (int n : {1, 3, 40}) {
             std::mt19937 rng(static_cast<uint32_t>(n));
@@ -481,13 +487,7 @@ static void test_decode_batches() {
         sc.chunk_tokens = 128;
         sc.decode_cache_bytes = 0;
         cache.enable_store(sc);
-        for (KvCache* kv : {&raw, &cache}) {
-            std::mt19937 rng(11);
-            const std::vector<float> k = kv_rows(rng, 4000), v = kv_rows(rng, 4000);
-            kv->append(0, k.data(), v.data(), 4000);
-            kv->truncate(0, 0, 1072);
-            kv->end_step(1, true);
-        }
+        prefill_alike(raw, cache, 11, 4000, 0, 1072);
         const StoreStats before = cache.store_stats();
         const int64_t chunks = before.layers[0].chunks_held;
         CHECK(chunks == 38, "%lld chunks stored, expected 8 + 30", static_cast<long long>(chunks));
