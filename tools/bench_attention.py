@@ -3,7 +3,10 @@
 Decode: per-layer time of one query token over a context of C cached tokens, cycling through all
 layers (as a real decode step does, so the KV streams from DRAM, not from cache), and the
 bandwidth that implies. Prefill: per-layer time of a chunk of queries appended to a context, and
-the attention throughput in query-key pairs per second.
+the attention throughput in query-key pairs per second. After eviction: decode steps over the
+~28% of a 4096-token context that H2O (or random) eviction keeps, against the same number of
+tokens appended in one go, interleaved, with a 4.5 MB buffer read between layers as MNN's weights
+would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction).
 
     PYTHONPATH=. python tools/bench_attention.py [--contexts 512 2048 4096] [--threads 1 2] [--isa avx512]
 """
@@ -59,6 +62,46 @@ def bench_prefill(context, chunk, dtype, threads, isa, rounds, rng):
     return t, pairs / t
 
 
+def evicted_cache(policy, context, keep_ratio, threads, rng):
+    """A cache whose prompt of `context` tokens was cut to `keep_ratio` by `policy` (or, for
+    "appended", a cache filled with that many tokens in one go)."""
+    cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype="f16", block_tokens=16, threads=threads)
+    if policy == "appended":
+        context = int(context * keep_ratio) // 16 * 16
+    else:
+        cache.enable_h2o(policy=policy, target_keep_ratio=keep_ratio, target_lossy_ratio=0.0, layer_start=0)
+    q = rng.standard_normal((256, N_HEADS * HEAD_DIM), dtype=np.float32)
+    out = np.empty_like(q)
+    for t0 in range(0, context, 256):
+        n = min(256, context - t0)
+        kv = rng.standard_normal((n, N_KV * HEAD_DIM), dtype=np.float32)
+        for layer in range(N_LAYERS):
+            cache.step(layer, q[:n], kv, kv, out[:n])
+        if policy != "appended":
+            cache.end_step(n, True)
+    if policy != "appended":
+        cache.disable_h2o()  # time the layout alone
+    return cache
+
+
+def bench_evicted(threads, rounds, rng, context=4096, keep_ratio=0.28):
+    flush = np.ones(4_500_000 // 8)
+    caches = {p: evicted_cache(p, context, keep_ratio, threads, rng) for p in ("appended", "h2o", "random")}
+    q = rng.standard_normal((1, N_HEADS * HEAD_DIM), dtype=np.float32)
+    out = np.empty_like(q)
+    times = {p: [] for p in caches}
+    for _ in range(rounds):
+        for p, cache in caches.items():  # interleaved: one round of each in turn
+            t = 0.0
+            for layer in range(N_LAYERS):
+                flush.sum()
+                t0 = time.perf_counter()
+                cache.attend(layer, q, out)
+                t += time.perf_counter() - t0
+            times[p].append(t / N_LAYERS)
+    return {p: (cache.length(5, 0), statistics.median(times[p])) for p, cache in caches.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096])
@@ -67,6 +110,7 @@ def main():
     ap.add_argument("--isa", default=None, help="kernel set (default: best, %s)" % core.best_isa())
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-evicted", action="store_true")
     args = ap.parse_args()
     isa = args.isa or core.best_isa()
     rng = np.random.default_rng(0)
@@ -78,6 +122,13 @@ def main():
         for threads in args.threads:
             t, med, bw = bench_decode(context, args.dtype, threads, isa, args.rounds, rng)
             print(f"{context:>8} {threads:>7} {t * 1e6:>9.1f} {med * 1e6:>7.1f} {t * N_LAYERS * 1e3:>9.2f} {bw / 1e9:>6.1f}")
+
+    if not args.no_evicted:
+        print("\ndecode attention after eviction of a 4096-token prompt to 28% (median of the rounds)")
+        print(f"{'layout':>9} {'threads':>7} {'tokens':>7} {'us/layer':>9}")
+        for threads in args.threads:
+            for p, (n, t) in bench_evicted(threads, args.rounds, rng).items():
+                print(f"{p:>9} {threads:>7} {n:>7} {t * 1e6:>9.1f}")
 
     if args.no_prefill:
         return

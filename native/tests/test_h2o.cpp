@@ -376,6 +376,17 @@ static void check_attention_over(KvCache& cache, int layer, const std::vector<st
     }
 }
 
+// True if the head's K blocks, and its V blocks, each lie back to back in memory: compaction packs
+// the kept blocks so the attention kernel streams them (KvCache::pack_blocks).
+static bool packed(const KvCache& cache, int layer, int h, size_t block_bytes) {
+    const KvHeadView view = cache.view(layer, h);
+    const int n_blocks = (view.n_keys + cache.config().block_tokens - 1) / cache.config().block_tokens;
+    for (const void* const* list : {view.k_blocks, view.v_blocks})
+        for (int b = 1; b < n_blocks; ++b)
+            if (static_cast<const uint8_t*>(list[b]) != static_cast<const uint8_t*>(list[b - 1]) + block_bytes) return false;
+    return true;
+}
+
 static void test_compaction(KvDtype dtype) {
     const KvCacheConfig cc = small_config(2, 1024, dtype, 16);
     const size_t block_bytes = static_cast<size_t>(16) * 32 * kv_dtype_size(dtype);
@@ -419,6 +430,7 @@ static void test_compaction(KvDtype dtype) {
             const std::vector<float> k = read_k(cache, 1, h, &v);
             CHECK(cache.length(1, h) == kept, "%s: length %d want %d", cs.name, cache.length(1, h), kept);
             CHECK(k == k_kept[h] && v == v_kept[h], "%s: head %d rows differ from the kept ones", cs.name, h);
+            CHECK(packed(cache, 1, h, block_bytes), "%s: head %d kept blocks are not packed", cs.name, h);
         }
         CHECK(held0 - cache.bytes_held() == 2u * 2 * cs.freed_blocks * block_bytes, "%s: freed %zu bytes, want %zu",
               cs.name, held0 - cache.bytes_held(), 2u * 2 * cs.freed_blocks * block_bytes);
@@ -450,6 +462,7 @@ static void test_compaction(KvDtype dtype) {
             const std::vector<float> k = read_k(cache, 1, h, &v);
             if (dtype == KvDtype::F32) CHECK(k == k_kept[h] && v == v_kept[h], "%s: rows after appending", cs.name);
             else CHECK(k.size() == k_kept[h].size(), "%s: length after appending", cs.name);
+            CHECK(packed(cache, 1, h, block_bytes), "%s: head %d blocks not packed after appending", cs.name, h);
         }
         if (dtype == KvDtype::F32) check_attention_over(cache, 1, k_kept, v_kept, rng, cs.name);
     }

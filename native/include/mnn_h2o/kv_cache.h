@@ -151,8 +151,12 @@ private:
     bool evict_due(int n_tokens, bool prefill);
     // Gives the blocks past the first n_tokens tokens back to the pool.
     void release_tail(Head& hs, int n_tokens);
-    // Compaction by a block-aligned plan: drops the evicted blocks from the lists, moves nothing.
+    // Compaction by a block-aligned plan: drops the evicted blocks from the lists, then packs the
+    // kept ones into the lowest addresses of the head's blocks (pack_blocks).
     void drop_blocks(Head& hs, const std::vector<TokenRun>& runs);
+    // Moves the raw blocks of `list` (in list order) into the lowest addresses among them and
+    // `freed`; on return `freed` holds the addresses left over, to be released.
+    void pack_blocks(std::vector<void*>& list, std::vector<void*>& freed);
     // Compaction by any plan: moves the kept rows down in place, then releases the tail.
     void move_rows(Head& hs, const std::vector<TokenRun>& runs);
     void move_list_rows(std::vector<void*>& blocks, int64_t src, int64_t dst, int64_t n) const;
@@ -171,6 +175,7 @@ private:
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
     std::vector<int> lengths_;          // end_step(): a layer's head lengths
     std::vector<std::vector<TokenRun>> plans_;
+    std::vector<void*> freed_k_, freed_v_, slots_;  // drop_blocks() scratch
     std::unique_ptr<KvStore> store_;    // null when the store is off; last: it points at heads_, pool_
 };
 
