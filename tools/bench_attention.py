@@ -66,7 +66,8 @@ def evicted_cache(policy, context, keep_ratio, threads, rng):
     """A cache whose prompt of `context` tokens was cut to `keep_ratio` by `policy` (or, for
     "appended", a cache filled with that many tokens in one go)."""
     cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype="f16", block_tokens=16, threads=threads)
-    if policy == "appended":
+    evicting = policy != "appended"
+    if not evicting:
         context = int(context * keep_ratio) // 16 * 16
     else:
         cache.enable_h2o(policy=policy, target_keep_ratio=keep_ratio, target_lossy_ratio=0.0, layer_start=0)
@@ -77,9 +78,9 @@ def evicted_cache(policy, context, keep_ratio, threads, rng):
         kv = rng.standard_normal((n, N_KV * HEAD_DIM), dtype=np.float32)
         for layer in range(N_LAYERS):
             cache.step(layer, q[:n], kv, kv, out[:n])
-        if policy != "appended":
+        if evicting:
             cache.end_step(n, True)
-    if policy != "appended":
+    if evicting:
         cache.disable_h2o()  # time the layout alone
     return cache
 
