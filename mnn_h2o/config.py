@@ -189,6 +189,11 @@ _BY_PATH = {k.path: k for k in SCHEMA}
 SECTIONS = tuple(dict.fromkeys(k.section for k in SCHEMA))
 
 
+def key(path: str) -> Key:
+    """The schema entry of ``section.name`` (its choices are the one list of allowed values)."""
+    return _BY_PATH[path]
+
+
 def defaults() -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {s: {} for s in SECTIONS}
     for k in SCHEMA:

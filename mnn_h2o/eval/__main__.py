@@ -1,19 +1,38 @@
-"""python -m mnn_h2o.eval quality: quality of KV eviction against the full cache.
+"""python -m mnn_h2o.eval frontier: KV memory against quality on held-out text.
 
-For each prompt length, policy (h2o, streaming, random) and target whole-model lossy ratio, a
-teacher-forced continuation of essay text is compared with the full-cache run (KL, top-1
-agreement, perplexity) and a needle-in-a-haystack test is run. Writes a table, a PNG of
-quality vs measured lossy ratio and, with --json, one row per run.
+Every method (ours: each eviction policy and KV element type; kvpress: each press, with the
+optional extra `pip install .[compare]`) at each target whole-model ratio, on the chosen split
+of three text domains (essays, Python reference prose, Python source code):
+
+  - teacher-forced KL(full || compressed), top-1 agreement and perplexity delta over the
+    continuation tokens after each prompt, against the same engine's own full cache;
+  - KV bytes held at run time and the whole-model ratio (f16 bytes of every token / bytes held);
+  - needle trials (3 needles x 5 depths x 2 haystack lengths), with the question inside the
+    compressed prompt and after it.
+
+Writes --json (meta, per-run records, aggregated rows; rewritten after every run, so --resume
+continues an interrupted sweep), a Markdown table next to it and plots PREFIX_kl.png,
+PREFIX_top1.png, PREFIX_needle.png. Defaults are chosen on --split dev; results are reported
+on --split test (the default). See docs/evaluation.md for the metrics, sources and cost.
+
+Cost on 2 cores (SmolLM2): ~16 s per run at 4096 tokens, ~30 s at 7936, ~15 s per needle trial;
+the full default sweep of our four methods is ~2.5 hours; --quick (plumbing only, tiny
+segments) ~1-2 minutes.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+# --quick: tiny segments that exercise every path; the numbers mean nothing.
+QUICK = {"prompt_lens": [640], "continuation": 16, "segments": 1, "ratios": [2.0],
+         "needle_lengths": [640], "needle_depths": [0.5], "needles": 1}
+# Floors small enough that a 640-token prompt is really evicted to 2x.
+QUICK_H2O = {"h2o.sink_tokens": 16, "h2o.recent_tokens": 64, "h2o.trigger_min_tokens": 128}
 
 
 def _floats(s):
@@ -26,99 +45,147 @@ def _floats(s):
     return v
 
 
-def plot_quality(rows, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lens = sorted({r["prompt_tokens"] for r in rows})
-    fig, axes = plt.subplots(len(lens), 2, figsize=(10, 3.6 * len(lens)), squeeze=False)
-    for i, n in enumerate(lens):
-        for policy, style in (("h2o", "o-"), ("streaming", "s--"), ("random", "^:")):
-            rs = sorted((r for r in rows if r["prompt_tokens"] == n and r["policy"] == policy
-                         and r["evicted"]), key=lambda r: r["lossy_ratio"])
-            if not rs:
-                continue
-            x = [r["lossy_ratio"] for r in rs]
-            axes[i][0].plot(x, [r["kl"] for r in rs], style, label=policy)
-            axes[i][1].plot(x, [r["top1_agreement"] for r in rs], style, label=policy)
-        axes[i][0].set(title=f"{n}-token prompt: KL(full || compressed)", xlabel="measured whole-model lossy ratio",
-                       ylabel="mean KL (nats)", yscale="log")
-        axes[i][1].set(title=f"{n}-token prompt: top-1 agreement with full cache",
-                       xlabel="measured whole-model lossy ratio", ylabel="agreement")
-        for ax in axes[i]:
-            ax.grid(alpha=0.3)
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _ints(s):
+    v = _floats(s)
+    if any(x != int(x) or x < 1 for x in v):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
+    return [int(x) for x in v]
 
 
-def main(argv=None) -> int:
-    from .. import config as config_mod
-    from ..engine import ContextOverflowError, Llm
-    from ..gguf_model import ModelFileError
-    from .needle import needle_hits, needle_prompts
-    from .quality import format_rows, h2o_section, quality_sweep
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quality", help="KL / top-1 agreement / perplexity / needle vs the full cache")
-    q.add_argument("--config", help="YAML config; its h2o section is the base of every run")
-    q.add_argument("--model", help="named model or GGUF path (overrides model.name)")
-    q.add_argument("--prompt-lens", type=lambda s: [int(x) for x in _floats(s)], default=[1024, 4096],
-                   help="prompt lengths in tokens (default 1024,4096)")
-    q.add_argument("--continuation", type=int, default=256, help="teacher-forced tokens (default 256)")
-    q.add_argument("--policies", default="h2o,streaming,random", help="default h2o,streaming,random")
-    q.add_argument("--ratios", type=_floats, default=[1.5, 2, 3, 4, 6, 8],
-                   help="target whole-model lossy ratios (default 1.5,2,3,4,6,8)")
-    q.add_argument("--needle-context", type=int, default=2048, help="needle haystack tokens (0 = skip)")
-    q.add_argument("--needle-depths", type=_floats, default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    q.add_argument("--out", default="quality", help="output prefix for .png (default ./quality)")
-    q.add_argument("--json", help="write rows to this JSON file")
-    args = ap.parse_args(argv)
-    policies = [p for p in args.policies.split(",") if p]
-    try:
-        bad = [p for p in policies if p not in ("h2o", "streaming", "random")]
-        if bad:
-            raise ValueError(f"unknown policy {bad[0]!r} (allowed: h2o, streaming, random)")
-        if args.continuation < 2:
-            raise ValueError("--continuation must be >= 2")
-        cfg = config_mod.load(args.config, {"model.name": args.model} if args.model else None)
-        llm = Llm.load(None, cfg)
-        rows = quality_sweep(llm, llm.tokenizer, cfg["h2o"], args.prompt_lens, args.continuation,
-                             policies, args.ratios)
-        if args.needle_context:
-            prompts = needle_prompts(llm.tokenizer, args.needle_context, args.needle_depths)
-            llm.configure_h2o(None)
-            full = needle_hits(llm, prompts)
-            print(f"needle, full cache: {full['needle_hits']}/{full['needle_total']}")
-            from tqdm import tqdm
+    f = sub.add_parser("frontier", help="memory vs quality of every method on held-out text",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--json", default="frontier.json", help="output file (default frontier.json)")
+    f.add_argument("--out", help="prefix of the plots and the .md table (default: --json without .json)")
+    f.add_argument("--quick", action="store_true", help="tiny segments, one ratio: checks the plumbing")
+    f.add_argument("--resume", action="store_true", help="keep the runs already in --json and do the rest")
+    f.add_argument("--config", help="YAML config; its runtime and h2o sections are the base of our runs")
+    f.add_argument("--model", help="named model or GGUF path (overrides model.name)")
+    f.add_argument("--methods", default="ours,kvpress",
+                   help="comma-separated engine:policy[@kv_dtype], e.g. ours:h2o,ours:none@q8,"
+                        "kvpress:snapkv; 'ours' / 'kvpress' alone = every policy / press (default "
+                        "ours,kvpress; kvpress is skipped with a message when the extra is missing)")
+    f.add_argument("--ratios", type=_floats, default=[1.5, 2, 3.2, 5, 8],
+                   help="target whole-model ratios (default 1.5,2,3.2,5,8)")
+    f.add_argument("--split", choices=("test", "dev"), default="test",
+                   help="segments to run: test (report) or dev (choose defaults); default test")
+    f.add_argument("--domains", default="essays,prose,code", help="default essays,prose,code")
+    f.add_argument("--prompt-lens", type=_ints, default=[4096, 7936],
+                   help="prompt tokens (default 4096,7936: 7936 + 256 fills SmolLM2's 8192)")
+    f.add_argument("--continuation", type=int, default=256, help="teacher-forced tokens (default 256)")
+    f.add_argument("--segments", type=int, default=2, help="segments per domain and length (1-4, default 2)")
+    f.add_argument("--needle-lengths", type=_ints, default=[3000, 7000],
+                   help="needle prompt tokens (default 3000,7000; empty run: --no-needle)")
+    f.add_argument("--needle-depths", type=_floats, default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    f.add_argument("--placements", default="inside,after", help="needle question placement (default inside,after)")
+    f.add_argument("--no-needle", action="store_true", help="skip the needle trials")
+    f.add_argument("--no-kl", action="store_true", help="skip the teacher-forced runs")
+    return ap
 
-            done = {}
-            bar = tqdm(total=len({(r["policy"], r["target_lossy_ratio"]) for r in rows}), desc="needle", unit="config")
-            for r in rows:
-                key = (r["policy"], r["target_lossy_ratio"])
-                if key not in done:
-                    llm.configure_h2o(h2o_section(cfg["h2o"], *key))
-                    done[key] = needle_hits(llm, prompts)
-                    bar.update(1)
-                r.update(done[key], needle_context=args.needle_context,
-                         needle_hits_full=full["needle_hits"])
-            bar.close()
-            llm.configure_h2o(None)
-    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from .. import config as config_mod
+    from ..engine import ContextOverflowError
+    from ..gguf_model import ModelFileError
+
+    try:
+        return _frontier(args, config_mod)
+    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_rows(rows, ("needle_hits",) if args.needle_context else ()))
-    plot_quality(rows, args.out + ".png")
-    print(f"wrote {args.out}.png")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": cfg, "rows": rows}, f, indent=1)
-        print(f"wrote {args.json}")
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the runs finished so far are in {args.json} (--resume goes on)",
+              file=sys.stderr)
+        return 130
+
+
+def _frontier(args, config_mod) -> int:
+    from tqdm import tqdm
+
+    from . import domains as D
+    from . import frontier as F
+    from . import needle as N
+    from .frontier_plots import plot_all
+
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(args, k, v)
+    else:
+        args.needles = len(N.NEEDLES)
+    if args.continuation < 2:
+        raise ValueError("--continuation must be >= 2")
+    doms = [d for d in args.domains.split(",") if d]
+    for d in doms:
+        if d not in D.DOMAINS:
+            raise ValueError(f"unknown domain {d!r} (allowed: {', '.join(D.DOMAINS)})")
+    placements = [p for p in args.placements.split(",") if p]
+    for p in placements:
+        if p not in N.PLACEMENTS:
+            raise ValueError(f"unknown placement {p!r} (allowed: {', '.join(N.PLACEMENTS)})")
+    if any(r < 1 for r in args.ratios):
+        raise ValueError("--ratios must be >= 1")
+
+    overrides = dict(QUICK_H2O) if args.quick else {}
+    if args.model:
+        overrides["model.name"] = args.model
+    cfg = config_mod.load(args.config, overrides)
+    presses, why_not = F.peer_presses()
+    spec = args.methods
+    if why_not and "kvpress" in [s.strip() for s in spec.split(",")]:
+        print(f"note: kvpress rows skipped: {why_not}", file=sys.stderr)
+        spec = ",".join(s for s in spec.split(",") if s.strip() != "kvpress")
+    methods = F.parse_methods(spec, presses)
+    if why_not and any(m.engine == "kvpress" for m in methods):
+        raise ValueError(f"kvpress methods asked for, but {why_not}")
+
+    ours = F.OursEngine(cfg)
+    tok = ours.tokenizer
+    engines = {"ours": ours}
+    if any(m.engine == "kvpress" for m in methods):
+        from ..model_source import resolve_gguf
+
+        engines["kvpress"] = F.PeerEngine(resolve_gguf(cfg["model"]["name"]), cfg["runtime"]["threads"], tok)
+    # Every engine needs its own full cache as the reference.
+    for e in engines:
+        if F.Method(e, "none") not in methods:
+            methods.insert(0, F.Method(e, "none"))
+
+    segs = [] if args.no_kl else [s for d in doms for n in args.prompt_lens
+                                  for s in D.segments(tok, d, args.split, n, args.continuation, args.segments)]
+    trials = [] if args.no_needle else N.trials(tok, args.split, N.NEEDLES[:args.needles],
+                                                args.needle_depths, args.needle_lengths)
+    settings = {k: getattr(args, k) for k in ("ratios", "split", "prompt_lens", "continuation",
+                                               "segments", "needle_lengths", "needle_depths", "needles")}
+    settings.update(domains=doms, placements=placements, methods=[m.name for m in methods],
+                    config={s: cfg[s] for s in ("model", "runtime", "h2o")})
+    meta = {"settings": settings, "domains": D.describe(tok, doms),
+            "needles": [n.__dict__ | {"values": len(n.values)} for n in N.NEEDLES[:args.needles]],
+            "needle_seed": N.SEED}
+    results = F.Results(args.json, meta, args.resume)
+    total = F.sweep_size(methods, args.ratios, len(segs), len(trials), placements)
+    bar = tqdm(total=total, desc="frontier", unit="run", initial=min(len(results.runs), total))
+    F.kl_sweep(engines, methods, args.ratios, segs, results, lambda: bar.update(1))
+    F.needle_sweep(engines, methods, args.ratios, trials, placements, args.split, results,
+                   lambda: bar.update(1))
+    bar.close()
+    results.save()
+
+    rows = F.aggregate(results.runs)
+    prefix = args.out or (args.json[:-5] if args.json.endswith(".json") else args.json)
+    report = F.table(rows)
+    cmp = F.peer_comparison(rows)
+    with open(prefix + ".md", "w") as f:
+        f.write(report + ("\n\n" + cmp if cmp else "") + "\n")
+    print(report)
+    if cmp:
+        print("\n" + cmp)
+    for p in plot_all(rows, prefix):
+        print(f"wrote {p}")
+    print(f"wrote {args.json} and {prefix}.md")
     return 0
 
 

@@ -1,0 +1,389 @@
+"""The quality frontier: KV memory against quality, per method, on held-out text.
+
+For every method (an engine, an eviction policy or press, a KV element type) and target
+whole-model ratio, on the segments of each domain's split (see ``domains``):
+
+- teacher-forced quality: the prompt is prefilled, then the true continuation is fed token by
+  token through the decode path, and every position's next-token distribution is compared with
+  the same engine's own full cache: mean KL(full || compressed), top-1 agreement, perplexity
+  of the true continuation (and its difference from the full cache's);
+- memory: bytes the cache holds at the end of the continuation, measured by the engine
+  (every layer; for ours, the allocated raw blocks plus anything the lossless store holds),
+  and the whole-model ratio = f16 bytes of every token written / bytes held;
+- needles (``needle``): hits over the trials of each placement, the full cache's hits beside.
+
+Every finished run is appended to the JSON file at once, so an interrupted sweep loses at most
+one run and ``--resume`` goes on from there. ``rows`` in the file aggregate the runs over
+segments: one row per (method, target ratio, domain, prompt length, split) and one per
+(method, target ratio, placement, split) for needles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .domains import Segment
+from .needle import PLACEMENTS, Trial, is_hit
+from .quality import f16_bytes, metrics, teacher_forced
+
+
+@dataclass(frozen=True)
+class Method:
+    """``engine:policy[@kv_dtype]``: ``ours:h2o``, ``ours:none@q8`` (quantisation alone),
+    ``kvpress:snapkv``. Policy ``none`` is the engine's cache without eviction."""
+    engine: str
+    policy: str
+    kv_dtype: str = "f16"
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine}:{self.policy}" + ("" if self.kv_dtype == "f16" else f"@{self.kv_dtype}")
+
+    @property
+    def is_reference(self) -> bool:
+        return self.policy == "none" and self.kv_dtype == "f16"
+
+    @property
+    def evicts(self) -> bool:
+        return self.policy != "none"
+
+
+def our_policies() -> Tuple[str, ...]:
+    from .. import config as config_mod
+
+    return tuple(config_mod.key("h2o.policy").choices)
+
+
+def our_dtypes() -> Tuple[str, ...]:
+    from .. import config as config_mod
+
+    return tuple(config_mod.key("runtime.kv_dtype").choices)
+
+
+def parse_methods(spec: str, peer_presses: Sequence[str]) -> List[Method]:
+    """Comma-separated method names; ``ours`` and ``kvpress`` alone mean every policy/press."""
+    out: List[Method] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        engine, _, rest = item.partition(":")
+        policy, _, dtype = rest.partition("@")
+        if engine == "ours":
+            names = ("none",) + our_policies() if not policy else (policy,)
+            allowed = ("none",) + our_policies()
+            dtype = dtype or "f16"
+            if dtype not in our_dtypes():
+                raise ValueError(f"{item}: unknown kv dtype {dtype!r} (allowed: {', '.join(our_dtypes())})")
+        elif engine == "kvpress":
+            names = ("none",) + tuple(peer_presses) if not policy else (policy,)
+            allowed = ("none",) + tuple(peer_presses)
+            if dtype and dtype != "f16":
+                raise ValueError(f"{item}: the kvpress peer runs its cache in float only")
+            dtype = "f16"
+        else:
+            raise ValueError(f"{item}: unknown engine {engine!r} (allowed: ours, kvpress)")
+        for p in names:
+            if p not in allowed:
+                raise ValueError(f"{item}: unknown {'policy' if engine == 'ours' else 'press'} {p!r} "
+                                 f"(allowed: {', '.join(allowed)})")
+            m = Method(engine, p, dtype)
+            if m not in out:
+                out.append(m)
+    if not out:
+        raise ValueError("no methods given")
+    return out
+
+
+# --- the engines -----------------------------------------------------------------------------
+class OursEngine:
+    """Our engine: one Llm per KV element type (the cache's type is fixed when it is made)."""
+    name = "ours"
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self._llms: Dict[str, object] = {}
+
+    def _llm(self, kv_dtype: str):
+        if kv_dtype not in self._llms:
+            from ..engine import Llm
+
+            cfg = {s: dict(v) for s, v in self.cfg.items()}
+            cfg["runtime"]["kv_dtype"] = kv_dtype
+            cfg["lossless"]["mode"] = "off"
+            self._llms[kv_dtype] = Llm.load(None, cfg, progress=False)
+        return self._llms[kv_dtype]
+
+    @property
+    def tokenizer(self):
+        return self._llm("f16").tokenizer
+
+    def _configure(self, m: Method, ratio: Optional[float]):
+        from .quality import h2o_section
+
+        llm = self._llm(m.kv_dtype)
+        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, ratio) if m.evicts else None)
+        return llm
+
+    def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
+        tr = teacher_forced(self._configure(m, ratio), prompt, cont)
+        return {"logp": tr.logp, "bytes_held": tr.kv_bytes_held, "bytes_full": tr.f16_bytes}
+
+    def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
+               max_new_tokens: int) -> Tuple[str, int, int]:
+        llm = self._configure(m, ratio)
+        if placement == "inside":
+            g = llm.generate(list(trial.context + trial.question), max_new_tokens, chat=False)
+        else:
+            llm.prefill(list(trial.context))
+            g = llm.generate(list(trial.question), max_new_tokens, chat=False, keep_context=True)
+        return g.text, llm.stats.kv_bytes_held, f16_bytes(llm)
+
+
+class PeerEngine:
+    """The kvpress peer (optional extra): the same GGUF in transformers."""
+    name = "kvpress"
+
+    def __init__(self, gguf_path: str, threads: int, tokenizer):
+        from .kvpress_peer import KvpressPeer
+
+        self.peer = KvpressPeer(gguf_path, threads=threads)
+        self.tokenizer = tokenizer
+
+    def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
+        r = self.peer.teacher_forced(list(prompt), list(cont), None if not m.evicts else m.policy,
+                                     ratio if m.evicts else 1.0)
+        return {"logp": r["logp"], "bytes_held": r["bytes_held"], "bytes_full": r["bytes_full"]}
+
+    def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
+               max_new_tokens: int) -> Tuple[str, int, int]:
+        ids = self.peer.generate(list(trial.context), list(trial.question),
+                                 None if not m.evicts else m.policy, ratio if m.evicts else 1.0,
+                                 question_inside=placement == "inside", max_new_tokens=max_new_tokens)
+        # The peer reports no bytes for a generation; the teacher-forced runs carry its memory.
+        return self.tokenizer.decode(list(ids)), 0, 0
+
+
+def peer_presses() -> Tuple[Tuple[str, ...], Optional[str]]:
+    """The kvpress presses, or () and the reason the extra cannot be used."""
+    try:
+        from .kvpress_peer import PRESSES, PeerUnavailable  # noqa: F401
+    except ImportError as e:
+        return (), f"the kvpress peer is not part of this build ({e})"
+    except Exception as e:  # PeerUnavailable: the extra is not installed
+        return (), str(e)
+    return tuple(PRESSES), None
+
+
+# --- the sweep -------------------------------------------------------------------------------
+def _kl_key(r: dict) -> tuple:
+    return ("kl", r["method"], r["target_ratio"], r["domain"], r["split"], r["segment"], r["prompt_tokens"])
+
+
+def _needle_key(r: dict) -> tuple:
+    return ("needle", r["method"], r["target_ratio"], r["placement"], r["split"], r["trial"])
+
+
+class Results:
+    """The output file: meta, per-run records and aggregated rows, rewritten after every run."""
+
+    def __init__(self, path: Optional[str], meta: dict, resume: bool):
+        self.path, self.meta = path, meta
+        self.runs: List[dict] = []
+        if path and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        if resume and path and os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            if old.get("meta", {}).get("settings") != meta.get("settings"):
+                raise ValueError(f"--resume: {path} was written with other settings; "
+                                 "use another --json file or the same options")
+            self.runs = old.get("runs", [])
+        self._done = {(_kl_key(r) if r["kind"] == "kl" else _needle_key(r)) for r in self.runs}
+
+    def done(self, key: tuple) -> bool:
+        return key in self._done
+
+    def add(self, run: dict) -> None:
+        self.runs.append(run)
+        self._done.add(_kl_key(run) if run["kind"] == "kl" else _needle_key(run))
+        self.save()
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"meta": self.meta, "rows": aggregate(self.runs), "runs": self.runs}, f, indent=1)
+        os.replace(tmp, self.path)
+
+
+def _base(m: Method, target: Optional[float], split: str) -> dict:
+    return {"method": m.name, "engine": m.engine, "kv_dtype": m.kv_dtype, "policy": m.policy,
+            "target_ratio": target, "split": split}
+
+
+def _targets(m: Method, ratios: Sequence[float]) -> List[Optional[float]]:
+    return list(ratios) if m.evicts else [None]
+
+
+def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
+             segs: Sequence[Segment], results: Results, tick: Callable[[], None]) -> None:
+    """Teacher-forced runs of every method and ratio on every segment; each engine's full
+    cache once per segment (and only when a candidate of that segment is still to run)."""
+    for seg in segs:
+        for eng_name, eng in engines.items():
+            todo = [(m, t) for m in methods if m.engine == eng_name for t in _targets(m, ratios)]
+            todo = [(m, t) for m, t in todo if not results.done(_kl_key(dict(
+                _base(m, t, seg.split), domain=seg.domain, segment=seg.index, prompt_tokens=len(seg.prompt))))]
+            if not todo:
+                continue
+            t0 = time.perf_counter()
+            ref = eng.teacher_forced(Method(eng_name, "none"), None, seg.prompt, seg.continuation)
+            ref_s = time.perf_counter() - t0
+            for m, t in todo:
+                t0 = time.perf_counter()
+                cand = ref if m.is_reference else eng.teacher_forced(m, t, seg.prompt, seg.continuation)
+                secs = ref_s if m.is_reference else time.perf_counter() - t0
+                run = dict(_base(m, t, seg.split), kind="kl", domain=seg.domain, segment=seg.index,
+                           window_offset=seg.offset, prompt_tokens=len(seg.prompt),
+                           continuation_tokens=len(seg.continuation),
+                           bytes_held=int(cand["bytes_held"]), bytes_full=int(cand["bytes_full"]),
+                           ratio=cand["bytes_full"] / cand["bytes_held"] if cand["bytes_held"] else None,
+                           seconds=round(secs, 2))
+                run.update(metrics(ref["logp"], cand["logp"], seg.continuation))
+                results.add(run)
+                tick()
+
+
+def needle_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
+                 trials: Sequence[Trial], placements: Sequence[str], split: str, results: Results,
+                 tick: Callable[[], None], max_new_tokens: int = 8) -> None:
+    """Every method, ratio and placement over every trial. Without eviction the two placements
+    are the same computation, so a method that does not evict runs once, as ``inside``."""
+    for m in methods:
+        for t in _targets(m, ratios):
+            for placement in (placements if m.evicts else ("inside",)):
+                for i, trial in enumerate(trials):
+                    base = dict(_base(m, t, split), kind="needle", placement=placement, trial=i)
+                    if results.done(_needle_key(base)):
+                        continue
+                    t0 = time.perf_counter()
+                    text, held, full = engines[m.engine].answer(m, t, trial, placement, max_new_tokens)
+                    results.add(dict(base, needle=trial.needle, depth=trial.depth, length=trial.length,
+                                     domain=trial.domain, value=trial.value, answer=text,
+                                     hit=is_hit(text, trial.value), bytes_held=held, bytes_full=full,
+                                     ratio=full / held if held else None,
+                                     seconds=round(time.perf_counter() - t0, 2)))
+                    tick()
+
+
+def sweep_size(methods: Sequence[Method], ratios: Sequence[float], n_segments: int,
+               n_trials: int, placements: Sequence[str]) -> int:
+    kl = sum(len(_targets(m, ratios)) for m in methods) * n_segments
+    nd = sum(len(_targets(m, ratios)) * (len(placements) if m.evicts else 1) for m in methods) * n_trials
+    return kl + nd
+
+
+# --- aggregation -----------------------------------------------------------------------------
+ROW_KEYS = ("method", "engine", "kv_dtype", "policy", "ratio", "domain", "split", "kl", "top1",
+            "ppl_delta", "needle_hits", "needle_trials", "bytes_held")
+
+
+def _mean(xs: Iterable[Optional[float]]) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def aggregate(runs: Sequence[dict]) -> List[dict]:
+    """Rows: KL runs averaged over segments (every segment has the same number of tokens), and
+    needle hits summed over trials with the same engine's full-cache hits as the ceiling."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in runs:
+        if r["kind"] == "kl":
+            key = ("kl", r["method"], r["target_ratio"], r["domain"], r["prompt_tokens"], r["split"])
+        else:
+            key = ("needle", r["method"], r["target_ratio"], r["placement"], r["split"])
+        groups.setdefault(key, []).append(r)
+    full_hits: Dict[tuple, int] = {}
+    for key, rs in groups.items():
+        if key[0] == "needle" and rs[0]["policy"] == "none" and rs[0]["kv_dtype"] == "f16":
+            full_hits[(rs[0]["engine"], rs[0]["split"])] = sum(r["hit"] for r in rs)
+    rows = []
+    for key, rs in groups.items():
+        r0 = rs[0]
+        row = {k: r0.get(k) for k in ("method", "engine", "kv_dtype", "policy", "target_ratio", "split")}
+        row["kind"] = key[0]
+        row["bytes_held"] = _mean(r["bytes_held"] or None for r in rs)
+        row["ratio"] = _mean(r["ratio"] for r in rs)
+        if key[0] == "kl":
+            row.update(domain=r0["domain"], prompt_tokens=r0["prompt_tokens"], segments=len(rs),
+                       kl=_mean(r["kl"] for r in rs), top1=_mean(r["top1"] for r in rs),
+                       ppl_delta=_mean(r["ppl_delta"] for r in rs),
+                       needle_hits=None, needle_trials=None)
+        else:
+            row.update(domain="+".join(sorted({r["domain"] for r in rs})), placement=r0["placement"],
+                       kl=None, top1=None, ppl_delta=None, needle_hits=sum(r["hit"] for r in rs),
+                       needle_trials=len(rs),
+                       needle_hits_full=full_hits.get((r0["engine"], r0["split"])))
+        rows.append(row)
+    return rows
+
+
+# --- reporting -------------------------------------------------------------------------------
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def table(rows: Sequence[dict]) -> str:
+    """Markdown: KL / top-1 per domain and prompt length, then needles."""
+    out = []
+    kl = sorted((r for r in rows if r["kind"] == "kl"),
+                key=lambda r: (r["domain"], r["prompt_tokens"], r["engine"], r["method"], r["target_ratio"] or 0))
+    if kl:
+        out += ["| domain | prompt | method | target | ratio | KL | top-1 | ppl delta | MiB held | segments |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in kl:
+            out.append(f"| {r['domain']} | {r['prompt_tokens']} | {r['method']} | {_fmt(r['target_ratio'])} | "
+                       f"{_fmt(r['ratio'])} | {_fmt(r['kl'])} | {_fmt(r['top1'])} | {_fmt(r['ppl_delta'])} | "
+                       f"{_fmt(r['bytes_held'] / 2**20 if r['bytes_held'] else None)} | {r['segments']} |")
+    nd = sorted((r for r in rows if r["kind"] == "needle"),
+                key=lambda r: (r["placement"], r["engine"], r["method"], r["target_ratio"] or 0))
+    if nd:
+        out += ["", "| placement | method | target | hits / trials | full cache |", "|---|---|---:|---:|---:|"]
+        for r in nd:
+            out.append(f"| {r['placement']} | {r['method']} | {_fmt(r['target_ratio'])} | "
+                       f"{r['needle_hits']} / {r['needle_trials']} | {_fmt(r.get('needle_hits_full'))} |")
+    return "\n".join(out)
+
+
+def peer_comparison(rows: Sequence[dict]) -> str:
+    """Where each kvpress press beats our best policy at the same target ratio (KL; lower is
+    better), per domain and prompt length. The measured ratios of the two sides differ a little
+    (ours re-evicts during decode, kvpress keeps the continuation): both are in the table."""
+    kl = [r for r in rows if r["kind"] == "kl" and r["target_ratio"] is not None and r["kv_dtype"] == "f16"]
+    out = ["| domain | prompt | target | our best (ratio, KL) | press | press ratio | press KL | press KL / ours |",
+           "|---|---:|---:|---|---|---:|---:|---:|"]
+    keys = sorted({(r["domain"], r["prompt_tokens"], r["target_ratio"]) for r in kl})
+    any_row = False
+    for d, n, t in keys:
+        same = [r for r in kl if (r["domain"], r["prompt_tokens"], r["target_ratio"]) == (d, n, t)]
+        ours = [r for r in same if r["engine"] == "ours" and r["policy"] != "random"]
+        peers = [r for r in same if r["engine"] == "kvpress"]
+        if not ours or not peers:
+            continue
+        best = min(ours, key=lambda r: r["kl"])
+        for p in sorted(peers, key=lambda r: r["kl"]):
+            any_row = True
+            rel = p["kl"] / best["kl"] if best["kl"] else float("inf")
+            out.append(f"| {d} | {n} | {t:g} | {best['policy']} ({best['ratio']:.2f}, {best['kl']:.4g}) | "
+                       f"{p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | {rel:.2f} |")
+    return "\n".join(out) if any_row else ""
