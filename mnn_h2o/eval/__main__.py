@@ -154,7 +154,7 @@ def _frontier(args, config_mod) -> int:
         if F.Method(e, "none") not in methods:
             methods.insert(0, F.Method(e, "none"))
 
-    segs = [] if args.no_kl else [s for d in doms for n in args.prompt_lens
+    segs = [] if args.no_kl else [s for n in args.prompt_lens for d in doms
                                   for s in D.segments(tok, d, args.split, n, args.continuation, args.segments)]
     trials = [] if args.no_needle else N.trials(tok, args.split, N.NEEDLES[:args.needles],
                                                 args.needle_depths, args.needle_lengths)
@@ -167,7 +167,7 @@ def _frontier(args, config_mod) -> int:
             "needle_seed": N.SEED}
     results = F.Results(args.json, meta, args.resume)
     total = F.sweep_size(methods, args.ratios, len(segs), len(trials), placements)
-    bar = tqdm(total=total, desc="frontier", unit="run", initial=min(len(results.runs), total))
+    bar = tqdm(total=total, desc="frontier", unit="run")
     F.kl_sweep(engines, methods, args.ratios, segs, results, lambda: bar.update(1))
     F.needle_sweep(engines, methods, args.ratios, trials, placements, args.split, results,
                    lambda: bar.update(1))

@@ -185,7 +185,13 @@ def _kl_key(r: dict) -> tuple:
 
 
 def _needle_key(r: dict) -> tuple:
-    return ("needle", r["method"], r["target_ratio"], r["placement"], r["split"], r["trial"])
+    return ("needle", r["method"], r["target_ratio"], r["placement"], r["split"], r["needle"],
+            r["depth"], r["length"], r["domain"], r["value"])
+
+
+# What a run's numbers depend on besides its own key: a file may only be resumed under the same.
+# The rest (methods, ratios, segments, domains, lengths) only adds runs to the grid.
+_RESUME_SAME = ("split", "continuation", "config")
 
 
 class Results:
@@ -199,8 +205,10 @@ class Results:
         if resume and path and os.path.exists(path):
             with open(path) as f:
                 old = json.load(f)
-            if old.get("meta", {}).get("settings") != meta.get("settings"):
-                raise ValueError(f"--resume: {path} was written with other settings; "
+            was = old.get("meta", {}).get("settings", {})
+            diff = [k for k in _RESUME_SAME if was.get(k) != meta["settings"].get(k)]
+            if diff:
+                raise ValueError(f"--resume: {path} was written with other {', '.join(diff)}; "
                                  "use another --json file or the same options")
             self.runs = old.get("runs", [])
         self._done = {(_kl_key(r) if r["kind"] == "kl" else _needle_key(r)) for r in self.runs}
@@ -234,12 +242,15 @@ def _targets(m: Method, ratios: Sequence[float]) -> List[Optional[float]]:
 def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
              segs: Sequence[Segment], results: Results, tick: Callable[[], None]) -> None:
     """Teacher-forced runs of every method and ratio on every segment; each engine's full
-    cache once per segment (and only when a candidate of that segment is still to run)."""
+    cache once per segment (and only when a candidate of that segment is still to run).
+    ``tick`` is called once per grid point, done before or now."""
     for seg in segs:
         for eng_name, eng in engines.items():
-            todo = [(m, t) for m in methods if m.engine == eng_name for t in _targets(m, ratios)]
-            todo = [(m, t) for m, t in todo if not results.done(_kl_key(dict(
+            grid = [(m, t) for m in methods if m.engine == eng_name for t in _targets(m, ratios)]
+            todo = [(m, t) for m, t in grid if not results.done(_kl_key(dict(
                 _base(m, t, seg.split), domain=seg.domain, segment=seg.index, prompt_tokens=len(seg.prompt))))]
+            for _ in range(len(grid) - len(todo)):
+                tick()
             if not todo:
                 continue
             t0 = time.perf_counter()
@@ -268,15 +279,15 @@ def needle_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: 
     for m in methods:
         for t in _targets(m, ratios):
             for placement in (placements if m.evicts else ("inside",)):
-                for i, trial in enumerate(trials):
-                    base = dict(_base(m, t, split), kind="needle", placement=placement, trial=i)
+                for trial in trials:
+                    base = dict(_base(m, t, split), kind="needle", placement=placement, needle=trial.needle,
+                                depth=trial.depth, length=trial.length, domain=trial.domain, value=trial.value)
                     if results.done(_needle_key(base)):
+                        tick()
                         continue
                     t0 = time.perf_counter()
                     text, held, full = engines[m.engine].answer(m, t, trial, placement, max_new_tokens)
-                    results.add(dict(base, needle=trial.needle, depth=trial.depth, length=trial.length,
-                                     domain=trial.domain, value=trial.value, answer=text,
-                                     hit=is_hit(text, trial.value), bytes_held=held, bytes_full=full,
+                    results.add(dict(base, answer=text, hit=is_hit(text, trial.value), bytes_held=held, bytes_full=full,
                                      ratio=full / held if held else None,
                                      seconds=round(time.perf_counter() - t0, 2)))
                     tick()

@@ -1,0 +1,145 @@
+"""The frontier suite: metrics, needle scoring, domains and splits, method names, aggregation,
+and one `eval frontier --quick` run on the real model."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mnn_h2o.eval import domains as D
+from mnn_h2o.eval import frontier as F
+from mnn_h2o.eval import needle as N
+from mnn_h2o.eval.quality import metrics
+
+
+def test_metrics_by_hand():
+    # Two positions over a 3-token vocabulary.
+    p = np.array([[0.5, 0.25, 0.25], [0.1, 0.6, 0.3]])
+    q = np.array([[0.25, 0.5, 0.25], [0.1, 0.3, 0.6]])
+    cont = [1, 2]  # the true next tokens
+    m = metrics(np.log(p), np.log(q), cont)
+    kl0 = 0.5 * math.log(0.5 / 0.25) + 0.25 * math.log(0.25 / 0.5)  # third term is 0
+    kl1 = 0.6 * math.log(0.6 / 0.3) + 0.3 * math.log(0.3 / 0.6)
+    assert m["kl"] == pytest.approx((kl0 + kl1) / 2, rel=1e-12)
+    assert m["top1"] == 0.0  # argmax 0 vs 1, then 1 vs 2
+    assert m["ppl"] == pytest.approx(math.exp(-(math.log(0.5) + math.log(0.6)) / 2))
+    assert m["ppl_full"] == pytest.approx(math.exp(-(math.log(0.25) + math.log(0.3)) / 2))
+    assert m["ppl_delta"] == pytest.approx(m["ppl"] - m["ppl_full"])
+    same = metrics(np.log(p), np.log(p), cont)
+    assert same["kl"] == 0.0 and same["top1"] == 1.0 and same["ppl_delta"] == 0.0
+
+
+@pytest.mark.parametrize("answer,value,hit", [
+    (" 4821. Remember it", "4821", True),
+    (" 4 8 2 1", "4821", True),
+    (" 4812", "4821", False),
+    (" Lisbon, the capital", "Lisbon", True),
+    (" lisbon", "Lisbon", True),
+    (" the city of Lisb", "Lisbon", False),
+    ("", "Lisbon", False),
+    ("anything", "", False),
+])
+def test_needle_scorer(answer, value, hit):
+    assert N.is_hit(answer, value) is hit
+
+
+def test_domain_windows_split_and_are_fixed(tokenizer):
+    for d in D.DOMAINS:
+        ids = D.stream(tokenizer, d)
+        w = D.window_offsets(len(ids))
+        assert len(w["test"]) == len(w["dev"]) == D.SPLIT_WINDOWS
+        assert not set(w["test"]) & set(w["dev"])
+        assert all(o % D.WINDOW_TOKENS == 0 and o + D.WINDOW_TOKENS <= len(ids) for o in w["test"] + w["dev"])
+        assert w == D.window_offsets(len(ids))
+        segs = D.segments(tokenizer, d, "test", 4096, 256, 2)
+        assert [len(s.prompt) for s in segs] == [4096, 4096]
+        assert [len(s.continuation) for s in segs] == [256, 256]
+        assert segs[0].prompt + segs[0].continuation == ids[segs[0].offset:segs[0].offset + 4352]
+    with pytest.raises(ValueError, match="exceed a window"):
+        D.segments(tokenizer, "essays", "test", 8000, 256, 1)
+    with pytest.raises(ValueError, match="unknown domain"):
+        D.segments(tokenizer, "poetry", "test", 100, 10, 1)
+
+
+def test_needle_trials(tokenizer):
+    ts = N.trials(tokenizer, "test")
+    assert len(ts) == len(N.NEEDLES) * len(N.DEPTHS) * len(N.LENGTHS) == 30
+    assert sorted({t.domain for t in ts}) == sorted(N.HAYSTACK_DOMAINS)
+    assert abs(sum(t.domain == "essays" for t in ts) - 15) <= 3
+    for t in ts:
+        assert len(t.context) + len(t.question) == t.length
+        text = tokenizer.decode(list(t.context))
+        assert t.value in text
+        # The needle sits at its relative depth (within the fact's own length).
+        at = text.index(t.value) / len(text)
+        assert abs(at - t.depth) < 0.05
+    again = N.trials(tokenizer, "test")
+    assert [t.value for t in again] == [t.value for t in ts]
+    dev = N.trials(tokenizer, "dev")
+    assert dev[0].context != ts[0].context
+
+
+def test_method_names_come_from_the_config_schema():
+    ms = F.parse_methods("ours", ["snapkv"])
+    assert [m.name for m in ms] == ["ours:none"] + [f"ours:{p}" for p in F.our_policies()]
+    assert F.parse_methods("kvpress:snapkv,ours:none@f32", ["snapkv"])[1].name == "ours:none@f32"
+    for bad, msg in (("ours:lru", "unknown policy"), ("kvpress:foo", "unknown press"),
+                     ("vllm:h2o", "unknown engine"), ("ours:h2o@q3", "unknown kv dtype"), ("", "no methods")):
+        with pytest.raises(ValueError, match=msg):
+            F.parse_methods(bad, ["snapkv"])
+
+
+def test_aggregate_rows():
+    def run(method, policy, seg, kl, target=2.0, engine="ours"):
+        return {"kind": "kl", "method": method, "engine": engine, "kv_dtype": "f16", "policy": policy,
+                "target_ratio": target, "split": "test", "domain": "prose", "segment": seg,
+                "prompt_tokens": 4096, "bytes_held": 100 + seg, "ratio": 2.0 + seg, "kl": kl,
+                "top1": 0.5, "ppl_delta": 1.0}
+
+    def trial(method, policy, i, hit, target=2.0):
+        return {"kind": "needle", "method": method, "engine": "ours", "kv_dtype": "f16", "policy": policy,
+                "target_ratio": target, "split": "test", "placement": "inside", "needle": "n", "depth": 0.5,
+                "length": 100 * i, "value": "v",
+                "domain": "essays" if i % 2 else "prose", "hit": hit, "bytes_held": 0, "ratio": None}
+
+    runs = [run("ours:h2o", "h2o", 0, 0.1), run("ours:h2o", "h2o", 1, 0.3),
+            trial("ours:none", "none", 0, True, None), trial("ours:none", "none", 1, True, None),
+            trial("ours:h2o", "h2o", 0, True), trial("ours:h2o", "h2o", 1, False)]
+    rows = F.aggregate(runs)
+    kl = [r for r in rows if r["kind"] == "kl"]
+    assert len(kl) == 1 and kl[0]["kl"] == pytest.approx(0.2) and kl[0]["segments"] == 2
+    assert kl[0]["ratio"] == pytest.approx(2.5) and kl[0]["bytes_held"] == pytest.approx(100.5)
+    nd = {r["method"]: r for r in rows if r["kind"] == "needle"}
+    assert (nd["ours:h2o"]["needle_hits"], nd["ours:h2o"]["needle_trials"]) == (1, 2)
+    assert nd["ours:h2o"]["needle_hits_full"] == 2 and nd["ours:h2o"]["domain"] == "essays+prose"
+    for r in rows:
+        assert set(F.ROW_KEYS) <= set(r)
+
+
+@pytest.mark.model
+def test_frontier_quick_runs(tmp_path):
+    from mnn_h2o.eval.__main__ import main
+
+    out = tmp_path / "f.json"
+    assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    kl = [r for r in rows if r["kind"] == "kl"]
+    assert {r["domain"] for r in kl} == set(D.DOMAINS)
+    assert {r["method"] for r in kl} == {"ours:none"} | {f"ours:{p}" for p in F.our_policies()}
+    for r in kl:
+        assert r["bytes_held"] > 0 and r["kl"] >= 0 and 0 <= r["top1"] <= 1
+        if r["policy"] == "none":
+            assert r["kl"] == 0 and r["ratio"] < 1.01
+        else:  # really evicted: the measured ratio is near the target of 2
+            assert 1.6 < r["ratio"] < 2.3, r
+    nd = [r for r in rows if r["kind"] == "needle"]
+    assert {r["placement"] for r in nd if r["policy"] != "none"} == set(N.PLACEMENTS)
+    assert all(r["needle_trials"] == 1 for r in nd)
+    assert data["meta"]["domains"]["prose"]["sources"][0].startswith("pydoc_data/topics.py")
+    for suffix in ("_kl.png", "_top1.png", "_needle.png", ".md"):
+        assert (tmp_path / ("f" + suffix)).stat().st_size > 0
+    n_runs = len(data["runs"])
+    # --resume with nothing left to do runs nothing and keeps every run.
+    assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out), "--resume"]) == 0
+    assert len(json.loads(out.read_text())["runs"]) == n_runs
