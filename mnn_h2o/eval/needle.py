@@ -36,7 +36,7 @@ class Needle:
 
 _WORDS = ("marmalade", "copperfield", "thunderbolt", "lavender", "pinecone", "saxophone",
           "windmill", "blueberry", "harpsichord", "cinnamon", "tangerine", "zeppelin")
-_CITIES = ("Lisbon", "Nairobi", "Montreal", "Kyoto", "Valparaiso", "Helsinki", "Marrakesh",
+_CITIES = ("Lisbon", "Nairobi", "Montreal", "Kyoto", "Valparaiso", "Helsinki", "Bologna",
            "Adelaide", "Krakow", "Reykjavik", "Bergen", "Tbilisi")
 NEEDLES = (
     Needle("vault_code", "The secret code for the blue vault is {v}.",
