@@ -140,6 +140,8 @@ def test_frontier_quick_runs(tmp_path):
     for suffix in ("_kl.png", "_top1.png", "_needle.png", ".md"):
         assert (tmp_path / ("f" + suffix)).stat().st_size > 0
     n_runs = len(data["runs"])
+    with pytest.raises(ValueError, match="exists: pass --resume"):  # never overwritten silently
+        F.Results(str(out), data["meta"], resume=False)
     # --resume with nothing left to do runs nothing and keeps every run.
     assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out), "--resume"]) == 0
     assert len(json.loads(out.read_text())["runs"]) == n_runs

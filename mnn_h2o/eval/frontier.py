@@ -202,6 +202,8 @@ class Results:
         self.runs: List[dict] = []
         if path and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
+        if path and os.path.exists(path) and not resume:
+            raise ValueError(f"{path} exists: pass --resume to continue it, or choose another --json")
         if resume and path and os.path.exists(path):
             with open(path) as f:
                 old = json.load(f)
