@@ -148,7 +148,9 @@ def _frontier(args, config_mod) -> int:
     if any(m.engine == "kvpress" for m in methods):
         from ..model_source import resolve_gguf
 
-        engines["kvpress"] = F.PeerEngine(resolve_gguf(cfg["model"]["name"]), cfg["runtime"]["threads"], tok)
+        engines["kvpress"] = F.PeerEngine(resolve_gguf(cfg["model"]["name"]), cfg["runtime"]["threads"], tok,
+                                          [m.policy for m in methods if m.engine == "kvpress" and m.evicts],
+                                          args.ratios)
     # Every engine needs its own full cache as the reference.
     for e in engines:
         if F.Method(e, "none") not in methods:

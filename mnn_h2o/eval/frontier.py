@@ -145,36 +145,38 @@ class OursEngine:
 
 
 class PeerEngine:
-    """The kvpress peer (optional extra): the same GGUF in transformers."""
+    """The kvpress peer (optional extra): the same GGUF in transformers. It is told the grid of
+    presses and ratios so that one prefill per prompt serves all of them (see kvpress_peer)."""
     name = "kvpress"
 
-    def __init__(self, gguf_path: str, threads: int, tokenizer):
+    def __init__(self, gguf_path: str, threads: int, tokenizer, presses: Sequence[str], ratios: Sequence[float]):
         from .kvpress_peer import KvpressPeer
 
         self.peer = KvpressPeer(gguf_path, threads=threads)
         self.tokenizer = tokenizer
+        self.grid = dict(grid_presses=tuple(presses), grid_ratios=tuple(ratios))
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
-        r = self.peer.teacher_forced(list(prompt), list(cont), None if not m.evicts else m.policy,
-                                     ratio if m.evicts else 1.0)
+        r = self.peer.teacher_forced(list(prompt), list(cont), m.policy if m.evicts else None,
+                                     ratio if m.evicts else 1.0, **self.grid)
         return {"logp": r["logp"], "bytes_held": r["bytes_held"], "bytes_full": r["bytes_full"]}
 
     def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
                max_new_tokens: int) -> Tuple[str, int, int]:
-        ids = self.peer.generate(list(trial.context), list(trial.question),
-                                 None if not m.evicts else m.policy, ratio if m.evicts else 1.0,
-                                 question_inside=placement == "inside", max_new_tokens=max_new_tokens)
-        # The peer reports no bytes for a generation; the teacher-forced runs carry its memory.
-        return self.tokenizer.decode(list(ids)), 0, 0
+        ids, held, full = self.peer.generate(list(trial.context), list(trial.question),
+                                             m.policy if m.evicts else None, ratio if m.evicts else 1.0,
+                                             question_inside=placement == "inside",
+                                             max_new_tokens=max_new_tokens, **self.grid)
+        return self.tokenizer.decode(list(ids)), held, full
 
 
 def peer_presses() -> Tuple[Tuple[str, ...], Optional[str]]:
     """The kvpress presses, or () and the reason the extra cannot be used."""
+    from .kvpress_peer import PRESSES, PeerUnavailable, check
+
     try:
-        from .kvpress_peer import PRESSES, PeerUnavailable  # noqa: F401
-    except ImportError as e:
-        return (), f"the kvpress peer is not part of this build ({e})"
-    except Exception as e:  # PeerUnavailable: the extra is not installed
+        check()
+    except PeerUnavailable as e:
         return (), str(e)
     return tuple(PRESSES), None
 
@@ -277,11 +279,16 @@ def needle_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: 
                  trials: Sequence[Trial], placements: Sequence[str], split: str, results: Results,
                  tick: Callable[[], None], max_new_tokens: int = 8) -> None:
     """Every method, ratio and placement over every trial. Without eviction the two placements
-    are the same computation, so a method that does not evict runs once, as ``inside``."""
-    for m in methods:
-        for t in _targets(m, ratios):
-            for placement in (placements if m.evicts else ("inside",)):
-                for trial in trials:
+    are the same computation, so a method that does not evict runs once. Trials
+    are the outer loop so that an engine can share one prefill of a prompt across its grid."""
+    # A method that does not evict runs once, labelled inside, even if only 'after' is asked for.
+    order = list(placements) if "inside" in placements else ["inside"] + list(placements)
+    for trial in trials:
+        for placement in order:
+            for m in methods:
+                if (placement != "inside" and not m.evicts) or (placement not in placements and m.evicts):
+                    continue
+                for t in _targets(m, ratios):
                     base = dict(_base(m, t, split), kind="needle", placement=placement, needle=trial.needle,
                                 depth=trial.depth, length=trial.length, domain=trial.domain, value=trial.value)
                     if results.done(_needle_key(base)):
