@@ -181,6 +181,10 @@ SCHEMA: Tuple[Key, ...] = (
     Key("gates", "speed_cases", list, ["h2o", "probe"], "-", "cases whose decode tokens/s must not "
         "fall below the baseline's beyond the measured noise, at every prompt length",
         choices=("h2o", "probe", "full", "store"), item=str),
+    Key("gates", "max_speed_noise", float, 0.25, "fraction", "speed gates: the allowance is the "
+        "measured spread ((max - min) / median) of the two cases, at most this; a larger spread makes "
+        "the gate inconclusive (exit status 3), never a pass (quiet rounds on the 2-core VM: 5-21%; "
+        "busy ones 37-317%)", range=(0.0, 1.0)),
     Key("gates", "max_store_slowdown", float, 3.0, "x", "store case: baseline decode tokens/s / "
         "store decode tokens/s at every prompt length may not exceed this", range=(1.0, None)),
 )

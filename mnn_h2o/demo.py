@@ -35,13 +35,20 @@ def main(argv=None) -> int:
             raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
         if args.prompt_file:
+            source = "standard input" if args.prompt_file == "-" else f"--prompt-file {args.prompt_file}"
             try:
                 with (sys.stdin if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8")) as f:
                     prompt = f.read()
             except OSError as e:
-                raise ValueError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from None
+                raise ValueError(f"cannot read {source}: {e.strerror}") from None
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{source} is not UTF-8 text: {e.reason} at byte {e.start}") from None
         else:
-            prompt = args.prompt
+            source, prompt = "--prompt", args.prompt
+        # Checked before the chat template is applied: wrapped in it, an empty prompt is a
+        # valid-looking conversation and the model chats about nothing.
+        if not prompt.strip():
+            raise ValueError(f"the prompt ({source}) is empty")
         overrides = {"model.name": args.model} if args.model else None
         cfg = config_mod.load(args.config, overrides)
         llm = Llm.load(None, cfg)

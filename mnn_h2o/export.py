@@ -29,7 +29,7 @@ import numpy as np
 
 from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
-from .model_source import MODELS, cache_root, resolve_gguf
+from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
 EXPORT_VERSION = 1
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="re-export even if a cached export matches")
     args = ap.parse_args(argv)
     try:
-        path = args.gguf or resolve_gguf(args.model)
+        path = gguf_file(args.gguf) if args.gguf else resolve_gguf(args.model)
         if args.stock:
             from .stock_export import export_stock, stock_dir_for
 
@@ -245,6 +245,12 @@ def main(argv=None) -> int:
     except (ModelFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     return 0
 
 

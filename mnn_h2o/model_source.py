@@ -84,6 +84,17 @@ def resolve_gguf(model: str) -> str:
     """A GGUF path for a model name from :data:`MODELS` or a path to a ``.gguf`` file."""
     if model in MODELS:
         return MODELS[model].locate()
-    if os.path.isfile(model):
-        return model
+    # Something that looks like a path was meant as one: say the file is missing rather than
+    # calling it an unknown model name.
+    if os.path.exists(model) or os.sep in model or "/" in model or model.lower().endswith(".gguf"):
+        return gguf_file(model)
     raise ModelFileError(f"unknown model {model!r}: use one of {', '.join(MODELS)} or a path to a GGUF file")
+
+
+def gguf_file(path: str) -> str:
+    """``path`` if it is an existing file, else a ModelFileError that says what is wrong."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path} is a directory, not a GGUF file")
+    raise ModelFileError(f"model file not found: {path}")

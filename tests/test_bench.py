@@ -49,16 +49,20 @@ def micro_round(tmp_path_factory):
 def test_round_writes_the_documented_summary(micro_round):
     status, s, folder = micro_round
     assert s["schema_version"] == report.SCHEMA_VERSION
-    assert status == (0 if s["overall_pass"] else 1)
-    assert s["overall_pass"] == all(g["pass"] for g in s["gates"])
+    assert status == gates.EXIT_STATUS[s["overall"]]
+    assert s["overall_pass"] == all(g["pass"] for g in s["gates"]) == (s["overall"] == "pass")
     for g in s["gates"]:
-        assert set(g) == {"name", "value", "op", "threshold", "pass"}
+        assert set(g) == {"name", "value", "op", "threshold", "pass", "status"}
     assert {(r["case"], r["prompt_tokens"]) for r in s["cases"]} == \
         {(c, n) for c in MICRO["bench"]["cases"] for n in MICRO["bench"]["prompt_lengths"]}
     for r in s["cases"]:
         assert r["decode_tps"]["n"] == 3 and r["decode_tps"]["median"] > 0
         assert r["kv_bytes_held"] > 0 and r["kv_bytes_uncompressed"] > 0
     assert [(d["bucket"], d["case"]) for d in s["demo"]] == [(160, "baseline"), (160, "full"), (160, "store")]
+    for d in s["demo"]:
+        assert 0.0 <= d["token_f1"] <= 1.0 and 0.0 <= d["rouge_l"] <= 1.0
+        assert (d["first_divergence"] is None) == d["identical_to_baseline"]
+    assert s["demo"][0]["first_divergence"] is None and s["demo"][0]["rouge_l"] == 1.0
     for name in ("summary.md", "config.yaml", *s["plots"]):
         assert (folder / name).stat().st_size > 0
     assert len(s["plots"]) == 3
@@ -97,3 +101,190 @@ def test_compare_flags_a_regression(micro_round, tmp_path):
         bad = tmp_path / "x.json"
         bad.write_text("{}")
         report.load(str(bad))
+
+
+# --- fakes: a round without the model ----------------------------------------------------------
+
+def _stats(median, spread):
+    return {"median": median, "min": median * (1 - spread / 2), "max": median * (1 + spread / 2), "n": 3,
+            "spread": spread, "values": [median] * 3}
+
+
+def fake_row(case, n, decode=100.0, spread=0.05, prefill=1000.0, prefill_spread=0.02):
+    h2o = case != "baseline"
+    return {"case": case, "prompt_tokens": n, "decode_tokens": 8, "decode_tps": _stats(decode, spread),
+            "prefill_tps": _stats(prefill, prefill_spread), "kv_bytes_held": 1 << 20, "kv_bytes_pool": 1 << 20,
+            "kv_bytes_kept": 1 << 20, "kv_bytes_peak": 1 << 20, "kv_bytes_uncompressed": 4 << 20,
+            "lossy_ratio": 4.0 if h2o else 1.0, "total_ratio": 4.0 * n / 4096 + 1 if h2o else 1.0,
+            "lossy_ratio_decode_avg": 1.0, "evictions": 0, "logits_sha256": "h2o" if h2o else "base",
+            "rss_delta_bytes": _stats(1 << 20, 0.0), "rss_bytes": 1 << 26, "kl": 0.01 if h2o else 0.0,
+            "top1_agreement": 0.95 if h2o else 1.0, "ppl": 10.0, "ppl_baseline": 10.0,
+            "store": {"lossless_ratio": 0.0, "fallbacks": 0, "fallback_reasons": {}, "mismatches": 0}}
+
+
+def fake_summary(lengths, quick=False, **kw):
+    rows = [fake_row(c, n, **kw) for n in lengths for c in ("baseline", "h2o")]
+    return {"schema_version": report.SCHEMA_VERSION, "cases": rows, "gates": [], "quick": quick,
+            "config": config.defaults()}
+
+
+class FakeLlm:
+    max_context = 8192
+    tokenizer = None
+
+
+@pytest.fixture
+def fake_round(monkeypatch):
+    """Runs main() on a round whose cases are ``rows`` (or whose run raises ``error``)."""
+    from mnn_h2o.bench import cases
+    from mnn_h2o.engine import Llm
+
+    monkeypatch.setattr(Llm, "load", classmethod(lambda cls, model, cfg, progress=True: FakeLlm()))
+
+    def run(argv, rows=None, error=None, demo=()):
+        def run_cases(llm, tok, cfg, progress=None):
+            if error:
+                raise error
+            return rows
+        monkeypatch.setattr(cases, "run_cases", run_cases)
+        monkeypatch.setattr(cases, "run_demos", lambda llm, tok, cfg, progress=None: list(demo))
+        return main(argv + ["--set", "bench.cases=[baseline, h2o]", "--set", "gates.speed_cases=[h2o]",
+                            "--set", "gates.min_lossy_ratio=1.0"])
+    return run
+
+
+def test_speed_gate_is_inconclusive_not_pass_when_too_noisy():
+    g = config.defaults()["gates"]
+    # Issue 20's round: 317% spread, H2O at 0.38x the baseline, passed against >= -2.17.
+    rows = [fake_row("baseline", 512, 100.0, 3.168), fake_row("h2o", 512, 37.71, 3.168)]
+    speed = [x for x in gates.evaluate(rows, [], g) if x["name"].startswith("decode_speed")]
+    assert len(speed) == 1
+    assert speed[0]["status"] == "inconclusive" and not speed[0]["pass"]
+    assert speed[0]["threshold"] >= 1.0 - g["max_speed_noise"] > 0
+    assert gates.outcome(speed) == "inconclusive"
+    # At the cap the gate still judges, with the capped allowance.
+    rows = [fake_row("baseline", 512, 100.0, g["max_speed_noise"]), fake_row("h2o", 512, 70.0, 0.01)]
+    speed = [x for x in gates.evaluate(rows, [], g) if x["name"].startswith("decode_speed")]
+    assert speed[0]["status"] == "fail"
+    assert gates.outcome(speed + [gates.gate("x", 1, "==", 1, inconclusive=True)]) == "fail"
+
+
+def test_selftest_covers_an_inconclusive_speed_gate(capsys):
+    assert main(["selftest"]) == 0
+    out = capsys.readouterr().out
+    noisy = [line for line in out.splitlines() if "max_speed_noise" in line]
+    assert len(noisy) == 1 and noisy[0].startswith("ok") and "inconclusive gates ['decode_speed" in noisy[0]
+
+
+
+def test_selftest_notices_a_noisy_speed_gate_that_passes(monkeypatch):
+    real = gates.gate
+    monkeypatch.setattr(gates, "gate", lambda *a, inconclusive=False: real(*a))
+    results = gates.self_test(config.defaults()["gates"])
+    assert [r["breakage"] for r in results if not r["ok"]] == ["speed noise beyond gates.max_speed_noise"]
+
+
+def test_noisy_round_exits_3_and_a_quiet_one_passes(fake_round, tmp_path, capsys):
+    noisy = [fake_row("baseline", 512, 100.0, 3.168), fake_row("h2o", 512, 37.71, 3.168)]
+    assert fake_round(["--out", str(tmp_path / "noisy")], noisy) == 3
+    err = capsys.readouterr().err
+    assert "INCONCLUSIVE" in err and "PASS" not in err
+    s = json.loads((tmp_path / "noisy" / "summary.json").read_text())
+    assert s["overall"] == "inconclusive" and not s["overall_pass"]
+    assert "**Overall: INCONCLUSIVE**" in (tmp_path / "noisy" / "summary.md").read_text()
+    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 0.05)]
+    assert fake_round(["--out", str(tmp_path / "quiet")], quiet) == 0
+    assert "PASS: all gates" in capsys.readouterr().out
+
+
+def test_ctrl_c_is_one_line_exit_130_and_no_run_folder(fake_round, tmp_path, capsys, monkeypatch):
+    assert fake_round(["--out", str(tmp_path / "run")], error=KeyboardInterrupt()) == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("bench:")]
+    assert err == ["interrupted"]  # and the progress bar, no traceback
+    assert not (tmp_path / "run").exists()
+    # Interrupted while the run folder is being written: nothing half-written is left.
+    from mnn_h2o.bench import plots
+
+    def interrupted(rows, folder):
+        with open(os.path.join(folder, "bytes_held.png"), "w") as f:
+            f.write("half")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plots, "write_all", interrupted)
+    quiet = [fake_row("baseline", 512), fake_row("h2o", 512, 110.0)]
+    assert fake_round(["--out", str(tmp_path / "run")], quiet) == 130
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_run_folder_is_not_overwritten(fake_round, tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert fake_round(["--out", str(tmp_path / "run")], []) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_compare_uses_each_metrics_own_noise():
+    prev = fake_summary([512], spread=0.20, prefill_spread=0.02)
+    now = fake_summary([512], spread=0.20, prefill_spread=0.02)
+    for r in now["cases"]:
+        r["decode_tps"]["median"] *= 0.9    # inside decode's 20% spread
+        r["prefill_tps"]["median"] *= 0.9   # beyond prefill's own 2% spread
+    rows = {line.split("|")[3].strip(): line for line in report.compare(prev, now).splitlines()
+            if line.startswith("| h2o")}
+    assert rows["prefill tok/s"].rstrip(" |").endswith("worse")
+    assert rows["decode tok/s"].rstrip(" |").endswith("-10.0%")
+    # Beyond gates.max_speed_noise a change is inconclusive, not hidden inside the noise.
+    noisy = fake_summary([512], spread=3.168)
+    for r in noisy["cases"]:
+        r["decode_tps"]["median"] *= 0.624
+    table = report.compare(prev, noisy)
+    assert "-37.6%" in table and "inconclusive (noise 317%)" in table
+
+
+def test_compare_without_common_cases_says_so():
+    quick, full = fake_summary([2048], quick=True), fake_summary([512, 1024, 4096])
+    text = report.compare(full, quick)
+    assert text.startswith("Nothing to compare")
+    assert "--quick round of baseline, h2o at 2048" in text and "at 512/1024/4096" in text
+
+
+def test_quality_plot_has_a_line_per_case_and_no_point_labels():
+    from mnn_h2o.bench import plots
+
+    rows = [fake_row(c, n) for n in (4096, 512, 1024) for c in ("baseline", "h2o", "store")]
+    fig = plots.quality_figure(rows)
+    try:
+        for ax in fig.axes:
+            assert len(ax.texts) == 0
+            lines = ax.get_lines()
+            assert [ln.get_label() for ln in lines] == ["H2O alone", "H2O + lossless store"]
+            for ln in lines:
+                assert ln.get_linestyle() == "-" and ln.get_marker() not in ("", "None", None)
+                assert list(ln.get_xdata()) == sorted(ln.get_xdata()) and len(ln.get_xdata()) == 3
+            assert ax.get_legend() is not None
+    finally:
+        plots._plt().close(fig)
+
+
+def test_demo_divergence_and_similarity():
+    from mnn_h2o.bench.cases import compare_answer
+    from mnn_h2o.bench.similarity import first_divergence, rouge_l, token_f1
+
+    ref = {"token_ids": [1, 2, 3, 4], "text": "The essay argues that startups grow fast."}
+    same = compare_answer(ref, dict(ref))
+    assert same == {"same_prefix_tokens": 4, "first_divergence": None, "identical_to_baseline": True,
+                    "token_f1": 1.0, "rouge_l": 1.0}
+    other = compare_answer(ref, {"token_ids": [1, 2, 9], "text": "The essay argues that founders work hard."})
+    assert other["first_divergence"] == 2 and other["same_prefix_tokens"] == 2
+    assert 0 < other["rouge_l"] < 1 and other["token_f1"] == pytest.approx(2 * 4 / 7 * 4 / 7 / (8 / 7))
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    # ROUGE-L rewards order, bag-of-words F1 does not.
+    assert token_f1("a b c d", "d c b a") == 1.0 and rouge_l("a b c d", "d c b a") == pytest.approx(0.25)
+    assert rouge_l("", "") == 1.0 and rouge_l("a", "") == 0.0
+    table = report.demo_table([dict(fake_demo("baseline"), **same), dict(fake_demo("h2o"), **other)])
+    assert "| - | 1.000 | 1.000 |" in table and "| token 2 | " in table
+
+
+def fake_demo(case):
+    return {"bucket": 128, "case": case, "prompt_tokens": 120, "generated_tokens": 4, "decode_tps": 50.0,
+            "prefill_tps": 900.0, "kv_bytes_held": 1 << 20, "lossy_ratio": 1.0, "total_ratio": 1.0,
+            "text": "x", "token_ids": [1, 2, 3, 4], "store": {"fallbacks": 0}}

@@ -72,12 +72,14 @@ def _round(args, cfg) -> int:
     from tqdm import tqdm
 
     from ..engine import Llm
-    from . import cases, gates, plots, report
+    from . import cases, gates, report
     from .environment import environment
 
     b = cfg["bench"]
     started = time.strftime("%Y%m%d-%H%M%S")
     folder = args.out or os.path.join(b["output_dir"], started)
+    if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
+        raise ValueError(f"run folder {folder} already exists; pick another --out")
     prev = report.load(args.compare) if args.compare else None  # fail early on a bad --compare
     llm = Llm.load(None, cfg)
     need = max(max(b["prompt_lengths"]) + b["decode_tokens"], max(b["demo_buckets"]) + b["demo_new_tokens"] + 64)
@@ -95,27 +97,54 @@ def _round(args, cfg) -> int:
         rows = cases.run_cases(llm, llm.tokenizer, cfg, tick)
         demo = cases.run_demos(llm, llm.tokenizer, cfg, tick)
     gate_rows = gates.evaluate(rows, demo, cfg["gates"])
-    summary = {"schema_version": report.SCHEMA_VERSION, "overall_pass": all(g["pass"] for g in gate_rows),
+    overall = gates.outcome(gate_rows)
+    summary = {"schema_version": report.SCHEMA_VERSION, "overall": overall, "overall_pass": overall == "pass",
                "gates": gate_rows, "cases": rows, "demo": demo, "model": cfg["model"]["name"],
                "started": started, "duration_s": time.perf_counter() - t0, "config": cfg,
                "environment": environment(), "quick": bool(args.quick)}
-    os.makedirs(folder, exist_ok=True)
-    summary["plots"] = plots.write_all(rows, folder)
-    report.write(folder, summary)
-    import yaml
-
-    with open(os.path.join(folder, "config.yaml"), "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
+    _write_run_folder(folder, summary, rows, cfg)
     print(report.markdown(summary))
     if prev is not None:
-        print(f"\n## Compared with {args.compare}\n\n" + report.compare(prev, summary))
+        print(f"\n## Compared with {args.compare}\n\n" + report.compare(prev, summary, cfg["gates"]["max_speed_noise"]))
     print(f"\nrun folder: {folder} (summary.json, summary.md, plots, config.yaml)")
-    failed = [g["name"] for g in gate_rows if not g["pass"]]
+    failed = [g["name"] for g in gate_rows if g["status"] == "fail"]
+    unsure = [g["name"] for g in gate_rows if g["status"] == "inconclusive"]
     if failed:
         print(f"FAIL: {len(failed)} gate(s): " + "; ".join(failed), file=sys.stderr)
-        return 1
-    print("PASS: all gates")
-    return 0
+    if unsure:
+        print(f"{'also ' if failed else ''}INCONCLUSIVE: {len(unsure)} speed gate(s) measured a spread above "
+              f"gates.max_speed_noise ({cfg['gates']['max_speed_noise']:.0%}), too noisy to judge (a busy "
+              "machine?): " + "; ".join(unsure), file=sys.stderr)
+    if overall == "pass":
+        print("PASS: all gates")
+    return gates.EXIT_STATUS[overall]
+
+
+def _write_run_folder(folder: str, summary: dict, rows, cfg: dict) -> None:
+    """Write the run into a hidden sibling folder and rename it into place, so an interrupted
+    or failed write never leaves a run folder that looks complete."""
+    import shutil
+    import tempfile
+
+    import yaml
+
+    from . import plots, report
+
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a run folder is not
+        summary["plots"] = plots.write_all(rows, tmp)
+        report.write(tmp, summary)
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _cache_sweep(args, cfg) -> int:
@@ -171,7 +200,8 @@ def _selftest(cfg) -> int:
 
     results = self_test(cfg["gates"])
     for r in results:
-        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['breakage']}: failing gates {r['failed'] or 'none'}")
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['breakage']} (expect {r['expect']}): failing gates "
+              f"{r['failed'] or 'none'}; inconclusive gates {r['inconclusive'] or 'none'}")
     bad = [r for r in results if not r["ok"]]
     print(f"{len(results) - len(bad)}/{len(results)} gate checks behave")
     return 1 if bad else 0
@@ -191,7 +221,8 @@ def main(argv=None) -> int:
                     "interleaved A B A B for bench.repetitions, teacher-forced on essay text; then the "
                     "demo cases on real prompts per bucket. Quality (KL, top-1 vs baseline), memory "
                     "(bytes held, RSS) and speed come from the same runs. Gates (config section "
-                    "`gates`) decide the exit status: 0 all pass, 1 a gate failed, 2 an error. "
+                    "`gates`) decide the exit status: 0 all pass, 1 a gate failed, 2 an error, 3 inconclusive (no gate "
+                    "failed, but a speed gate measured more spread than gates.max_speed_noise). "
                     "Writes a run folder: summary.json (docs/summary_schema.md), summary.md, PNG plots, "
                     "config.yaml.",
         epilog="examples:\n"
@@ -251,6 +282,12 @@ def main(argv=None) -> int:
     except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -155,6 +155,16 @@ def run_demo(llm, prompt: Sequence[int], new_tokens: int) -> dict:
             "text": g.text, "store": store}
 
 
+def compare_answer(ref: dict, r: dict) -> dict:
+    """Agreement of a demo generation ``r`` with the baseline's ``ref``."""
+    from .similarity import first_divergence, rouge_l, token_f1
+
+    div = first_divergence(ref["token_ids"], r["token_ids"])
+    return {"same_prefix_tokens": min(len(ref["token_ids"]), len(r["token_ids"])) if div is None else div,
+            "first_divergence": div, "identical_to_baseline": div is None,
+            "token_f1": token_f1(ref["text"], r["text"]), "rouge_l": rouge_l(ref["text"], r["text"])}
+
+
 def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
     """Every runtime case at every prompt length, interleaved per prompt length."""
     from ..essays import essay_tokens
@@ -216,14 +226,8 @@ def run_demos(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
             configure(llm, cfg, case)
             r = run_demo(llm, prompt, b["demo_new_tokens"])
             if ref is None:
-                ref = r["token_ids"]
-            same = 0
-            for a, c in zip(ref, r["token_ids"]):
-                if a != c:
-                    break
-                same += 1
-            r.update(case=case, bucket=bucket, same_prefix_tokens=same,
-                     identical_to_baseline=r["token_ids"] == ref)
+                ref = r
+            r.update(case=case, bucket=bucket, **compare_answer(ref, r))
             rows.append(r)
             if progress:
                 progress(case, bucket)

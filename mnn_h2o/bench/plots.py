@@ -69,28 +69,39 @@ def tokens_per_second(rows: Sequence[dict], path: str) -> bool:
     return True
 
 
-def quality_vs_ratio(rows: Sequence[dict], path: str) -> bool:
+def quality_figure(rows: Sequence[dict]):
+    """KL and top-1 agreement against the whole-model ratio: one line per case through its
+    prompt lengths (in ratio order), a marker per point and a legend; no point labels, which
+    overlapped where the cases sit on top of each other (the lossless modes share H2O's quality)."""
     cand = [r for r in rows if r["case"] != "baseline"]
     if not cand:
-        return False
+        return None
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for c in dict.fromkeys(r["case"] for r in cand):
-        rs = [r for r in cand if r["case"] == c]
+    markers = "osD^v<>"
+    for i, c in enumerate(dict.fromkeys(r["case"] for r in cand)):
+        rs = sorted((r for r in cand if r["case"] == c), key=lambda r: r["total_ratio"])
         x = [r["total_ratio"] for r in rs]
-        axes[0].plot(x, [r["kl"] for r in rs], "o", color=_COLOURS.get(c), label=_LABELS.get(c, c))
-        axes[1].plot(x, [r["top1_agreement"] for r in rs], "o", color=_COLOURS.get(c), label=_LABELS.get(c, c))
-        for r in rs:
-            axes[0].annotate(str(r["prompt_tokens"]), (r["total_ratio"], r["kl"]), fontsize=7)
+        style = dict(color=_COLOURS.get(c), marker=markers[i % len(markers)], markersize=5, alpha=0.85,
+                     label=_LABELS.get(c, c))
+        axes[0].plot(x, [r["kl"] for r in rs], "-", **style)
+        axes[1].plot(x, [r["top1_agreement"] for r in rs], "-", **style)
     axes[0].set_ylabel("KL vs full cache (nats/token)")
     axes[1].set_ylabel("top-1 agreement vs full cache")
     for ax in axes:
         ax.set_xlabel("whole-model ratio (uncompressed / bytes held)")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def quality_vs_ratio(rows: Sequence[dict], path: str) -> bool:
+    fig = quality_figure(rows)
+    if fig is None:
+        return False
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _plt().close(fig)
     return True
 
 

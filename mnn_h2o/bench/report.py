@@ -64,24 +64,35 @@ def store_table(rows: Sequence[dict]) -> str:
 
 def demo_table(demo: Sequence[dict]) -> str:
     lines = ["| bucket | case | prompt | generated | decode tok/s | prefill tok/s | KV held MiB | lossy x | "
-             "total x | same tokens as baseline | start of the answer |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "total x | first divergence | token F1 | ROUGE-L | start of the answer |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for d in demo:
         text = d["text"].replace("\n", " ").replace("|", "/")[:70]
+        div = "-" if d["first_divergence"] is None else f"token {d['first_divergence']}"
         lines.append(f"| {d['bucket']} | {d['case']} | {d['prompt_tokens']} | {d['generated_tokens']} | "
                      f"{d['decode_tps']:.1f} | {d['prefill_tps']:.0f} | {_mib(d['kv_bytes_held'])} | "
                      f"{_ratio(d['lossy_ratio'])} | {_ratio(d['total_ratio'])} | "
-                     f"{d['same_prefix_tokens']}/{d['generated_tokens']} | {text} |")
+                     f"{div} | {d['token_f1']:.3f} | {d['rouge_l']:.3f} | {text} |")
     return "\n".join(lines)
+
+
+_STATUS = {"pass": "PASS", "fail": "**FAIL**", "inconclusive": "*inconclusive*"}
 
 
 def gates_table(gates: Sequence[dict]) -> str:
-    lines = ["| gate | value | rule | pass |", "|---|---:|---|---|"]
+    from .gates import status_of
+
+    lines = ["| gate | value | rule | status |", "|---|---:|---|---|"]
     for g in gates:
         v = g["value"]
         v = f"{v:.4g}" if isinstance(v, float) else str(v)
-        lines.append(f"| {g['name']} | {v} | {g['op']} {g['threshold']} | {'PASS' if g['pass'] else '**FAIL**'} |")
+        lines.append(f"| {g['name']} | {v} | {g['op']} {g['threshold']} | {_STATUS[status_of(g)]} |")
     return "\n".join(lines)
+
+
+def _overall(summary: dict) -> str:
+    """Summaries written before ``overall`` existed only have ``overall_pass``."""
+    return summary.get("overall", "pass" if summary["overall_pass"] else "fail")
 
 
 def markdown(summary: dict) -> str:
@@ -90,7 +101,7 @@ def markdown(summary: dict) -> str:
            f"Model `{summary['model']}`, weights int{summary['config']['model']['weight_bits']}, "
            f"{summary['config']['runtime']['threads']} threads, KV {summary['config']['runtime']['kv_dtype']}; "
            f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores, ISA {env.get('isa', '?')}); "
-           f"{summary['duration_s'] / 60:.1f} min. **Overall: {'PASS' if summary['overall_pass'] else 'FAIL'}**", "",
+           f"{summary['duration_s'] / 60:.1f} min. **Overall: {_overall(summary).upper()}**", "",
            "## Gates", "", gates_table(summary["gates"]), "",
            "## Runtime cases", "",
            f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
@@ -103,7 +114,10 @@ def markdown(summary: dict) -> str:
            store_table(summary["cases"]), ""]
     if summary["demo"]:
         out += ["## Demo cases", "", "Real prompts (essay excerpt + question, chat template), greedy generation, "
-                "one run per bucket and case.", "", demo_table(summary["demo"]), ""]
+                "one run per bucket and case. Against the baseline's answer to the same prompt: the first "
+                "generated token that differs (- = identical answers), and the overlap of the answers' words "
+                "(token F1: bag of words; ROUGE-L: longest common subsequence; 1 = same words).", "",
+                demo_table(summary["demo"]), ""]
     if summary.get("plots"):
         out += ["## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]] + [""]
     return "\n".join(out)
@@ -131,39 +145,73 @@ def load(path: str) -> dict:
     return s
 
 
-# metric name, how to read it from a case row, whether higher is better
-_METRICS: Tuple[Tuple[str, object, bool], ...] = (
-    ("decode tok/s", lambda r: r["decode_tps"]["median"], True),
-    ("prefill tok/s", lambda r: r["prefill_tps"]["median"], True),
-    ("KV held MiB", lambda r: r["kv_bytes_held"] / MIB, False),
-    ("total ratio", lambda r: r["total_ratio"], True),
-    ("lossless ratio", lambda r: r["store"]["lossless_ratio"], True),
-    ("KL", lambda r: r["kl"], False),
-    ("top-1", lambda r: r["top1_agreement"], True),
+# metric name, how to read it from a case row, whether higher is better, the stats whose spread
+# is its noise (None: deterministic, any change counts)
+_METRICS: Tuple[Tuple[str, object, bool, Optional[str]], ...] = (
+    ("decode tok/s", lambda r: r["decode_tps"]["median"], True, "decode_tps"),
+    ("prefill tok/s", lambda r: r["prefill_tps"]["median"], True, "prefill_tps"),
+    ("KV held MiB", lambda r: r["kv_bytes_held"] / MIB, False, None),
+    ("total ratio", lambda r: r["total_ratio"], True, None),
+    ("lossless ratio", lambda r: r["store"]["lossless_ratio"], True, None),
+    ("KL", lambda r: r["kl"], False, None),
+    ("top-1", lambda r: r["top1_agreement"], True, None),
 )
 
 
-def compare(prev: dict, now: dict) -> str:
-    """Regression table: every metric of every (case, prompt) present in both rounds."""
+def _plan(s: dict) -> str:
+    lengths = sorted({r["prompt_tokens"] for r in s["cases"]})
+    cases = list(dict.fromkeys(r["case"] for r in s["cases"]))
+    kind = "a --quick round" if s.get("quick") else "a round"
+    return f"{kind} of {', '.join(cases) or 'no cases'} at {'/'.join(map(str, lengths)) or 'no'} prompt tokens"
+
+
+def _flag(change: float, higher: bool, noise: Optional[float], max_noise: float) -> str:
+    worse = (change < 0) if higher else (change > 0)
+    if noise is None:
+        return ("worse" if worse else "better") if abs(change) > 1e-9 else ""
+    if abs(change) <= min(noise, max_noise):
+        return ""
+    # Beyond the cap the spread is too wide to call a change either way (as for the gates).
+    if noise > max_noise:
+        return f"inconclusive (noise {noise:.0%})"
+    return "worse" if worse else "better"
+
+
+def compare(prev: dict, now: dict, max_noise: Optional[float] = None) -> str:
+    """Regression table: every metric of every (case, prompt) present in both rounds. Speed
+    changes count only beyond the larger spread of that metric in the two rounds, and are
+    inconclusive when that spread exceeds ``max_noise`` (default: the config's
+    ``gates.max_speed_noise``)."""
+    from .. import config
+    from .gates import status_of
+
+    if max_noise is None:
+        max_noise = now.get("config", {}).get("gates", {}).get(
+            "max_speed_noise", config.key("gates.max_speed_noise").default)
     old = {(r["case"], r["prompt_tokens"]): r for r in prev["cases"]}
-    lines = ["| case | prompt | metric | previous | now | change | |", "|---|---:|---|---:|---:|---:|---|"]
+    lines, gate_lines = [], []
     for r in now["cases"]:
         o: Optional[dict] = old.get((r["case"], r["prompt_tokens"]))
         if o is None:
             continue
-        for name, get, higher in _METRICS:
+        for name, get, higher, stats in _METRICS:
             a, b = get(o), get(r)
             if not a and not b:
                 continue
             change = (b - a) / abs(a) if a else float("inf")
-            worse = (change < 0) if higher else (change > 0)
-            # Speed is noisy: flag only changes beyond the larger spread of the two rounds.
-            noise = max(o["decode_tps"]["spread"], r["decode_tps"]["spread"]) if "tok/s" in name else 1e-9
-            flag = "worse" if worse and abs(change) > noise else ("better" if abs(change) > noise else "")
-            lines.append(f"| {r['case']} | {r['prompt_tokens']} | {name} | {a:.4g} | {b:.4g} | {change:+.1%} | {flag} |")
-    pg = {g["name"]: g["pass"] for g in prev.get("gates", [])}
+            noise = max(o[stats]["spread"], r[stats]["spread"]) if stats else None
+            lines.append(f"| {r['case']} | {r['prompt_tokens']} | {name} | {a:.4g} | {b:.4g} | {change:+.1%} | "
+                         f"{_flag(change, higher, noise, max_noise)} |")
+    pg = {g["name"]: status_of(g) for g in prev.get("gates", [])}
     for g in now.get("gates", []):
-        if g["name"] in pg and pg[g["name"]] != g["pass"]:
-            lines.append(f"| gate | | {g['name']} | {'pass' if pg[g['name']] else 'FAIL'} | "
-                         f"{'pass' if g['pass'] else 'FAIL'} | | {'fixed' if g['pass'] else 'REGRESSED'} |")
-    return "\n".join(lines)
+        was, st = pg.get(g["name"]), status_of(g)
+        if was is not None and was != st:
+            verdict = {"pass": "fixed", "fail": "REGRESSED", "inconclusive": "inconclusive"}[st]
+            gate_lines.append(f"| gate | | {g['name']} | {was} | {st} | | {verdict} |")
+    table = "\n".join(["| case | prompt | metric | previous | now | change | |",
+                       "|---|---:|---|---:|---:|---:|---|"] + lines + gate_lines)
+    if lines:
+        return table
+    return (f"Nothing to compare: the previous run is {_plan(prev)}, this one is {_plan(now)}; no "
+            "(case, prompt length) was measured in both. Compare rounds of the same kind (a --quick "
+            "round with a --quick round)." + ("\n\n" + table if gate_lines else ""))
