@@ -62,8 +62,8 @@ def _speed(args, cfg) -> int:
     return 0
 
 
-# --quick: a smoke round of about two minutes (2048 tokens is the shortest prompt at which the
-# default H2O target is reachable, so the gates stay meaningful).
+# --quick: a smoke round (2048 tokens is the shortest prompt at which the default H2O target is
+# reachable, so the gates stay meaningful).
 QUICK = {"bench.prompt_lengths": [2048], "bench.decode_tokens": 32, "bench.repetitions": 3,
          "bench.demo_buckets": [128], "bench.demo_new_tokens": 16}
 
@@ -226,8 +226,8 @@ def main(argv=None) -> int:
                     "Writes a run folder: summary.json (docs/summary_schema.md), summary.md, PNG plots, "
                     "config.yaml.",
         epilog="examples:\n"
-               "  python -m mnn_h2o.bench                         # default round (~15 min on 2 cores)\n"
-               "  python -m mnn_h2o.bench --quick                 # ~2-minute smoke round\n"
+               "  python -m mnn_h2o.bench                         # default round (durations: README.md)\n"
+               "  python -m mnn_h2o.bench --quick                 # smoke round\n"
                "  python -m mnn_h2o.bench --compare bench_runs/OLD\n"
                "  python -m mnn_h2o.bench --model qwen2.5-0.5b\n"
                "  python -m mnn_h2o.bench selftest\n"
