@@ -284,6 +284,19 @@ def test_demo_divergence_and_similarity():
     assert "| - | 1.000 | 1.000 |" in table and "| token 2 | " in table
 
 
+def test_demo_answer_must_not_change_where_nothing_was_evicted():
+    rows = [fake_row("baseline", 512), fake_row("h2o", 512, 110.0)]
+    g = config.defaults()["gates"]
+
+    def demo_gates(lossy, identical):
+        demo = [dict(fake_demo("baseline"), identical_to_baseline=True),
+                dict(fake_demo("full"), lossy_ratio=lossy, identical_to_baseline=identical)]
+        return [x for x in gates.evaluate(rows, demo, g) if x["name"].startswith("demo same answer")]
+    assert [x["status"] for x in demo_gates(1.0, True)] == ["pass"]
+    assert [x["status"] for x in demo_gates(1.0, False)] == ["fail"]
+    assert demo_gates(3.2, False) == []  # evicted: reported as F1 / ROUGE-L, not gated
+
+
 def fake_demo(case):
     return {"bucket": 128, "case": case, "prompt_tokens": 120, "generated_tokens": 4, "decode_tps": 50.0,
             "prefill_tps": 900.0, "kv_bytes_held": 1 << 20, "lossy_ratio": 1.0, "total_ratio": 1.0,

@@ -101,6 +101,13 @@ def evaluate(rows: Sequence[dict], demo: Sequence[dict], g: dict) -> List[dict]:
             out.append(gate(f"demo identical tokens {'/'.join(lossless)} @{bucket}", differ, "==", 0))
         for c in lossless:
             out.append(gate(f"demo fallbacks {c} @{bucket}", ds[c]["store"]["fallbacks"], "==", 0))
+        # Where H2O evicted nothing it must not change the answer; where it did, how far the
+        # answer moved (token F1, ROUGE-L) is reported, with no threshold to defend yet.
+        kept_all = [c for c, d in ds.items() if c != "baseline" and d["lossy_ratio"] == 1.0]
+        if kept_all:
+            differ = sum(not ds[c]["identical_to_baseline"] for c in kept_all)
+            out.append(gate(f"demo same answer as baseline (nothing evicted) {'/'.join(kept_all)} @{bucket}",
+                            differ, "==", 0))
     return out
 
 
@@ -122,7 +129,8 @@ def _quiet_spread(g: dict) -> float:
 def _passing_round(g: dict):
     cases = ["baseline", "h2o", "probe", "full", "store"]
     rows = [_row(c, n, _quiet_spread(g)) for n in (512, 4096) for c in cases]
-    demo = [{"case": c, "bucket": 128, "token_ids": [1, 2, 3], "store": {"fallbacks": 0}} for c in ("full", "store")]
+    demo = [{"case": c, "bucket": 128, "token_ids": [1, 2, 3], "store": {"fallbacks": 0}, "lossy_ratio": 1.0,
+             "identical_to_baseline": True} for c in ("full", "store")]
     return rows, demo
 
 
@@ -145,6 +153,9 @@ def _breakages(g: dict):
 
     def demo_fallback(rows, demo):
         demo[0]["store"]["fallbacks"] = 1
+
+    def demo_unevicted_differs(rows, demo):
+        demo[0]["identical_to_baseline"] = False
 
     quiet, cap = _quiet_spread(g), g["max_speed_noise"]
     return [
@@ -172,6 +183,7 @@ def _breakages(g: dict):
         ("H2O alone logits differ", "identical logits", set_("h2o", 512, ["logits_sha256"], "other")),
         ("demo tokens differ", "demo identical tokens", demo_tokens),
         ("demo fallback", "demo fallbacks", demo_fallback),
+        ("demo answer changed though nothing was evicted", "demo same answer as baseline", demo_unevicted_differs),
     ]
 
 
