@@ -90,18 +90,13 @@ def gates_table(gates: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _overall(summary: dict) -> str:
-    """Summaries written before ``overall`` existed only have ``overall_pass``."""
-    return summary.get("overall", "pass" if summary["overall_pass"] else "fail")
-
-
 def markdown(summary: dict) -> str:
     env = summary["environment"]
     out = [f"# Bench round {summary['started']}", "",
            f"Model `{summary['model']}`, weights int{summary['config']['model']['weight_bits']}, "
            f"{summary['config']['runtime']['threads']} threads, KV {summary['config']['runtime']['kv_dtype']}; "
            f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores, ISA {env.get('isa', '?')}); "
-           f"{summary['duration_s'] / 60:.1f} min. **Overall: {_overall(summary).upper()}**", "",
+           f"{summary['duration_s'] / 60:.1f} min. **Overall: {summary['overall'].upper()}**", "",
            "## Gates", "", gates_table(summary["gates"]), "",
            "## Runtime cases", "",
            f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
