@@ -145,3 +145,44 @@ def test_frontier_quick_runs(tmp_path):
     # --resume with nothing left to do runs nothing and keeps every run.
     assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out), "--resume"]) == 0
     assert len(json.loads(out.read_text())["runs"]) == n_runs
+
+
+@pytest.mark.model
+def test_frontier_quick_with_the_kvpress_peer(tmp_path):
+    """Both engines side by side: each against its own full cache, a comparison table written."""
+    from mnn_h2o.eval import kvpress_peer
+
+    try:
+        kvpress_peer.check()
+    except kvpress_peer.PeerUnavailable as e:
+        pytest.skip(str(e))
+    from mnn_h2o.eval.__main__ import main
+
+    out = tmp_path / "p.json"
+    assert main(["frontier", "--quick", "--methods", "ours:h2o,kvpress:snapkv,kvpress:observed",
+                 "--domains", "essays", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    kl = {r["method"]: r for r in rows if r["kind"] == "kl"}
+    assert set(kl) == {"ours:none", "ours:h2o", "kvpress:none", "kvpress:snapkv", "kvpress:observed"}
+    assert kl["kvpress:none"]["kl"] == 0 and kl["kvpress:none"]["ratio"] == 1
+    for m in ("kvpress:snapkv", "kvpress:observed"):
+        assert kl[m]["kl"] > 0 and abs(kl[m]["ratio"] - 2) < 0.05
+    nd = [r for r in rows if r["kind"] == "needle" and r["engine"] == "kvpress" and r["policy"] != "none"]
+    assert {r["placement"] for r in nd} == set(N.PLACEMENTS) and all(r["bytes_held"] > 0 for r in nd)
+    assert "press KL / ours" in (tmp_path / "p.md").read_text()
+
+
+def test_peer_comparison_is_at_equal_measured_memory():
+    def kl_row(engine, policy, ratio, kl):
+        return {"kind": "kl", "engine": engine, "policy": policy, "kv_dtype": "f16", "ratio": ratio, "kl": kl,
+                "domain": "prose", "prompt_tokens": 4096, "target_ratio": None, "method": f"{engine}:{policy}"}
+
+    rows = [kl_row("ours", "none", 1.0, 0.0), kl_row("ours", "h2o", 2.0, 0.02), kl_row("ours", "h2o", 4.0, 0.06),
+            kl_row("ours", "random", 2.0, 0.001),  # a control, never "our best"
+            kl_row("kvpress", "none", 1.0, 0.0),
+            kl_row("kvpress", "snapkv", 2 ** 1.5, 0.02),  # halfway in log ratio between 2 and 4: ours 0.04
+            kl_row("kvpress", "snapkv", 6.0, 0.01)]       # past our last point: not compared
+    text = F.peer_comparison(rows)
+    assert "| prose | 4096 | snapkv | 2.83 | 0.02 | h2o | 0.04 | 0.50 |" in text
+    assert "| snapkv | 1 | 1 | 0.50 | 0.50-0.50 | 1 |" in text
+    assert F.peer_comparison([r for r in rows if r["engine"] == "ours"]) == ""

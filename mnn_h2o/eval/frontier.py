@@ -385,25 +385,65 @@ def table(rows: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
-def peer_comparison(rows: Sequence[dict]) -> str:
-    """Where each kvpress press beats our best policy at the same target ratio (KL; lower is
-    better), per domain and prompt length. The measured ratios of the two sides differ a little
-    (ours re-evicts during decode, kvpress keeps the continuation): both are in the table."""
-    kl = [r for r in rows if r["kind"] == "kl" and r["target_ratio"] is not None and r["kv_dtype"] == "f16"]
-    out = ["| domain | prompt | target | our best (ratio, KL) | press | press ratio | press KL | press KL / ours |",
-           "|---|---:|---:|---|---|---:|---:|---:|"]
-    keys = sorted({(r["domain"], r["prompt_tokens"], r["target_ratio"]) for r in kl})
-    any_row = False
-    for d, n, t in keys:
-        same = [r for r in kl if (r["domain"], r["prompt_tokens"], r["target_ratio"]) == (d, n, t)]
-        ours = [r for r in same if r["engine"] == "ours" and r["policy"] != "random"]
-        peers = [r for r in same if r["engine"] == "kvpress"]
-        if not ours or not peers:
+def _ours_at(curves: Dict[str, List[Tuple[float, float]]], x: float) -> Optional[Tuple[str, float]]:
+    """Our best policy's KL at measured ratio ``x``: each policy's (ratio, KL) points, the full
+    cache's (ratio ~1, KL 0) among them, interpolated linearly in KL against log ratio; a policy
+    whose points do not reach ``x`` is not a candidate (no extrapolation)."""
+    best = None
+    for policy, pts in curves.items():
+        pts = sorted(pts)
+        if len(pts) < 2 or not pts[0][0] <= x <= pts[-1][0]:
             continue
-        best = min(ours, key=lambda r: r["kl"])
-        for p in sorted(peers, key=lambda r: r["kl"]):
-            any_row = True
-            rel = p["kl"] / best["kl"] if best["kl"] else float("inf")
-            out.append(f"| {d} | {n} | {t:g} | {best['policy']} ({best['ratio']:.2f}, {best['kl']:.4g}) | "
-                       f"{p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | {rel:.2f} |")
-    return "\n".join(out) if any_row else ""
+        kl = float(np.interp(np.log(x), [np.log(r) for r, _ in pts], [k for _, k in pts]))
+        if best is None or kl < best[1]:
+            best = (policy, kl)
+    return best
+
+
+def peer_comparison(rows: Sequence[dict]) -> str:
+    """Each kvpress press against our best policy at equal memory (the press's measured
+    whole-model ratio; ours interpolated between its measured ratios, ``random`` excluded as a
+    control), per domain and prompt length; then a summary per press; then needles per target."""
+    kl = [r for r in rows if r["kind"] == "kl" and r["kv_dtype"] == "f16"]
+    out = ["| domain | prompt | press | press ratio | press KL | our best at that ratio | our KL | press KL / ours |",
+           "|---|---:|---|---:|---:|---|---:|---:|"]
+    per_press: Dict[str, List[float]] = {}
+    beyond: Dict[str, int] = {}
+    for d, n in sorted({(r["domain"], r["prompt_tokens"]) for r in kl}):
+        same = [r for r in kl if (r["domain"], r["prompt_tokens"]) == (d, n)]
+        full = [r for r in same if r["engine"] == "ours" and r["policy"] == "none"]
+        curves: Dict[str, List[Tuple[float, float]]] = {}
+        for r in same:
+            if r["engine"] == "ours" and r["policy"] not in ("none", "random") and r["ratio"]:
+                curves.setdefault(r["policy"], [(f["ratio"], 0.0) for f in full]).append((r["ratio"], r["kl"]))
+        for p in sorted((r for r in same if r["engine"] == "kvpress" and r["policy"] != "none"),
+                        key=lambda r: (r["policy"], r["ratio"])):
+            o = _ours_at(curves, p["ratio"])
+            if o is None:
+                beyond[p["policy"]] = beyond.get(p["policy"], 0) + 1
+                out.append(f"| {d} | {n} | {p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | beyond our reach | - | - |")
+                continue
+            rel = p["kl"] / o[1] if o[1] > 0 else float("inf")
+            per_press.setdefault(p["policy"], []).append(rel)
+            out.append(f"| {d} | {n} | {p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | {o[0]} | {o[1]:.4g} | {rel:.2f} |")
+    if not per_press and not beyond:
+        return ""
+    out += ["", "| press | points | press better (KL / ours < 1) | median KL / ours | range | beyond our reach |",
+            "|---|---:|---:|---:|---|---:|"]
+    for press in sorted(set(per_press) | set(beyond)):
+        v = per_press.get(press, [])
+        med = f"{np.median(v):.2f}" if v else "-"
+        rng = f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+        out.append(f"| {press} | {len(v)} | {sum(x < 1 for x in v)} | {med} | {rng} | {beyond.get(press, 0)} |")
+    nd = [r for r in rows if r["kind"] == "needle" and r["policy"] != "none"]
+    keys = sorted({(r["target_ratio"], r["placement"]) for r in nd})
+    if any(r["engine"] == "kvpress" for r in nd):
+        out += ["", "| target | placement | our best (hits) | press | press hits | trials |", "|---:|---|---|---|---:|---:|"]
+        for t, pl in keys:
+            same = [r for r in nd if (r["target_ratio"], r["placement"]) == (t, pl)]
+            ours = [r for r in same if r["engine"] == "ours" and r["policy"] != "random"]
+            best = max(ours, key=lambda r: r["needle_hits"]) if ours else None
+            for p in sorted((r for r in same if r["engine"] == "kvpress"), key=lambda r: -r["needle_hits"]):
+                ob = f"{best['policy']} ({best['needle_hits']})" if best else "-"
+                out.append(f"| {t:g} | {pl} | {ob} | {p['policy']} | {p['needle_hits']} | {p['needle_trials']} |")
+    return "\n".join(out)
