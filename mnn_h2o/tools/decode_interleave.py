@@ -5,7 +5,7 @@ with the same essay prompt; then their decode steps alternate (A B, B A, A B, ..
 teacher-forced tokens, so slow drifts of a noisy machine hit both alike. Prints the ratio of
 mean step times, and the ratio per block of 50 tokens to show its spread.
 
-    PYTHONPATH=. python tools/decode_interleave.py [--context 4096] [--tokens 400] [--target-lossy-ratio 3.2]
+    python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400] [--target-lossy-ratio 3.2]
 """
 import argparse
 import copy
@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from mnn_h2o.config import load
-from mnn_h2o.engine import Llm
-from mnn_h2o.essays import essay_tokens
+from ..config import load
+from ..engine import Llm
+from ..essays import essay_tokens
 
 
 def main():

@@ -8,7 +8,7 @@ the attention throughput in query-key pairs per second. After eviction: decode s
 tokens appended in one go, interleaved, with a 4.5 MB buffer read between layers as MNN's weights
 would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction).
 
-    PYTHONPATH=. python tools/bench_attention.py [--contexts 512 2048 4096] [--threads 1 2] [--isa avx512]
+    python -m mnn_h2o.tools.bench_attention [--contexts 512 2048 4096] [--threads 1 2] [--isa avx512]
 """
 import argparse
 import statistics
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from mnn_h2o import _core as core
+from .. import _core as core
 
 N_LAYERS, N_KV, HEAD_DIM, N_HEADS = 30, 3, 64, 9
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
