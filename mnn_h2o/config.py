@@ -85,14 +85,14 @@ SCHEMA: Tuple[Key, ...] = (
     Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "
         "kernels (int8 activations), 'normal' expands weights to float", choices=("low", "normal")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
-        "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (most accurate: "
-        "97% teacher-forced top-1 vs the exact model on SmolLM2 int8, against 91% with 0)",
+        "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
+        "of the three; measured agreement: docs/results.md)",
         choices=(0, 1, 2)),
     Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V",
         choices=("f16", "bf16", "f32")),
     Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "
-        "allocation, eviction and compression); 16 lets H2O keep finer heavy hitters (KL at 3x "
-        "on SmolLM2 0.013 vs 0.036 with 64)", choices=(16, 32, 64, 128, 256)),
+        "allocation, eviction and compression); smaller blocks let H2O keep finer-grained heavy "
+        "hitters", choices=(16, 32, 64, 128, 256)),
     Key("runtime", "prefill_chunk", int, 256, "tokens", "prompt tokens per prefill step",
         range=(1, 4096)),
     Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
@@ -135,14 +135,13 @@ SCHEMA: Tuple[Key, ...] = (
     Key("lossless", "hot_sink_tokens", int, 16, "tokens", "first tokens of a head that always stay "
         "raw (read every step)", range=(0, 1 << 20)),
     Key("lossless", "hot_recent_tokens", int, 16, "tokens", "last tokens of a head that always stay "
-        "raw (the block being written; every raw byte costs ~16% more than compressed)", range=(0, 1 << 20)),
+        "raw (a block still being written stays raw in any case)", range=(0, 1 << 20)),
     Key("lossless", "chunk_tokens", int, 128, "tokens", "tokens per compressed chunk (K and V of one "
-        "head in one frame; a multiple of runtime.block_tokens): bigger chunks compress better "
-        "(SmolLM2: 1.09x per 16-token frame, 1.17x per 64, 1.18x per 128)", range=(16, 4096)),
+        "head in one frame; a multiple of runtime.block_tokens): bigger chunks compress better but "
+        "are decoded whole to read any of their tokens", range=(16, 4096)),
     Key("lossless", "v_dedup_layers", int, 1, "layers", "store mode: layers [0, v_dedup_layers) hold "
         "each distinct V row once per kv head and chunks refer to it (layer 0's V depends on the "
-        "token id only, so repeated tokens repeat rows exactly: SmolLM2 at 4096 tokens, 1264 distinct "
-        "rows of 4224); 0 = off", range=(0, 1 << 10)),
+        "token id only, so repeated tokens repeat rows exactly); 0 = off", range=(0, 1 << 10)),
     Key("lossless", "async_threads", int, 1, "threads", "worker threads that encode off the decode "
         "path and prefetch; 0 encodes on the calling thread", range=(0, 16)),
     Key("lossless", "max_queue", int, 64, "jobs", "bound of the worker queue; when full, work is "
@@ -183,8 +182,7 @@ SCHEMA: Tuple[Key, ...] = (
         choices=("h2o", "probe", "full", "store"), item=str),
     Key("gates", "max_speed_noise", float, 0.25, "fraction", "speed gates: the allowance is the "
         "measured spread ((max - min) / median) of the two cases, at most this; a larger spread makes "
-        "the gate inconclusive (exit status 3), never a pass (quiet rounds on the 2-core VM: 5-21%; "
-        "busy ones 37-317%)", range=(0.0, 1.0)),
+        "the gate inconclusive (exit status 3), never a pass", range=(0.0, 1.0)),
     Key("gates", "max_store_slowdown", float, 3.0, "x", "store case: baseline decode tokens/s / "
         "store decode tokens/s at every prompt length may not exceed this", range=(1.0, None)),
 )

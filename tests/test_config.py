@@ -12,6 +12,15 @@ def test_docs_table_matches_schema():
         assert f.read() == config.markdown(), "docs/config.md is stale: python -m mnn_h2o.config --markdown > docs/config.md"
 
 
+def test_meanings_say_what_a_key_does_not_what_it_measured():
+    """A figure from one run goes stale in docs/config.md; measurements belong in docs/results.md."""
+    import re
+
+    measurement = re.compile(r"\d\s*%|\d\.\d+x\b|\bKL\b|SmolLM2|Qwen|\bmeasured \d")
+    for k in config.SCHEMA:
+        assert not measurement.search(k.meaning), f"{k.path}: {k.meaning}"
+
+
 def test_shipped_yaml_is_valid_and_covers_every_key():
     import yaml
 
