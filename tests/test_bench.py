@@ -36,6 +36,16 @@ def test_bad_config_is_exit_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_missing_bench_extra_is_exit_2_before_measuring(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["--out", str(tmp_path / "run")]) == 2
+    assert "pip install '.[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def micro_round(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")

@@ -72,9 +72,10 @@ def _round(args, cfg) -> int:
     from tqdm import tqdm
 
     from ..engine import Llm
-    from . import cases, gates, report
+    from . import cases, gates, plots, report
     from .environment import environment
 
+    plots.check_available()
     b = cfg["bench"]
     started = time.strftime("%Y%m%d-%H%M%S")
     folder = args.out or os.path.join(b["output_dir"], started)

@@ -1,6 +1,7 @@
 """PNG plots of a bench round (matplotlib, headless)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import List, Sequence
 
@@ -9,6 +10,14 @@ _COLOURS = {"baseline": "tab:gray", "h2o": "tab:purple", "probe": "tab:blue", "f
             "store": "tab:red"}
 _LABELS = {"baseline": "baseline (full cache)", "h2o": "H2O alone", "probe": "H2O (+ probe)",
            "full": "H2O (+ full check)", "store": "H2O + lossless store"}
+
+
+def check_available() -> None:
+    """matplotlib is in the optional ``bench`` extra, not a runtime dependency: say so before a
+    round spends minutes measuring, not when it writes its run folder."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("the bench writes its plots with matplotlib, which is not installed: "
+                         "pip install 'mnn_h2o[bench]' (from a checkout: pip install '.[bench]')")
 
 
 def _plt():

@@ -1,0 +1,49 @@
+"""The runtime depends on what it imports and no more: the bench's plots and the offline tools
+pull matplotlib and zstandard from the `bench` extra, lazily, so the package imports without them;
+the wheel leaves the model-file fuzzer out."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_ONLY = ("matplotlib", "zstandard")
+
+
+def _pyproject():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _name(requirement):
+    return requirement.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower()
+
+
+def test_bench_packages_are_an_extra_the_tests_include():
+    project = _pyproject()["project"]
+    runtime = {_name(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    assert not runtime & set(BENCH_ONLY)
+    assert {_name(r) for r in extras["bench"]} >= set(BENCH_ONLY)
+    assert "mnn_h2o[bench]" in extras["test"]
+
+
+def test_every_module_imports_without_the_bench_extra():
+    code = ("import importlib, pkgutil, sys\n"
+            f"for m in {BENCH_ONLY!r}: sys.modules[m] = None\n"
+            "import mnn_h2o\n"
+            "for info in pkgutil.walk_packages(mnn_h2o.__path__, 'mnn_h2o.'):\n"
+            "    importlib.import_module(info.name)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def test_wheel_exclusions_name_real_files():
+    excluded = _pyproject()["tool"]["scikit-build"]["wheel"]["exclude"]
+    assert any("fuzz" in e for e in excluded)
+    for path in excluded:
+        assert os.path.isfile(os.path.join(ROOT, path)), f"pyproject.toml excludes {path}, which does not exist"
