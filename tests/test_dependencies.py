@@ -47,3 +47,25 @@ def test_wheel_exclusions_name_real_files():
     assert any("fuzz" in e for e in excluded)
     for path in excluded:
         assert os.path.isfile(os.path.join(ROOT, path)), f"pyproject.toml excludes {path}, which does not exist"
+
+
+def test_runtime_modules_do_not_import_bench_eval_or_tools():
+    """docs/architecture.md: the top-level modules are the runtime; bench/, eval/ and tools/ sit on it."""
+    import ast
+
+    pkg = os.path.join(ROOT, "mnn_h2o")
+    for f in sorted(os.listdir(pkg)):
+        if not f.endswith(".py"):
+            continue
+        with open(os.path.join(pkg, f), encoding="utf-8") as src:
+            tree = ast.parse(src.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(filter(None, ("mnn_h2o" if node.level else "", node.module)))
+                names = [base + "." + a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(("mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools")), f"{f} imports {name}"

@@ -1,9 +1,12 @@
 """The README's commands work as written: every file a `--prompt-file` example reads is either
-in the repository or made by a README command just before it."""
+in the repository or made by a README command just before it. Its layout table matches the tree,
+both ways."""
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,3 +54,50 @@ def test_round_durations_name_the_machine():
     # The --help text used to give its own figures (~15 min, ~2 minutes) that disagreed with
     # the README's; it points there instead.
     assert not re.search(r"\d+(?:\.\d+)?[ -]min", out.getvalue()), out.getvalue()
+
+
+def _layout_rows():
+    """(paths of the left column, backticked names of the right column) per row of the layout table."""
+    text = "\n".join(_readme_lines())
+    table = text[text.index("## Layout"):text.index("## Using it")]
+    rows = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or cells[0] == "path" or set(cells[0]) <= set("-"):
+            continue
+        rows.append((re.findall(r"`([^`]+)`", cells[0]), re.findall(r"`([^`]+)`", cells[1])))
+    assert rows
+    return rows
+
+
+def _matches(folder, name):
+    import glob
+
+    pattern = os.path.join(ROOT, folder, name.rstrip("/"))
+    return glob.glob(pattern) + glob.glob(pattern + ".*")
+
+
+def test_layout_table_names_exist():
+    for paths, names in _layout_rows():
+        for p in paths:
+            assert os.path.exists(os.path.join(ROOT, p)), f"README layout names {p}, which is not in the tree"
+        folders = [p for p in paths if os.path.isdir(os.path.join(ROOT, p))]
+        for name in names:
+            assert any(_matches(f, name) for f in folders), \
+                f"README layout: `{name}` is not in {', '.join(folders)} (backticks in the right column are file names)"
+
+
+@pytest.mark.parametrize("folder", ["native/src/", "mnn_h2o/", "mnn_h2o/tools/"])
+def test_layout_table_names_every_file(folder):
+    import fnmatch
+
+    names = [n.rstrip("/") for paths, ns in _layout_rows() if folder in paths for n in ns]
+    assert names, f"README layout has no row for {folder}"
+    for entry in sorted(os.listdir(os.path.join(ROOT, folder))):
+        full = os.path.join(ROOT, folder, entry)
+        if entry.startswith(("_", ".")) or entry.endswith(".so"):
+            continue  # __init__.py, __pycache__, the developer build's _core*.so
+        if os.path.isfile(full) and folder.startswith("mnn_h2o") and not entry.endswith(".py"):
+            continue
+        assert any(fnmatch.fnmatch(entry, n) or fnmatch.fnmatch(entry, n + ".*") for n in names), \
+            f"{folder}{entry} is not named in the README's layout table"
