@@ -37,8 +37,8 @@ PRESSES: Dict[str, Tuple[str, bool]] = {
     "adakv_expected": ("AdaKVPress(ExpectedAttentionPress)", False),
 }
 
-INSTALL_HINT = ("install the optional extra: pip install /opt/wheels/torch-*+cpu-*.whl (or torch from "
-                "https://download.pytorch.org/whl/cpu), then pip install '.[compare]'")
+INSTALL_HINT = ("install the optional extra: the CPU build of torch first (pip install torch --index-url "
+                "https://download.pytorch.org/whl/cpu, or a local +cpu wheel), then pip install '.[compare]'")
 
 
 class PeerUnavailable(RuntimeError):
@@ -153,6 +153,8 @@ class KvpressPeer:
             module.masked_key_indices = None
             return output
 
+        for layer in model.model.layers:  # as kvpress's own hook set-up does: some presses need RoPE
+            layer.self_attn.rotary_emb = model.model.rotary_emb
         hooks = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
         try:
             with torch.inference_mode():
