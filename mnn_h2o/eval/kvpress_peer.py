@@ -47,14 +47,14 @@ class PeerUnavailable(RuntimeError):
 
 def check() -> None:
     """Raise :class:`PeerUnavailable` with an install hint unless the extra is importable."""
-    missing = []
+    problems = []
     for mod in ("torch", "transformers", "gguf", "kvpress"):
         try:
             __import__(mod)
-        except ImportError:
-            missing.append(mod)
-    if missing:
-        raise PeerUnavailable(f"kvpress peer needs {', '.join(missing)}: {INSTALL_HINT}")
+        except ImportError as e:  # missing, or present with a version it refuses (e.g. tokenizers)
+            problems.append(f"{mod} ({e})")
+    if problems:
+        raise PeerUnavailable(f"kvpress peer cannot import {'; '.join(problems)}: {INSTALL_HINT}")
 
 
 def compression_ratio(target: float, prompt_tokens: int, later_tokens: int) -> float:
@@ -70,10 +70,10 @@ def compression_ratio(target: float, prompt_tokens: int, later_tokens: int) -> f
 
 
 def make_press(name: str, cr: float):
-    import kvpress
-
     if name not in PRESSES:
         raise ValueError(f"unknown kvpress press {name!r} (allowed: {', '.join(PRESSES)})")
+    import kvpress
+
     if name == "adakv_expected":
         return kvpress.AdaKVPress(kvpress.ExpectedAttentionPress(compression_ratio=cr))
     return getattr(kvpress, PRESSES[name][0])(compression_ratio=cr)
