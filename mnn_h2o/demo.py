@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from . import config as config_mod
-from .engine import ContextOverflowError, Llm, Sampling
-from .gguf_model import ModelFileError
+from .cli_errors import run
+from .engine import Llm, Sampling
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="sampling seed")
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.max_new_tokens < 0:
             raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
@@ -54,20 +55,16 @@ def main(argv=None) -> int:
         llm = Llm.load(None, cfg)
         g = llm.generate(prompt, args.max_new_tokens, sampling, stop=args.stop,
                          stream=lambda s: print(s, end="", flush=True), chat=not args.no_chat)
-    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
-        print(f"\nerror: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    s = g.stats
-    print()
-    print(f"\n--- {s.prompt_tokens} prompt tokens, {s.generated_tokens} generated ({g.stop_reason})")
-    print(f"prefill {s.prefill_s * 1e3:8.1f} ms  {s.prefill_tps:8.1f} tok/s")
-    print(f"decode  {s.decode_s * 1e3:8.1f} ms  {s.decode_tps:8.1f} tok/s")
-    print(f"KV held {s.kv_bytes_held / 2**20:8.2f} MiB (peak {s.kv_bytes_peak / 2**20:.2f} MiB), "
-          f"dtype {cfg['runtime']['kv_dtype']}")
-    return 0
+        s = g.stats
+        print()
+        print(f"\n--- {s.prompt_tokens} prompt tokens, {s.generated_tokens} generated ({g.stop_reason})")
+        print(f"prefill {s.prefill_s * 1e3:8.1f} ms  {s.prefill_tps:8.1f} tok/s")
+        print(f"decode  {s.decode_s * 1e3:8.1f} ms  {s.decode_tps:8.1f} tok/s")
+        print(f"KV held {s.kv_bytes_held / 2**20:8.2f} MiB (peak {s.kv_bytes_peak / 2**20:.2f} MiB), "
+              f"dtype {cfg['runtime']['kv_dtype']}")
+        return 0
+
+    return run(body, lead="\n")
 
 
 if __name__ == "__main__":

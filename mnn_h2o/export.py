@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .cli_errors import run
+from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
@@ -233,7 +234,8 @@ def main(argv=None) -> int:
                     help="write a stock MNN.llm model directory (fused Attention op, MNN's own KV cache)")
     ap.add_argument("--force", action="store_true", help="re-export even if a cached export matches")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> int:
         path = gguf_file(args.gguf) if args.gguf else resolve_gguf(args.model)
         if args.stock:
             from .stock_export import export_stock, stock_dir_for
@@ -242,16 +244,9 @@ def main(argv=None) -> int:
             print(export_stock(path, out, weight_bits=args.weight_bits))
         else:
             print(export(path, args.out, args.weight_bits, force=args.force))
-    except (ModelFileError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    return 0
+        return 0
+
+    return run(body)
 
 
 if __name__ == "__main__":

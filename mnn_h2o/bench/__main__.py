@@ -210,8 +210,7 @@ def _selftest(cfg) -> int:
 
 def main(argv=None) -> int:
     from .. import config as config_mod
-    from ..engine import ContextOverflowError
-    from ..gguf_model import ModelFileError
+    from ..cli_errors import run
 
     ap = argparse.ArgumentParser(
         prog="python -m mnn_h2o.bench",
@@ -261,7 +260,8 @@ def main(argv=None) -> int:
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> int:
         overrides = {"model.name": args.model} if args.model else {}
         if args.quick:
             overrides.update(QUICK)
@@ -280,15 +280,8 @@ def main(argv=None) -> int:
                 raise ValueError("--n-decode must be >= 1")
             return _speed(args, cfg)
         return _round(args, cfg)
-    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+
+    return run(body)
 
 
 if __name__ == "__main__":

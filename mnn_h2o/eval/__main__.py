@@ -89,18 +89,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from .. import config as config_mod
-    from ..engine import ContextOverflowError
-    from ..gguf_model import ModelFileError
+    from ..cli_errors import run
 
-    try:
-        return _frontier(args, config_mod)
-    except (ModelFileError, ContextOverflowError, config_mod.ConfigError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the runs finished so far are in {args.json} (--resume goes on)",
-              file=sys.stderr)
-        return 130
+    return run(lambda: _frontier(args, config_mod),
+               interrupted=f"interrupted: the runs finished so far are in {args.json} (--resume goes on)")
 
 
 def _frontier(args, config_mod) -> int:

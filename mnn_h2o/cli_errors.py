@@ -1,0 +1,36 @@
+"""How every command (export, demo, bench, eval) ends on a user's mistake or Ctrl-C: one line on
+stderr and exit status 2 or 130, never a traceback. Anything else is a bug and keeps its traceback."""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+
+def _user_errors() -> tuple:
+    # Imported here: the engine pulls in MNN, which export's and the tests' error paths need not load.
+    from .config import ConfigError
+    from .engine import ContextOverflowError
+    from .gguf_model import ModelFileError
+
+    return (ModelFileError, ContextOverflowError, ConfigError, ValueError, OSError)
+
+
+def describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and (e.filename or e.strerror):
+        return f"{e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
+    return str(e)
+
+
+def run(body: Callable[[], int], interrupted: str = "interrupted", lead: str = "") -> int:
+    """``body()``'s exit status; a user error prints ``error: ...`` (after ``lead``, e.g. a newline
+    after streamed output) and gives 2; Ctrl-C prints ``interrupted`` and gives 130."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"\n{interrupted}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            raise
+        print(f"{lead}error: {describe(e)}", file=sys.stderr)
+        return 2
