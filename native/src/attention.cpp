@@ -70,7 +70,9 @@ void validate(const AttentionProblem& p) {
     if (p.group < 1 || p.group > kMaxGroup) fail("group must be in [1, " + std::to_string(kMaxGroup) + "]");
     if (p.head_dim < 16 || p.head_dim > 256 || p.head_dim % 16) fail("head_dim must be a multiple of 16 in [16, 256]");
     if (p.block_tokens < 16 || p.block_tokens % 16) fail("block_tokens must be a positive multiple of 16");
-    if (p.dtype != KvDtype::F16 && p.dtype != KvDtype::BF16 && p.dtype != KvDtype::F32) fail("unknown dtype");
+    if (!kv_dtype_valid(static_cast<int>(p.dtype))) fail("unknown dtype");
+    const std::string shape_error = kv_dtype_shape_error(p.dtype, p.head_dim);
+    if (!shape_error.empty()) fail(shape_error);
     if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
     if (p.n_q < 1) fail("n_q must be >= 1");
     if (p.split_keys < 0) fail("split_keys must be >= 0");
@@ -266,52 +268,32 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
 
 }  // namespace
 
-size_t kv_dtype_size(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::F16:
-        case KvDtype::BF16: return 2;
-        case KvDtype::F32: return 4;
-    }
-    throw std::invalid_argument("unknown KvDtype");
-}
-
-const char* kv_dtype_name(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::F16: return "f16";
-        case KvDtype::BF16: return "bf16";
-        case KvDtype::F32: return "f32";
-    }
-    return "?";
-}
-
 bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
 
 void attention(const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
     validate(p);
-    const kernels::Shape shape{p.head_dim, p.block_tokens, p.dtype, 1.f / std::sqrt(static_cast<float>(p.head_dim))};
+    const kernels::Shape shape{p.head_dim, p.block_tokens, kv_storage_dtype(p.dtype), 1.f / std::sqrt(static_cast<float>(p.head_dim))};
     const int n_threads = pool ? pool->size() : 1;
     if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, n_threads, pool, ws, source);
     else decoded(p, ks, shape, n_threads, pool, ws, source);
 }
 
-// The SIMD sets convert whole vectors of 16; the scalar code, bit-identical, does the rest.
-void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n) {
+// Float types: the SIMD sets convert whole vectors of 16, and rows are multiples of 16 long.
+// Quantised types: the reference code of kv_dtype.cpp on every ISA, so the codes are the same
+// bytes everywhere (appending a token costs a few hundred ns of it per layer).
+void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
-    const size_t head = isa == Isa::Scalar ? n : n / 16 * 16;
-    ks.from_f32(dtype, src, dst, head);
-    if (head < n)
-        kernels::scalar_kernels().from_f32(dtype, src + head, static_cast<uint8_t*>(dst) + head * kv_dtype_size(dtype),
-                                           n - head);
+    const size_t n = n_rows * static_cast<size_t>(head_dim);
+    if (kv_dtype_quantised(dtype) || n % 16) kv_rows_from_f32(dtype, src, dst, n_rows, head_dim);
+    else ks.from_f32(dtype, src, dst, n);
 }
 
-void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n) {
+void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
-    const size_t head = isa == Isa::Scalar ? n : n / 16 * 16;
-    ks.to_f32(dtype, src, dst, head);
-    if (head < n)
-        kernels::scalar_kernels().to_f32(dtype, static_cast<const uint8_t*>(src) + head * kv_dtype_size(dtype),
-                                         dst + head, n - head);
+    const size_t n = n_rows * static_cast<size_t>(head_dim);
+    if (kv_dtype_quantised(dtype) || n % 16) kv_rows_to_f32(dtype, src, dst, n_rows, head_dim);
+    else ks.to_f32(dtype, src, dst, n);
 }
 
 }  // namespace mnn_h2o

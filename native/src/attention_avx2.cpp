@@ -72,6 +72,18 @@ struct Avx2 {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                          _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
     }
+
+    static vec load_i8(const int8_t* p) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    }
+    static vec load_u4(const uint8_t* p) {
+        int32_t bytes;
+        __builtin_memcpy(&bytes, p, sizeof bytes);
+        const __m128i x = _mm_cvtsi32_si128(bytes), mask = _mm_set1_epi8(0x0F);
+        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+    }
+    static float half(uint16_t h) { return _cvtsh_ss(h); }
 };
 
 }  // namespace

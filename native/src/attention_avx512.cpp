@@ -81,6 +81,16 @@ struct Avx512 {
         const __m512i r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, nan);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
     }
+
+    static vec load_i8(const int8_t* p) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    }
+    static vec load_u4(const uint8_t* p) {
+        const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), mask = _mm_set1_epi8(0x0F);
+        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+    }
+    static float half(uint16_t h) { return _cvtsh_ss(h); }
 };
 
 }  // namespace

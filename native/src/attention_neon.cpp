@@ -51,6 +51,21 @@ struct Neon {
         const uint32x4_t is_num = vceqq_f32(v, v);
         vst1_u16(p, vmovn_u32(vbslq_u32(is_num, rounded, nan)));
     }
+
+    static vec load_i8(const int8_t* p) {
+        uint32_t bytes;
+        __builtin_memcpy(&bytes, p, sizeof bytes);
+        const int16x8_t w = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(bytes)));
+        return vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+    }
+    static vec load_u4(const uint8_t* p) {
+        uint16_t bytes;
+        __builtin_memcpy(&bytes, p, sizeof bytes);
+        const uint8x8_t x = vreinterpret_u8_u16(vdup_n_u16(bytes));
+        const uint8x8_t codes = vzip1_u8(vand_u8(x, vdup_n_u8(0x0F)), vshr_n_u8(x, 4));
+        return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(codes))));
+    }
+    static float half(uint16_t h) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
 };
 
 }  // namespace

@@ -6,28 +6,18 @@
 #include <limits>
 
 #include "attention_kernels.h"
-#include "mnn_h2o/fp16.h"
+#include "mnn_h2o/kv_dtype.h"
 
 namespace mnn_h2o {
 namespace kernels {
 
 namespace {
 
+// Row `token` of a head's K or V, converted by the element type's reference code (kv_dtype.cpp).
 void load_row(const Shape& s, const void* const* blocks, int token, float* dst) {
-    const int bt = s.block_tokens, hd = s.head_dim;
-    const size_t offset = static_cast<size_t>(token % bt) * hd;
-    const void* block = blocks[token / bt];
-    switch (s.dtype) {
-        case KvDtype::F32:
-            std::memcpy(dst, static_cast<const float*>(block) + offset, sizeof(float) * hd);
-            break;
-        case KvDtype::F16:
-            for (int d = 0; d < hd; ++d) dst[d] = fp16_to_fp32(static_cast<const uint16_t*>(block)[offset + d]);
-            break;
-        case KvDtype::BF16:
-            for (int d = 0; d < hd; ++d) dst[d] = bf16_to_fp32(static_cast<const uint16_t*>(block)[offset + d]);
-            break;
-    }
+    const void* block = blocks[token / s.block_tokens];
+    const size_t offset = static_cast<size_t>(token % s.block_tokens) * kv_row_bytes(s.dtype, s.head_dim);
+    kv_rows_to_f32(s.dtype, static_cast<const uint8_t*>(block) + offset, dst, 1, s.head_dim);
 }
 
 // The unnormalised softmax state of one query row over keys [kb, ke) (see DecodeArgs).
@@ -93,28 +83,13 @@ void tile(const TileArgs& a) {
     }
 }
 
+// Float types only (attention.cpp converts quantised rows itself): n elements as one row.
 void from_f32(KvDtype dtype, const float* src, void* dst, size_t n) {
-    switch (dtype) {
-        case KvDtype::F32: std::memcpy(dst, src, n * sizeof(float)); break;
-        case KvDtype::F16:
-            for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = fp32_to_fp16(src[i]);
-            break;
-        case KvDtype::BF16:
-            for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = fp32_to_bf16(src[i]);
-            break;
-    }
+    kv_rows_from_f32(dtype, src, dst, 1, static_cast<int>(n));
 }
 
 void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
-    switch (dtype) {
-        case KvDtype::F32: std::memcpy(dst, src, n * sizeof(float)); break;
-        case KvDtype::F16:
-            for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(static_cast<const uint16_t*>(src)[i]);
-            break;
-        case KvDtype::BF16:
-            for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(static_cast<const uint16_t*>(src)[i]);
-            break;
-    }
+    kv_rows_to_f32(dtype, src, dst, 1, static_cast<int>(n));
 }
 
 }  // namespace

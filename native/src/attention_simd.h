@@ -8,7 +8,9 @@
 // V provides: vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
 // kTileKeys (keys per score micro-tile in prefill), kPvRows (rows per P*V micro-tile), and
 // zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
-// load_f16/load_bf16/store_f16/store_bf16.
+// load_f16/load_bf16/store_f16/store_bf16, load_i8 (W int8 -> fp32), load_u4 (W 4-bit codes from
+// W/2 bytes, element 2i in the low nibble, -> fp32 in [0, 15]) and half (one fp16 -> fp32). The
+// quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
 //
 // Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
 #pragma once
@@ -43,11 +45,30 @@ inline Vec<V> vexp(Vec<V> x) {
     return V::select_lt(x, lo, V::zero(), V::mul(y, V::pow2n(n)));
 }
 
+// Elements [i, i + W) of a float-type array.
 template <class V, KvDtype DT>
-inline Vec<V> load_kv(const void* base, size_t i) {
+inline Vec<V> load_elems(const void* base, size_t i) {
     if constexpr (DT == KvDtype::F32) return V::load(static_cast<const float*>(base) + i);
     else if constexpr (DT == KvDtype::F16) return V::load_f16(static_cast<const uint16_t*>(base) + i);
     else return V::load_bf16(static_cast<const uint16_t*>(base) + i);
+}
+
+// Elements [c, c + W) of row j of a block, as fp32. Quantised rows (kv_dtype.h): codes then one
+// fp16 scale per 32 elements; W divides 32, so the W elements share one scale, and code * scale
+// is the same product the scalar reference computes.
+template <class V, KvDtype DT>
+inline Vec<V> load_kv(const void* blk, int j, int hd, int c) {
+    if constexpr (DT == KvDtype::Q8 || DT == KvDtype::Q4) {
+        const size_t code_bytes = DT == KvDtype::Q8 ? static_cast<size_t>(hd) : static_cast<size_t>(hd) / 2;
+        const uint8_t* row = static_cast<const uint8_t*>(blk) + static_cast<size_t>(j) * (code_bytes + hd / 16);
+        uint16_t scale_bits;
+        __builtin_memcpy(&scale_bits, row + code_bytes + (c / 32) * 2, sizeof scale_bits);
+        const Vec<V> scale = V::set1(V::half(scale_bits));
+        if constexpr (DT == KvDtype::Q8) return V::mul(V::load_i8(reinterpret_cast<const int8_t*>(row) + c), scale);
+        else return V::mul(V::sub(V::load_u4(row + c / 2), V::set1(8.f)), scale);
+    } else {
+        return load_elems<V, DT>(blk, static_cast<size_t>(j) * hd + c);
+    }
 }
 
 template <class V>
@@ -75,7 +96,7 @@ void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t
             Vec<V> qv[RC];
             for (int r = 0; r < RC; ++r) qv[r] = V::load(q + r * hd + c);
             for (int jj = 0; jj < 4; ++jj) {
-                const Vec<V> kv = load_kv<V, DT>(kblk, static_cast<size_t>(j + jj) * hd + c);
+                const Vec<V> kv = load_kv<V, DT>(kblk, j + jj, hd, c);
                 for (int r = 0; r < RC; ++r) acc[jj][r] = V::fmadd(kv, qv[r], acc[jj][r]);
             }
         }
@@ -85,7 +106,7 @@ void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t
         Vec<V> acc[RC];
         for (int r = 0; r < RC; ++r) acc[r] = V::zero();
         for (int c = 0; c < hd; c += V::W) {
-            const Vec<V> kv = load_kv<V, DT>(kblk, static_cast<size_t>(j) * hd + c);
+            const Vec<V> kv = load_kv<V, DT>(kblk, j, hd, c);
             for (int r = 0; r < RC; ++r) acc[r] = V::fmadd(kv, V::load(q + r * hd + c), acc[r]);
         }
         for (int r = 0; r < RC; ++r) s[r * s_stride + j] = V::hsum(acc[r]);
@@ -100,7 +121,7 @@ void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd,
         for (int d = 0; d < DC; ++d) acc[r][d] = V::load(o + r * hd + c0 + d * V::W);
     for (int j = 0; j < nk; ++j) {
         Vec<V> v[DC];
-        for (int d = 0; d < DC; ++d) v[d] = load_kv<V, DT>(vblk, static_cast<size_t>(j) * hd + c0 + d * V::W);
+        for (int d = 0; d < DC; ++d) v[d] = load_kv<V, DT>(vblk, j, hd, c0 + d * V::W);
         for (int r = 0; r < RC; ++r) {
             const Vec<V> pr = V::set1(p[r * p_stride + j]);
             for (int d = 0; d < DC; ++d) acc[r][d] = V::fmadd(pr, v[d], acc[r][d]);
@@ -288,7 +309,8 @@ void tile_pv_rows(const float* pt, const float* alpha, const float* vf, int nk, 
 
 template <class V, KvDtype DT>
 void convert_block(const void* blk, int nk, int hd, float* dst) {
-    for (size_t i = 0, n = static_cast<size_t>(nk) * hd; i < n; i += V::W) V::store(dst + i, load_kv<V, DT>(blk, i));
+    for (int j = 0; j < nk; ++j)
+        for (int c = 0; c < hd; c += V::W) V::store(dst + static_cast<size_t>(j) * hd + c, load_kv<V, DT>(blk, j, hd, c));
 }
 
 template <class V, KvDtype DT>
@@ -412,6 +434,9 @@ void decode(const DecodeArgs& a) {
         case KvDtype::F16: decode_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: decode_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: decode_impl<V, KvDtype::F32>(a); break;
+        case KvDtype::Q8: decode_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q4:
+        case KvDtype::Q4R: decode_impl<V, KvDtype::Q4>(a); break;
     }
 }
 
@@ -421,6 +446,9 @@ void tile(const TileArgs& a) {
         case KvDtype::F16: tile_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: tile_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: tile_impl<V, KvDtype::F32>(a); break;
+        case KvDtype::Q8: tile_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q4:
+        case KvDtype::Q4R: tile_impl<V, KvDtype::Q4>(a); break;
     }
 }
 
@@ -432,6 +460,7 @@ void from_f32(KvDtype dtype, const float* src, void* dst, size_t n) {
             case KvDtype::F32: V::store(static_cast<float*>(dst) + i, x); break;
             case KvDtype::F16: V::store_f16(static_cast<uint16_t*>(dst) + i, x); break;
             case KvDtype::BF16: V::store_bf16(static_cast<uint16_t*>(dst) + i, x); break;
+            default: break;  // quantised rows are converted by the reference code (attention.cpp)
         }
     }
 }
@@ -440,9 +469,10 @@ template <class V>
 void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; i += V::W) {
         switch (dtype) {
-            case KvDtype::F32: V::store(dst + i, load_kv<V, KvDtype::F32>(src, i)); break;
-            case KvDtype::F16: V::store(dst + i, load_kv<V, KvDtype::F16>(src, i)); break;
-            case KvDtype::BF16: V::store(dst + i, load_kv<V, KvDtype::BF16>(src, i)); break;
+            case KvDtype::F32: V::store(dst + i, load_elems<V, KvDtype::F32>(src, i)); break;
+            case KvDtype::F16: V::store(dst + i, load_elems<V, KvDtype::F16>(src, i)); break;
+            case KvDtype::BF16: V::store(dst + i, load_elems<V, KvDtype::BF16>(src, i)); break;
+            default: break;
         }
     }
 }

@@ -179,9 +179,9 @@ mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_
         if (!cache) return null_arg("mnn_h2o_kv_cache_create", "cache");
         *cache = nullptr;
         if (!config) return null_arg("mnn_h2o_kv_cache_create", "config");
-        if (config->dtype < MNN_H2O_DTYPE_F16 || config->dtype > MNN_H2O_DTYPE_F32)
+        if (!mnn_h2o::kv_dtype_valid(config->dtype))
             return fail(MNN_H2O_ERR_INVALID_ARGUMENT, "mnn_h2o_kv_cache_create",
-                        "unknown dtype " + std::to_string(config->dtype));
+                        "unknown dtype " + std::to_string(config->dtype) + " (known: " + mnn_h2o::kv_dtype_names() + ")");
         mnn_h2o::KvCacheConfig c;
         c.n_layers = config->n_layers;
         c.n_kv_heads = config->n_kv_heads;
@@ -395,6 +395,8 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o
         stats->bytes_held = st.bytes_held;
         stats->bytes_uncompressed = st.bytes_uncompressed;
         stats->lossy_ratio = st.lossy_ratio;
+        stats->bytes_f16 = st.bytes_f16;
+        stats->whole_model_ratio = st.whole_model_ratio;
         stats->policy_us = st.policy_us;
         stats->compact_us = st.compact_us;
         stats->updates = st.updates;

@@ -12,6 +12,7 @@ namespace mnn_h2o {
 namespace {
 
 constexpr int kMaxThreads = 256;
+constexpr int kMaxHeadDim = 256;
 // Tile kernels compare key positions as float: positions must stay exactly representable.
 constexpr int kMaxTokensLimit = 1 << 24;
 
@@ -47,9 +48,11 @@ KvCacheConfig validated(const KvCacheConfig& c) {
     require(c.n_heads >= c.n_kv_heads && c.n_heads % c.n_kv_heads == 0,
             "n_heads must be a positive multiple of n_kv_heads");
     require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
-    require(c.head_dim >= 16 && c.head_dim <= 256 && c.head_dim % 16 == 0,
+    require(c.head_dim >= 16 && c.head_dim <= kMaxHeadDim && c.head_dim % 16 == 0,
             "head_dim must be a multiple of 16 in [16, 256]");
-    require(c.dtype == KvDtype::F16 || c.dtype == KvDtype::BF16 || c.dtype == KvDtype::F32, "unknown dtype");
+    require(kv_dtype_valid(static_cast<int>(c.dtype)), "unknown dtype " + std::to_string(static_cast<int>(c.dtype)));
+    const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
+    require(shape_error.empty(), shape_error);
     require(c.block_tokens >= 16 && c.block_tokens <= 4096 && c.block_tokens % 16 == 0,
             "block_tokens must be a multiple of 16 in [16, 4096]");
     require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
@@ -61,7 +64,7 @@ KvCacheConfig validated(const KvCacheConfig& c) {
 
 KvCache::KvCache(const KvCacheConfig& config)
     : cfg_(validated(config)),
-      row_bytes_(static_cast<size_t>(cfg_.head_dim) * kv_dtype_size(cfg_.dtype)),
+      row_bytes_(kv_row_bytes(cfg_.dtype, cfg_.head_dim)),
       isa_(best_isa()),
       pool_(row_bytes_ * cfg_.block_tokens, slab_blocks(cfg_, row_bytes_ * cfg_.block_tokens)),
       threads_(cfg_.threads > 1 ? std::make_unique<ThreadPool>(cfg_.threads) : nullptr),
@@ -137,14 +140,25 @@ void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
         throw;
     }
     const size_t src_stride = static_cast<size_t>(cfg_.n_kv_heads) * hd;
+    const bool rotated = kv_dtype_rotated(cfg_.dtype);
+    float rows[2][kMaxHeadDim];
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
         Head& hs = head(layer, h);
         for (int t = 0; t < n_tokens; ++t) {
             const int pos = hs.length + t;
             const size_t offset = static_cast<size_t>(pos % bt) * row_bytes_;
             const size_t src = t * src_stride + static_cast<size_t>(h) * hd;
-            convert_from_f32(isa_, cfg_.dtype, k + src, static_cast<uint8_t*>(hs.k_blocks[pos / bt]) + offset, hd);
-            convert_from_f32(isa_, cfg_.dtype, v + src, static_cast<uint8_t*>(hs.v_blocks[pos / bt]) + offset, hd);
+            const float* k_row = k + src;
+            const float* v_row = v + src;
+            if (rotated) {
+                std::memcpy(rows[0], k_row, sizeof(float) * hd);
+                std::memcpy(rows[1], v_row, sizeof(float) * hd);
+                hadamard_rows(rows[0], 2, hd);
+                k_row = rows[0];
+                v_row = rows[1];
+            }
+            convert_from_f32(isa_, cfg_.dtype, k_row, static_cast<uint8_t*>(hs.k_blocks[pos / bt]) + offset, 1, hd);
+            convert_from_f32(isa_, cfg_.dtype, v_row, static_cast<uint8_t*>(hs.v_blocks[pos / bt]) + offset, 1, hd);
         }
         hs.length += n_tokens;
     }
@@ -188,8 +202,17 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
     p.out = out;
     p.block_scores = block_scores;
     p.scores_stride = scores_stride;
+    // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
+    // mix of rotated values, so it is rotated back (H is its own inverse).
+    const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
+    if (kv_dtype_rotated(cfg_.dtype)) {
+        rotated_q_.assign(q, q + q_rows * cfg_.head_dim);
+        hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
+        p.q = rotated_q_.data();
+    }
     if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, threads_.get(), workspace_);
     else attention(p, isa, threads_.get(), workspace_);
+    if (kv_dtype_rotated(cfg_.dtype)) hadamard_rows(out, q_rows, cfg_.head_dim);
 }
 
 void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
@@ -241,13 +264,17 @@ void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
     require(hs.length == 0 || (k_out && v_out), "null output");
     const int bt = cfg_.block_tokens;
     for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
-        const size_t n = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt) * cfg_.head_dim;
+        const size_t rows = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt);
         const size_t offset = static_cast<size_t>(pos) * cfg_.head_dim;
         const void* k = hs.k_blocks[b];
         const void* v = hs.v_blocks[b];
         if (!k) store_->read_block(layer, h, b, &k, &v);
-        convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, n);
-        convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, n);
+        convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, rows, cfg_.head_dim);
+        convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, rows, cfg_.head_dim);
+    }
+    if (kv_dtype_rotated(cfg_.dtype)) {
+        hadamard_rows(k_out, static_cast<size_t>(hs.length), cfg_.head_dim);
+        hadamard_rows(v_out, static_cast<size_t>(hs.length), cfg_.head_dim);
     }
 }
 
@@ -469,6 +496,7 @@ H2oStats KvCache::h2o_stats() const {
     H2oStats s;
     s.layers.resize(cfg_.n_layers);
     const size_t token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * row_bytes_ * 2;  // K and V, every head
+    const size_t f16_token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * kv_row_bytes(KvDtype::F16, cfg_.head_dim) * 2;
     for (int layer = 0; layer < cfg_.n_layers; ++layer) {
         H2oStats::Layer& l = s.layers[layer];
         l.counters = stats_[layer];
@@ -479,12 +507,15 @@ H2oStats KvCache::h2o_stats() const {
                 l.bytes_held += ((hs.k_blocks[b] != nullptr) + (hs.v_blocks[b] != nullptr)) * pool_.block_bytes();
         }
         s.bytes_uncompressed += static_cast<size_t>(stats_[layer].tokens_seen) * token_bytes;
+        s.bytes_f16 += static_cast<size_t>(stats_[layer].tokens_seen) * f16_token_bytes;
         s.policy_us += stats_[layer].policy_us;
         s.compact_us += stats_[layer].compact_us;
     }
     s.bytes_held = pool_.bytes_held();
     if (s.bytes_held > 0) s.lossy_ratio = static_cast<double>(s.bytes_uncompressed) / static_cast<double>(s.bytes_held);
     else if (s.bytes_uncompressed > 0) s.lossy_ratio = std::numeric_limits<double>::infinity();
+    if (s.bytes_held > 0) s.whole_model_ratio = static_cast<double>(s.bytes_f16) / static_cast<double>(s.bytes_held);
+    else if (s.bytes_f16 > 0) s.whole_model_ratio = std::numeric_limits<double>::infinity();
     s.updates = h2o_ ? h2o_->updates() : 0;
     return s;
 }

@@ -36,8 +36,9 @@ gear::ElementType element_type_of(KvDtype dtype) {
         case KvDtype::F16: return gear::ElementType::F16;
         case KvDtype::BF16: return gear::ElementType::BF16;
         case KvDtype::F32: return gear::ElementType::F32;
+        default: break;  // refused by validate_store_config
     }
-    throw std::invalid_argument("KvStore: unknown dtype");
+    throw std::invalid_argument(std::string("KvStore: the lossless store does not take dtype ") + kv_dtype_name(dtype));
 }
 
 gear::EncodeOptions codec_options(const StoreConfig& c) {
@@ -173,7 +174,7 @@ KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPoo
       head_dim_(cache.head_dim),
       block_tokens_(cache.block_tokens),
       blocks_per_chunk_(config.chunk_tokens / cache.block_tokens),
-      row_bytes_(static_cast<size_t>(cache.head_dim) * kv_dtype_size(cache.dtype)),
+      row_bytes_(kv_row_bytes(cache.dtype, cache.head_dim)),
       block_bytes_(row_bytes_ * cache.block_tokens),
       dtype_(cache.dtype),
       element_type_(element_type_of(cache.dtype)),

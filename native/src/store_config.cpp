@@ -27,6 +27,11 @@ void validate_store_config(const StoreConfig& c, const KvCacheConfig& cache) {
     require(c.mode == StoreMode::Off || c.mode == StoreMode::Probe || c.mode == StoreMode::Full ||
                 c.mode == StoreMode::Store,
             "mode", "must be off, probe, full or store");
+    // Gear's element types are the float ones: it models the exponent and mantissa bytes of
+    // fp16/bf16/fp32, which integer codes do not have (docs/gear_format.md).
+    if (c.mode != StoreMode::Off && kv_dtype_quantised(cache.dtype))
+        throw std::invalid_argument(std::string("enable_store: the lossless store does not take the quantised KV dtype ") +
+                                    kv_dtype_name(cache.dtype) + " (use f16, bf16 or f32, or mode off)");
     require(c.front_n >= 0 && c.front_n <= cache.n_layers, "front_n",
             "must be in [0, n_layers=" + std::to_string(cache.n_layers) + "]");
     require(c.hot_sink_tokens >= 0, "hot_sink_tokens", "must be >= 0");

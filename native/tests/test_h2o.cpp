@@ -389,7 +389,7 @@ static bool packed(const KvCache& cache, int layer, int h, size_t block_bytes) {
 
 static void test_compaction(KvDtype dtype) {
     const KvCacheConfig cc = small_config(2, 1024, dtype, 16);
-    const size_t block_bytes = static_cast<size_t>(16) * 32 * kv_dtype_size(dtype);
+    const size_t block_bytes = static_cast<size_t>(16) * kv_row_bytes(dtype, 32);
     std::mt19937 rng(9);
     struct Case {
         const char* name;

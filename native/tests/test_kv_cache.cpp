@@ -149,7 +149,7 @@ static void test_read_back() {
             cache.append(1, &k[static_cast<size_t>(t0) * row], &v[static_cast<size_t>(t0) * row], n);
         }
         CHECK(cache.length(1, 0) == 150 && cache.length(1, 1) == 150 && cache.length(0, 0) == 0, "lengths");
-        CHECK(cache.bytes_held() == size_t{2} * 2 * 10 * 16 * 80 * kv_dtype_size(dt), "held %zu", cache.bytes_held());
+        CHECK(cache.bytes_held() == size_t{2} * 2 * 10 * 16 * kv_row_bytes(dt, 80), "held %zu", cache.bytes_held());
         for (int h = 0; h < 2; ++h) {
             std::vector<float> rk(150 * 80), rv(150 * 80);
             cache.read(1, h, rk.data(), rv.data());

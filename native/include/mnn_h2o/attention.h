@@ -1,7 +1,8 @@
 // Attention of new queries over a block-structured KV cache, with an optional H2O signal.
 //
-// The kernel reads keys and values straight from the cache blocks in the cache dtype (fp16,
-// bf16 or fp32), token-major inside a block, and converts them to fp32 in registers. Softmax is
+// The kernel reads keys and values straight from the cache blocks in the cache dtype (kv_dtype.h:
+// fp16, bf16, fp32, or int8/int4 codes with fp16 group scales), token-major inside a block, and
+// converts them to fp32 in registers; there is never a dequantised copy of the cache. Softmax is
 // exact (max-subtracted, fp32 accumulation). Each kernel exists per ISA (scalar reference,
 // AVX2+F16C+FMA, AVX-512, NEON) behind one entry point that takes the ISA explicitly.
 #pragma once
@@ -11,15 +12,11 @@
 #include <vector>
 
 #include "mnn_h2o/cpu_features.h"
+#include "mnn_h2o/kv_dtype.h"
 
 namespace mnn_h2o {
 
 class ThreadPool;
-
-enum class KvDtype { F16 = 0, BF16 = 1, F32 = 2 };
-
-size_t kv_dtype_size(KvDtype dtype);
-const char* kv_dtype_name(KvDtype dtype);
 
 // Attention uses more than one thread only when n_q * (keys of the longest kv head) reaches this:
 // below it, waking a sleeping worker costs more than it saves (one thread was faster below ~1k
@@ -38,9 +35,9 @@ struct KvHeadView {
 struct AttentionProblem {
     int n_kv_heads = 0;
     int group = 0;        // query heads per kv head; query head h*group+g reads kv head h
-    int head_dim = 0;     // multiple of 16, at most 256
+    int head_dim = 0;     // multiple of 16, at most 256 (quantised dtypes: see kv_dtype_shape_error)
     int block_tokens = 0; // multiple of 16
-    KvDtype dtype = KvDtype::F16;
+    KvDtype dtype = KvDtype::F16;  // q4r reads as q4: rotating q and out is the caller's part
     const KvHeadView* heads = nullptr;  // [n_kv_heads]
 
     // Queries are the last n_q positions of the sequence: query i sees the first
@@ -94,9 +91,10 @@ bool isa_available(Isa isa);
 void attention(const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws,
                KeySource* source = nullptr);
 
-// Element conversion between fp32 and the cache dtype, bit-identical on every ISA
-// (round-to-nearest-even; the same bytes as fp16.h).
-void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n);
-void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n);
+// Conversion of n_rows rows of head_dim elements between fp32 and the cache row format,
+// bit-identical on every ISA (round-to-nearest-even; the same bytes as fp16.h and
+// kv_rows_from_f32). The rotation of q4r is not part of it.
+void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
+void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
 
 }  // namespace mnn_h2o

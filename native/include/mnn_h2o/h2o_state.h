@@ -52,6 +52,10 @@ struct H2oStats {
     size_t bytes_held = 0;          // all layers, exactly what the block pool hands out
     size_t bytes_uncompressed = 0;  // tokens_seen of every layer in the cache dtype, no block rounding
     double lossy_ratio = 1.0;       // bytes_uncompressed / bytes_held (1 when both are 0)
+    // The same tokens as fp16 rows, and bytes_f16 / bytes_held: what eviction and a quantised
+    // dtype save together (lossy_ratio is eviction's part alone).
+    size_t bytes_f16 = 0;
+    double whole_model_ratio = 1.0;
     double policy_us = 0.0;
     double compact_us = 0.0;
     int64_t updates = 0;            // end_step calls that ran a policy update

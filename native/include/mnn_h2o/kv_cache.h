@@ -1,5 +1,6 @@
 // The KV cache of a decoder: per layer and per kv head, a list of fixed-size blocks for K and one
-// for V, token-major inside a block, in the cache dtype. It owns the attention op over itself.
+// for V, token-major inside a block, in the cache dtype (kv_dtype.h; a rotated dtype is rotated
+// on the way in and out here). It owns the attention op over itself.
 //
 // Each (layer, kv head) has its own length and block list, so heads of one layer may hold
 // different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
@@ -173,6 +174,7 @@ private:
     std::vector<H2oLayerStats> stats_;  // [layer], kept whether or not eviction is on
     std::unique_ptr<H2oState> h2o_;     // null when eviction is off
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
+    std::vector<float> rotated_q_;      // attend() with a rotated dtype
     std::vector<int> lengths_;          // end_step(): a layer's head lengths
     std::vector<std::vector<TokenRun>> plans_;
     std::vector<void*> freed_k_, freed_v_, slots_;  // drop_blocks() scratch

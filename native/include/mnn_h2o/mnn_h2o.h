@@ -88,7 +88,10 @@ MNN_H2O_API const char* mnn_h2o_codec_isa_name(void);
 typedef enum mnn_h2o_dtype {
     MNN_H2O_DTYPE_F16 = 0,
     MNN_H2O_DTYPE_BF16 = 1,
-    MNN_H2O_DTYPE_F32 = 2
+    MNN_H2O_DTYPE_F32 = 2,
+    MNN_H2O_DTYPE_Q8 = 3,  /* int8 codes + an fp16 scale per 32 elements (docs/kv_cache.md) */
+    MNN_H2O_DTYPE_Q4 = 4,  /* 4-bit codes + an fp16 scale per 32 elements */
+    MNN_H2O_DTYPE_Q4R = 5  /* q4 of Hadamard-rotated rows (head_dim a power of two) */
 } mnn_h2o_dtype;
 
 typedef struct mnn_h2o_kv_config {
@@ -217,6 +220,8 @@ typedef struct mnn_h2o_eviction_stats {
     size_t bytes_held;         /* K and V blocks held, all layers */
     size_t bytes_uncompressed; /* what every token seen would take in the cache dtype */
     double lossy_ratio;        /* bytes_uncompressed / bytes_held (1 when both are 0) */
+    size_t bytes_f16;          /* what every token seen would take as fp16 rows */
+    double whole_model_ratio;  /* bytes_f16 / bytes_held: eviction and quantisation together */
     double policy_us;          /* time scoring and choosing blocks */
     double compact_us;         /* time applying plans */
     int64_t updates;           /* end_step calls that ran a policy update */

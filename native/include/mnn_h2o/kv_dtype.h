@@ -1,0 +1,61 @@
+// The element types of the KV cache: everything the rest of the core needs to know about one.
+//
+// A cached token is one row of head_dim elements per kv head, for K and again for V. Float types
+// store the elements themselves; the quantised types store head_dim small integers followed by one
+// fp16 scale per group of kKvQuantGroup elements (docs/kv_cache.md "Row formats"):
+//
+//   f16, bf16, f32   head_dim * 2 / 2 / 4 bytes
+//   q8               head_dim int8 (symmetric, q in [-127, 127], x ~ q * scale), then the scales
+//   q4, q4r          head_dim / 2 bytes of 4-bit codes (element 2i in the low nibble of byte i,
+//                    code = q + 8, q in [-8, 7]), then the scales
+//
+// q4r is q4 over rows rotated by the normalised Walsh-Hadamard transform of size head_dim: K, V
+// and the queries are rotated alike, so scores are unchanged in exact arithmetic while outliers
+// are spread over the whole row before 4-bit rounding; attention's output is rotated back.
+//
+// Adding a type: its enum value, a row of kTraits in kv_dtype.cpp, its reference conversions
+// there, and its load in the kernels (attention_scalar.cpp, attention_simd.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mnn_h2o {
+
+enum class KvDtype { F16 = 0, BF16 = 1, F32 = 2, Q8 = 3, Q4 = 4, Q4R = 5 };
+constexpr int kKvDtypeCount = 6;
+
+// Elements per scale of the quantised types.
+constexpr int kKvQuantGroup = 32;
+
+// "f16", "bf16", "f32", "q8", "q4", "q4r": the one spelling used by config, bindings, C API and docs.
+const char* kv_dtype_name(KvDtype dtype);
+// The type named `name`; false if there is none.
+bool kv_dtype_from_name(const std::string& name, KvDtype* dtype);
+// Every name, comma-separated, for error messages.
+std::string kv_dtype_names();
+bool kv_dtype_valid(int value);
+
+bool kv_dtype_quantised(KvDtype dtype);
+bool kv_dtype_rotated(KvDtype dtype);
+// The type whose bytes q4r rows use (q4), or dtype itself: what the kernels read.
+KvDtype kv_storage_dtype(KvDtype dtype);
+
+// Bytes of one cached row of head_dim elements, scales included.
+size_t kv_row_bytes(KvDtype dtype, int head_dim);
+// Why a head_dim cannot be stored in dtype ("" if it can): the quantised types need whole groups,
+// the rotation a power of two.
+std::string kv_dtype_shape_error(KvDtype dtype, int head_dim);
+
+// Reference conversion of n_rows rows between fp32 and the row format (rotation not included:
+// see hadamard_rows). Quantisation is deterministic and the same on every ISA (the SIMD paths
+// only ever read quantised rows). Non-finite inputs give finite codes; no undefined behaviour.
+void kv_rows_from_f32(KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
+void kv_rows_to_f32(KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
+
+// In place, each of n_rows rows of n elements (n a power of two) times the normalised
+// Walsh-Hadamard matrix H / sqrt(n), which is its own inverse.
+void hadamard_rows(float* rows, size_t n_rows, int n);
+
+}  // namespace mnn_h2o
