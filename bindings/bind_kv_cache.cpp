@@ -32,10 +32,10 @@ using mnn_h2o::StoreStats;
 namespace {
 
 KvDtype parse_dtype(const std::string& name) {
-    if (name == "f16") return KvDtype::F16;
-    if (name == "bf16") return KvDtype::BF16;
-    if (name == "f32") return KvDtype::F32;
-    throw py::value_error("dtype must be 'f16', 'bf16' or 'f32', got '" + name + "'");
+    KvDtype dtype;
+    if (!mnn_h2o::kv_dtype_from_name(name, &dtype))
+        throw py::value_error("dtype must be one of " + mnn_h2o::kv_dtype_names() + ", got '" + name + "'");
+    return dtype;
 }
 
 Isa parse_isa(const py::object& name) {
@@ -134,6 +134,8 @@ py::dict stats_dict(const H2oStats& s) {
     d["bytes_held"] = s.bytes_held;
     d["bytes_uncompressed"] = s.bytes_uncompressed;
     d["lossy_ratio"] = s.lossy_ratio;
+    d["bytes_f16"] = s.bytes_f16;
+    d["whole_model_ratio"] = s.whole_model_ratio;
     d["policy_us"] = s.policy_us;
     d["compact_us"] = s.compact_us;
     d["updates"] = s.updates;
@@ -273,6 +275,24 @@ void bind_kv_cache(py::module_& m) {
             return names;
         },
         "Every kernel set that can run here (for tests and benchmarks).");
+    m.def(
+        "kv_dtypes",
+        [] {
+            std::vector<std::string> names;
+            for (int i = 0; i < mnn_h2o::kKvDtypeCount; ++i)
+                names.emplace_back(mnn_h2o::kv_dtype_name(static_cast<KvDtype>(i)));
+            return names;
+        },
+        "Names of the KV element types, in the native order (docs/kv_cache.md \"Row formats\").");
+    m.def(
+        "kv_row_bytes",
+        [](const std::string& dtype, int head_dim) {
+            const KvDtype dt = parse_dtype(dtype);
+            const std::string error = mnn_h2o::kv_dtype_shape_error(dt, head_dim);
+            if (!error.empty()) throw py::value_error(error);
+            return mnn_h2o::kv_row_bytes(dt, head_dim);
+        },
+        py::arg("dtype"), py::arg("head_dim"), "Bytes of one cached K or V row of head_dim elements, scales included.");
 
     py::class_<PyKvCache>(m, "KvCache", R"doc(
 Block-structured KV cache of all layers with its attention op.

@@ -88,8 +88,11 @@ SCHEMA: Tuple[Key, ...] = (
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
         "of the three; measured agreement: docs/results.md)",
         choices=(0, 1, 2)),
-    Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V",
-        choices=("f16", "bf16", "f32")),
+    Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V: f16, bf16, "
+        "f32, q8 (int8 + an fp16 scale per 32 values, 68 bytes per row of 64), q4 (4-bit, 36 "
+        "bytes per row of 64) or q4r (q4 of Hadamard-rotated rows); docs/kv_cache.md 'Row formats'. "
+        "The quantised types cannot be combined with lossless.mode store/probe/full",
+        choices=("f16", "bf16", "f32", "q8", "q4", "q4r")),
     Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "
         "allocation, eviction and compression); smaller blocks let H2O keep finer-grained heavy "
         "hitters", choices=(16, 32, 64, 128, 256)),
@@ -159,10 +162,11 @@ SCHEMA: Tuple[Key, ...] = (
         "after each prompt", range=(1, 1 << 16)),
     Key("bench", "repetitions", int, 3, "runs", "interleaved repetitions of every runtime case "
         "(A B A B); medians and spread", range=(3, 100)),
-    Key("bench", "cases", list, ["baseline", "h2o", "probe", "full", "store"], "-", "runtime cases: "
-        "baseline = full cache (no eviction, no compression); h2o = H2O eviction alone (lossless "
-        "off); probe/full/store = H2O plus that lossless mode",
-        choices=("baseline", "h2o", "probe", "full", "store"), item=str),
+    Key("bench", "cases", list, ["baseline", "h2o", "probe", "full", "store", "q8", "q8_h2o"], "-",
+        "runtime cases: baseline = full cache (no eviction, no compression); h2o = H2O eviction "
+        "alone (lossless off); probe/full/store = H2O plus that lossless mode; q8 = full cache of "
+        "int8 K/V rows; q8_h2o = H2O eviction over int8 rows",
+        choices=("baseline", "h2o", "probe", "full", "store", "q8", "q8_h2o"), item=str),
     Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O plus that lossless "
         "mode, generating from real prompts (baseline runs too, as reference)",
         choices=("probe", "full", "store"), item=str),
@@ -179,7 +183,7 @@ SCHEMA: Tuple[Key, ...] = (
         "length: teacher-forced top-1 agreement with the baseline", range=(0.0, 1.0)),
     Key("gates", "speed_cases", list, ["h2o", "probe"], "-", "cases whose decode tokens/s must not "
         "fall below the baseline's beyond the measured noise, at every prompt length",
-        choices=("h2o", "probe", "full", "store"), item=str),
+        choices=("h2o", "probe", "full", "store", "q8", "q8_h2o"), item=str),
     Key("gates", "max_speed_noise", float, 0.25, "fraction", "speed gates: the allowance is the "
         "measured spread ((max - min) / median) of the two cases, at most this; a larger spread makes "
         "the gate inconclusive (exit status 3), never a pass", range=(0.0, 1.0)),
@@ -228,6 +232,9 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
     return cfg
 
 
+_QUANTISED_KV = ("q8", "q4", "q4r")
+
+
 def _check_together(cfg) -> None:
     """Rules that involve more than one key."""
     h = cfg["h2o"]
@@ -238,6 +245,10 @@ def _check_together(cfg) -> None:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")
     ll, bt = cfg["lossless"], cfg["runtime"]["block_tokens"]
+    dt = cfg["runtime"]["kv_dtype"]
+    if ll["mode"] != "off" and dt in _QUANTISED_KV:
+        raise ConfigError(f"lossless.mode {ll['mode']} needs a float runtime.kv_dtype (f16, bf16 or f32), "
+                          f"got {dt}: the Gear codec models float bytes, not integer codes")
     if ll["chunk_tokens"] % bt:
         raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
                           f"runtime.block_tokens ({bt})")

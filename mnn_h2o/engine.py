@@ -61,7 +61,10 @@ class Stats(SpeedCounters):
     kv_bytes_kept: int = 0           # the tokens held at raw size, compressed or not: what
                                      # eviction alone leaves
     kv_bytes_peak: int = 0
-    kv_bytes_uncompressed: int = 0   # what a cache without eviction/compression would hold
+    kv_bytes_uncompressed: int = 0   # what a cache without eviction/compression would hold,
+                                     # in the cache's element type (runtime.kv_dtype)
+    kv_bytes_f16: int = 0            # the same tokens as f16 rows: the reference of the
+                                     # whole-model ratio, whatever the element type
     evictions: int = 0               # forwards after which the H2O policy evicted something
     # Sums over decode steps of uncompressed and held bytes: their ratio is the lossy ratio
     # averaged over the decode (weighted by time in tokens), not just its final value.
@@ -80,6 +83,12 @@ class Stats(SpeedCounters):
         return self.kv_bytes_uncompressed / self.kv_bytes_held if self.kv_bytes_held else 0.0
 
     @property
+    def whole_model_ratio(self) -> float:
+        """Whole model, now: bytes an f16 cache of every token written would hold / all bytes
+        held. Eviction, a quantised element type and the lossless store together."""
+        return self.kv_bytes_f16 / self.kv_bytes_held if self.kv_bytes_held else 0.0
+
+    @property
     def lossy_ratio_decode_avg(self) -> float:
         s = self.decode_bytes_held_sum
         return self.decode_bytes_uncompressed_sum / s if s else 0.0
@@ -87,7 +96,7 @@ class Stats(SpeedCounters):
     def as_dict(self) -> dict:
         d = super().as_dict()
         d.update(lossy_ratio=self.lossy_ratio, total_ratio=self.total_ratio,
-                 lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
+                 whole_model_ratio=self.whole_model_ratio, lossy_ratio_decode_avg=self.lossy_ratio_decode_avg)
         return d
 
 
@@ -101,7 +110,6 @@ class Generation:
 
 _MEMORY_MODE = {"normal": 0, "low": 2}
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
-_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
 class Llm:
@@ -135,18 +143,10 @@ class Llm:
         self._cos = np.ascontiguousarray(cos[:, None, :])
         self._sin = np.ascontiguousarray(sin[:, None, :])
 
-        from . import _core
-
-        self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
-                                   dtype=rt["kv_dtype"], block_tokens=rt["block_tokens"],
-                                   max_tokens=self.max_context, threads=rt["threads"])
-        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * _DTYPE_BYTES[rt["kv_dtype"]]
         self._inputs: Dict[int, tuple] = {}
-        self.pos = 0  # true position of the next token (RoPE), independent of eviction
-        self.stats = Stats()
-        self.h2o: Optional[dict] = None
-        self.lossless: Optional[dict] = None
         self._block_tokens = rt["block_tokens"]
+        self._threads = rt["threads"]
+        self.configure_kv_dtype(rt["kv_dtype"])
         self.configure_h2o(cfg["h2o"])
         self.configure_lossless(cfg["lossless"])
 
@@ -160,6 +160,24 @@ class Llm:
         return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress), cfg)
 
     # --- state -------------------------------------------------------------------------------
+    def configure_kv_dtype(self, kv_dtype: str) -> None:
+        """A new, empty cache whose K and V rows are of element type ``kv_dtype`` (see the key
+        runtime.kv_dtype), with eviction and the lossless store off: configure them after."""
+        from . import _core
+
+        config_mod.validate({"runtime": {"kv_dtype": kv_dtype}})
+        c = self.config
+        self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
+                                   dtype=kv_dtype, block_tokens=self._block_tokens,
+                                   max_tokens=self.max_context, threads=self._threads)
+        self.kv_dtype = kv_dtype
+        # K and V rows of every layer and kv head: bytes per token written.
+        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes(kv_dtype, c.head_dim)
+        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes("f16", c.head_dim)
+        self.h2o: Optional[dict] = None
+        self.lossless: Optional[dict] = None
+        self.reset()
+
     def configure_h2o(self, h2o: Optional[dict]) -> None:
         """Turn eviction on (an ``h2o`` config section) or off (None or enabled: false).
         Starts a fresh context."""
@@ -184,7 +202,8 @@ class Llm:
             self.lossless = None
             return
         ll = config_mod.validate({"lossless": lossless,
-                                  "runtime": {"block_tokens": self._block_tokens}})["lossless"]
+                                  "runtime": {"block_tokens": self._block_tokens,
+                                              "kv_dtype": self.kv_dtype}})["lossless"]
         scope = ll["scope"]
         self.cache.enable_store(
             mode=ll["mode"], front_n=ll["front_n"] if scope != "h2o_kept" else 0,
@@ -264,6 +283,7 @@ class Llm:
         st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
+        st.kv_bytes_f16 = self.pos * self._f16_token_bytes
         return logits
 
     def _check_ids(self, ids) -> np.ndarray:

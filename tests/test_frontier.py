@@ -121,16 +121,20 @@ def test_frontier_quick_runs(tmp_path):
     from mnn_h2o.eval.__main__ import main
 
     out = tmp_path / "f.json"
-    assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out)]) == 0
+    methods = "ours,ours:none@q8,ours:h2o@q8"
+    assert main(["frontier", "--quick", "--methods", methods, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = data["rows"]
     kl = [r for r in rows if r["kind"] == "kl"]
     assert {r["domain"] for r in kl} == set(D.DOMAINS)
-    assert {r["method"] for r in kl} == {"ours:none"} | {f"ours:{p}" for p in F.our_policies()}
+    assert {r["method"] for r in kl} == ({"ours:none", "ours:none@q8", "ours:h2o@q8"}
+                                         | {f"ours:{p}" for p in F.our_policies()})
     for r in kl:
         assert r["bytes_held"] > 0 and r["kl"] >= 0 and 0 <= r["top1"] <= 1
-        if r["policy"] == "none":
+        if r["method"] == "ours:none":
             assert r["kl"] == 0 and r["ratio"] < 1.01
+        elif r["method"] == "ours:none@q8":  # rows of 68 bytes instead of 128, blocks rounded to 64
+            assert 1.8 < r["ratio"] < 1.89 and 0 < r["kl"] < 0.01 and r["kv_dtype"] == "q8", r
         else:  # really evicted: the measured ratio is near the target of 2
             assert 1.6 < r["ratio"] < 2.3, r
     nd = [r for r in rows if r["kind"] == "needle"]
@@ -143,7 +147,7 @@ def test_frontier_quick_runs(tmp_path):
     with pytest.raises(ValueError, match="exists: pass --resume"):  # never overwritten silently
         F.Results(str(out), data["meta"], resume=False)
     # --resume with nothing left to do runs nothing and keeps every run.
-    assert main(["frontier", "--quick", "--methods", "ours", "--json", str(out), "--resume"]) == 0
+    assert main(["frontier", "--quick", "--methods", methods, "--json", str(out), "--resume"]) == 0
     assert len(json.loads(out.read_text())["runs"]) == n_runs
 
 

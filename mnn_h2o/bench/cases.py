@@ -2,7 +2,8 @@
 
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
 ``h2o`` is the config's H2O eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
-that eviction plus that lossless mode. A run
+that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
+``q8_h2o`` the config's eviction over them (every other case uses runtime.kv_dtype). A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -24,12 +25,13 @@ from ..eval.quality import log_softmax
 
 LOSSLESS_CASES = ("probe", "full", "store")
 H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
+KV_DTYPE_CASES = {"q8": "q8", "q8_h2o": "q8"}  # cases with their own element type
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
 def case_sections(cfg: dict, case: str):
     """(h2o section or None, lossless section or None) of a case."""
-    if case == "baseline":
+    if case in ("baseline", "q8"):
         return None, None
     h2o = dict(cfg["h2o"], enabled=True)
     return h2o, (dict(cfg["lossless"], mode=case) if case in LOSSLESS_CASES else None)
@@ -37,6 +39,9 @@ def case_sections(cfg: dict, case: str):
 
 def configure(llm, cfg: dict, case: str) -> None:
     h2o, lossless = case_sections(cfg, case)
+    kv_dtype = KV_DTYPE_CASES.get(case, cfg["runtime"]["kv_dtype"])
+    if kv_dtype != llm.kv_dtype:
+        llm.configure_kv_dtype(kv_dtype)
     llm.configure_h2o(h2o)
     llm.configure_lossless(lossless)
 
@@ -109,7 +114,7 @@ def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp:
     m = {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n / (t2 - t1),
          "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
          "kv_bytes_kept": st.kv_bytes_kept, "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
-         "lossy_ratio": st.lossy_ratio, "total_ratio": st.total_ratio,
+         "lossy_ratio": st.lossy_ratio, "total_ratio": st.total_ratio, "whole_model_ratio": st.whole_model_ratio,
          "lossy_ratio_decode_avg": st.lossy_ratio_decode_avg, "evictions": st.evictions,
          "rss_bytes": rss_bytes(), "rss_idle_bytes": rss_idle,
          "logits_sha256": digest.hexdigest(), "store": store}
@@ -183,7 +188,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
         def runner(case):
             def run():
                 configure(llm, cfg, case)
-                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", *H2O_CASES),
+                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", *H2O_CASES, *KV_DTYPE_CASES),
                              trace=case not in first and plen == longest)
                 first.setdefault(case, r)
                 if progress:
@@ -200,7 +205,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
                    "decode_tps": summarize([m["decode_tps"] for m in ms]),
                    "prefill_tps": summarize([m["prefill_tps"] for m in ms])}
             for k in ("kv_bytes_held", "kv_bytes_pool", "kv_bytes_kept", "kv_bytes_peak", "kv_bytes_uncompressed",
-                      "lossy_ratio", "total_ratio", "lossy_ratio_decode_avg", "evictions",
+                      "lossy_ratio", "total_ratio", "whole_model_ratio", "lossy_ratio_decode_avg", "evictions",
                       "logits_sha256"):
                 row[k] = m0[k]
             row["rss_delta_bytes"] = summarize([m["rss_delta_bytes"] for m in ms])

@@ -25,9 +25,9 @@ def _ratio(x: float) -> str:
 def runtime_table(rows: Sequence[dict]) -> str:
     base = {r["prompt_tokens"]: r for r in rows if r["case"] == "baseline"}
     lines = ["| case | prompt | decode tok/s median (min-max) | vs baseline | prefill tok/s | KV held MiB | "
-             "kept (raw size) MiB | uncompressed MiB | lossy x | total x | lossless x (scope) | RSS delta MiB | "
+             "kept (raw size) MiB | uncompressed MiB | lossy x | total x | vs f16 x | lossless x (scope) | RSS delta MiB | "
              "KL | top-1 | ppl (base) | fallbacks | mismatches |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         b = base.get(r["prompt_tokens"])
         vs = f"{r['decode_tps']['median'] / b['decode_tps']['median']:.2f}x" if b else "-"
@@ -36,7 +36,7 @@ def runtime_table(rows: Sequence[dict]) -> str:
             f"| {r['case']} | {r['prompt_tokens']} | {_tps(r['decode_tps'])} | {vs} | "
             f"{r['prefill_tps']['median']:.0f} | {_mib(r['kv_bytes_held'])} | {_mib(r['kv_bytes_kept'])} | "
             f"{_mib(r['kv_bytes_uncompressed'])} | {_ratio(r['lossy_ratio'])} | {_ratio(r['total_ratio'])} | "
-            f"{_ratio(st['lossless_ratio'])} | {_mib(r['rss_delta_bytes']['median'])} | {r['kl']:.4f} | "
+            f"{_ratio(r.get('whole_model_ratio', 0.0))} | {_ratio(st['lossless_ratio'])} | {_mib(r['rss_delta_bytes']['median'])} | {r['kl']:.4f} | "
             f"{r['top1_agreement']:.3f} | {r['ppl']:.2f} ({r['ppl_baseline']:.2f}) | {st['fallbacks']} | "
             f"{st['mismatches']} |")
     return "\n".join(lines)

@@ -64,10 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--resume", action="store_true", help="keep the runs already in --json and do the rest")
     f.add_argument("--config", help="YAML config; its runtime and h2o sections are the base of our runs")
     f.add_argument("--model", help="named model or GGUF path (overrides model.name)")
-    f.add_argument("--methods", default="ours,kvpress",
+    f.add_argument("--methods", default="ours,ours:none@q8,ours:h2o@q8,kvpress",
                    help="comma-separated engine:policy[@kv_dtype], e.g. ours:h2o,ours:none@q8,"
-                        "kvpress:snapkv; 'ours' / 'kvpress' alone = every policy / press (default "
-                        "ours,kvpress; kvpress is skipped with a message when the extra is missing)")
+                        "kvpress:snapkv; 'ours' / 'kvpress' alone = every policy (f16 KV) / press; "
+                        "kv_dtype: f16, bf16, f32, q8, q4, q4r (ours only). With a quantised type the "
+                        "target stays whole-model: eviction makes up what the type does not save, and "
+                        "targets the type alone exceeds are skipped (default "
+                        "ours,ours:none@q8,ours:h2o@q8,kvpress; kvpress is skipped with a message when "
+                        "the extra is missing)")
     f.add_argument("--ratios", type=_floats, default=[1.5, 2, 3.2, 5, 8],
                    help="target whole-model ratios (default 1.5,2,3.2,5,8)")
     f.add_argument("--split", choices=("test", "dev"), default="test",

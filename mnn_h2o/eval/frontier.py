@@ -100,23 +100,35 @@ def parse_methods(spec: str, peer_presses: Sequence[str]) -> List[Method]:
 
 
 # --- the engines -----------------------------------------------------------------------------
+def dtype_gain(engine: str, kv_dtype: str) -> float:
+    """Bytes of an f16 row / bytes of a ``kv_dtype`` row: what the element type alone saves
+    (32/17 for q8, 32/9 for q4, whatever head_dim). 1 for the peer, whose cache is float."""
+    if engine != "ours":
+        return 1.0
+    from .. import _core
+
+    return _core.kv_row_bytes("f16", 32) / _core.kv_row_bytes(kv_dtype, 32)
+
+
 class OursEngine:
-    """Our engine: one Llm per KV element type (the cache's type is fixed when it is made)."""
+    """Our engine: one Llm whose cache is rebuilt for each KV element type."""
     name = "ours"
 
     def __init__(self, cfg: dict):
         self.cfg = cfg
-        self._llms: Dict[str, object] = {}
+        self._llm_obj = None
 
     def _llm(self, kv_dtype: str):
-        if kv_dtype not in self._llms:
+        if self._llm_obj is None:
             from ..engine import Llm
 
             cfg = {s: dict(v) for s, v in self.cfg.items()}
-            cfg["runtime"]["kv_dtype"] = kv_dtype
             cfg["lossless"]["mode"] = "off"
-            self._llms[kv_dtype] = Llm.load(None, cfg, progress=False)
-        return self._llms[kv_dtype]
+            cfg["runtime"]["kv_dtype"] = kv_dtype
+            self._llm_obj = Llm.load(None, cfg, progress=False)
+        if self._llm_obj.kv_dtype != kv_dtype:
+            self._llm_obj.configure_kv_dtype(kv_dtype)
+        return self._llm_obj
 
     @property
     def tokenizer(self):
@@ -126,7 +138,10 @@ class OursEngine:
         from .quality import h2o_section
 
         llm = self._llm(m.kv_dtype)
-        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, ratio) if m.evicts else None)
+        # The target is whole-model (f16 bytes / bytes held); the element type pays its part,
+        # eviction the rest.
+        evict = ratio / dtype_gain(m.engine, m.kv_dtype) if m.evicts else None
+        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, evict) if m.evicts else None)
         return llm
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
@@ -240,7 +255,12 @@ def _base(m: Method, target: Optional[float], split: str) -> dict:
 
 
 def _targets(m: Method, ratios: Sequence[float]) -> List[Optional[float]]:
-    return list(ratios) if m.evicts else [None]
+    """The whole-model targets a method runs at: every ratio for an evicting method, except
+    those its element type alone already exceeds (q8 alone is 1.88x: no eviction target 1.5)."""
+    if not m.evicts:
+        return [None]
+    gain = dtype_gain(m.engine, m.kv_dtype)
+    return [t for t in ratios if t / gain > 1.0]
 
 
 def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
