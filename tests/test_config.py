@@ -39,7 +39,7 @@ def test_shipped_yaml_is_valid_and_covers_every_key():
     ({"runtime": {"threads": "2"}}, "runtime.threads: expected int"),
     ({"runtime": {"threads": True}}, "runtime.threads: expected int"),
     ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
-    ({"runtime": {"kv_dtype": "f8"}}, "runtime.kv_dtype: 'f8' is not allowed (allowed: f16 | bf16 | f32)"),
+    ({"runtime": {"kv_dtype": "f8"}}, "runtime.kv_dtype: 'f8' is not allowed (allowed: f16 | bf16 | f32 | q8 | q4 | q4r)"),
     ({"model": {"weight_bits": 3}}, "model.weight_bits: 3 is not allowed"),
     ({"model": ["x"]}, "model: expected a mapping"),
     ([1, 2], "config must be a mapping"),
@@ -74,3 +74,15 @@ def test_command_line_assignments():
     # A bare off is YAML's boolean: the error says how to write it.
     with pytest.raises(config.ConfigError, match="quote it"):
         config.load(None, dict([config.parse_assignment("lossless.mode=off")]))
+
+
+def test_kv_dtype_choices_are_the_native_names():
+    core = pytest.importorskip("mnn_h2o._core")
+    assert list(config.key("runtime.kv_dtype").choices) == core.kv_dtypes()
+
+
+@pytest.mark.parametrize("mode", ["probe", "full", "store"])
+def test_lossless_store_needs_float_kv(mode):
+    with pytest.raises(config.ConfigError, match="needs a float runtime.kv_dtype"):
+        config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": mode}})
+    config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"}})

@@ -38,7 +38,7 @@ def rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+@pytest.mark.parametrize("dtype", core.kv_dtypes())
 @pytest.mark.parametrize("isa", ISAS)
 def test_step_matches_reference(dtype, isa):
     rng = np.random.default_rng(0)
@@ -188,3 +188,35 @@ def test_threads_share_one_cache():
         t.join()
     assert not errors
     assert [cache.length(i) for i in range(4)] == [30] * 4
+
+
+def test_quantised_rows_size_error_and_accounting():
+    """q8 rows are 68 bytes per 64 values, the f16 reference of the whole-model ratio is the same
+    for every type, and what reads back is within the format's error."""
+    rng = np.random.default_rng(5)
+    assert core.kv_dtypes() == ["f16", "bf16", "f32", "q8", "q4", "q4r"]
+    assert [core.kv_row_bytes(d, 64) for d in core.kv_dtypes()] == [128, 128, 256, 68, 36, 36]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        core.kv_row_bytes("q8", 48)
+    with pytest.raises(ValueError, match="dtype must be one of f16, bf16, f32, q8, q4, q4r"):
+        make_cache(dtype="int8")
+    k, v = rand(rng, 100, 3 * 64), rand(rng, 100, 3 * 64)
+    k[:, 5] = 30.0  # an outlier channel: what rotation is for
+    err = {}
+    for dtype in ("f16", "q8", "q4", "q4r"):
+        cache = make_cache(dtype=dtype, block_tokens=16)
+        cache.append(0, k, v)
+        st = cache.h2o_stats()
+        assert st["bytes_f16"] == 100 * 3 * 64 * 2 * 2
+        assert st["bytes_held"] == cache.bytes_held() == 2 * 3 * 7 * -(-16 * core.kv_row_bytes(dtype, 64) // 64) * 64
+        assert st["whole_model_ratio"] == pytest.approx(st["bytes_f16"] / st["bytes_held"])
+        rk, rv = cache.read(0, 0)
+        err[dtype] = float(np.sqrt(np.mean((rk - k[:, :64]) ** 2)))
+    assert err["f16"] < 1e-2 < err["q8"] < 0.1 < err["q4r"] < err["q4"] / 2, err
+
+
+def test_store_refuses_quantised_rows():
+    cache = make_cache(dtype="q8", block_tokens=16)
+    with pytest.raises(ValueError, match="does not take the quantised KV dtype q8"):
+        cache.enable_store(mode="store", chunk_tokens=64)
+    cache.enable_store(mode="off")  # off is always fine

@@ -2,13 +2,15 @@
 
 Decode: per-layer time of one query token over a context of C cached tokens, cycling through all
 layers (as a real decode step does, so the KV streams from DRAM, not from cache), and the
-bandwidth that implies. Prefill: per-layer time of a chunk of queries appended to a context, and
+bandwidth that implies; one cache per element type (--dtypes), their rounds interleaved, with
+each type's time relative to the first's (median and range of the per-round ratios). Prefill: per-layer time of a chunk of queries appended to a context, and
 the attention throughput in query-key pairs per second. After eviction: decode steps over the
 ~28% of a 4096-token context that H2O (or random) eviction keeps, against the same number of
 tokens appended in one go, interleaved, with a 4.5 MB buffer read between layers as MNN's weights
 would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction).
 
     python -m mnn_h2o.tools.bench_attention [--contexts 512 2048 4096] [--threads 1 2] [--isa avx512]
+        [--dtypes f16 q8 q4 q4r]
 """
 import argparse
 import statistics
@@ -19,7 +21,6 @@ import numpy as np
 from .. import _core as core
 
 N_LAYERS, N_KV, HEAD_DIM, N_HEADS = 30, 3, 64, 9
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
 def filled_cache(context, dtype, threads, rng, max_tokens=8192):
@@ -32,19 +33,26 @@ def filled_cache(context, dtype, threads, rng, max_tokens=8192):
     return cache
 
 
-def bench_decode(context, dtype, threads, isa, rounds, rng):
-    cache = filled_cache(context, dtype, threads, rng)
+def bench_decode(context, dtypes, threads, isa, rounds, rng):
+    """{dtype: (best s/layer, median s/layer, GB/s at best, per-round ratios to dtypes[0])}."""
+    caches = {dt: filled_cache(context, dt, threads, rng) for dt in dtypes}
     q = rng.standard_normal((1, N_HEADS * HEAD_DIM), dtype=np.float32)
     out = np.empty_like(q)
-    scores = np.zeros((N_KV, cache.max_blocks), np.float32)
-    per_layer = []
+    per_layer = {dt: [] for dt in dtypes}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for layer in range(N_LAYERS):
-            cache.attend(layer, q, out, isa=isa, scores=scores)
-        per_layer.append((time.perf_counter() - t0) / N_LAYERS)
-    kv_bytes = N_KV * context * HEAD_DIM * DTYPE_BYTES[dtype] * 2
-    return min(per_layer), statistics.median(per_layer), kv_bytes / min(per_layer)
+        for dt, cache in caches.items():  # A B A B: drifts of a noisy machine hit every type alike
+            scores = np.zeros((N_KV, cache.max_blocks), np.float32)
+            t0 = time.perf_counter()
+            for layer in range(N_LAYERS):
+                cache.attend(layer, q, out, isa=isa, scores=scores)
+            per_layer[dt].append((time.perf_counter() - t0) / N_LAYERS)
+    res = {}
+    for dt in dtypes:
+        kv_bytes = N_KV * context * core.kv_row_bytes(dt, HEAD_DIM) * 2
+        t = per_layer[dt]
+        ratios = [a / b for a, b in zip(per_layer[dtypes[0]], t)]
+        res[dt] = (min(t), statistics.median(t), kv_bytes / min(t), ratios)
+    return res
 
 
 def bench_prefill(context, chunk, dtype, threads, isa, rounds, rng):
@@ -107,7 +115,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--dtype", default="f16", choices=sorted(DTYPE_BYTES))
+    ap.add_argument("--dtypes", nargs="+", default=["f16", "q8", "q4", "q4r"], choices=core.kv_dtypes(),
+                    help="KV element types of the decode table; speed-ups are relative to the first "
+                         "(default f16 q8 q4 q4r); prefill uses the first")
     ap.add_argument("--isa", default=None, help="kernel set (default: best, %s)" % core.best_isa())
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--no-prefill", action="store_true")
@@ -116,13 +126,17 @@ def main():
     isa = args.isa or core.best_isa()
     rng = np.random.default_rng(0)
 
-    print(f"decode attention, {isa}, {args.dtype} KV, {N_LAYERS} layers x {N_KV} kv heads x {HEAD_DIM}")
-    print("(best and median of the rounds; a round runs every layer once; GB/s from the best)")
-    print(f"{'context':>8} {'threads':>7} {'us/layer':>9} {'median':>7} {'ms/token':>9} {'GB/s':>6}")
+    print(f"decode attention, {isa}, {N_LAYERS} layers x {N_KV} kv heads x {HEAD_DIM}")
+    print("(best and median of the interleaved rounds; a round runs every layer once; GB/s from the best;")
+    print(f" speed-up = {args.dtypes[0]} time / this type's time, median (min-max) over rounds)")
+    print(f"{'context':>8} {'threads':>7} {'dtype':>5} {'us/layer':>9} {'median':>7} {'ms/token':>9} {'GB/s':>6} "
+          f"{'speed-up':>20}")
     for context in args.contexts:
         for threads in args.threads:
-            t, med, bw = bench_decode(context, args.dtype, threads, isa, args.rounds, rng)
-            print(f"{context:>8} {threads:>7} {t * 1e6:>9.1f} {med * 1e6:>7.1f} {t * N_LAYERS * 1e3:>9.2f} {bw / 1e9:>6.1f}")
+            for dt, (t, med, bw, r) in bench_decode(context, args.dtypes, threads, isa, args.rounds, rng).items():
+                up = f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})"
+                print(f"{context:>8} {threads:>7} {dt:>5} {t * 1e6:>9.1f} {med * 1e6:>7.1f} {med * N_LAYERS * 1e3:>9.2f} "
+                      f"{bw / 1e9:>6.1f} {up:>20}")
 
     if not args.no_evicted:
         print("\ndecode attention after eviction of a 4096-token prompt to 28% (median of the rounds)")
@@ -133,11 +147,11 @@ def main():
 
     if args.no_prefill:
         return
-    print(f"\nprefill attention (one layer), {isa}, {args.dtype} KV")
+    print(f"\nprefill attention (one layer), {isa}, {args.dtypes[0]} KV")
     print(f"{'context':>8} {'chunk':>6} {'threads':>7} {'ms/layer':>9} {'Gpairs/s':>9}")
     for context, chunk in ((512, 512), (2048, 512), (4096, 512), (8192, 512)):
         for threads in args.threads:
-            t, rate = bench_prefill(context, chunk, args.dtype, threads, isa, max(3, args.rounds // 10), rng)
+            t, rate = bench_prefill(context, chunk, args.dtypes[0], threads, isa, max(3, args.rounds // 10), rng)
             print(f"{context:>8} {chunk:>6} {threads:>7} {t * 1e3:>9.2f} {rate / 1e9:>9.2f}")
 
 

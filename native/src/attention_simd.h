@@ -53,23 +53,47 @@ inline Vec<V> load_elems(const void* base, size_t i) {
     else return V::load_bf16(static_cast<const uint16_t*>(base) + i);
 }
 
-// Elements [c, c + W) of row j of a block, as fp32. Quantised rows (kv_dtype.h): codes then one
-// fp16 scale per 32 elements; W divides 32, so the W elements share one scale, and code * scale
-// is the same product the scalar reference computes.
+// Quantised rows (kv_dtype.h): codes, then one fp16 scale per 32 elements.
+template <KvDtype DT>
+constexpr bool kQuantised = DT == KvDtype::Q8 || DT == KvDtype::Q4;
+
+template <KvDtype DT>
+inline size_t code_bytes(int hd) {
+    return DT == KvDtype::Q8 ? static_cast<size_t>(hd) : static_cast<size_t>(hd) / 2;
+}
+
+template <KvDtype DT>
+inline const uint8_t* quant_row(const void* blk, int j, int hd) {
+    return static_cast<const uint8_t*>(blk) + static_cast<size_t>(j) * (code_bytes<DT>(hd) + hd / 16);
+}
+
+// The scale of the group of element c in row j (quantised types).
+template <class V, KvDtype DT>
+inline float group_scale(const void* blk, int j, int hd, int c) {
+    uint16_t bits;
+    __builtin_memcpy(&bits, quant_row<DT>(blk, j, hd) + code_bytes<DT>(hd) + (c / 32) * 2, sizeof bits);
+    return V::half(bits);
+}
+
+// Elements [c, c + W) of row j of a block as fp32, without the group scale for quantised types
+// (the codes, q4's offset of 8 removed); float types need nothing more. W divides 32, so the W
+// elements share one scale, and code * scale is the product the scalar reference computes.
+template <class V, KvDtype DT>
+inline Vec<V> load_unscaled(const void* blk, int j, int hd, int c) {
+    if constexpr (DT == KvDtype::Q8) return V::load_i8(reinterpret_cast<const int8_t*>(quant_row<DT>(blk, j, hd)) + c);
+    else if constexpr (DT == KvDtype::Q4) return V::sub(V::load_u4(quant_row<DT>(blk, j, hd) + c / 2), V::set1(8.f));
+    else return load_elems<V, DT>(blk, static_cast<size_t>(j) * hd + c);
+}
+
+// Elements [c, c + W) of row j as fp32, scale applied.
 template <class V, KvDtype DT>
 inline Vec<V> load_kv(const void* blk, int j, int hd, int c) {
-    if constexpr (DT == KvDtype::Q8 || DT == KvDtype::Q4) {
-        const size_t code_bytes = DT == KvDtype::Q8 ? static_cast<size_t>(hd) : static_cast<size_t>(hd) / 2;
-        const uint8_t* row = static_cast<const uint8_t*>(blk) + static_cast<size_t>(j) * (code_bytes + hd / 16);
-        uint16_t scale_bits;
-        __builtin_memcpy(&scale_bits, row + code_bytes + (c / 32) * 2, sizeof scale_bits);
-        const Vec<V> scale = V::set1(V::half(scale_bits));
-        if constexpr (DT == KvDtype::Q8) return V::mul(V::load_i8(reinterpret_cast<const int8_t*>(row) + c), scale);
-        else return V::mul(V::sub(V::load_u4(row + c / 2), V::set1(8.f)), scale);
-    } else {
-        return load_elems<V, DT>(blk, static_cast<size_t>(j) * hd + c);
-    }
+    if constexpr (kQuantised<DT>) return V::mul(load_unscaled<V, DT>(blk, j, hd, c), V::set1(group_scale<V, DT>(blk, j, hd, c)));
+    else return load_elems<V, DT>(blk, static_cast<size_t>(j) * hd + c);
 }
+
+// The decode loops below convert a group's scale once per row and group, not once per vector.
+constexpr int kMaxGroups = 256 / 32;
 
 template <class V>
 inline size_t round_up_w(size_t n) {
@@ -88,15 +112,20 @@ inline int imin(int a, int b) {
 template <class V, KvDtype DT, int RC>
 void qk_block(const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
     int j = 0;
+    float scales[4][kMaxGroups];
     for (; j + 4 <= nk; j += 4) {
         Vec<V> acc[4][RC];
         for (int jj = 0; jj < 4; ++jj)
             for (int r = 0; r < RC; ++r) acc[jj][r] = V::zero();
+        if constexpr (kQuantised<DT>)
+            for (int jj = 0; jj < 4; ++jj)
+                for (int g = 0; g < hd / 32; ++g) scales[jj][g] = group_scale<V, DT>(kblk, j + jj, hd, g * 32);
         for (int c = 0; c < hd; c += V::W) {
             Vec<V> qv[RC];
             for (int r = 0; r < RC; ++r) qv[r] = V::load(q + r * hd + c);
             for (int jj = 0; jj < 4; ++jj) {
-                const Vec<V> kv = load_kv<V, DT>(kblk, j + jj, hd, c);
+                Vec<V> kv = load_unscaled<V, DT>(kblk, j + jj, hd, c);
+                if constexpr (kQuantised<DT>) kv = V::mul(kv, V::set1(scales[jj][c / 32]));
                 for (int r = 0; r < RC; ++r) acc[jj][r] = V::fmadd(kv, qv[r], acc[jj][r]);
             }
         }
@@ -121,7 +150,15 @@ void pv_block(const float* p, size_t p_stride, const void* vblk, int nk, int hd,
         for (int d = 0; d < DC; ++d) acc[r][d] = V::load(o + r * hd + c0 + d * V::W);
     for (int j = 0; j < nk; ++j) {
         Vec<V> v[DC];
-        for (int d = 0; d < DC; ++d) v[d] = load_kv<V, DT>(vblk, j, hd, c0 + d * V::W);
+        if constexpr (kQuantised<DT>) {
+            // c0 is a multiple of 4 W: the DC vectors span one group, or two when W is 16.
+            const Vec<V> s0 = V::set1(group_scale<V, DT>(vblk, j, hd, c0));
+            const Vec<V> s1 = DC * V::W > 32 ? V::set1(group_scale<V, DT>(vblk, j, hd, c0 + 32)) : s0;
+            for (int d = 0; d < DC; ++d)
+                v[d] = V::mul(load_unscaled<V, DT>(vblk, j, hd, c0 + d * V::W), d * V::W < 32 ? s0 : s1);
+        } else {
+            for (int d = 0; d < DC; ++d) v[d] = load_elems<V, DT>(vblk, static_cast<size_t>(j) * hd + c0 + d * V::W);
+        }
         for (int r = 0; r < RC; ++r) {
             const Vec<V> pr = V::set1(p[r * p_stride + j]);
             for (int d = 0; d < DC; ++d) acc[r][d] = V::fmadd(pr, v[d], acc[r][d]);

@@ -146,6 +146,32 @@ static void test_kv_cache_matches_cpp() {
     mnn_h2o_kv_cache_destroy(cache);
 }
 
+// Every element type through the C API: q8 holds 68-byte rows (head_dim 64), and its
+// whole-model ratio counts the f16 size of every token.
+static void test_kv_cache_dtypes() {
+    for (int32_t dt : {MNN_H2O_DTYPE_F16, MNN_H2O_DTYPE_BF16, MNN_H2O_DTYPE_F32, MNN_H2O_DTYPE_Q8, MNN_H2O_DTYPE_Q4,
+                       MNN_H2O_DTYPE_Q4R}) {
+        mnn_h2o_kv_config c = small_config();
+        c.head_dim = 64;
+        c.dtype = dt;
+        mnn_h2o_kv_cache* cache = nullptr;
+        CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_OK, "dtype %d: %s", dt, mnn_h2o_last_error());
+        if (!cache) continue;
+        std::mt19937 g(dt);
+        const std::vector<float> k = randoms(g, 32 * 2 * 64), v = randoms(g, 32 * 2 * 64), q = randoms(g, 4 * 64);
+        std::vector<float> out(4 * 64);
+        CHECK(mnn_h2o_kv_cache_append(cache, 0, k.data(), v.data(), 32) == MNN_H2O_OK, "append");
+        CHECK(mnn_h2o_kv_cache_attend(cache, 0, q.data(), 1, out.data(), nullptr, 0) == MNN_H2O_OK, "attend");
+        mnn_h2o_eviction_stats st;
+        CHECK(mnn_h2o_kv_cache_h2o_stats(cache, &st) == MNN_H2O_OK && st.bytes_f16 == size_t{32} * 2 * 64 * 2 * 2,
+              "f16 bytes");
+        if (dt == MNN_H2O_DTYPE_Q8)
+            CHECK(st.bytes_held == size_t{2} * 2 * 2 * 16 * 68 && st.whole_model_ratio > 1.88 && st.whole_model_ratio < 1.89,
+                  "q8 holds %zu bytes, ratio %.3f", st.bytes_held, st.whole_model_ratio);
+        mnn_h2o_kv_cache_destroy(cache);
+    }
+}
+
 static void test_kv_cache_bad_config_and_null() {
     mnn_h2o_kv_cache* cache = reinterpret_cast<mnn_h2o_kv_cache*>(1);
     mnn_h2o_kv_config c = small_config();
@@ -156,6 +182,15 @@ static void test_kv_cache_bad_config_and_null() {
     c = small_config();
     c.dtype = 7;
     CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("dtype"), "bad dtype");
+    c = small_config();
+    c.dtype = 6;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("q4r"),
+          "the error lists the known types: %s", mnn_h2o_last_error());
+    c = small_config();
+    c.dtype = MNN_H2O_DTYPE_Q4R;
+    c.head_dim = 96;  // a multiple of 32, not a power of two
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("power of two"),
+          "q4r head_dim: %s", mnn_h2o_last_error());
     c = small_config();
     c.n_heads = 3;
     CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad group");
@@ -420,6 +455,7 @@ static void test_last_error_per_thread() {
 int main() {
     test_library();
     test_kv_cache_matches_cpp();
+    test_kv_cache_dtypes();
     test_kv_cache_bad_config_and_null();
     test_codec();
     test_h2o();
