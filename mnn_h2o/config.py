@@ -90,9 +90,9 @@ SCHEMA: Tuple[Key, ...] = (
         choices=(0, 1, 2)),
     Key("runtime", "kv_dtype", str, "f16", "-", "element type of the cached K and V: f16, bf16, "
         "f32, q8 (int8 + an fp16 scale per 32 values, 68 bytes per row of 64), q4 (4-bit, 36 "
-        "bytes per row of 64) or q4r (q4 of Hadamard-rotated rows); docs/kv_cache.md 'Row formats'. "
-        "The quantised types cannot be combined with lossless.mode store/probe/full",
-        choices=("f16", "bf16", "f32", "q8", "q4", "q4r")),
+        "bytes per row of 64), q4r / q8r (q4 / q8 of Hadamard-rotated rows); docs/kv_cache.md "
+        "'Row formats'. The quantised types cannot be combined with lossless.mode store/probe/full",
+        choices=("f16", "bf16", "f32", "q8", "q4", "q4r", "q8r")),
     Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "
         "allocation, eviction and compression); smaller blocks let H2O keep finer-grained heavy "
         "hitters", choices=(16, 32, 64, 128, 256)),
@@ -232,7 +232,7 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
     return cfg
 
 
-_QUANTISED_KV = ("q8", "q4", "q4r")
+_QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 
 
 def _check_together(cfg) -> None:

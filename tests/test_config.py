@@ -39,7 +39,7 @@ def test_shipped_yaml_is_valid_and_covers_every_key():
     ({"runtime": {"threads": "2"}}, "runtime.threads: expected int"),
     ({"runtime": {"threads": True}}, "runtime.threads: expected int"),
     ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
-    ({"runtime": {"kv_dtype": "f8"}}, "runtime.kv_dtype: 'f8' is not allowed (allowed: f16 | bf16 | f32 | q8 | q4 | q4r)"),
+    ({"runtime": {"kv_dtype": "f8"}}, "runtime.kv_dtype: 'f8' is not allowed (allowed: f16 | bf16 | f32 | q8 | q4 | q4r | q8r)"),
     ({"model": {"weight_bits": 3}}, "model.weight_bits: 3 is not allowed"),
     ({"model": ["x"]}, "model: expected a mapping"),
     ([1, 2], "config must be a mapping"),

@@ -194,16 +194,16 @@ def test_quantised_rows_size_error_and_accounting():
     """q8 rows are 68 bytes per 64 values, the f16 reference of the whole-model ratio is the same
     for every type, and what reads back is within the format's error."""
     rng = np.random.default_rng(5)
-    assert core.kv_dtypes() == ["f16", "bf16", "f32", "q8", "q4", "q4r"]
-    assert [core.kv_row_bytes(d, 64) for d in core.kv_dtypes()] == [128, 128, 256, 68, 36, 36]
+    assert core.kv_dtypes() == ["f16", "bf16", "f32", "q8", "q4", "q4r", "q8r"]
+    assert [core.kv_row_bytes(d, 64) for d in core.kv_dtypes()] == [128, 128, 256, 68, 36, 36, 68]
     with pytest.raises(ValueError, match="multiple of 32"):
         core.kv_row_bytes("q8", 48)
-    with pytest.raises(ValueError, match="dtype must be one of f16, bf16, f32, q8, q4, q4r"):
+    with pytest.raises(ValueError, match="dtype must be one of f16, bf16, f32, q8, q4, q4r, q8r"):
         make_cache(dtype="int8")
     k, v = rand(rng, 100, 3 * 64), rand(rng, 100, 3 * 64)
     k[:, 5] = 30.0  # an outlier channel: what rotation is for
     err = {}
-    for dtype in ("f16", "q8", "q4", "q4r"):
+    for dtype in ("f16", "q8", "q4", "q4r", "q8r"):
         cache = make_cache(dtype=dtype, block_tokens=16)
         cache.append(0, k, v)
         st = cache.h2o_stats()
@@ -213,6 +213,7 @@ def test_quantised_rows_size_error_and_accounting():
         rk, rv = cache.read(0, 0)
         err[dtype] = float(np.sqrt(np.mean((rk - k[:, :64]) ** 2)))
     assert err["f16"] < 1e-2 < err["q8"] < 0.1 < err["q4r"] < err["q4"] / 2, err
+    assert err["q8r"] < err["q8"] / 2, err
 
 
 def test_store_refuses_quantised_rows():
@@ -220,3 +221,29 @@ def test_store_refuses_quantised_rows():
     with pytest.raises(ValueError, match="does not take the quantised KV dtype q8"):
         cache.enable_store(mode="store", chunk_tokens=64)
     cache.enable_store(mode="off")  # off is always fine
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_quantised_attention_is_close_to_exact(isa):
+    """Against an f32 cache fed the same rows through step(): the quantised types' outputs stay
+    within their own step sizes, and rotation helps q4 on keys with an outlier channel. (The
+    reference test above reads the cache back, so it cannot see a rotation applied to K or V
+    on the way in but not on the way out.)"""
+    rng = np.random.default_rng(9)
+    n = 300
+    k, v = rand(rng, n, 3 * 64), rand(rng, n, 3 * 64)
+    k[:, 5] *= 8.0
+    q = rand(rng, n, 9 * 64)
+    err = {}
+    for dtype in ("f32", "q8", "q4", "q4r", "q8r"):
+        cache = make_cache(dtype=dtype, block_tokens=16, threads=2)
+        out = np.zeros((n, 9 * 64), np.float32)
+        for t0 in range(0, n, 100):  # prefill chunks, then a decode step
+            cache.step(0, q[t0:t0 + 100], k[t0:t0 + 100], v[t0:t0 + 100], out[t0:t0 + 100])
+        last = np.zeros((1, 9 * 64), np.float32)
+        cache.step(0, q[:1], k[:1], v[:1], last)
+        if dtype == "f32":
+            exact, exact_last = out, last
+        err[dtype] = max(float(np.abs(out - exact).mean()), float(np.abs(last - exact_last).mean()))
+    assert err["q8"] < 0.01 and err["q4r"] < 0.7 * err["q4"] and err["q4"] < 0.2, err
+    assert err["q8r"] < 0.7 * err["q8"], err

@@ -471,7 +471,8 @@ void decode(const DecodeArgs& a) {
         case KvDtype::F16: decode_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: decode_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: decode_impl<V, KvDtype::F32>(a); break;
-        case KvDtype::Q8: decode_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q8:
+        case KvDtype::Q8R: decode_impl<V, KvDtype::Q8>(a); break;
         case KvDtype::Q4:
         case KvDtype::Q4R: decode_impl<V, KvDtype::Q4>(a); break;
     }
@@ -483,7 +484,8 @@ void tile(const TileArgs& a) {
         case KvDtype::F16: tile_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: tile_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: tile_impl<V, KvDtype::F32>(a); break;
-        case KvDtype::Q8: tile_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q8:
+        case KvDtype::Q8R: tile_impl<V, KvDtype::Q8>(a); break;
         case KvDtype::Q4:
         case KvDtype::Q4R: tile_impl<V, KvDtype::Q4>(a); break;
     }

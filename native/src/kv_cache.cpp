@@ -153,7 +153,8 @@ void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
             if (rotated) {
                 std::memcpy(rows[0], k_row, sizeof(float) * hd);
                 std::memcpy(rows[1], v_row, sizeof(float) * hd);
-                hadamard_rows(rows[0], 2, hd);
+                hadamard_rows(rows[0], 1, hd);
+                hadamard_rows(rows[1], 1, hd);
                 k_row = rows[0];
                 v_row = rows[1];
             }

@@ -25,6 +25,7 @@ constexpr Traits kTraits[kKvDtypeCount] = {
     {KvDtype::Q8, "q8", 8, true, false, KvDtype::Q8},
     {KvDtype::Q4, "q4", 4, true, false, KvDtype::Q4},
     {KvDtype::Q4R, "q4r", 4, true, true, KvDtype::Q4},
+    {KvDtype::Q8R, "q8r", 8, true, true, KvDtype::Q8},
 };
 
 const Traits& traits(KvDtype dtype) {

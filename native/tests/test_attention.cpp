@@ -150,7 +150,7 @@ static void run_case(const Case& c, std::mt19937& rng) {
 
 static void test_against_reference() {
     std::mt19937 rng(1234);
-    const std::vector<KvDtype> dtypes = {KvDtype::F16, KvDtype::BF16, KvDtype::F32, KvDtype::Q8, KvDtype::Q4, KvDtype::Q4R};
+    const std::vector<KvDtype> dtypes = {KvDtype::F16, KvDtype::BF16, KvDtype::F32, KvDtype::Q8, KvDtype::Q4, KvDtype::Q4R, KvDtype::Q8R};
     for (KvDtype dt : dtypes) {
         // Decode over odd lengths, GQA groups, head sizes, block sizes.
         run_case({3, 3, 64, 64, dt, {1}, 1}, rng);

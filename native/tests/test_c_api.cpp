@@ -150,7 +150,7 @@ static void test_kv_cache_matches_cpp() {
 // whole-model ratio counts the f16 size of every token.
 static void test_kv_cache_dtypes() {
     for (int32_t dt : {MNN_H2O_DTYPE_F16, MNN_H2O_DTYPE_BF16, MNN_H2O_DTYPE_F32, MNN_H2O_DTYPE_Q8, MNN_H2O_DTYPE_Q4,
-                       MNN_H2O_DTYPE_Q4R}) {
+                       MNN_H2O_DTYPE_Q4R, MNN_H2O_DTYPE_Q8R}) {
         mnn_h2o_kv_config c = small_config();
         c.head_dim = 64;
         c.dtype = dt;
@@ -183,8 +183,8 @@ static void test_kv_cache_bad_config_and_null() {
     c.dtype = 7;
     CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("dtype"), "bad dtype");
     c = small_config();
-    c.dtype = 6;
-    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("q4r"),
+    c.dtype = 7;
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("q8r"),
           "the error lists the known types: %s", mnn_h2o_last_error());
     c = small_config();
     c.dtype = MNN_H2O_DTYPE_Q4R;

@@ -28,7 +28,7 @@ static void test_names_and_sizes() {
     KvDtype unused;
     CHECK(!kv_dtype_from_name("int8", &unused) && !kv_dtype_from_name("", &unused), "unknown names refused");
     CHECK(!kv_dtype_valid(-1) && !kv_dtype_valid(kKvDtypeCount), "valid range");
-    CHECK(kv_dtype_names() == "f16, bf16, f32, q8, q4, q4r", "names: %s", kv_dtype_names().c_str());
+    CHECK(kv_dtype_names() == "f16, bf16, f32, q8, q4, q4r, q8r", "names: %s", kv_dtype_names().c_str());
     // head_dim 64: the model's rows. q8 must beat 1.85x of f16 (docs/kv_cache.md).
     CHECK(kv_row_bytes(KvDtype::F16, 64) == 128 && kv_row_bytes(KvDtype::BF16, 64) == 128 &&
               kv_row_bytes(KvDtype::F32, 64) == 256,
@@ -36,8 +36,10 @@ static void test_names_and_sizes() {
     CHECK(kv_row_bytes(KvDtype::Q8, 64) == 68, "q8 row %zu", kv_row_bytes(KvDtype::Q8, 64));
     CHECK(kv_row_bytes(KvDtype::Q4, 64) == 36 && kv_row_bytes(KvDtype::Q4R, 64) == 36, "q4 rows");
     CHECK(kv_dtype_shape_error(KvDtype::Q8, 48) != "", "q8 needs whole groups");
-    CHECK(kv_dtype_shape_error(KvDtype::Q4R, 96) != "" && kv_dtype_shape_error(KvDtype::Q4, 96) == "",
-          "q4r needs a power of two");
+    CHECK(kv_dtype_shape_error(KvDtype::Q4R, 96) != "" && kv_dtype_shape_error(KvDtype::Q8R, 96) != "" &&
+              kv_dtype_shape_error(KvDtype::Q4, 96) == "",
+          "rotated types need a power of two");
+    CHECK(kv_row_bytes(KvDtype::Q8R, 64) == 68 && kv_storage_dtype(KvDtype::Q8R) == KvDtype::Q8, "q8r rows");
     CHECK(kv_dtype_shape_error(KvDtype::F16, 48) == "", "float types take any head_dim");
     CHECK(kv_storage_dtype(KvDtype::Q4R) == KvDtype::Q4 && kv_dtype_rotated(KvDtype::Q4R) &&
               !kv_dtype_rotated(KvDtype::Q4) && kv_dtype_quantised(KvDtype::Q8) && !kv_dtype_quantised(KvDtype::BF16),
@@ -155,7 +157,7 @@ static void test_cache_read_back() {
     for (float& e : v) e = dist(rng);
     for (int t = 0; t < n; ++t) k[static_cast<size_t>(t) * n_kv * hd + 7] = 40.f;  // an outlier channel, head 0
     double err[kKvDtypeCount] = {};
-    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8, KvDtype::Q4, KvDtype::Q4R}) {
+    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8, KvDtype::Q4, KvDtype::Q4R, KvDtype::Q8R}) {
         KvCache cache(KvCacheConfig{1, n_kv, hd, n_kv * 2, dt, 16, 256, 1});
         cache.append(0, k.data(), v.data(), n);
         CHECK(cache.bytes_held() == size_t{2} * n_kv * 7 * ((16 * kv_row_bytes(dt, hd) + 63) / 64 * 64),
@@ -164,15 +166,23 @@ static void test_cache_read_back() {
         CHECK(st.bytes_f16 == size_t{2} * n * n_kv * hd * 2, "%s: f16 bytes", kv_dtype_name(dt));
         std::vector<float> rk(static_cast<size_t>(n) * hd), rv(rk.size());
         cache.read(0, 0, rk.data(), rv.data());
-        double e = 0;
+        double e = 0, ev = 0, vv = 0;
         for (int t = 0; t < n; ++t)
-            for (int d = 0; d < hd; ++d) e += std::pow(rk[t * hd + d] - k[static_cast<size_t>(t) * n_kv * hd + d], 2);
+            for (int d = 0; d < hd; ++d) {
+                e += std::pow(rk[t * hd + d] - k[static_cast<size_t>(t) * n_kv * hd + d], 2);
+                ev += std::pow(rv[t * hd + d] - v[static_cast<size_t>(t) * n_kv * hd + d], 2);
+                vv += std::pow(v[static_cast<size_t>(t) * n_kv * hd + d], 2);
+            }
         err[static_cast<int>(dt)] = std::sqrt(e / (n * hd));
+        // Values have no outlier: every type reads them back within its own step size.
+        const double v_err = std::sqrt(ev / vv),
+                     v_bound = dt == KvDtype::F16 ? 1e-3 : kv_storage_dtype(dt) == KvDtype::Q8 ? 0.02 : 0.2;
+        CHECK(v_err < v_bound, "%s: values read back with relative rms error %.4f", kv_dtype_name(dt), v_err);
     }
-    std::printf("read-back rms error, keys with an outlier channel: f16 %.4f q8 %.4f q4 %.4f q4r %.4f\n",
-                err[0], err[3], err[4], err[5]);
+    std::printf("read-back rms error, keys with an outlier channel: f16 %.4f q8 %.4f q8r %.4f q4 %.4f q4r %.4f\n",
+                err[0], err[3], err[6], err[4], err[5]);
     CHECK(err[0] < 1e-2 && err[3] < 0.1, "f16/q8 read back");
-    CHECK(err[5] < 0.5 * err[4], "rotation should at least halve q4's error on an outlier channel");
+    CHECK(err[5] < 0.5 * err[4] && err[6] < 0.5 * err[3], "rotation should at least halve the error on an outlier channel");
 }
 
 int main() {

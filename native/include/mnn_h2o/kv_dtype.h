@@ -6,12 +6,14 @@
 //
 //   f16, bf16, f32   head_dim * 2 / 2 / 4 bytes
 //   q8               head_dim int8 (symmetric, q in [-127, 127], x ~ q * scale), then the scales
+//   q8r              as q8
 //   q4, q4r          head_dim / 2 bytes of 4-bit codes (element 2i in the low nibble of byte i,
 //                    code = q + 8, q in [-8, 7]), then the scales
 //
-// q4r is q4 over rows rotated by the normalised Walsh-Hadamard transform of size head_dim: K, V
-// and the queries are rotated alike, so scores are unchanged in exact arithmetic while outliers
-// are spread over the whole row before 4-bit rounding; attention's output is rotated back.
+// q4r and q8r are q4 and q8 over rows rotated by the normalised Walsh-Hadamard transform of size
+// head_dim: K, V and the queries are rotated alike, so scores are unchanged in exact arithmetic
+// while outliers are spread over the whole row before rounding; attention's output is rotated
+// back.
 //
 // Adding a type: its enum value, a row of kTraits in kv_dtype.cpp, its reference conversions
 // there, and its load in the kernels (attention_scalar.cpp, attention_simd.h).
@@ -23,13 +25,13 @@
 
 namespace mnn_h2o {
 
-enum class KvDtype { F16 = 0, BF16 = 1, F32 = 2, Q8 = 3, Q4 = 4, Q4R = 5 };
-constexpr int kKvDtypeCount = 6;
+enum class KvDtype { F16 = 0, BF16 = 1, F32 = 2, Q8 = 3, Q4 = 4, Q4R = 5, Q8R = 6 };
+constexpr int kKvDtypeCount = 7;
 
 // Elements per scale of the quantised types.
 constexpr int kKvQuantGroup = 32;
 
-// "f16", "bf16", "f32", "q8", "q4", "q4r": the one spelling used by config, bindings, C API and docs.
+// "f16", "bf16", "f32", "q8", "q4", "q4r", "q8r": the one spelling used by config, bindings, C API and docs.
 const char* kv_dtype_name(KvDtype dtype);
 // The type named `name`; false if there is none.
 bool kv_dtype_from_name(const std::string& name, KvDtype* dtype);
@@ -39,7 +41,8 @@ bool kv_dtype_valid(int value);
 
 bool kv_dtype_quantised(KvDtype dtype);
 bool kv_dtype_rotated(KvDtype dtype);
-// The type whose bytes q4r rows use (q4), or dtype itself: what the kernels read.
+// The type whose bytes a rotated type's rows use (q4 for q4r, q8 for q8r), or dtype itself: what
+// the kernels read.
 KvDtype kv_storage_dtype(KvDtype dtype);
 
 // Bytes of one cached row of head_dim elements, scales included.

@@ -91,7 +91,8 @@ typedef enum mnn_h2o_dtype {
     MNN_H2O_DTYPE_F32 = 2,
     MNN_H2O_DTYPE_Q8 = 3,  /* int8 codes + an fp16 scale per 32 elements (docs/kv_cache.md) */
     MNN_H2O_DTYPE_Q4 = 4,  /* 4-bit codes + an fp16 scale per 32 elements */
-    MNN_H2O_DTYPE_Q4R = 5  /* q4 of Hadamard-rotated rows (head_dim a power of two) */
+    MNN_H2O_DTYPE_Q4R = 5, /* q4 of Hadamard-rotated rows (head_dim a power of two) */
+    MNN_H2O_DTYPE_Q8R = 6  /* q8 of Hadamard-rotated rows (head_dim a power of two) */
 } mnn_h2o_dtype;
 
 typedef struct mnn_h2o_kv_config {
