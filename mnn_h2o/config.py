@@ -112,7 +112,9 @@ SCHEMA: Tuple[Key, ...] = (
     Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
     Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
-        "makes the whole-model ratio (all layers) reach this; used when target_keep_ratio is 0",
+        "makes the whole-model ratio (all layers) reach this; with a quantised runtime.kv_dtype "
+        "the ratio is against f16 rows and the type pays its part first (1.88x for q8), eviction "
+        "the rest; used when target_keep_ratio is 0",
         range=(0.0, 1000.0)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0)),

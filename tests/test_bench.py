@@ -94,11 +94,12 @@ def test_round_measures_what_it_claims(micro_round):
         assert store["store"]["lossless_ratio"] > 1.0
         assert store["total_ratio"] == pytest.approx(store["kv_bytes_uncompressed"] / store["kv_bytes_held"])
         # int8 rows: 68 bytes per 64 values instead of 128 (1.88x, less block rounding), close
-        # to the full cache; eviction over them multiplies the two savings.
+        # to the full cache.
         q8, q8_h2o = by["q8", n], by["q8_h2o", n]
         assert 1.8 < q8["whole_model_ratio"] < 1.89 and base["whole_model_ratio"] < 1.01
         assert q8["kl"] < 0.01 and q8["top1_agreement"] >= 0.9
-        assert q8_h2o["whole_model_ratio"] > 1.5 * q8["whole_model_ratio"]
+        # h2o.target_lossy_ratio is whole-model: q8 pays 1.88x of the 2x, eviction the rest.
+        assert q8_h2o["whole_model_ratio"] >= 0.9 * MICRO["h2o"]["target_lossy_ratio"]
         assert q8_h2o["whole_model_ratio"] == pytest.approx(q8_h2o["lossy_ratio"] * 128 / 68, rel=0.02)
     demo = {d["case"]: d for d in s["demo"]}
     assert demo["store"]["token_ids"] == demo["full"]["token_ids"]

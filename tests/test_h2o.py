@@ -346,3 +346,22 @@ def test_unreachable_target_is_reported():
         forward(cache, 1, rng, prefill=False)
     assert cache.h2o_stats()["layers"][2]["skipped"]["target_unreachable"] == 2
     assert cache.length(2, 0) == 104
+
+
+def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
+    """target_lossy_ratio is whole-model against f16 rows: a q8 cache at 6x keeps the tokens an
+    f16 cache keeps at 6 * 17/32, holds 1/6 of f16's bytes, and q8 at 1.5x evicts nothing."""
+    held = {}
+    for dtype, target in (("f16", 6.0 * 17 / 32), ("q8", 6.0), ("q8r", 1.5)):
+        cache = make_cache(n_layers=10, dtype=dtype)
+        cache.enable_h2o(target_lossy_ratio=target, sink_tokens=16, recent_tokens=32, layer_start=2)
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            forward(cache, 256, rng, prefill=True)
+        held[dtype] = [cache.length(layer, h) for layer in range(10) for h in range(2)]
+        st = cache.h2o_stats()
+        if dtype == "q8":
+            assert 5.0 < st["whole_model_ratio"] < 6.1  # under by the floors and whole blocks of 1024 tokens
+        if dtype == "q8r":
+            assert held[dtype] == [1024] * 20 and 1.7 < st["whole_model_ratio"] < 32 / 17  # 34-byte rows, 64-byte blocks
+    assert held["q8"] == held["f16"] and min(held["q8"]) < 1024

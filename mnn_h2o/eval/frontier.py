@@ -138,10 +138,9 @@ class OursEngine:
         from .quality import h2o_section
 
         llm = self._llm(m.kv_dtype)
-        # The target is whole-model (f16 bytes / bytes held); the element type pays its part,
+        # h2o.target_lossy_ratio is whole-model: a quantised element type pays its part of it,
         # eviction the rest.
-        evict = ratio / dtype_gain(m.engine, m.kv_dtype) if m.evicts else None
-        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, evict) if m.evicts else None)
+        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, ratio) if m.evicts else None)
         return llm
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:

@@ -62,6 +62,9 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
       n_kv_heads_(cache.n_kv_heads),
       group_(cache.n_heads / cache.n_kv_heads),
       block_tokens_(cache.block_tokens),
+      dtype_gain_(kv_dtype_quantised(cache.dtype) ? static_cast<double>(kv_row_bytes(KvDtype::F16, cache.head_dim)) /
+                                                        static_cast<double>(kv_row_bytes(cache.dtype, cache.head_dim))
+                                                  : 1.0),
       stride_(static_cast<size_t>((cache.max_tokens + cache.block_tokens - 1) / cache.block_tokens)),
       policy_(make_policy(cfg_.policy, cfg_.seed)),
       layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
@@ -123,9 +126,11 @@ bool H2oState::count_decode_tokens(int n_tokens) {
 
 double H2oState::keep_ratio() const {
     if (cfg_.target_keep_ratio > 0.0) return cfg_.target_keep_ratio;
-    // Whole model: n_layers * T / (kept_layers * T + evicting * k * T) = R, solved for k.
+    // Whole model, in tokens: n_layers * T / (kept_layers * T + evicting * k * T) = R, solved for
+    // k, with R the target left once the dtype has paid its part (>= 1 keeps everything).
     const double layers = n_layers_, evicting = cfg_.layer_end - cfg_.layer_start;
-    return (layers / cfg_.target_lossy_ratio - (layers - evicting)) / evicting;
+    const double r = std::max(1.0, cfg_.target_lossy_ratio / dtype_gain_);
+    return (layers / r - (layers - evicting)) / evicting;
 }
 
 int H2oState::budget_blocks(int64_t tokens_seen) const {

@@ -14,7 +14,9 @@ struct H2oConfig {
     // Budget: exactly one of the two is > 0. keep ratio: each evicting head keeps
     // target_keep_ratio * tokens_seen tokens. Lossy ratio: the keep ratio of the evicting layers is
     // chosen so that the whole model (all layers, the non-evicting ones keep everything) holds
-    // tokens_seen / target_lossy_ratio tokens per layer on average.
+    // 1 / target_lossy_ratio of what every token seen would take: a quantised cache dtype pays
+    // its part of the ratio against f16 (q8: 32/17) and eviction the rest, none when the dtype
+    // alone reaches it. (Float dtypes: the ratio is eviction's alone, in the cache's own dtype.)
     double target_keep_ratio = 0.0;
     double target_lossy_ratio = 3.0;
     double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)

@@ -133,6 +133,7 @@ private:
 
     H2oConfig cfg_;
     int n_layers_, n_kv_heads_, group_, block_tokens_;
+    double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
     size_t stride_;
     std::unique_ptr<EvictionPolicy> policy_;
     std::vector<LayerScores> layers_;  // [layer - layer_start]
