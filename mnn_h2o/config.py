@@ -113,7 +113,7 @@ SCHEMA: Tuple[Key, ...] = (
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
     Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
         "makes the whole-model ratio (all layers) reach this; with a quantised runtime.kv_dtype "
-        "the ratio is against f16 rows and the type pays its part first (1.88x for q8), eviction "
+        "the ratio is against f16 rows and the type pays its part first (32/17 for q8), eviction "
         "the rest; used when target_keep_ratio is 0",
         range=(0.0, 1000.0)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
@@ -169,9 +169,9 @@ SCHEMA: Tuple[Key, ...] = (
         "alone (lossless off); probe/full/store = H2O plus that lossless mode; q8 = full cache of "
         "int8 K/V rows; q8_h2o = H2O eviction over int8 rows",
         choices=("baseline", "h2o", "probe", "full", "store", "q8", "q8_h2o"), item=str),
-    Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O plus that lossless "
-        "mode, generating from real prompts (baseline runs too, as reference)",
-        choices=("probe", "full", "store"), item=str),
+    Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O alone (h2o) or plus "
+        "that lossless mode, generating from real prompts (baseline runs too, as reference)",
+        choices=("h2o", "probe", "full", "store"), item=str),
     Key("bench", "demo_buckets", list, [128, 512, 2048, 4096], "tokens", "demo prompt lengths",
         range=(16, 1 << 20), item=int),
     Key("bench", "demo_new_tokens", int, 64, "tokens", "demo: tokens generated per prompt",
@@ -251,6 +251,13 @@ def _check_together(cfg) -> None:
     if ll["mode"] != "off" and dt in _QUANTISED_KV:
         raise ConfigError(f"lossless.mode {ll['mode']} needs a float runtime.kv_dtype (f16, bf16 or f32), "
                           f"got {dt}: the Gear codec models float bytes, not integer codes")
+    b = cfg["bench"]
+    lossless_cases = [c for c in b["cases"] + b["demo_cases"] if c in ("probe", "full", "store")]
+    if lossless_cases and dt in _QUANTISED_KV:
+        raise ConfigError(f"bench cases {', '.join(dict.fromkeys(lossless_cases))} run the lossless store, which "
+                          f"needs a float runtime.kv_dtype, got {dt}; keep kv_dtype f16 (the cases q8 and "
+                          f"q8_h2o measure int8 KV) or --set 'bench.cases=[baseline, h2o]' --set "
+                          f"'bench.demo_cases=[h2o]'")
     if ll["chunk_tokens"] % bt:
         raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
                           f"runtime.block_tokens ({bt})")

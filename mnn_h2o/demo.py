@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     ap.add_argument("--config", help="YAML config (default: built-in defaults; see docs/config.md)")
     ap.add_argument("--model", help="named model or GGUF path (overrides model.name of the config)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config key (repeatable), e.g. --set runtime.kv_dtype=q8")
     ap.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
@@ -50,7 +52,8 @@ def main(argv=None) -> int:
         # valid-looking conversation and the model chats about nothing.
         if not prompt.strip():
             raise ValueError(f"the prompt ({source}) is empty")
-        overrides = {"model.name": args.model} if args.model else None
+        overrides = {"model.name": args.model} if args.model else {}
+        overrides.update(config_mod.parse_assignment(a) for a in args.set)
         cfg = config_mod.load(args.config, overrides)
         llm = Llm.load(None, cfg)
         g = llm.generate(prompt, args.max_new_tokens, sampling, stop=args.stop,

@@ -3,7 +3,8 @@
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
 ``h2o`` is the config's H2O eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
 that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
-``q8_h2o`` the config's eviction over them (every other case uses runtime.kv_dtype). A run
+``q8_h2o`` the config's eviction over them (the baseline is always f16; the other cases use
+runtime.kv_dtype, and h2o.target_lossy_ratio is whole-model against f16 rows). A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -25,7 +26,9 @@ from ..eval.quality import log_softmax
 
 LOSSLESS_CASES = ("probe", "full", "store")
 H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
-KV_DTYPE_CASES = {"q8": "q8", "q8_h2o": "q8"}  # cases with their own element type
+# Cases with an element type of their own; the others use runtime.kv_dtype. The baseline, the
+# reference of every quality figure, is the f16 full cache whatever the config says.
+KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_h2o": "q8"}
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
@@ -188,7 +191,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
         def runner(case):
             def run():
                 configure(llm, cfg, case)
-                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", *H2O_CASES, *KV_DTYPE_CASES),
+                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", "h2o", *H2O_CASES, *KV_DTYPE_CASES),
                              trace=case not in first and plen == longest)
                 first.setdefault(case, r)
                 if progress:
