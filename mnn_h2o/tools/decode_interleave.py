@@ -1,11 +1,17 @@
-"""H2O against our own full cache, decode steps interleaved token by token.
+"""Decode speed of several cache configurations against each other, steps interleaved token by token.
 
-Two engines in one process, one with eviction off and one with the config's H2O, are prefilled
-with the same essay prompt; then their decode steps alternate (A B, B A, A B, ...) over the same
-teacher-forced tokens, so slow drifts of a noisy machine hit both alike. Prints the ratio of
-mean step times, and the ratio per block of 50 tokens to show its spread.
+Each engine (KV element type and eviction policy) is prefilled with the same essay prompt; then
+their decode steps rotate (A B C, B C A, C A B, ...) over the same teacher-forced tokens, so slow
+drifts of a noisy machine hit all alike. Prints per engine the ms per token (median, mean), the
+part spent in our native cache step (append + attention + policy), the KV bytes held and the
+whole-model ratio, and the speed-up over the first engine: ratio of means, and its median and
+range over blocks of 50 tokens.
 
-    python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400] [--target-lossy-ratio 3.2]
+    python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6]
+
+An engine is DTYPE:POLICY[@RATIO]: DTYPE a runtime.kv_dtype, POLICY none or an h2o.policy,
+RATIO its h2o.target_lossy_ratio (whole-model; default the config's).
 """
 import argparse
 import copy
@@ -13,9 +19,26 @@ import time
 
 import numpy as np
 
+from .. import config as config_mod
 from ..config import load
 from ..engine import Llm
 from ..essays import essay_tokens
+
+
+def parse_engine(spec: str, cfg: dict):
+    """(label, h2o section or None, kv_dtype) of DTYPE:POLICY[@RATIO]."""
+    dtype, _, rest = spec.partition(":")
+    policy, _, ratio = rest.partition("@")
+    if dtype not in config_mod.key("runtime.kv_dtype").choices:
+        raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
+    if policy == "none":
+        return spec, None, dtype
+    if policy not in config_mod.key("h2o.policy").choices:
+        raise SystemExit(f"{spec}: unknown policy {policy!r}")
+    h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
+    if ratio:
+        h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
+    return spec, h2o, dtype
 
 
 def main():
@@ -23,34 +46,50 @@ def main():
     ap.add_argument("--config", default="h2o.yaml")
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
-    ap.add_argument("--target-lossy-ratio", type=float, default=None,
-                    help="override h2o.target_lossy_ratio for the H2O engine")
+    ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
+                    help="DTYPE:POLICY[@RATIO] per engine; speed-ups are against the first "
+                         "(default f16:none f16:h2o)")
     args = ap.parse_args()
     cfg = load(args.config)
-    cfg_h2o = copy.deepcopy(cfg)
-    if args.target_lossy_ratio is not None:
-        cfg_h2o["h2o"]["target_lossy_ratio"] = args.target_lossy_ratio
+    cfg["lossless"]["mode"] = "off"
     name = cfg["model"]["name"]
-    full = Llm.load(name, cfg, progress=False)
-    full.configure_h2o(None)
-    h2o = Llm.load(name, cfg_h2o, progress=False)
-    ids = essay_tokens(full.tokenizer, args.context + args.tokens)
-    for engine in (full, h2o):
-        engine.reset()
-        engine.prefill(ids[:args.context])
-    times = {id(full): [], id(h2o): []}
+    specs = [parse_engine(s, cfg) for s in args.engines]
+    engines = []
+    for label, h2o, dtype in specs:
+        c = copy.deepcopy(cfg)
+        c["runtime"]["kv_dtype"] = dtype
+        llm = Llm.load(name, c, progress=False)
+        llm.configure_h2o(h2o)
+        engines.append((label, llm))
+    ids = essay_tokens(engines[0][1].tokenizer, args.context + args.tokens)
+    for _, llm in engines:
+        llm.reset()
+        llm.prefill(ids[:args.context])
+    n = len(engines)
+    times = [[] for _ in engines]
+    native = [0.0] * n
     for i, token in enumerate(ids[args.context:]):
-        for engine in ((full, h2o) if i % 2 == 0 else (h2o, full)):
+        for j in range(n):
+            e = (i + j) % n
+            llm = engines[e][1]
+            a0 = llm.stats.attention_s
             t0 = time.perf_counter()
-            engine.decode(int(token))
-            times[id(engine)].append(time.perf_counter() - t0)
-    tf, th = np.array(times[id(full)]), np.array(times[id(h2o)])
-    blocks = [tf[i:i + 50].mean() / th[i:i + 50].mean() for i in range(0, len(tf), 50)]
-    print(f"{name}, {args.context}-token prompt, {len(tf)} decode steps each, H2O lossy ratio {h2o.stats.lossy_ratio:.3f}")
-    print(f"full cache ms/token: median {np.median(tf) * 1e3:.2f}, mean {tf.mean() * 1e3:.2f}")
-    print(f"H2O        ms/token: median {np.median(th) * 1e3:.2f}, mean {th.mean() * 1e3:.2f}")
-    print(f"H2O / full: {tf.mean() / th.mean():.3f} (ratio of means); per 50 tokens "
-          f"{min(blocks):.3f}-{max(blocks):.3f}, median {np.median(blocks):.3f}")
+            llm.decode(int(token))
+            times[e].append(time.perf_counter() - t0)
+            native[e] += llm.stats.attention_s - a0
+    print(f"{name}, {args.context}-token prompt, {args.tokens} decode steps per engine, "
+          f"{cfg['runtime']['threads']} threads, interleaved")
+    print(f"{'engine':>16} {'ms/token':>9} {'mean':>6} {'cache ms':>8} {'KV MiB':>7} {'vs f16 x':>8} "
+          f"{'speed-up (blocks of 50)':>26}")
+    t_first = np.array(times[0])
+    for (label, llm), t in zip(engines, times):
+        t = np.array(t)
+        blocks = [t_first[i:i + 50].mean() / t[i:i + 50].mean() for i in range(0, len(t), 50)]
+        up = f"{t_first.mean() / t.mean():.3f} ({np.median(blocks):.3f}, {min(blocks):.3f}-{max(blocks):.3f})"
+        st = llm.stats
+        print(f"{label:>16} {np.median(t) * 1e3:>9.2f} {t.mean() * 1e3:>6.2f} "
+              f"{native[engines.index((label, llm))] / len(t) * 1e3:>8.2f} {st.kv_bytes_held / 2**20:>7.1f} "
+              f"{st.whole_model_ratio:>8.2f} {up:>26}")
 
 
 if __name__ == "__main__":
