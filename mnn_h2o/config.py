@@ -251,13 +251,6 @@ def _check_together(cfg) -> None:
     if ll["mode"] != "off" and dt in _QUANTISED_KV:
         raise ConfigError(f"lossless.mode {ll['mode']} needs a float runtime.kv_dtype (f16, bf16 or f32), "
                           f"got {dt}: the Gear codec models float bytes, not integer codes")
-    b = cfg["bench"]
-    lossless_cases = [c for c in b["cases"] + b["demo_cases"] if c in ("probe", "full", "store")]
-    if lossless_cases and dt in _QUANTISED_KV:
-        raise ConfigError(f"bench cases {', '.join(dict.fromkeys(lossless_cases))} run the lossless store, which "
-                          f"needs a float runtime.kv_dtype, got {dt}; keep kv_dtype f16 (the cases q8 and "
-                          f"q8_h2o measure int8 KV) or --set 'bench.cases=[baseline, h2o]' --set "
-                          f"'bench.demo_cases=[h2o]'")
     if ll["chunk_tokens"] % bt:
         raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
                           f"runtime.block_tokens ({bt})")

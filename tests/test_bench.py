@@ -319,3 +319,17 @@ def fake_demo(case):
     return {"bucket": 128, "case": case, "prompt_tokens": 120, "generated_tokens": 4, "decode_tps": 50.0,
             "prefill_tps": 900.0, "kv_bytes_held": 1 << 20, "lossy_ratio": 1.0, "total_ratio": 1.0,
             "text": "x", "token_ids": [1, 2, 3, 4], "store": {"fallbacks": 0}}
+
+
+@pytest.mark.parametrize("config_dtype,expect", [
+    ("f16", {"baseline": "f16", "h2o": "f16", "store": "f16", "q8": "q8", "q8_h2o": "q8"}),
+    ("bf16", {"baseline": "f16", "h2o": "bf16", "store": "bf16", "q8": "q8", "q8_h2o": "q8"}),
+    ("q4r", {"baseline": "f16", "h2o": "f16", "store": "f16", "q8": "q8", "q8_h2o": "q8"}),
+])
+def test_case_element_types(config_dtype, expect):
+    """The reference is always f16; the lossless cases (and h2o, their bit-identical reference)
+    need float rows, so a quantised runtime.kv_dtype leaves them on f16."""
+    from mnn_h2o.bench.cases import case_kv_dtype
+
+    cfg = {"runtime": {"kv_dtype": config_dtype}}
+    assert {c: case_kv_dtype(cfg, c) for c in expect} == expect

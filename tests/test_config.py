@@ -85,7 +85,4 @@ def test_kv_dtype_choices_are_the_native_names():
 def test_lossless_store_needs_float_kv(mode):
     with pytest.raises(config.ConfigError, match="needs a float runtime.kv_dtype"):
         config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": mode}})
-    with pytest.raises(config.ConfigError, match="bench cases probe, full, store run the lossless store"):
-        config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"}})
-    config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"},
-                     "bench": {"cases": ["baseline", "h2o", "q8_h2o"], "demo_cases": ["h2o"]}})
+    config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"}})

@@ -3,8 +3,9 @@
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
 ``h2o`` is the config's H2O eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
 that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
-``q8_h2o`` the config's eviction over them (the baseline is always f16; the other cases use
-runtime.kv_dtype, and h2o.target_lossy_ratio is whole-model against f16 rows). A run
+``q8_h2o`` the config's eviction over them (h2o.target_lossy_ratio is whole-model against f16
+rows: q8 pays 32/17 of it). The baseline is always f16; the other cases use runtime.kv_dtype if
+it is a float type, else f16 (see ``case_kv_dtype``). A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -26,9 +27,16 @@ from ..eval.quality import log_softmax
 
 LOSSLESS_CASES = ("probe", "full", "store")
 H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
-# Cases with an element type of their own; the others use runtime.kv_dtype. The baseline, the
-# reference of every quality figure, is the f16 full cache whatever the config says.
+# Cases with an element type of their own. The baseline, the reference of every quality figure,
+# is the f16 full cache whatever the config says; the others use runtime.kv_dtype when it is a
+# float type (the lossless store takes only those, and h2o is its bit-identical reference), else f16.
 KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_h2o": "q8"}
+FLOAT_KV = ("f16", "bf16", "f32")
+
+
+def case_kv_dtype(cfg: dict, case: str) -> str:
+    dt = cfg["runtime"]["kv_dtype"]
+    return KV_DTYPE_CASES.get(case, dt if dt in FLOAT_KV else "f16")
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
@@ -42,7 +50,7 @@ def case_sections(cfg: dict, case: str):
 
 def configure(llm, cfg: dict, case: str) -> None:
     h2o, lossless = case_sections(cfg, case)
-    kv_dtype = KV_DTYPE_CASES.get(case, cfg["runtime"]["kv_dtype"])
+    kv_dtype = case_kv_dtype(cfg, case)
     if kv_dtype != llm.kv_dtype:
         llm.configure_kv_dtype(kv_dtype)
     llm.configure_h2o(h2o)
