@@ -106,6 +106,10 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
         range=(0, 1 << 20)),
+    Key("h2o", "max_floor_share", float, 1.0, "fraction", "the sink and recent floors take at most "
+        "this share of a head's budget; beyond it both shrink in proportion (the recent floor keeps "
+        "at least the newest block), so a budget smaller than the floors is still met; 0 = never "
+        "shrink: a head whose floors exceed its budget is not evicted", range=(0.0, 1.0)),
     Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
     Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
@@ -120,6 +124,10 @@ SCHEMA: Tuple[Key, ...] = (
         "this many tokens", range=(0, 1 << 20)),
     Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
         "(the same for every layer)", range=(1, 1 << 20)),
+    Key("h2o", "prefill_eviction", str, "chunk", "-", "when a prompt is evicted: chunk = after "
+        "every prefill chunk whose heads are over budget (peak memory stays near the budget); end = "
+        "once, after the prompt's last chunk, with scores from every prompt query (peak memory holds "
+        "the whole prompt)", choices=("chunk", "end")),
     Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
     Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),

@@ -347,7 +347,10 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
 void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
     Head& hs = head(layer, h);  // a bad layer or head is std::out_of_range, not an invalid plan
     const H2oConfig* c = h2o_config();
-    const std::string error = plan_error(runs, hs.length, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
+    int sink = c ? c->sink_tokens : 0, recent = c ? c->recent_tokens : 1;
+    // Floors shrunk to fit a small budget (h2o.max_floor_share) apply to every plan.
+    if (h2o_ && h2o_->collects(layer)) h2o_->floor_tokens(stats_[layer].tokens_seen, hs.length, &sink, &recent);
+    const std::string error = plan_error(runs, hs.length, sink, recent);
     if (!error.empty()) {
         ++stats_[layer].invalid_plans;
         throw std::invalid_argument("evict: layer " + std::to_string(layer) + " head " + std::to_string(h) + ": " +
