@@ -143,7 +143,9 @@ bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) c
     int64_t eligible = 0, total = 0;
     bool any_over = false;
     for (int h = 0; h < n_kv_heads_; ++h) {
-        if (lengths[h] < cfg_.trigger_min_tokens) continue;
+        // The trigger counts the tokens the layer has seen, not those a head still holds: a head
+        // cut below trigger_min_tokens by an earlier update must keep being held to its budget.
+        if (tokens_seen < cfg_.trigger_min_tokens) continue;
         const int n = blocks_of(lengths[h]);
         ++eligible;
         total += n;
@@ -222,7 +224,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
 
     select_heads_.clear();
     for (int h = 0; h < n_kv_heads_; ++h) {
-        if (lengths[h] < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
+        if (tokens_seen < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
         else select_heads_.push_back(h);
     }
     if (select_heads_.empty()) return;

@@ -331,6 +331,21 @@ static void test_floor_share() {
     const double ratio = cache.h2o_stats().lossy_ratio;
     // 16 * 2048 / (2048 + 15 * 9 * 16) = 7.79 (block rounding of the 8.53-block budget).
     CHECK(ratio > 7.7 && ratio <= 8.0, "8x with floors larger than the budget: whole-model ratio %.3f", ratio);
+    // Decode: the heads now hold 144 tokens, below trigger_min_tokens (512); the trigger counts
+    // the tokens the layer has seen, so they are still held to their budget.
+    KvCache small(small_config(16, 2048 + 64));
+    small.enable_h2o(w);
+    for (int chunk = 0; chunk < 8; ++chunk) {
+        for (int layer = 0; layer < 16; ++layer) step(small, layer, 256, rng);
+        small.end_step(256, true);
+    }
+    for (int t = 0; t < 64; ++t) {
+        for (int layer = 0; layer < 16; ++layer) step(small, layer, 1, rng);
+        small.end_step(1, false);
+    }
+    const double after = small.h2o_stats().lossy_ratio;
+    CHECK(after > 7.6 && after <= 8.0 && small.length(5, 0) <= 10 * 16, "after 64 decode tokens: ratio %.3f, %d held",
+          after, small.length(5, 0));
 }
 
 // The EMA of normalised block scores, against a reference that collects the raw masses through

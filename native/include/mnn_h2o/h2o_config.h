@@ -25,7 +25,7 @@ struct H2oConfig {
     double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)
     int layer_start = 2;          // layers [layer_start, layer_end) collect scores and evict
     int layer_end = -1;           // -1: n_layers
-    int trigger_min_tokens = 512; // heads holding fewer tokens are left alone
+    int trigger_min_tokens = 512; // layers that have seen fewer tokens (tokens_seen) are left alone
     int update_interval = 32;     // decode tokens between policy updates
     bool per_head_budget = false; // share the layer's budget between its kv heads (KV-Compress)
     uint64_t seed = 0;            // for the random policy
