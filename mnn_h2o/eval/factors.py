@@ -71,14 +71,26 @@ def keep_for_end(n_layers: int, evicting: int, prompt: int, decoded: int, ratio:
     return (per_layer - decoded) / prompt
 
 
+def combine(name: str) -> Variant:
+    """``a+b+c``: the overrides of variants a, b and c together (later ones win)."""
+    parts = [p for p in name.split("+") if p]
+    for p in parts:
+        if p not in VARIANTS:
+            raise ValueError(f"unknown variant {p!r} (allowed: {', '.join(VARIANTS)}, or several joined by +)")
+    if len(parts) == 1:
+        return VARIANTS[parts[0]]
+    overrides: Dict[str, object] = {}
+    for p in parts:
+        overrides.update(VARIANTS[p].overrides)
+    return Variant(name, " + ".join(VARIANTS[p].what for p in parts), overrides,
+                   any(VARIANTS[p].keep_for_end for p in parts))
+
+
 def parse_variants(spec: str) -> List[Variant]:
     out = []
     for name in (s.strip() for s in spec.split(",")):
-        if not name:
-            continue
-        if name not in VARIANTS:
-            raise ValueError(f"unknown variant {name!r} (allowed: {', '.join(VARIANTS)})")
-        out.append(VARIANTS[name])
+        if name:
+            out.append(combine(name))
     if not out:
         raise ValueError("no variants given")
     return out
