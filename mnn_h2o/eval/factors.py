@@ -43,6 +43,9 @@ VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("floors_half", "floors halved: sink 32, recent 128", {"h2o.sink_tokens": 32, "h2o.recent_tokens": 128}),
     Variant("block32", "coarser blocks: 32 tokens (16 is the kernels' minimum)", {"runtime.block_tokens": 32}),
     Variant("block64", "coarser blocks: 64 tokens", {"runtime.block_tokens": 64}),
+    Variant("float", "float weights and activations (model.weight_bits 0, runtime.memory normal) "
+            "instead of int8: is the int8 engine's noise part of the loss?",
+            {"model.weight_bits": 0, "runtime.memory": "normal"}),
     Variant("prefill_end", "evict once after the whole prompt, not after every prefill chunk",
             {"h2o.prefill_eviction": "end"}),
     Variant("no_decode", "no eviction during the continuation; the prompt is cut so that the end "
