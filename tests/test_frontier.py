@@ -205,4 +205,4 @@ def test_factor_variants_and_keep_for_end():
     runs = [dict(variant="base", target_ratio=3.2, domain=d, prompt_tokens=n, segment=0, kl=kl, top1=0.9,
                  ratio=3.1) for d, n, kl in [("essays", 4096, 0.01), ("code", 4096, 0.03)]]
     t = factors.table(runs)
-    assert "| base | 3.2 | 0.0300 | 0.0100 | 0.0200 | 0.900 | 3.10 |" in t
+    assert "| base | 3.2 | 0.0300 | 0.0100 | 0.0200 | 0.0200 | 0.900 | 3.10 |" in t

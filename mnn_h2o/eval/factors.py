@@ -180,8 +180,10 @@ def table(runs: Sequence[dict], variants: Optional[Sequence[str]] = None) -> str
     """One row per (variant, target): KL per domain x prompt length, mean KL, mean top-1, ratio."""
     cols = sorted({(r["prompt_tokens"], r["domain"]) for r in runs})
     names = list(variants) if variants else list(dict.fromkeys(r["variant"] for r in runs))
-    head = "| variant | target | " + " | ".join(f"{d} {n}" for n, d in cols) + " | mean KL | mean top-1 | ratio |"
-    out = [head, "|---|---:|" + "---:|" * (len(cols) + 3)]
+    lens = sorted({n for n, _ in cols})
+    head = ("| variant | target | " + " | ".join(f"{d} {n}" for n, d in cols) + " | "
+            + " | ".join(f"mean {n}" for n in lens) + " | mean KL | mean top-1 | ratio |")
+    out = [head, "|---|---:|" + "---:|" * (len(cols) + len(lens) + 3)]
     for t in sorted({r["target_ratio"] for r in runs}):
         for name in names:
             rs = [r for r in runs if r["variant"] == name and r["target_ratio"] == t]
@@ -191,6 +193,10 @@ def table(runs: Sequence[dict], variants: Optional[Sequence[str]] = None) -> str
             for n, d in cols:
                 x = [r["kl"] for r in rs if (r["prompt_tokens"], r["domain"]) == (n, d)]
                 cells.append(f"{np.mean(x):.4f}" if x else "-")
+            for n in lens:  # per prompt length, only when every domain of it ran
+                x = [r["kl"] for r in rs if r["prompt_tokens"] == n]
+                cells.append(f"{np.mean(x):.4f}" if {r["domain"] for r in rs if r["prompt_tokens"] == n}
+                             == {d for m, d in cols if m == n} else "-")
             full = len(rs) == len(cols) * len({r["segment"] for r in rs})
             mean = f"{np.mean([r['kl'] for r in rs]):.4f}" + ("" if full else "*")
             out.append(f"| {name} | {t:g} | " + " | ".join(cells) + f" | {mean} | "
