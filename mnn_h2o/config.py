@@ -117,7 +117,9 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0.0, 1000.0)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0)),
-    Key("h2o", "layer_start", int, 2, "layer", "first evicting layer", range=(0, 1 << 10)),
+    Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
+        "everything, so the evicting ones are cut harder for the same whole-model ratio)",
+        range=(0, 1 << 10)),
     Key("h2o", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
         range=(-1, 1 << 10)),
     Key("h2o", "trigger_min_tokens", int, 512, "tokens", "a layer is evicted only once it has "
@@ -125,7 +127,7 @@ SCHEMA: Tuple[Key, ...] = (
         "its budget)", range=(0, 1 << 20)),
     Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
         "(the same for every layer)", range=(1, 1 << 20)),
-    Key("h2o", "prefill_eviction", str, "chunk", "-", "when a prompt is evicted: chunk = after "
+    Key("h2o", "prefill_eviction", str, "end", "-", "when a prompt is evicted: chunk = after "
         "every prefill chunk whose heads are over budget (peak memory stays near the budget); end = "
         "once, after the prompt's last chunk, with scores from every prompt query (peak memory holds "
         "the whole prompt)", choices=("chunk", "end")),
