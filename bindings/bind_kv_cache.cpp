@@ -147,6 +147,7 @@ py::dict config_dict(const H2oConfig& c) {
     d["policy"] = c.policy;
     d["sink_tokens"] = c.sink_tokens;
     d["recent_tokens"] = c.recent_tokens;
+    d["max_floor_share"] = c.max_floor_share;
     d["target_keep_ratio"] = c.target_keep_ratio;
     d["target_lossy_ratio"] = c.target_lossy_ratio;
     d["ema_alpha"] = c.ema_alpha;
@@ -433,7 +434,7 @@ mass each key block received, summed over the queries and the query heads of eac
             [](PyKvCache& self, const std::string& policy, long long sink_tokens, long long recent_tokens,
                double target_keep_ratio, double target_lossy_ratio, double ema_alpha, long long layer_start,
                long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
-               long long seed) {
+               long long seed, double max_floor_share) {
                 // Out-of-range ints are a ValueError naming the argument, like any other bad value.
                 const auto to_int = [](const char* name, long long x) {
                     if (x < INT32_MIN || x > INT32_MAX)
@@ -455,6 +456,7 @@ mass each key block received, summed over the queries and the query heads of eac
                 c.update_interval = to_int("update_interval", update_interval);
                 c.per_head_budget = per_head_budget;
                 c.seed = static_cast<uint64_t>(seed);
+                c.max_floor_share = max_floor_share;
                 NativeCall call(self);
                 self.cache.enable_h2o(c);
             },
@@ -462,6 +464,7 @@ mass each key block received, summed over the queries and the query heads of eac
             py::arg("target_keep_ratio") = 0.0, py::arg("target_lossy_ratio") = 3.0, py::arg("ema_alpha") = 0.5,
             py::arg("layer_start") = 2, py::arg("layer_end") = -1, py::arg("trigger_min_tokens") = 512,
             py::arg("update_interval") = 32, py::arg("per_head_budget") = false, py::arg("seed") = 0,
+            py::arg("max_floor_share") = 1.0,
             R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
 Exactly one of target_keep_ratio / target_lossy_ratio must be > 0; layer_end -1 = n_layers.
 ValueError naming the bad argument.)doc")

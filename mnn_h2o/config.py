@@ -109,6 +109,10 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
         range=(0, 1 << 20)),
+    Key("h2o", "max_floor_share", float, 1.0, "fraction", "the sink and recent floors take at most "
+        "this share of a head's budget; beyond it both shrink in proportion (the recent floor keeps "
+        "at least the newest block), so a budget smaller than the floors is still met; 0 = never "
+        "shrink: a head whose floors exceed its budget is not evicted", range=(0.0, 1.0)),
     Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
     Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
@@ -118,13 +122,20 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0.0, 1000.0)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0)),
-    Key("h2o", "layer_start", int, 2, "layer", "first evicting layer", range=(0, 1 << 10)),
+    Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
+        "everything, so the evicting ones are cut harder for the same whole-model ratio)",
+        range=(0, 1 << 10)),
     Key("h2o", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
         range=(-1, 1 << 10)),
-    Key("h2o", "trigger_min_tokens", int, 512, "tokens", "a head is evicted only once it holds "
-        "this many tokens", range=(0, 1 << 20)),
+    Key("h2o", "trigger_min_tokens", int, 512, "tokens", "a layer is evicted only once it has "
+        "seen this many tokens (counting those already evicted, so a head cut below it stays at "
+        "its budget)", range=(0, 1 << 20)),
     Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
         "(the same for every layer)", range=(1, 1 << 20)),
+    Key("h2o", "prefill_eviction", str, "end", "-", "when a prompt is evicted: chunk = after "
+        "every prefill chunk whose heads are over budget (peak memory stays near the budget); end = "
+        "once, after the prompt's last chunk, with scores from every prompt query (peak memory holds "
+        "the whole prompt)", choices=("chunk", "end")),
     Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
     Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),

@@ -187,7 +187,8 @@ class Llm:
             self.h2o = None
             return
         h = config_mod.validate({"h2o": dict(h2o, enabled=True)})["h2o"]
-        args = {k: v for k, v in h.items() if k != "enabled"}
+        # prefill_eviction is the engine's (which end_step calls say prefill); the rest is native.
+        args = {k: v for k, v in h.items() if k not in ("enabled", "prefill_eviction")}
         if args["target_keep_ratio"] > 0:  # a static budget replaces the adaptive one
             args["target_lossy_ratio"] = 0.0
         self.cache.enable_h2o(**args)
@@ -237,10 +238,13 @@ class Llm:
         return v
 
     # --- forward -----------------------------------------------------------------------------
-    def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool) -> Optional[np.ndarray]:
+    def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
+                 evict: bool = True) -> Optional[np.ndarray]:
         """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
         Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
-        (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last)."""
+        (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last).
+        ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
+        ``end_step``: scores keep accumulating and the next chunk's decides."""
         n = len(ids)
         c = self.config
         if self.pos + n > self.max_context:
@@ -264,7 +268,7 @@ class Llm:
             t_mnn += t1 - t0
             t_att += t2 - t1
         t0 = perf()
-        if self.h2o is not None and cache.end_step(n, prefill):
+        if self.h2o is not None and evict and cache.end_step(n, prefill):
             self.stats.evictions += 1
         t_att += perf() - t0
         t0 = perf()
@@ -304,10 +308,12 @@ class Llm:
                 f"limit {self.max_context} (runtime.max_context / the model's context)")
         t0 = time.perf_counter()
         outs = []
+        end_only = self.h2o is not None and self.h2o["prefill_eviction"] == "end"
         for s in range(0, ids.size, self.prefill_chunk):
             chunk = ids[s:s + self.prefill_chunk]
             last = s + self.prefill_chunk >= ids.size
-            out = self._forward(chunk, "all" if all_logits else "last" if last else None, True)
+            out = self._forward(chunk, "all" if all_logits else "last" if last else None, True,
+                                evict=last or not end_only)
             if out is not None:
                 outs.append(out)
             if progress is not None:

@@ -37,7 +37,7 @@ def test_eviction_frees_memory_and_reaches_the_target(llm, tokenizer):
     llm.configure_h2o(None)
     llm.prefill(ids[:2048])
     full_held = llm.stats.kv_bytes_held
-    llm.configure_h2o({"target_lossy_ratio": 2.5, "update_interval": 16})
+    llm.configure_h2o({"target_lossy_ratio": 2.5, "update_interval": 16, "layer_start": 2, "prefill_eviction": "chunk"})
     rss0 = _rss()
     logits = llm.prefill(ids[:2048])
     held_after_prefill = llm.stats.kv_bytes_held
@@ -65,4 +65,19 @@ def test_generation_stays_coherent_under_eviction(llm):
     g = llm.generate(text + "\nQuestion: What is the capital of France?\nAnswer:", max_new_tokens=6, chat=False)
     assert llm.stats.evictions >= 1 and llm.stats.lossy_ratio > 1.5
     assert "Paris" in g.text, g.text
+    llm.configure_h2o(None)
+
+
+def test_prefill_eviction_end_cuts_the_prompt_once(llm, tokenizer):
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 1024)  # 4 prefill chunks of 256
+    held = {}
+    for mode in ("chunk", "end"):
+        llm.configure_h2o({"target_lossy_ratio": 2.5, "trigger_min_tokens": 256, "prefill_eviction": mode})
+        llm.prefill(ids)
+        held[mode] = (llm.stats.evictions, llm.stats.lossy_ratio, llm.stats.kv_bytes_peak)
+    assert held["chunk"][0] >= 2 and held["end"][0] == 1      # forwards that evicted
+    assert 2.2 < held["end"][1] <= 2.6                           # the same target at the end
+    assert held["end"][2] > held["chunk"][2]                     # but the whole prompt at the peak
     llm.configure_h2o(None)

@@ -190,3 +190,23 @@ def test_peer_comparison_is_at_equal_measured_memory():
     assert "| prose | 4096 | snapkv | 2.83 | 0.02 | h2o | 0.04 | 0.50 |" in text
     assert "| snapkv | 1 | 1 | 0.50 | 0.50-0.50 | 1 |" in text
     assert F.peer_comparison([r for r in rows if r["engine"] == "ours"]) == ""
+
+
+def test_factor_variants_and_keep_for_end():
+    from mnn_h2o import config
+    from mnn_h2o.eval import factors
+
+    # The end state of a cache that cuts only the prompt meets the target.
+    keep = factors.keep_for_end(30, 28, 4096, 255, 3.2)
+    assert 30 * 4351 / (2 * 4351 + 28 * (keep * 4096 + 255)) == pytest.approx(3.2)
+    v = factors.combine("layers0+floors16")
+    assert v.overrides == {"h2o.layer_start": 0, "h2o.sink_tokens": 16, "h2o.recent_tokens": 16}
+    assert factors.combine("prefill_end+no_decode").keep_for_end
+    with pytest.raises(ValueError, match="unknown variant"):
+        factors.parse_variants("base,layers9")
+    for name, var in factors.VARIANTS.items():  # every variant is a valid config
+        config.load(None, dict(var.overrides))
+    runs = [dict(variant="base", target_ratio=3.2, domain=d, prompt_tokens=n, segment=0, kl=kl, top1=0.9,
+                 ratio=3.1) for d, n, kl in [("essays", 4096, 0.01), ("code", 4096, 0.03)]]
+    t = factors.table(runs)
+    assert "| base | 3.2 | 0.0300 | 0.0100 | 0.0200 | 0.0200 | 0.900 | 3.10 |" in t

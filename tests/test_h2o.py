@@ -47,13 +47,14 @@ def attention(q, k, v, group):
 
 ARGS = dict(policy="h2o", sink_tokens=16, recent_tokens=32, target_keep_ratio=0.0, target_lossy_ratio=3.0,
             ema_alpha=0.5, layer_start=1, layer_end=-1, trigger_min_tokens=0, update_interval=4,
-            per_head_budget=False, seed=0)
+            per_head_budget=False, seed=0, max_floor_share=1.0)
 
 
 def test_enable_validates_and_names_the_argument():
     cache = make_cache()
     bad = dict(policy="lru", sink_tokens=-1, recent_tokens=0, target_keep_ratio=1.5, target_lossy_ratio=0.5,
-               ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1)
+               ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1,
+               max_floor_share=1.5)
     for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
@@ -72,7 +73,8 @@ def test_defaults_and_config_round_trip():
     assert cache.h2o_enabled
     assert cache.h2o_config() == dict(policy="h2o", sink_tokens=64, recent_tokens=256, target_keep_ratio=0.0,
                                       target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
-                                      trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0)
+                                      trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
+                                      max_floor_share=1.0)
     with pytest.raises(ValueError):
         cache.enable_h2o(policy="nope")
     assert cache.h2o_config()["policy"] == "h2o"  # a failed enable keeps the previous settings
@@ -365,3 +367,28 @@ def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
         if dtype == "q8r":
             assert held[dtype] == [1024] * 20 and 1.7 < st["whole_model_ratio"] < 32 / 17  # 34-byte rows, 64-byte blocks
     assert held["q8"] == held["f16"] and min(held["q8"]) < 1024
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_floors_larger_than_the_budget_shrink(share):
+    """8x over a 2048-token prompt in 256-token chunks, 16 layers (15 evicting), floors 64 + 256
+    tokens = 20 blocks against a 9-block budget: with max_floor_share > 0 the floors shrink and
+    the whole model reaches ~8x; 0 is the old rule (such heads are left alone)."""
+    rng = np.random.default_rng(11)
+    cache = make_cache(n_layers=16, max_tokens=2048 + 64)
+    cache.enable_h2o(**{**ARGS, "sink_tokens": 64, "recent_tokens": 256, "target_lossy_ratio": 8.0,
+                        "trigger_min_tokens": 512, "update_interval": 32, "max_floor_share": share})
+    for _ in range(8):
+        forward(cache, 256, rng, prefill=True)
+    s = cache.h2o_stats()
+    exceed = sum(layer["skipped"]["floors_exceed_target"] for layer in s["layers"])
+    if share == 0.0:
+        assert exceed > 0 and cache.length(5, 0) == 2048 and s["lossy_ratio"] < 1.1
+        return
+    assert exceed == 0 and sum(layer["invalid_plans"] for layer in s["layers"]) == 0
+    assert cache.length(5, 0) == 9 * 16  # the budget: ceil(2048 / 15 / 16) blocks
+    assert 7.7 < s["lossy_ratio"] <= 8.0  # 16 * 2048 / (2048 + 15 * 144) = 7.79
+    # Decode re-eviction keeps the whole model at the target too.
+    for _ in range(64):
+        forward(cache, 1, rng, prefill=False)
+    assert 7.6 < cache.h2o_stats()["lossy_ratio"] <= 8.0

@@ -87,7 +87,26 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--placements", default="inside,after", help="needle question placement (default inside,after)")
     f.add_argument("--no-needle", action="store_true", help="skip the needle trials")
     f.add_argument("--no-kl", action="store_true", help="skip the teacher-forced runs")
+    g = sub.add_parser("factors", help="our h2o under config variants, one factor at a time (issue 19)",
+                       description=_factors_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--json", default="factors.json", help="output file (default factors.json); a .md table beside it")
+    g.add_argument("--resume", action="store_true", help="keep the runs already in --json and do the rest")
+    g.add_argument("--config", help="YAML config: the base every variant changes")
+    g.add_argument("--variants", default="base,layers0,floors16,block32,prefill_end,no_decode,kvpress_like",
+                   help="comma-separated variant names (see mnn_h2o/eval/factors.py VARIANTS)")
+    g.add_argument("--ratios", type=_floats, default=[3.2], help="target whole-model ratios (default 3.2)")
+    g.add_argument("--split", choices=("test", "dev"), default="dev", help="default dev")
+    g.add_argument("--domains", default="essays,prose,code")
+    g.add_argument("--prompt-lens", type=_ints, default=[4096, 7936])
+    g.add_argument("--continuation", type=int, default=256)
+    g.add_argument("--segments", type=int, default=1, help="segments per domain and length (default 1)")
     return ap
+
+
+def _factors_doc() -> str:
+    from . import factors
+
+    return factors.__doc__ + "\nVariants:\n" + "\n".join(f"  {v.name:13s} {v.what}" for v in factors.VARIANTS.values())
 
 
 def main(argv=None) -> int:
@@ -95,6 +114,11 @@ def main(argv=None) -> int:
     from .. import config as config_mod
     from ..cli_errors import run
 
+    if args.command == "factors":
+        from . import factors
+
+        return run(lambda: factors.sweep(args, config_mod),
+                   interrupted=f"interrupted: the runs finished so far are in {args.json} (--resume goes on)")
     return run(lambda: _frontier(args, config_mod),
                interrupted=f"interrupted: the runs finished so far are in {args.json} (--resume goes on)")
 

@@ -23,6 +23,8 @@ std::string h2o_config_error(const H2oConfig& c, int n_layers) {
     if (c.sink_tokens < 0) return "sink_tokens must be >= 0" + got(c.sink_tokens);
     // The recent floor is what guarantees that every plan keeps the newest token.
     if (c.recent_tokens < 1) return "recent_tokens must be >= 1" + got(c.recent_tokens);
+    if (!(c.max_floor_share >= 0.0 && c.max_floor_share <= 1.0))
+        return "max_floor_share must be in [0, 1] (0 = never shrink the floors)" + got(c.max_floor_share);
     if (!(std::isfinite(c.target_keep_ratio) && c.target_keep_ratio >= 0.0 && c.target_keep_ratio <= 1.0))
         return "target_keep_ratio must be in [0, 1] (0 = use target_lossy_ratio)" + got(c.target_keep_ratio);
     if (!(std::isfinite(c.target_lossy_ratio) && (c.target_lossy_ratio == 0.0 || c.target_lossy_ratio >= 1.0)))

@@ -148,7 +148,9 @@ bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) c
     int64_t eligible = 0, total = 0;
     bool any_over = false;
     for (int h = 0; h < n_kv_heads_; ++h) {
-        if (lengths[h] < cfg_.trigger_min_tokens) continue;
+        // The trigger counts the tokens the layer has seen, not those a head still holds: a head
+        // cut below trigger_min_tokens by an earlier update must keep being held to its budget.
+        if (tokens_seen < cfg_.trigger_min_tokens) continue;
         const int n = blocks_of(lengths[h]);
         ++eligible;
         total += n;
@@ -180,14 +182,39 @@ void H2oState::update_scores(int layer, const int* lengths) {
     }
 }
 
-SelectHead H2oState::select_head(int h, int length, std::vector<uint8_t>* keep) {
+SelectHead H2oState::select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const {
     SelectHead s;
     s.n_blocks = blocks_of(length);
-    s.priority = priority_.data() + static_cast<size_t>(h) * stride_;
+    s.priority = const_cast<float*>(priority_.data()) + static_cast<size_t>(h) * stride_;
     s.sink_blocks = blocks_of(std::min(cfg_.sink_tokens, length));
     s.recent_first = length > cfg_.recent_tokens ? (length - cfg_.recent_tokens) / block_tokens_ : 0;
     s.keep = keep;
+    const double share = cfg_.max_floor_share;
+    const int floors = floor_blocks(s);
+    if (share > 0.0 && budget > 0) {
+        // At most share * budget blocks for the floors (at least the newest block): sink and
+        // recent shrink in proportion to their sizes, the recent floor keeping >= 1 block.
+        const int cap = std::max(1, static_cast<int>(std::floor(share * budget + 1e-9)));
+        if (floors > cap) {
+            const int sink = std::min(s.sink_blocks, s.n_blocks);
+            const int recent = s.n_blocks - std::min(std::max(s.recent_first, sink), s.n_blocks);
+            const int new_recent = std::clamp(
+                static_cast<int>(std::lround(static_cast<double>(recent) * cap / floors)), 1, cap);
+            s.sink_blocks = std::min(sink, cap - new_recent);
+            s.recent_first = s.n_blocks - new_recent;
+        }
+    }
     return s;
+}
+
+void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens) const {
+    *sink_tokens = cfg_.sink_tokens;
+    *recent_tokens = cfg_.recent_tokens;
+    if (!(keep_ratio() > 0.0) || length <= 0) return;
+    const SelectHead s = select_head(0, length, budget_blocks(tokens_seen), nullptr);
+    // What the (possibly shrunk) floor blocks cover, never more than configured.
+    *sink_tokens = std::min(cfg_.sink_tokens, s.sink_blocks * block_tokens_);
+    *recent_tokens = std::min(cfg_.recent_tokens, std::max(1, length - s.recent_first * block_tokens_));
 }
 
 void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
@@ -202,7 +229,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
 
     select_heads_.clear();
     for (int h = 0; h < n_kv_heads_; ++h) {
-        if (lengths[h] < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
+        if (tokens_seen < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
         else select_heads_.push_back(h);
     }
     if (select_heads_.empty()) return;
@@ -214,7 +241,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
 
     if (!cfg_.per_head_budget) {
         for (int h : select_heads_) {
-            const SelectHead s = select_head(h, lengths[h], &keep_[h]);
+            const SelectHead s = select_head(h, lengths[h], budget, &keep_[h]);
             const int floors = floor_blocks(s);
             if (s.n_blocks <= budget) {
                 skip(SkipReason::WithinBudget);
@@ -235,7 +262,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
     select_.clear();
     int64_t total = 0, floors = 0;
     for (int h : select_heads_) {
-        select_.push_back(select_head(h, lengths[h], &keep_[h]));
+        select_.push_back(select_head(h, lengths[h], budget, &keep_[h]));
         total += select_.back().n_blocks;
         floors += floor_blocks(select_.back());
     }

@@ -364,7 +364,10 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
         st.policy_us += micros_since(t0);
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             if (plans_[h].empty()) continue;
-            evict(layer, h, plans_[h]);  // validated like any plan
+            // Validated like any plan, against the floors as shrunk for the budget.
+            int sink = 0, recent = 1;
+            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent);
+            evict_with_floors(layer, h, plans_[h], sink, recent);
             evicted = true;
         }
     }
@@ -373,9 +376,14 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
 }
 
 void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
-    Head& hs = head(layer, h);  // a bad layer or head is std::out_of_range, not an invalid plan
-    const H2oConfig* c = h2o_config();
-    const std::string error = plan_error(runs, hs.length, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
+    const H2oConfig* c = h2o_config();  // a bad layer or head is std::out_of_range (head()), not an invalid plan
+    evict_with_floors(layer, h, runs, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
+}
+
+void KvCache::evict_with_floors(int layer, int h, const std::vector<TokenRun>& runs, int sink_tokens,
+                                int recent_tokens) {
+    Head& hs = head(layer, h);
+    const std::string error = plan_error(runs, hs.length, sink_tokens, recent_tokens);
     if (!error.empty()) {
         ++stats_[layer].invalid_plans;
         throw std::invalid_argument("evict: layer " + std::to_string(layer) + " head " + std::to_string(h) + ": " +

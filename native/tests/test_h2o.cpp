@@ -78,6 +78,9 @@ static void test_config_validation() {
         CHECK(throws<std::invalid_argument>([&] { resolved(c, n_layers); }), "resolved(%s) did not throw", field);
     };
     bad("policy", [](H2oConfig& c) { c.policy = "lru"; });
+    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = 1.5; });
+    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = -0.1; });
+    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = std::nan(""); });
     bad("sink_tokens", [](H2oConfig& c) { c.sink_tokens = -1; });
     bad("recent_tokens", [](H2oConfig& c) { c.recent_tokens = 0; });
     bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = 1.5; });
@@ -238,6 +241,7 @@ static void test_budgets() {
 
     u.target_lossy_ratio = 0.0;
     u.target_keep_ratio = 0.1;  // at 264 tokens: 26.4 tokens -> 2 blocks < 1 sink + 3 recent floor blocks
+    u.max_floor_share = 0.0;    // the old rule: such a head is left alone
     cache.enable_h2o(u);
     for (int i = 0; i < 32; ++i) {
         for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1, rng);
@@ -254,6 +258,94 @@ static void test_budgets() {
         cache.end_step(1, false);
     }
     CHECK(cache.h2o_stats().layers[1].counters.skipped[static_cast<int>(SkipReason::BelowTrigger)] == 2, "below_trigger");
+}
+
+// Floors larger than the budget shrink in proportion (h2o.max_floor_share), so the target is met.
+static void test_floor_share() {
+    // Static keep 0.1 of 1024 tokens: 7 blocks; floors 64 + 256 tokens = 4 + 16 blocks.
+    const KvCacheConfig cc = small_config(3, 1024);
+    H2oConfig c = keep_config(0.1, 1);
+    c.sink_tokens = 64;
+    c.recent_tokens = 256;
+    int sink = -1, recent = -1;
+    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    // cap 7 blocks: recent round(16 * 7 / 20) = 6 blocks, sink the 1 block left.
+    CHECK(sink == 16 && recent == 96, "share 1: floors %d + %d tokens, want 16 + 96", sink, recent);
+    H2oState(c, cc).floor_tokens(1024, 1000, &sink, &recent);  // partial last block: 6 blocks = 88 tokens
+    CHECK(sink == 16 && recent == 88, "share 1, 1000 tokens: floors %d + %d, want 16 + 88", sink, recent);
+    H2oState(c, cc).floor_tokens(10240, 1024, &sink, &recent);  // budget 64 blocks: floors fit
+    CHECK(sink == 64 && recent == 256, "floors within the budget stay: %d + %d", sink, recent);
+    c.max_floor_share = 0.5;
+    c.target_keep_ratio = 0.25;  // 16 blocks, floors at most 8: recent round(16 * 8 / 20) = 6, sink 2
+    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    CHECK(sink == 32 && recent == 96, "share 0.5: floors %d + %d tokens, want 32 + 96", sink, recent);
+    c.max_floor_share = 0.0;
+    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    CHECK(sink == 64 && recent == 256, "share 0: floors never shrink (%d + %d)", sink, recent);
+
+    for (const double share : {1.0, 0.5, 0.0}) {
+        KvCache cache(cc);
+        H2oConfig u = keep_config(share == 0.5 ? 0.25 : 0.1, 1);
+        u.sink_tokens = 64;
+        u.recent_tokens = 256;
+        u.max_floor_share = share;
+        cache.enable_h2o(u);
+        std::mt19937 rng(7);
+        std::vector<std::vector<float>> k_before(2), v_before(2);
+        for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1024, rng);
+        for (int h = 0; h < 2; ++h) k_before[h] = read_k(cache, 2, h, &v_before[h]);
+        const bool evicted = cache.end_step(1024, true);  // valid plans, or evict() throws
+        const H2oStats st = cache.h2o_stats();
+        const int64_t floors_exceed = st.layers[2].counters.skipped[static_cast<int>(SkipReason::FloorsExceedTarget)];
+        if (share == 0.0) {
+            CHECK(!evicted && cache.length(2, 0) == 1024 && floors_exceed == 2, "share 0: head left alone");
+            continue;
+        }
+        const int want = share == 1.0 ? 7 * 16 : 16 * 16;
+        for (int h = 0; h < 2; ++h) {
+            CHECK(cache.length(2, h) == want, "share %g: head %d holds %d tokens, want %d (the budget)", share, h,
+                  cache.length(2, h), want);
+            const std::vector<float> k = read_k(cache, 2, h);
+            const int hd = cc.head_dim, sink_rows = share == 1.0 ? 16 : 32;
+            // The shrunk floors are the first sink_rows and the last 96 tokens.
+            CHECK(std::equal(k.begin(), k.begin() + sink_rows * hd, k_before[h].begin()), "share %g: sink kept", share);
+            CHECK(std::equal(k.end() - 96 * hd, k.end(), k_before[h].end() - 96 * hd), "share %g: recent kept", share);
+        }
+        CHECK(floors_exceed == 0 && st.layers[2].counters.invalid_plans == 0, "share %g: no skips, no invalid plans",
+              share);
+        CHECK(cache.length(0, 0) == 1024, "layer 0 does not evict");
+    }
+
+    // Whole model: 16 layers, 15 evicting, target 8x with the default floors (64 + 256 tokens)
+    // over a 2048-token prompt in 256-token chunks: keep 1/15, 9 blocks per head < 20 floor blocks.
+    KvCache cache(small_config(16, 2048));
+    H2oConfig w;
+    w.layer_start = 1;
+    w.target_lossy_ratio = 8.0;
+    cache.enable_h2o(w);
+    std::mt19937 rng(3);
+    for (int chunk = 0; chunk < 8; ++chunk) {
+        for (int layer = 0; layer < 16; ++layer) step(cache, layer, 256, rng);
+        cache.end_step(256, true);
+    }
+    const double ratio = cache.h2o_stats().lossy_ratio;
+    // 16 * 2048 / (2048 + 15 * 9 * 16) = 7.79 (block rounding of the 8.53-block budget).
+    CHECK(ratio > 7.7 && ratio <= 8.0, "8x with floors larger than the budget: whole-model ratio %.3f", ratio);
+    // Decode: the heads now hold 144 tokens, below trigger_min_tokens (512); the trigger counts
+    // the tokens the layer has seen, so they are still held to their budget.
+    KvCache small(small_config(16, 2048 + 64));
+    small.enable_h2o(w);
+    for (int chunk = 0; chunk < 8; ++chunk) {
+        for (int layer = 0; layer < 16; ++layer) step(small, layer, 256, rng);
+        small.end_step(256, true);
+    }
+    for (int t = 0; t < 64; ++t) {
+        for (int layer = 0; layer < 16; ++layer) step(small, layer, 1, rng);
+        small.end_step(1, false);
+    }
+    const double after = small.h2o_stats().lossy_ratio;
+    CHECK(after > 7.6 && after <= 8.0 && small.length(5, 0) <= 10 * 16, "after 64 decode tokens: ratio %.3f, %d held",
+          after, small.length(5, 0));
 }
 
 // The EMA of normalised block scores, against a reference that collects the raw masses through
@@ -704,6 +796,7 @@ int main() {
     test_policies();
     test_shared_budget_selection();
     test_budgets();
+    test_floor_share();
     test_scores_against_reference();
     for (KvDtype dt : {KvDtype::F32, KvDtype::F16}) test_compaction(dt);
     test_scores_follow_compaction();

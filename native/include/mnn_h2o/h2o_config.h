@@ -11,6 +11,11 @@ struct H2oConfig {
     std::string policy = "h2o";   // "h2o" | "streaming" | "random" (eviction_policy.h)
     int sink_tokens = 64;         // the blocks covering the first sink_tokens tokens are never evicted
     int recent_tokens = 256;      // nor those covering the last recent_tokens (>= 1: the newest token stays)
+    // The sink and recent floors take at most this share of a head's budget (in [0, 1]): beyond
+    // it both shrink in proportion (the recent floor to no less than the newest block), so a
+    // budget smaller than the floors is still met. 0 = never shrink: a head whose floors exceed
+    // its budget is left alone (skipped as floors_exceed_target).
+    double max_floor_share = 1.0;
     // Budget: exactly one of the two is > 0. keep ratio: each evicting head keeps
     // target_keep_ratio * tokens_seen tokens. Lossy ratio: the keep ratio of the evicting layers is
     // chosen so that the whole model (all layers, the non-evicting ones keep everything) holds
@@ -22,7 +27,7 @@ struct H2oConfig {
     double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)
     int layer_start = 2;          // layers [layer_start, layer_end) collect scores and evict
     int layer_end = -1;           // -1: n_layers
-    int trigger_min_tokens = 512; // heads holding fewer tokens are left alone
+    int trigger_min_tokens = 512; // layers that have seen fewer tokens (tokens_seen) are left alone
     int update_interval = 32;     // decode tokens between policy updates
     bool per_head_budget = false; // share the layer's budget between its kv heads (KV-Compress)
     uint64_t seed = 0;            // for the random policy

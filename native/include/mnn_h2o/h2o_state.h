@@ -87,6 +87,11 @@ public:
     // Blocks a head of a layer that has seen tokens_seen tokens may keep: the blocks its budget
     // of keep_ratio() * tokens_seen tokens needs.
     int budget_blocks(int64_t tokens_seen) const;
+    // The floors, in tokens, that apply to a head of `length` tokens in a layer that has seen
+    // tokens_seen: the configured sink_tokens / recent_tokens, unless they take more than
+    // max_floor_share of the head's budget; then both are shrunk in proportion, to whole blocks
+    // (see select_head). Plans are validated against these.
+    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens) const;
     // Whether an update would evict anything from the layer (the prefill trigger).
     bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
 
@@ -126,7 +131,9 @@ private:
     LayerScores& layer_scores(int layer);
     const LayerScores& layer_scores(int layer) const;
     int blocks_of(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
-    SelectHead select_head(int h, int length, std::vector<uint8_t>* keep);
+    // A head's selection with its floors for a budget of `budget` blocks (shrunk if they exceed
+    // max_floor_share of it).
+    SelectHead select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const;
     // seen[] of one head to plain counts and back.
     void materialise_seen(HeadScores& hs, int n_blocks) const;
     void difference_seen(HeadScores& hs, int n_blocks) const;

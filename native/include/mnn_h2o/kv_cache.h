@@ -150,6 +150,10 @@ private:
                       size_t scores_stride, int extra_tokens) const;
     // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
     bool evict_due(int n_tokens, bool prefill);
+    // evict() with the floors a plan must keep given explicitly: the policy's own plans are
+    // checked against the floors as shrunk for the head's budget (h2o.max_floor_share).
+    void evict_with_floors(int layer, int head, const std::vector<TokenRun>& runs, int sink_tokens,
+                           int recent_tokens);
     // Gives the blocks past the first n_tokens tokens back to the pool.
     void release_tail(Head& hs, int n_tokens);
     // Compaction by a block-aligned plan: drops the evicted blocks from the lists, then packs the
