@@ -47,11 +47,12 @@ def test_speed_table_shows_llama_rows_and_ratios():
     row = {"context": 512, "ours": {"prefill_tps": s(400), "decode_tps": s(80), "kv_bytes_held": 2**20},
            "stock": {"prefill_tps": s(450), "decode_tps": s(84)},
            "llama_q8_fa": {"prefill_tps": s(900), "decode_tps": s(100), "kv_bytes_held": 2**21,
-                           "quality_vs_own_full": {"kl": 0.00123, "top1_agreement": 0.984, "reference": "llama_f16"}},
+                           "quality_vs": {"llama_f16": {"kl": 0.00123, "top1_agreement": 0.984},
+                                          "llama_f16_fa": {"kl": 0.0004, "top1_agreement": 1.0}}},
            "decode_ratio_ours_vs_llama_best": 0.8}
     t = format_table({"512": row})
     line = [x for x in t.splitlines() if "| llama_q8_fa |" in x][0]
-    assert "900.0 (810.0-990.0)" in line and "| 2.0 |" in line and "0.0012 / 98.4% (vs llama_f16)" in line
+    assert "900.0 (810.0-990.0)" in line and "| 2.0 |" in line and "0.0012 / 98.4% (vs llama_f16); 0.0004 / 100.0% (vs llama_f16_fa) |" in line
     assert "0.80x" in [x for x in t.splitlines() if "| ours |" in x][0]
     assert "decode vs llama.cpp best" in t.splitlines()[0]
     assert "llama" not in format_table({"512": {k: v for k, v in row.items() if not k.startswith("llama")}}).splitlines()[0]
@@ -125,17 +126,20 @@ def test_llama_rows_have_speeds_kv_bytes_quality_and_our_token_ids(llama_cpp, sm
     assert (row["llama_f16"]["flash_attn"], row["llama_f16_fa"]["flash_attn"], row["llama_q8_fa"]["type_v"]) == \
         (False, True, "q8_0")
     assert "quality_vs_own_full" not in row["llama_f16"]
+    assert list(row["llama_f16_fa"]["quality_vs"]) == ["llama_f16"]
+    assert list(row["llama_q8_fa"]["quality_vs"]) == ["llama_f16", "llama_f16_fa"]
     for name in ("llama_f16_fa", "llama_q8_fa"):
-        q = row[name]["quality_vs_own_full"]
-        assert q["reference"] == "llama_f16" and q["tokens"] == n_dec
-        assert 0 <= q["kl"] < 0.05 and q["top1_agreement"] >= 0.5
+        assert row[name]["quality_vs_own_full"] is row[name]["quality_vs"]["llama_f16"]
+        for ref, q in row[name]["quality_vs"].items():
+            assert q["reference"] == ref and q["tokens"] == n_dec
+            assert 0 <= q["kl"] < 0.05 and q["top1_agreement"] >= 0.5
     assert row["decode_llama_best"] in LLAMA_ROWS and row["decode_ratio_ours_vs_llama_best"] > 0
     assert "| llama_q8_fa |" in format_table(res)
     assert all(p.closed for p in made[ctx + n_dec + 8].values())  # freed after the context's runs
 
 
 def test_peer_logits_match_a_plain_llama_cpp_eval(llama_cpp, smollm2_path, tokenizer):
-    """prefill/decode return the logits llama.cpp computes for the same ids in one batch."""
+    """prefill/decode return the logits llama.cpp computes for the same ids in one batch, up to rounding."""
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 40)
@@ -148,7 +152,13 @@ def test_peer_logits_match_a_plain_llama_cpp_eval(llama_cpp, smollm2_path, token
         peer.reset()
         batch = peer.prefill(ids[:-1])
         assert peer.pos == len(ids) - 1
-        assert int(step.argmax()) == int(batch.argmax())
-        assert np.max(np.abs(step - batch)) < 0.05 * np.max(np.abs(batch))
+        # Not bit-equal: llama.cpp's batched and one-token matmuls round differently (KL ~0.003-0.005
+        # here, and this position's top 3 logits lie within 0.13 of each other).
+        from mnn_h2o.eval.quality import log_softmax
+
+        lb, ls = log_softmax(batch).astype(np.float64), log_softmax(step).astype(np.float64)
+        assert float(np.sum(np.exp(lb) * (lb - ls))) < 0.02
+        assert np.corrcoef(step, batch)[0, 1] > 0.999
+        assert int((step > step[batch.argmax()]).sum()) < 5
     finally:
         peer.close()

@@ -32,8 +32,11 @@ CONFIGS: Dict[str, tuple] = {
     "llama_f16_fa": (True, "f16", "f16"),
     "llama_q8_fa": (True, "q8_0", "q8_0"),
 }
-# Reference of the quality column: llama.cpp's own full-precision cache.
+# Quality pairs (row, reference), untimed: each config against llama.cpp's own full-precision
+# cache (f16, no flash attention), and q8_0 also against f16 with the same flash-attention kernel,
+# which isolates what quantising the cache costs from what the other kernel's rounding does.
 REFERENCE = "llama_f16"
+QUALITY_PAIRS = (("llama_f16_fa", REFERENCE), ("llama_q8_fa", REFERENCE), ("llama_q8_fa", "llama_f16_fa"))
 # bytes per value of each KV type: (bytes per block, values per block)
 _TYPE_BYTES = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
 

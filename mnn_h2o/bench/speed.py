@@ -145,23 +145,33 @@ def _llama_rows(row: dict, peers: dict, ids: Sequence[int], ctx: int) -> None:
 
 
 def _quality(row: dict, ours, h2o, peers: dict, ids: Sequence[int], ctx: int, quality) -> None:
-    """Each compressing candidate against its own full cache, teacher-forced after the prompt."""
-    prompt, cont = ids[:ctx], ids[ctx:]
-    from .llama_peer import REFERENCE
+    """Each compressing candidate against its own full cache, teacher-forced after the prompt:
+    ``quality_vs_own_full`` (llama.cpp: vs its f16 cache without flash attention) and, per
+    reference, ``quality_vs`` {reference: metrics}."""
+    from .llama_peer import QUALITY_PAIRS, REFERENCE
 
-    if REFERENCE in peers:
-        ref = teacher_forced_logp(peers[REFERENCE], prompt, cont)
-        for name, peer in peers.items():
-            if name != REFERENCE:
-                q = quality(ref, teacher_forced_logp(peer, prompt, cont), cont)
-                row[name]["quality_vs_own_full"] = dict(q, reference=REFERENCE, tokens=len(cont))
+    prompt, cont = ids[:ctx], ids[ctx:]
+    logp = {}
+
+    def lp(name):
+        if name not in logp:
+            logp[name] = teacher_forced_logp(peers[name], prompt, cont)
+        return logp[name]
+
+    for name, ref in QUALITY_PAIRS:
+        if name in peers and ref in peers:
+            q = dict(quality(lp(ref), lp(name), cont), reference=ref, tokens=len(cont))
+            row[name].setdefault("quality_vs", {})[ref] = q
+            if ref == REFERENCE:
+                row[name]["quality_vs_own_full"] = q
     if h2o and "ours_h2o" in row:
         ours.configure_h2o(None)
         ref = teacher_forced_logp(ours, prompt, cont)
         ours.configure_h2o(h2o)
-        q = quality(ref, teacher_forced_logp(ours, prompt, cont), cont)
+        q = dict(quality(ref, teacher_forced_logp(ours, prompt, cont), cont), reference="ours", tokens=len(cont))
         ours.configure_h2o(None)
-        row["ours_h2o"]["quality_vs_own_full"] = dict(q, reference="ours", tokens=len(cont))
+        row["ours_h2o"]["quality_vs_own_full"] = q
+        row["ours_h2o"]["quality_vs"] = {"ours": q}
 
 
 ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
@@ -189,8 +199,8 @@ def format_table(results: Dict[str, dict]) -> str:
             vs = lambda k, b: f"{r[f'{k}_ratio_{name}_vs_{b}']:.2f}x" if f"{k}_ratio_{name}_vs_{b}" in r else ""
             cells = [ctx, name, f(e["prefill_tps"]), f(e["decode_tps"]), ms, kv]
             if with_llama:
-                q = e.get("quality_vs_own_full")
-                cells.append(f"{q['kl']:.4f} / {q['top1_agreement']:.1%} (vs {q['reference']})" if q else "")
+                cells.append("; ".join(f"{q['kl']:.4f} / {q['top1_agreement']:.1%} (vs {ref})"
+                                       for ref, q in e.get("quality_vs", {}).items()))
             cells += [vs("prefill", "stock"), vs("decode", "stock"), vs("decode", "ours")]
             if with_llama:
                 cells += [vs("prefill", "llama_best"), vs("decode", "llama_best")]
