@@ -1,12 +1,17 @@
 """llama.cpp as a peer of `bench speed --llama` (the optional `llama` extra): without the extra the
 command stops with the install hint; with it, the peer rows carry speeds, KV bytes and quality, and
 llama.cpp evaluated exactly our token ids."""
+import os
 import sys
 
 import numpy as np
 import pytest
 
 from mnn_h2o.bench import llama_peer as L
+
+# Spinning OpenMP barriers crawl on a busy machine (minutes for this module); these tests check
+# function, not speed.
+os.environ.setdefault("MNN_H2O_LLAMA_OMP_WAIT_POLICY", "passive")
 
 
 def test_speed_llama_without_the_extra_names_what_to_install(monkeypatch, capsys):
@@ -162,3 +167,20 @@ def test_peer_logits_match_a_plain_llama_cpp_eval(llama_cpp, smollm2_path, token
         assert int((step > step[batch.argmax()]).sum()) < 5
     finally:
         peer.close()
+
+
+def test_llama_cpp_loads_without_the_passive_wait_policy():
+    """llama.cpp's barriers are OpenMP barriers: its libgomp must not see the bench's passive policy."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import os; from mnn_h2o.bench import llama_peer as L\n"
+            "try:\n    L.check()\nexcept L.LlamaUnavailable:\n    print('absent'); raise SystemExit\n"
+            "print(L.omp_wait_policy_at_load, '|', os.environ.get('OMP_WAIT_POLICY'))\n")
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", PYTHONPATH=root)
+    env.pop("MNN_H2O_LLAMA_OMP_WAIT_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=120).stdout.strip()
+    if out == "absent":
+        pytest.skip("the llama extra is not installed")
+    assert out == "unset (libgomp default) | passive"  # restored for MNN and BLAS afterwards

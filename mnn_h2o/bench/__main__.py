@@ -68,7 +68,7 @@ def _speed(args, cfg) -> int:
           f"{threads} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
     if info:
         print(f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, {threads} threads, the GGUF file as is "
-              f"({gguf}); {info['system_info']}")
+              f"({gguf}); OMP_WAIT_POLICY for llama.cpp: {info['omp_wait_policy_at_load']}; {info['system_info']}")
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -45,14 +45,40 @@ class LlamaUnavailable(ValueError):
     """llama_cpp is missing or does not load; a usage problem (exit 2), with the install hint."""
 
 
+# What OMP_WAIT_POLICY llama.cpp's libgomp saw when it loaded (it reads it once, then).
+omp_wait_policy_at_load: Optional[str] = None
+
+
 def check():
-    """The llama_cpp module, or :class:`LlamaUnavailable` with an install hint."""
+    """The llama_cpp module, or :class:`LlamaUnavailable` with an install hint.
+
+    llama.cpp's CPU backend synchronises its threads with ``#pragma omp barrier`` (GOMP_barrier) at
+    every op of the graph. The bench sets OMP_WAIT_POLICY=passive for MNN and BLAS, which turns each
+    of those barriers into a futex sleep and wake-up; so llama_cpp (whose system libgomp reads the
+    variable when it loads, apart from the copy MNN's wheel bundles) is imported with the variable
+    removed: libgomp's default, spin a while and then sleep, as llama.cpp runs on its own. On an
+    oversubscribed machine spinning collapses (0.4 tok/s seen at load 6 on 2 cores):
+    MNN_H2O_LLAMA_OMP_WAIT_POLICY=passive (or any policy) sets llama.cpp's own.
+    """
+    global omp_wait_policy_at_load
+    import os
+    import sys
+
+    first = "llama_cpp" not in sys.modules
+    saved = os.environ.pop("OMP_WAIT_POLICY", None) if first else None
+    if first and os.environ.get("MNN_H2O_LLAMA_OMP_WAIT_POLICY"):  # e.g. passive, on a busy machine
+        os.environ["OMP_WAIT_POLICY"] = os.environ["MNN_H2O_LLAMA_OMP_WAIT_POLICY"]
     try:
         import llama_cpp
     except ImportError as e:
         raise LlamaUnavailable(f"bench speed --llama needs llama-cpp-python ({e}): {INSTALL_HINT}") from None
     except (OSError, RuntimeError) as e:  # llama_cpp raises RuntimeError when libllama.so does not load
         raise LlamaUnavailable(f"bench speed --llama: llama-cpp-python does not load ({e}): {INSTALL_HINT}") from None
+    finally:
+        if first:
+            omp_wait_policy_at_load = os.environ.get("OMP_WAIT_POLICY") or "unset (libgomp default)"
+        if saved is not None:
+            os.environ["OMP_WAIT_POLICY"] = saved
     return llama_cpp
 
 
@@ -78,6 +104,7 @@ def _install_log_capture(llama_cpp) -> None:
 def system_info() -> dict:
     llama_cpp = check()
     return {"llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+            "omp_wait_policy_at_load": omp_wait_policy_at_load,
             "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()}
 
 
