@@ -3,6 +3,7 @@
     python -m mnn_h2o.bench [--config h2o.yaml] [--quick] [--compare RUN]   # a round with gates
     python -m mnn_h2o.bench selftest                     # every gate can fail
     python -m mnn_h2o.bench speed [--json FILE]          # ours vs stock MNN.llm, interleaved
+    python -m mnn_h2o.bench speed --llama                # ... and llama.cpp (the `llama` extra)
 """
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def _speed(args, cfg) -> int:
     from ..stock import StockLlm
     from .speed import format_table, run_speed
 
+    llama = None
+    if args.llama:
+        from . import llama_peer
+
+        llama_peer.check()  # before loading anything: the install hint, exit 2
     gguf = resolve_gguf(cfg["model"]["name"])
     longest = max(args.contexts) + args.n_decode + 8
     if cfg["runtime"]["max_context"] and cfg["runtime"]["max_context"] < longest:
@@ -51,13 +57,22 @@ def _speed(args, cfg) -> int:
     if longest > stock.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's {stock.max_context}")
     h2o = cfg["h2o"] if cfg["h2o"]["enabled"] else None
-    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o)
+    threads = cfg["runtime"]["threads"]
+    info = {}
+    if args.llama:
+        llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, threads)
+        info = llama_peer.system_info()
+    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o,
+                        llama=llama)
     print(f"\nmodel {cfg['model']['name']}, weights int{cfg['model']['weight_bits']}, "
-          f"{cfg['runtime']['threads']} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
+          f"{threads} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
+    if info:
+        print(f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, {threads} threads, the GGUF file as is "
+              f"({gguf}); OMP_WAIT_POLICY for llama.cpp: {info['omp_wait_policy_at_load']}; {info['system_info']}")
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": cfg, "speed": results}, f, indent=1)
+            json.dump({"config": cfg, "speed": results, "llama_cpp": info or None}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
 
@@ -253,12 +268,20 @@ def main(argv=None) -> int:
     cs.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3)")
     cs.add_argument("--json", help="also write the figures to this JSON file")
     sp = sub.add_parser("speed", help="prefill/decode tokens/s of our engine vs stock MNN.llm on the same "
-                                      "weights, interleaved A B / B A, medians and spread")
+                                      "weights (and llama.cpp on the same GGUF with --llama), interleaved "
+                                      "A B / B A, medians and spread")
     sp.add_argument("--contexts", type=_parse_ints, default=[512, 2048, 4096],
                     help="context lengths in tokens of essay text (default 512,2048,4096)")
     sp.add_argument("--n-decode", type=int, default=64, help="decode tokens per run (default 64)")
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
+    sp.add_argument("--llama", action="store_true",
+                    help="also run llama.cpp (llama-cpp-python, the optional `llama` extra: pip install "
+                         "'.[llama]') on the same GGUF file, threads and prompt token ids, interleaved with "
+                         "the others, in three configs: f16 KV, f16 KV + flash attention, q8_0 K/V + flash "
+                         "attention; adds its KV buffer size and, untimed, the quality of each compressing "
+                         "row against its own full cache (mean KL, top-1 over --n-decode teacher-forced "
+                         "tokens). Without the extra: an install hint and exit status 2")
     args = ap.parse_args(argv)
 
     def body() -> int:

@@ -1,18 +1,24 @@
 """Prefill and decode speed of our engine against stock MNN.llm on the same export.
 
-Candidates: ``ours`` (full KV cache), ``ours_h2o`` (the config's H2O eviction, when enabled)
-and ``stock`` (MNN.llm with its fused attention). All live in one process and are timed from
-Python the same way: reset, prefill the context (real essay text), then greedy-decode
-``n_decode`` tokens. Runs rotate through the candidates (A B C / C B A ...) for ``repetitions``
-rounds; we report medians, spreads and ratios of medians, and for our engine where the decode
-time goes (MNN module forwards, native cache step incl. eviction, Python glue).
+Candidates: ``ours`` (full KV cache), ``ours_h2o`` (the config's H2O eviction, when enabled),
+``stock`` (MNN.llm with its fused attention) and, with ``llama``, llama.cpp in the configs of
+:data:`~mnn_h2o.bench.llama_peer.CONFIGS` on the same GGUF file (``llama_peer``). All live in one
+process and are timed from Python the same way: reset, prefill the context (real essay text, the
+same token ids for every engine), then greedy-decode ``n_decode`` tokens. Runs rotate through the
+candidates (A B C / C B A ...) for ``repetitions`` rounds; we report medians, spreads and ratios of
+medians, and for our engine where the decode time goes (MNN module forwards, native cache step
+incl. eviction, Python glue). With ``llama``, each compressing candidate's quality against its own
+full cache is measured too, untimed: mean KL and top-1 agreement over ``n_decode`` essay tokens
+after the prompt, teacher-forced one token at a time.
 """
 from __future__ import annotations
 
 import time
-from typing import Dict, Sequence
+from typing import Callable, Dict, Sequence
 
 from .measure import interleave, summarize
+
+LLAMA_ROWS = ("llama_f16", "llama_f16_fa", "llama_q8_fa")
 
 
 def time_run(engine, ids: Sequence[int], n_decode: int) -> dict:
@@ -41,55 +47,149 @@ def time_run(engine, ids: Sequence[int], n_decode: int) -> dict:
     return r
 
 
+def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[int]):
+    """Log-probs [n, vocab] after ``prompt`` and each prefix of ``continuation``, fed one token at a
+    time (row i predicts continuation[i]), as the bench's quality cases do."""
+    import numpy as np
+
+    from ..eval.quality import log_softmax
+
+    engine.reset()
+    logits = engine.prefill(prompt)
+    out = np.empty((len(continuation), logits.shape[-1]), np.float32)
+    for i, t in enumerate(continuation):
+        out[i] = log_softmax(logits)
+        logits = engine.decode(int(t))
+    return out
+
+
 def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096),
               n_decode: int = 64, repetitions: int = 3, h2o: dict | None = None,
-              progress: bool = True) -> Dict[str, dict]:
+              progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None) -> Dict[str, dict]:
     """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``h2o`` section it is also run with
-    eviction on (same instance, reconfigured before each run)."""
+    eviction on (same instance, reconfigured before each run). ``llama(n_ctx)`` makes the llama.cpp
+    peers for one context length ({name: :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join
+    the interleaved rounds and are closed after it."""
     from tqdm import tqdm
 
     from ..essays import essay_tokens
+    from .cases import quality
 
     def ours_run(ids, n, section):
         ours.configure_h2o(section)
         return time_run(ours, ids, n)
 
     names = ["ours"] + (["ours_h2o"] if h2o else []) + ["stock"]
+    n_llama = len(LLAMA_ROWS) if llama else 0
     out: Dict[str, dict] = {}
-    bar = tqdm(total=len(contexts) * repetitions * len(names), desc="speed", unit="run", disable=not progress)
+    bar = tqdm(total=len(contexts) * repetitions * (len(names) + n_llama), desc="speed", unit="run",
+               disable=not progress)
     for ctx in contexts:
         ids = essay_tokens(tokenizer, ctx)
         runners = {"ours": lambda: ours_run(ids, n_decode, None),
                    "ours_h2o": lambda: ours_run(ids, n_decode, h2o),
                    "stock": lambda: time_run(stock, ids, n_decode)}
         runners = {n: runners[n] for n in names}
-        # One untimed warm-up: first-use resizes of MNN's graphs are not steady state.
-        ours_run(ids[:64], 4, None)
-        time_run(stock, ids[:64], 4)
-        runs = interleave(runners, repetitions, on_run=lambda *_: bar.update(1))
-        row: Dict[str, dict] = {"context": ctx, "n_decode": n_decode, "repetitions": repetitions}
-        for name, rs in runs.items():
-            row[name] = {k: summarize([r[k] for r in rs]) for k in ("prefill_tps", "decode_tps")}
-            if name != "stock":
-                row[name]["decode_ms"] = {k: summarize([r["decode_ms"][k] for r in rs])["median"]
-                                          for k in ("total", "mnn", "attention", "glue")}
-                row[name]["kv_bytes_held"] = rs[-1]["kv_bytes_held"]
+        peers = llama(ctx + n_decode + 8) if llama else {}
+        try:
+            for name, peer in peers.items():
+                runners[name] = (lambda p: lambda: time_run(p, ids, n_decode))(peer)
+            # One untimed warm-up: first-use resizes of MNN's graphs are not steady state.
+            ours_run(ids[:64], 4, None)
+            time_run(stock, ids[:64], 4)
+            for peer in peers.values():
+                time_run(peer, ids[:64], 4)
+            runs = interleave(runners, repetitions, on_run=lambda *_: bar.update(1))
+            row: Dict[str, dict] = {"context": ctx, "n_decode": n_decode, "repetitions": repetitions}
+            for name, rs in runs.items():
+                row[name] = {k: summarize([r[k] for r in rs]) for k in ("prefill_tps", "decode_tps")}
+                if name in ("ours", "ours_h2o"):
+                    row[name]["decode_ms"] = {k: summarize([r["decode_ms"][k] for r in rs])["median"]
+                                              for k in ("total", "mnn", "attention", "glue")}
+                    row[name]["kv_bytes_held"] = rs[-1]["kv_bytes_held"]
+            if peers:
+                _llama_rows(row, peers, ids, ctx)
+                _quality(row, ours, h2o, peers, essay_tokens(tokenizer, ctx + n_decode), ctx, quality)
+        finally:
+            for peer in peers.values():
+                peer.close()
         for a, b in (("ours", "stock"), ("ours_h2o", "ours"), ("ours_h2o", "stock")):
             if a in row:
                 for k in ("prefill_tps", "decode_tps"):
                     row[f"{k[:-4]}_ratio_{a}_vs_{b}"] = row[a][k]["median"] / row[b][k]["median"]
+        best = {k: max((n for n in LLAMA_ROWS if n in row), key=lambda n: row[n][k]["median"], default=None)
+                for k in ("prefill_tps", "decode_tps")}
+        for a in ("ours", "ours_h2o", "stock"):
+            for k, b in best.items():
+                if a in row and b:
+                    row[f"{k[:-4]}_ratio_{a}_vs_llama_best"] = row[a][k]["median"] / row[b][k]["median"]
+                    row[f"{k[:-4]}_llama_best"] = b
         out[str(ctx)] = row
     bar.close()
     ours.configure_h2o(None)
     return out
 
 
+def _llama_rows(row: dict, peers: dict, ids: Sequence[int], ctx: int) -> None:
+    """KV bytes and what went in: llama.cpp's own record of the prompt must be our token ids."""
+    from .llama_peer import ids_digest
+
+    row["prompt_ids_sha256"] = ids_digest(ids)
+    for name, peer in peers.items():
+        fed = peer.tokens_in()[:ctx]
+        if fed != list(ids):
+            raise RuntimeError(f"{name}: llama.cpp evaluated other token ids than the prompt's")
+        row[name].update({"kv_bytes_held": peer.kv_buffer_bytes, "kv_buffer_logged_mib": peer.kv_buffer_logged_mib,
+                          "n_ctx": peer.n_ctx, "threads": peer.threads, "flash_attn": peer.flash_attn,
+                          "type_k": peer.type_k, "type_v": peer.type_v, "fed_ids_sha256": ids_digest(fed)})
+
+
+def _quality(row: dict, ours, h2o, peers: dict, ids: Sequence[int], ctx: int, quality) -> None:
+    """Each compressing candidate against its own full cache, teacher-forced after the prompt:
+    ``quality_vs_own_full`` (llama.cpp: vs its f16 cache without flash attention) and, per
+    reference, ``quality_vs`` {reference: metrics}."""
+    from .llama_peer import QUALITY_PAIRS, REFERENCE
+
+    prompt, cont = ids[:ctx], ids[ctx:]
+    logp = {}
+
+    def lp(name):
+        if name not in logp:
+            logp[name] = teacher_forced_logp(peers[name], prompt, cont)
+        return logp[name]
+
+    for name, ref in QUALITY_PAIRS:
+        if name in peers and ref in peers:
+            q = dict(quality(lp(ref), lp(name), cont), reference=ref, tokens=len(cont))
+            row[name].setdefault("quality_vs", {})[ref] = q
+            if ref == REFERENCE:
+                row[name]["quality_vs_own_full"] = q
+    if h2o and "ours_h2o" in row:
+        ours.configure_h2o(None)
+        ref = teacher_forced_logp(ours, prompt, cont)
+        ours.configure_h2o(h2o)
+        q = dict(quality(ref, teacher_forced_logp(ours, prompt, cont), cont), reference="ours", tokens=len(cont))
+        ours.configure_h2o(None)
+        row["ours_h2o"]["quality_vs_own_full"] = q
+        row["ours_h2o"]["quality_vs"] = {"ours": q}
+
+
+ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
+
+
 def format_table(results: Dict[str, dict]) -> str:
-    f = lambda s: f"{s['median']:.1f} (±{s['spread'] * 50:.0f}%)"
-    lines = ["| context | engine | prefill tok/s | decode tok/s | decode ms/token: mnn / attention / glue | KV MiB held | prefill vs stock | decode vs stock | decode vs ours full |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda s: f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+    with_llama = any(n in r for r in results.values() for n in LLAMA_ROWS)
+    head = ["context", "engine", "prefill tok/s", "decode tok/s", "decode ms/token: mnn / attention / glue",
+            "KV MiB held"]
+    if with_llama:
+        head.append("KL / top-1 vs own full cache")
+    head += ["prefill vs stock", "decode vs stock", "decode vs ours full"]
+    if with_llama:
+        head += ["prefill vs llama.cpp best", "decode vs llama.cpp best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ctx, r in results.items():
-        for name in ("ours", "ours_h2o", "stock"):
+        for name in ENGINES:
             if name not in r:
                 continue
             e = r[name]
@@ -97,7 +197,18 @@ def format_table(results: Dict[str, dict]) -> str:
             ms = f"{d['mnn']:.2f} / {d['attention']:.2f} / {d['glue']:.2f}" if d else ""
             kv = f"{e['kv_bytes_held'] / 2**20:.1f}" if "kv_bytes_held" in e else ""
             vs = lambda k, b: f"{r[f'{k}_ratio_{name}_vs_{b}']:.2f}x" if f"{k}_ratio_{name}_vs_{b}" in r else ""
-            lines.append(f"| {ctx} | {name} | {f(e['prefill_tps'])} | {f(e['decode_tps'])} | {ms} | {kv} | "
-                         f"{vs('prefill', 'stock')} | {vs('decode', 'stock')} | {vs('decode', 'ours')} |")
-    lines.append("tokens/s: median over the repetitions (± half the min-max spread).")
+            cells = [ctx, name, f(e["prefill_tps"]), f(e["decode_tps"]), ms, kv]
+            if with_llama:
+                cells.append("; ".join(f"{q['kl']:.4f} / {q['top1_agreement']:.1%} (vs {ref})"
+                                       for ref, q in e.get("quality_vs", {}).items()))
+            cells += [vs("prefill", "stock"), vs("decode", "stock"), vs("decode", "ours")]
+            if with_llama:
+                cells += [vs("prefill", "llama_best"), vs("decode", "llama_best")]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines.append("tokens/s: median over the repetitions (min-max).")
+    if with_llama:
+        lines.append("llama.cpp best: the llama.cpp config with the highest median (prefill and decode "
+                     "separately). llama.cpp KV MiB: its context's KV buffer, allocated whole for n_ctx = "
+                     "the run's tokens rounded up to 256. KL / top-1: mean KL(full || row) and top-1 "
+                     "agreement over the decode-length essay tokens after the prompt, teacher-forced.")
     return "\n".join(lines)
