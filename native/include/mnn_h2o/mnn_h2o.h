@@ -178,7 +178,7 @@ typedef struct mnn_h2o_eviction_config {
     double ema_alpha;           /* weight of the old score at each update, in [0, 1) */
     int32_t layer_start;        /* layers [layer_start, layer_end) collect scores and evict */
     int32_t layer_end;          /* -1: n_layers */
-    int32_t trigger_min_tokens; /* heads holding fewer tokens are left alone */
+    int32_t trigger_min_tokens; /* layers that have seen fewer tokens are left alone */
     int32_t update_interval;    /* decode tokens between policy updates */
     int32_t per_head_budget;    /* 1: a layer's kv heads share its budget by attention mass
                                  * (KV-Compress); 0: equal budgets per head */
