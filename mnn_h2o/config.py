@@ -245,7 +245,7 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
     return cfg
 
 
-_QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
+QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 
 
 def _check_together(cfg) -> None:
@@ -259,7 +259,7 @@ def _check_together(cfg) -> None:
                           f"({h['layer_start']}) or -1")
     ll, bt = cfg["lossless"], cfg["runtime"]["block_tokens"]
     dt = cfg["runtime"]["kv_dtype"]
-    if ll["mode"] != "off" and dt in _QUANTISED_KV:
+    if ll["mode"] != "off" and dt in QUANTISED_KV:
         raise ConfigError(f"lossless.mode {ll['mode']} needs a float runtime.kv_dtype (f16, bf16 or f32), "
                           f"got {dt}: the Gear codec models float bytes, not integer codes")
     if ll["chunk_tokens"] % bt:

@@ -86,3 +86,8 @@ def test_lossless_store_needs_float_kv(mode):
     with pytest.raises(config.ConfigError, match="needs a float runtime.kv_dtype"):
         config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": mode}})
     config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"}})
+
+
+def test_quantised_kv_list_matches_the_native_row_sizes():
+    core = pytest.importorskip("mnn_h2o._core")
+    assert set(config.QUANTISED_KV) == {d for d in core.kv_dtypes() if core.kv_row_bytes(d, 64) < 128}

@@ -31,12 +31,13 @@ H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the
 # is the f16 full cache whatever the config says; the others use runtime.kv_dtype when it is a
 # float type (the lossless store takes only those, and h2o is its bit-identical reference), else f16.
 KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_h2o": "q8"}
-FLOAT_KV = ("f16", "bf16", "f32")
 
 
 def case_kv_dtype(cfg: dict, case: str) -> str:
+    from ..config import QUANTISED_KV
+
     dt = cfg["runtime"]["kv_dtype"]
-    return KV_DTYPE_CASES.get(case, dt if dt in FLOAT_KV else "f16")
+    return KV_DTYPE_CASES.get(case, "f16" if dt in QUANTISED_KV else dt)
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
@@ -199,7 +200,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
         def runner(case):
             def run():
                 configure(llm, cfg, case)
-                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in ("baseline", "h2o", *H2O_CASES, *KV_DTYPE_CASES),
+                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in (*H2O_CASES, *KV_DTYPE_CASES),
                              trace=case not in first and plen == longest)
                 first.setdefault(case, r)
                 if progress:

@@ -42,8 +42,7 @@ def teacher_forced(llm, prompt: Sequence[int], continuation: Sequence[int]) -> T
 def f16_bytes(llm) -> int:
     """Bytes an f16 cache of every token written so far would hold (K and V, every layer): the
     numerator of every whole-model ratio we report, whatever the cache's own element type."""
-    c = llm.config
-    return llm.pos * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+    return llm.stats.kv_bytes_f16
 
 
 def metrics(full_logp: np.ndarray, cand_logp: np.ndarray, continuation: Sequence[int]) -> Dict[str, float]:

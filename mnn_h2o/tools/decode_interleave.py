@@ -82,13 +82,13 @@ def main():
     print(f"{'engine':>16} {'ms/token':>9} {'mean':>6} {'cache ms':>8} {'KV MiB':>7} {'vs f16 x':>8} "
           f"{'speed-up (blocks of 50)':>26}")
     t_first = np.array(times[0])
-    for (label, llm), t in zip(engines, times):
+    for (label, llm), t, cache_s in zip(engines, times, native):
         t = np.array(t)
         blocks = [t_first[i:i + 50].mean() / t[i:i + 50].mean() for i in range(0, len(t), 50)]
         up = f"{t_first.mean() / t.mean():.3f} ({np.median(blocks):.3f}, {min(blocks):.3f}-{max(blocks):.3f})"
         st = llm.stats
         print(f"{label:>16} {np.median(t) * 1e3:>9.2f} {t.mean() * 1e3:>6.2f} "
-              f"{native[engines.index((label, llm))] / len(t) * 1e3:>8.2f} {st.kv_bytes_held / 2**20:>7.1f} "
+              f"{cache_s / len(t) * 1e3:>8.2f} {st.kv_bytes_held / 2**20:>7.1f} "
               f"{st.whole_model_ratio:>8.2f} {up:>26}")
 
 

@@ -471,10 +471,9 @@ void decode(const DecodeArgs& a) {
         case KvDtype::F16: decode_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: decode_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: decode_impl<V, KvDtype::F32>(a); break;
-        case KvDtype::Q8:
-        case KvDtype::Q8R: decode_impl<V, KvDtype::Q8>(a); break;
-        case KvDtype::Q4:
-        case KvDtype::Q4R: decode_impl<V, KvDtype::Q4>(a); break;
+        case KvDtype::Q8: decode_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q4: decode_impl<V, KvDtype::Q4>(a); break;
+        default: break;  // rotated types arrive as their storage type (attention())
     }
 }
 
@@ -484,10 +483,9 @@ void tile(const TileArgs& a) {
         case KvDtype::F16: tile_impl<V, KvDtype::F16>(a); break;
         case KvDtype::BF16: tile_impl<V, KvDtype::BF16>(a); break;
         case KvDtype::F32: tile_impl<V, KvDtype::F32>(a); break;
-        case KvDtype::Q8:
-        case KvDtype::Q8R: tile_impl<V, KvDtype::Q8>(a); break;
-        case KvDtype::Q4:
-        case KvDtype::Q4R: tile_impl<V, KvDtype::Q4>(a); break;
+        case KvDtype::Q8: tile_impl<V, KvDtype::Q8>(a); break;
+        case KvDtype::Q4: tile_impl<V, KvDtype::Q4>(a); break;
+        default: break;  // rotated types arrive as their storage type (attention())
     }
 }
 

@@ -26,6 +26,12 @@ size_t slab_blocks(const KvCacheConfig& c, size_t block_bytes) {
 
 using Clock = std::chrono::steady_clock;
 
+// num / den, infinite when only den is 0, 1 when both are (nothing seen, nothing held).
+double ratio_of(size_t num, size_t den) {
+    if (den > 0) return static_cast<double>(num) / static_cast<double>(den);
+    return num > 0 ? std::numeric_limits<double>::infinity() : 1.0;
+}
+
 double micros_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
@@ -206,14 +212,15 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
     // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
     // mix of rotated values, so it is rotated back (H is its own inverse).
     const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
-    if (kv_dtype_rotated(cfg_.dtype)) {
+    const bool rotated = kv_dtype_rotated(cfg_.dtype);
+    if (rotated) {
         rotated_q_.assign(q, q + q_rows * cfg_.head_dim);
         hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
         p.q = rotated_q_.data();
     }
     if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, threads_.get(), workspace_);
     else attention(p, isa, threads_.get(), workspace_);
-    if (kv_dtype_rotated(cfg_.dtype)) hadamard_rows(out, q_rows, cfg_.head_dim);
+    if (rotated) hadamard_rows(out, q_rows, cfg_.head_dim);
 }
 
 void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
@@ -334,8 +341,7 @@ StoreStats KvCache::store_stats() const {
     s.pool_bytes = pool_bytes_held();
     s.bytes_held = bytes_held();
     s.bytes_uncompressed = h.bytes_uncompressed;
-    if (s.bytes_held > 0) s.total_ratio = static_cast<double>(s.bytes_uncompressed) / static_cast<double>(s.bytes_held);
-    else if (s.bytes_uncompressed > 0) s.total_ratio = std::numeric_limits<double>::infinity();
+    s.total_ratio = ratio_of(s.bytes_uncompressed, s.bytes_held);
     return s;
 }
 
@@ -521,10 +527,8 @@ H2oStats KvCache::h2o_stats() const {
         s.compact_us += stats_[layer].compact_us;
     }
     s.bytes_held = pool_.bytes_held();
-    if (s.bytes_held > 0) s.lossy_ratio = static_cast<double>(s.bytes_uncompressed) / static_cast<double>(s.bytes_held);
-    else if (s.bytes_uncompressed > 0) s.lossy_ratio = std::numeric_limits<double>::infinity();
-    if (s.bytes_held > 0) s.whole_model_ratio = static_cast<double>(s.bytes_f16) / static_cast<double>(s.bytes_held);
-    else if (s.bytes_f16 > 0) s.whole_model_ratio = std::numeric_limits<double>::infinity();
+    s.lossy_ratio = ratio_of(s.bytes_uncompressed, s.bytes_held);
+    s.whole_model_ratio = ratio_of(s.bytes_f16, s.bytes_held);
     s.updates = h2o_ ? h2o_->updates() : 0;
     return s;
 }
