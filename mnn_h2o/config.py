@@ -80,6 +80,10 @@ SCHEMA: Tuple[Key, ...] = (
         "named model (smollm2, qwen2.5-0.5b) or a path to a Llama-family GGUF file"),
     Key("model", "weight_bits", int, 8, "bits", "weight quantisation of the MNN modules "
         "(block 32); 0 keeps float weights", choices=(0, 4, 8)),
+    Key("model", "head_bits", int, -1, "bits", "weight quantisation of the output projection "
+        "(lm_head, which is the embedding table in tied models) on its own: -1 as weight_bits, 0 "
+        "float; the head is the tensor most sensitive to 4 bits, so weight_bits 4 with "
+        "head_bits 8 is the mixed-precision export", choices=(-1, 0, 4, 8)),
     Key("runtime", "threads", int, 2, "threads", "threads for MNN and for the attention kernel",
         range=(1, 64)),
     Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "
@@ -316,7 +320,9 @@ def markdown() -> str:
              "| key | type | default | unit | allowed | meaning |",
              "|---|---|---|---|---|---|"]
     for k in SCHEMA:
-        lines.append(f"| `{k.path}` | {k.type_name} | `{k.default}` | {k.unit} | {k.allowed()} | {k.meaning} |")
+        # A bare '|' inside a cell would end it: the choices are written 'a \| b'.
+        cells = [f"`{k.path}`", k.type_name, f"`{k.default}`", k.unit, k.allowed(), k.meaning]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

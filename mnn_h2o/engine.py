@@ -157,7 +157,8 @@ class Llm:
         if model is not None:
             cfg["model"]["name"] = model
         path = resolve_gguf(cfg["model"]["name"])
-        return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress), cfg)
+        return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress,
+                          head_bits=cfg["model"]["head_bits"]), cfg)
 
     # --- state -------------------------------------------------------------------------------
     def configure_kv_dtype(self, kv_dtype: str) -> None:

@@ -11,7 +11,7 @@ Weights are quantised by MNN's converter (``-f MNN --optimizeLevel 2 --weightQua
 --weightQuantBlock 32``); block 32 is the GGUF Q4_1/Q8_0 block and reproduces their weights
 exactly (block 128 does not divide 576-wide rows and silently falls back to per-channel int4).
 
-    python -m mnn_h2o.export --model smollm2 [--weight-bits 8|4|0] [--out DIR]
+    python -m mnn_h2o.export --model smollm2 [--weight-bits 8|4|0] [--head-bits 8|4|0] [--out DIR]
     python -m mnn_h2o.export --gguf PATH.gguf
     python -m mnn_h2o.export --stock          # the stock MNN.llm baseline of the same weights
 """
@@ -126,10 +126,12 @@ def _convert(src: str, dst: str, bits: int) -> None:
         raise RuntimeError(f"MNN converter produced no output for {src}")
 
 
-def export_dir_for(gguf_path: str, weight_bits: int, sha: str | None = None) -> str:
+def export_dir_for(gguf_path: str, weight_bits: int, sha: str | None = None,
+                   head_bits: int | None = None) -> str:
     sha = sha or file_digest(gguf_path)
     stem = os.path.splitext(os.path.basename(gguf_path))[0]
-    return os.path.join(cache_root(), "exports", f"{stem}-{sha[:12]}-w{weight_bits}-v{EXPORT_VERSION}")
+    bits = f"w{weight_bits}" if head_bits in (None, -1, weight_bits) else f"w{weight_bits}h{head_bits}"
+    return os.path.join(cache_root(), "exports", f"{stem}-{sha[:12]}-{bits}-v{EXPORT_VERSION}")
 
 
 def is_complete(out_dir: str) -> bool:
@@ -143,18 +145,22 @@ def is_complete(out_dir: str) -> bool:
 
 
 def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
-           progress: bool = True, force: bool = False) -> str:
-    """Export (or re-use a cached export of) ``gguf_path``; returns the export directory."""
+           progress: bool = True, force: bool = False, head_bits: int | None = None) -> str:
+    """Export (or re-use a cached export of) ``gguf_path``; returns the export directory.
+    ``head_bits`` quantises the lm_head module on its own (None or -1: as the layers)."""
     from tqdm import tqdm
 
-    if weight_bits not in WEIGHT_BITS:
-        raise ValueError(f"weight_bits must be one of {WEIGHT_BITS}, got {weight_bits!r}")
+    head_bits = weight_bits if head_bits in (None, -1) else head_bits
+    for name, bits in (("weight_bits", weight_bits), ("head_bits", head_bits)):
+        if bits not in WEIGHT_BITS:
+            raise ValueError(f"{name} must be one of {WEIGHT_BITS}, got {bits!r}")
     sha = file_digest(gguf_path)
-    out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha)
+    out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha, head_bits)
     if not force and is_complete(out_dir):
         with open(os.path.join(out_dir, "model.json")) as f:
             meta = json.load(f)
-        if meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits:
+        if (meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits
+                and meta.get("head_bits", weight_bits) == head_bits):
             return out_dir
     g = GgufModel(gguf_path)
     cfg = g.config
@@ -176,10 +182,10 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         steps.update(1)
         modules = {}
 
-        def save(name, outs):
+        def save(name, outs, bits=weight_bits):
             raw = os.path.join(work, name + ".float.mnn")
             F.save(outs, raw)
-            _convert(raw, os.path.join(work, name + ".mnn"), weight_bits)
+            _convert(raw, os.path.join(work, name + ".mnn"), bits)
             os.remove(raw)
             ins, outn = io[name]
             modules[name] = {"file": name + ".mnn", "inputs": ins, "outputs": outn}
@@ -191,14 +197,15 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             save(f"layer{i}", build_layer(F, cfg, prev, w))
             prev = w
         save("tail", build_tail(F, cfg, prev, g.output_norm()))
-        save("lm_head", build_lm_head(F, cfg, emb if cfg.tied_embeddings else g.lm_head()))
+        save("lm_head", build_lm_head(F, cfg, emb if cfg.tied_embeddings else g.lm_head()), head_bits)
         steps.close()
         tok.save(os.path.join(work, "tokenizer.json"))
         meta = {
             "export_version": EXPORT_VERSION,
             "config": cfg.to_dict(),
             "weight_bits": weight_bits,
-            "quant_block": QUANT_BLOCK if weight_bits else 0,
+            "head_bits": head_bits,
+            "quant_block": QUANT_BLOCK if weight_bits or head_bits else 0,
             "source": os.path.abspath(gguf_path),
             "source_sha256": sha,
             "modules": modules,
@@ -229,6 +236,9 @@ def main(argv=None) -> int:
     src.add_argument("--gguf", help="path to any Llama-family GGUF file instead of a named model")
     ap.add_argument("--weight-bits", type=int, default=8, choices=WEIGHT_BITS,
                     help="weight quantisation: 8 or 4 (block 32), 0 = float weights (default 8)")
+    ap.add_argument("--head-bits", type=int, choices=WEIGHT_BITS,
+                    help="quantisation of the lm_head module alone (default: --weight-bits); "
+                         "e.g. --weight-bits 4 --head-bits 8")
     ap.add_argument("--out", help="output folder (default: the cache folder, printed at the end)")
     ap.add_argument("--stock", action="store_true",
                     help="write a stock MNN.llm model directory (fused Attention op, MNN's own KV cache)")
@@ -243,7 +253,7 @@ def main(argv=None) -> int:
             out = args.out or stock_dir_for(path, args.weight_bits)
             print(export_stock(path, out, weight_bits=args.weight_bits))
         else:
-            print(export(path, args.out, args.weight_bits, force=args.force))
+            print(export(path, args.out, args.weight_bits, force=args.force, head_bits=args.head_bits))
         return 0
 
     return run(body)

@@ -100,7 +100,27 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-lens", type=_ints, default=[4096, 7936])
     g.add_argument("--continuation", type=int, default=256)
     g.add_argument("--segments", type=int, default=1, help="segments per domain and length (default 1)")
+    w = sub.add_parser("weights", help="weight precision (layers / lm_head bits) vs the exact model, and speed",
+                       description=_weights_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("--json", default="weights.json", help="output file (default weights.json); a .md table beside it")
+    w.add_argument("--variants", default="8,4,4/8",
+                   help="comma-separated LAYERS[/HEAD] weight bits (8, 4 or 0 = float); default 8,4,4/8")
+    w.add_argument("--config", help="YAML config: runtime and h2o settings of every variant")
+    w.add_argument("--model", help="named model or GGUF path (overrides model.name)")
+    w.add_argument("--split", choices=("test", "dev"), default="test", help="default test")
+    w.add_argument("--domains", default="essays,prose,code", help="default essays,prose,code ('' = no quality runs)")
+    w.add_argument("--tokens", type=int, default=1024, help="teacher-forced tokens per domain (default 1024)")
+    w.add_argument("--contexts", type=_ints, default=[512, 4096], help="speed: prompt tokens (default 512,4096)")
+    w.add_argument("--decode", type=int, default=64, help="speed: decoded tokens per run (default 64)")
+    w.add_argument("--repetitions", type=int, default=3, help="speed: interleaved rounds (default 3)")
+    w.add_argument("--no-speed", action="store_true", help="quality only")
     return ap
+
+
+def _weights_doc() -> str:
+    from . import weights
+
+    return weights.__doc__
 
 
 def _factors_doc() -> str:
@@ -114,6 +134,12 @@ def main(argv=None) -> int:
     from .. import config as config_mod
     from ..cli_errors import run
 
+    if args.command == "weights":
+        from . import weights
+
+        if args.tokens < 2 or args.decode < 1 or args.repetitions < 1:
+            raise SystemExit("error: --tokens must be >= 2, --decode and --repetitions >= 1")
+        return run(lambda: weights.sweep(args, config_mod))
     if args.command == "factors":
         from . import factors
 

@@ -1,0 +1,78 @@
+"""Mixed-precision export (model.head_bits) and `eval weights`: variant names, export folders,
+the quality measure against the exact model, and a 4-bit-layer export with an 8-bit head on
+the real model."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mnn_h2o import config
+from mnn_h2o.eval import weights as W
+from mnn_h2o.export import WEIGHT_BITS, export_dir_for
+
+
+def test_parse_variants():
+    assert W.parse_variants("8,4,4/8", WEIGHT_BITS) == [(8, 8), (4, 4), (4, 8)]
+    assert W.parse_variants("4/4, 8/8,4", WEIGHT_BITS) == [(4, 4), (8, 8)]  # duplicates once
+    assert [W.name_of(v) for v in W.parse_variants("0,4/8", WEIGHT_BITS)] == ["0", "4/8"]
+    for bad in ("", "3", "4/8/8", "x", "4/16"):
+        with pytest.raises(ValueError):
+            W.parse_variants(bad, WEIGHT_BITS)
+
+
+def test_export_folder_names_the_head_bits_only_when_they_differ(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    same = export_dir_for(str(gguf), 4, "ab" * 32)
+    assert same == export_dir_for(str(gguf), 4, "ab" * 32, head_bits=4) == export_dir_for(str(gguf), 4, "ab" * 32, -1)
+    assert same.endswith("-w4-v1") or "-w4-" in os.path.basename(same)
+    mixed = export_dir_for(str(gguf), 4, "ab" * 32, head_bits=8)
+    assert mixed != same and "-w4h8-" in os.path.basename(mixed)
+
+
+def test_head_bits_key():
+    assert config.defaults()["model"]["head_bits"] == -1  # as the layers: old exports stay valid
+    assert config.validate({"model": {"head_bits": 8}})["model"]["head_bits"] == 8
+    with pytest.raises(config.ConfigError, match="model.head_bits"):
+        config.validate({"model": {"head_bits": 2}})
+
+
+def test_quality_vs_exact_drops_the_row_without_a_target():
+    rng = np.random.default_rng(0)
+    exact = rng.normal(size=(5, 7))
+    ids = [1, 2, 3, 4, 5]
+    same = W.quality_vs_exact(exact, exact.copy(), ids)
+    assert same["kl"] == 0.0 and same["top1"] == 1.0
+    # Only the last row differs: it predicts nothing and must not count.
+    other = exact.copy()
+    other[-1] = -other[-1]
+    assert W.quality_vs_exact(exact, other, ids)["kl"] == 0.0
+    other[0] = -other[0]
+    assert W.quality_vs_exact(exact, other, ids)["kl"] > 0.0
+
+
+@pytest.mark.model
+def test_mixed_export_quantises_only_the_head_differently(smollm2_path, tokenizer, reference):
+    """4-bit layers + 8-bit head: the layer modules are the 4-bit export's bytes, the lm_head is
+    the 8-bit export's size class, and its next-token choices follow the exact model at least as
+    well as the all-4-bit export (the head is where int4 loses; docs/results.md)."""
+    from conftest import make_llm
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.export import export
+
+    mixed = export(smollm2_path, weight_bits=4, head_bits=8, progress=False)
+    w4 = export(smollm2_path, weight_bits=4, progress=False)
+    with open(os.path.join(mixed, "model.json")) as f:
+        meta = json.load(f)
+    assert (meta["weight_bits"], meta["head_bits"]) == (4, 8)
+    size = lambda d, m: os.path.getsize(os.path.join(d, m + ".mnn"))
+    assert size(mixed, "layer5") == size(w4, "layer5")
+    assert size(mixed, "lm_head") > 1.6 * size(w4, "lm_head")  # 8 vs 4 bits (+ scales)
+
+    ids = essay_tokens(tokenizer, 256, offset=3000)
+    exact = reference.forward(ids, all_logits=True)
+    q_mixed = W.quality_vs_exact(exact, make_llm(4, head_bits=8).logits(ids), ids)
+    q_w4 = W.quality_vs_exact(exact, make_llm(4).logits(ids), ids)
+    assert q_mixed["kl"] < q_w4["kl"]
+    assert q_mixed["top1"] >= q_w4["top1"]
