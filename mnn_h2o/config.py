@@ -78,12 +78,13 @@ class Key:
 SCHEMA: Tuple[Key, ...] = (
     Key("model", "name", str, "smollm2", "-",
         "named model (smollm2, qwen2.5-0.5b) or a path to a Llama-family GGUF file"),
-    Key("model", "weight_bits", int, 8, "bits", "weight quantisation of the MNN modules "
-        "(block 32); 0 keeps float weights", choices=(0, 4, 8)),
+    Key("model", "weight_bits", int, -1, "bits", "weight quantisation of the layer modules "
+        "(block 32): 8, 4, 0 = float, or -1 = the fewest bits that hold the GGUF's own values "
+        "(4 when every layer matrix is Q4_0/Q4_1, else 8)", choices=(-1, 0, 4, 8)),
     Key("model", "head_bits", int, -1, "bits", "weight quantisation of the output projection "
-        "(lm_head, which is the embedding table in tied models) on its own: -1 as weight_bits, 0 "
-        "float; the head is the tensor most sensitive to 4 bits, so weight_bits 4 with "
-        "head_bits 8 is the mixed-precision export", choices=(-1, 0, 4, 8)),
+        "(lm_head, which is the embedding table in tied models) on its own: 8, 4, 0 = float, or "
+        "-1 = as the GGUF stores it (as weight_bits decides; float when weight_bits is 0); the "
+        "head is the tensor most sensitive to 4 bits", choices=(-1, 0, 4, 8)),
     Key("runtime", "threads", int, 2, "threads", "threads for MNN and for the attention kernel",
         range=(1, 64)),
     Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "

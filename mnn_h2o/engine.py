@@ -150,6 +150,14 @@ class Llm:
         self.configure_h2o(cfg["h2o"])
         self.configure_lossless(cfg["lossless"])
 
+    @property
+    def weights(self) -> str:
+        """The export's weight precision, e.g. 'int8' or 'int4 layers, int8 head'."""
+        name = lambda b: f"int{b}" if b else "float"
+        wb = self.meta["weight_bits"]
+        hb = self.meta.get("head_bits", wb)
+        return name(wb) if hb == wb else f"{name(wb)} layers, {name(hb)} head"
+
     @classmethod
     def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
         """Export (first time only, then cached) and load a named model or GGUF path."""

@@ -11,7 +11,7 @@ Weights are quantised by MNN's converter (``-f MNN --optimizeLevel 2 --weightQua
 --weightQuantBlock 32``); block 32 is the GGUF Q4_1/Q8_0 block and reproduces their weights
 exactly (block 128 does not divide 576-wide rows and silently falls back to per-channel int4).
 
-    python -m mnn_h2o.export --model smollm2 [--weight-bits 8|4|0] [--head-bits 8|4|0] [--out DIR]
+    python -m mnn_h2o.export --model smollm2 [--weight-bits -1|8|4|0] [--head-bits -1|8|4|0] [--out DIR]
     python -m mnn_h2o.export --gguf PATH.gguf
     python -m mnn_h2o.export --stock          # the stock MNN.llm baseline of the same weights
 """
@@ -144,16 +144,27 @@ def is_complete(out_dir: str) -> bool:
         os.path.isfile(os.path.join(out_dir, m["file"])) for m in meta["modules"].values())
 
 
+def resolve_bits(g: GgufModel, weight_bits: int, head_bits: int | None) -> tuple[int, int]:
+    """The export bits of (layers, lm_head). -1 = as the GGUF stores them (GgufModel.stored_bits:
+    4 for Q4_0/Q4_1 blocks, else 8), the head float when the layers are; head None = as the layers."""
+    for name, bits in (("weight_bits", weight_bits), ("head_bits", head_bits)):
+        if bits is not None and bits not in WEIGHT_BITS + (-1,):
+            raise ValueError(f"{name} must be one of {WEIGHT_BITS} or -1 (as stored), got {bits!r}")
+    stored = g.stored_bits() if -1 in (weight_bits, head_bits) else (8, 8)
+    wb = stored[0] if weight_bits == -1 else weight_bits
+    if head_bits is None:
+        return wb, wb
+    return wb, (stored[1] if wb else 0) if head_bits == -1 else head_bits
+
+
 def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
            progress: bool = True, force: bool = False, head_bits: int | None = None) -> str:
     """Export (or re-use a cached export of) ``gguf_path``; returns the export directory.
-    ``head_bits`` quantises the lm_head module on its own (None or -1: as the layers)."""
+    ``weight_bits`` / ``head_bits``: the layers' and the lm_head module's bits (see resolve_bits)."""
     from tqdm import tqdm
 
-    head_bits = weight_bits if head_bits in (None, -1) else head_bits
-    for name, bits in (("weight_bits", weight_bits), ("head_bits", head_bits)):
-        if bits not in WEIGHT_BITS:
-            raise ValueError(f"{name} must be one of {WEIGHT_BITS}, got {bits!r}")
+    g = GgufModel(gguf_path)
+    weight_bits, head_bits = resolve_bits(g, weight_bits, head_bits)
     sha = file_digest(gguf_path)
     out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha, head_bits)
     if not force and is_complete(out_dir):
@@ -162,7 +173,6 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         if (meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits
                 and meta.get("head_bits", weight_bits) == head_bits):
             return out_dir
-    g = GgufModel(gguf_path)
     cfg = g.config
     MNN = import_mnn()
     F = MNN.expr
@@ -234,10 +244,12 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", default="smollm2", help=f"named model: {', '.join(MODELS)} (default smollm2)")
     src.add_argument("--gguf", help="path to any Llama-family GGUF file instead of a named model")
-    ap.add_argument("--weight-bits", type=int, default=8, choices=WEIGHT_BITS,
-                    help="weight quantisation: 8 or 4 (block 32), 0 = float weights (default 8)")
-    ap.add_argument("--head-bits", type=int, choices=WEIGHT_BITS,
-                    help="quantisation of the lm_head module alone (default: --weight-bits); "
+    ap.add_argument("--weight-bits", type=int, default=-1, choices=WEIGHT_BITS + (-1,),
+                    help="the layers' weights: 8 or 4 (block 32), 0 = float, -1 = the fewest bits that "
+                         "hold the GGUF's own weights (4 for Q4_0/Q4_1, else 8; the default, as "
+                         "model.weight_bits)")
+    ap.add_argument("--head-bits", type=int, default=-1, choices=WEIGHT_BITS + (-1,),
+                    help="the lm_head module alone, same values (default -1, as model.head_bits), "
                          "e.g. --weight-bits 4 --head-bits 8")
     ap.add_argument("--out", help="output folder (default: the cache folder, printed at the end)")
     ap.add_argument("--stock", action="store_true",

@@ -327,6 +327,20 @@ class GgufModel:
             raise ModelFileError(f"{self.path}: tensor {name!r} contains NaN or Inf")
         return w
 
+    # GGUF types whose values block-32 int4 (MNN's converter) holds: 4-bit codes, one scale (and
+    # offset) per block of 32. Anything else (Q8_0, k-quants, f16, ...) is exported at 8 bits.
+    _FOUR_BIT_TYPES = ("Q4_0", "Q4_1")
+
+    def stored_bits(self) -> Tuple[int, int]:
+        """(layers, output projection): 4 where every matrix of the group is stored as 4-bit
+        blocks of 32 in this file, else 8 — the fewest export bits that keep the file's weights."""
+        head = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
+        mats = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        layers = [f"blk.{i}.{m}.weight" for i in range(self.config.n_layers) for m in mats]
+        bits = lambda names: 4 if all(self.tensors[n].tensor_type.name in self._FOUR_BIT_TYPES
+                                      for n in names if n in self.tensors) else 8
+        return bits(layers), bits([head])
+
     def _unpermute(self, w: np.ndarray, n_head: int) -> np.ndarray:
         if self.config.arch != "llama":
             return w

@@ -76,3 +76,46 @@ def test_mixed_export_quantises_only_the_head_differently(smollm2_path, tokenize
     q_w4 = W.quality_vs_exact(exact, make_llm(4).logits(ids), ids)
     assert q_mixed["kl"] < q_w4["kl"]
     assert q_mixed["top1"] >= q_w4["top1"]
+
+
+def test_decode_interleave_engine_weights():
+    from mnn_h2o.tools.decode_interleave import parse_engine
+
+    cfg = config.defaults()
+    assert parse_engine("f16:none", cfg)[3] == (cfg["model"]["weight_bits"], cfg["model"]["head_bits"])
+    assert parse_engine("q8:h2o@6+w4h8", cfg)[2:] == ("q8", (4, 8))
+    assert parse_engine("f16:none+w4", cfg)[3] == (4, -1)
+    for bad in ("f16:none+w3", "f16:none+4h8", "f16:none+w4h2"):
+        with pytest.raises(SystemExit):
+            parse_engine(bad, cfg)
+
+
+class _Stored:
+    def __init__(self, layers, head):
+        self.bits = (layers, head)
+
+    def stored_bits(self):
+        return self.bits
+
+
+@pytest.mark.parametrize("stored,weight_bits,head_bits,expect", [
+    ((4, 8), -1, -1, (4, 8)),   # SmolLM2's file: Q4_1 layers, Q8_0 embedding
+    ((8, 8), -1, -1, (8, 8)),
+    ((4, 8), 8, -1, (8, 8)),
+    ((4, 8), 0, -1, (0, 0)),    # a float export keeps a float head
+    ((4, 8), 4, None, (4, 4)),  # the Python API's default: the head as the layers
+    ((4, 8), -1, 4, (4, 4)),
+])
+def test_resolve_bits(stored, weight_bits, head_bits, expect):
+    from mnn_h2o.export import resolve_bits
+
+    assert resolve_bits(_Stored(*stored), weight_bits, head_bits) == expect
+    with pytest.raises(ValueError, match="head_bits"):
+        resolve_bits(_Stored(*stored), 8, 3)
+
+
+@pytest.mark.model
+def test_smollm2_file_stores_4_bit_layers_and_an_8_bit_head(smollm2_path):
+    from mnn_h2o.gguf_model import GgufModel
+
+    assert GgufModel(smollm2_path).stored_bits() == (4, 8)

@@ -52,7 +52,9 @@ def _speed(args, cfg) -> int:
     ours = Llm.load(None, cfg)
     if longest > ours.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the model's {ours.max_context}")
-    stock = StockLlm(ensure_stock(gguf, cfg["model"]["weight_bits"]), threads=cfg["runtime"]["threads"],
+    # Stock MNN.llm is one module, quantised at one width: the layers' (with a mixed export its
+    # lm_head has fewer bits than ours, so it reads fewer bytes per token than we do).
+    stock = StockLlm(ensure_stock(gguf, ours.meta["weight_bits"]), threads=cfg["runtime"]["threads"],
                      memory=cfg["runtime"]["memory"], config={"dynamic_option": cfg["runtime"]["dynamic_quant"]})
     if longest > stock.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's {stock.max_context}")
@@ -64,7 +66,7 @@ def _speed(args, cfg) -> int:
         info = llama_peer.system_info()
     results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o,
                         llama=llama)
-    print(f"\nmodel {cfg['model']['name']}, weights int{cfg['model']['weight_bits']}, "
+    print(f"\nmodel {cfg['model']['name']}, weights {ours.weights} (stock: int{ours.meta['weight_bits']}), "
           f"{threads} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
     if info:
         print(f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, {threads} threads, the GGUF file as is "
@@ -116,6 +118,7 @@ def _round(args, cfg) -> int:
     overall = gates.outcome(gate_rows)
     summary = {"schema_version": report.SCHEMA_VERSION, "overall": overall, "overall_pass": overall == "pass",
                "gates": gate_rows, "cases": rows, "demo": demo, "model": cfg["model"]["name"],
+               "weights": llm.weights,
                "started": started, "duration_s": time.perf_counter() - t0, "config": cfg,
                "environment": environment(), "quick": bool(args.quick)}
     _write_run_folder(folder, summary, rows, cfg)

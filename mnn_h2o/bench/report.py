@@ -93,7 +93,7 @@ def gates_table(gates: Sequence[dict]) -> str:
 def markdown(summary: dict) -> str:
     env = summary["environment"]
     out = [f"# Bench round {summary['started']}", "",
-           f"Model `{summary['model']}`, weights int{summary['config']['model']['weight_bits']}, "
+           f"Model `{summary['model']}`, weights {summary.get('weights', '?')}, "
            f"{summary['config']['runtime']['threads']} threads, KV {summary['config']['runtime']['kv_dtype']}; "
            f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores, ISA {env.get('isa', '?')}); "
            f"{summary['duration_s'] / 60:.1f} min. **Overall: {summary['overall'].upper()}**", "",

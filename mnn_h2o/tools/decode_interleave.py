@@ -8,13 +8,16 @@ whole-model ratio, and the speed-up over the first engine: ratio of means, and i
 range over blocks of 50 tokens.
 
     python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
-        [--engines f16:none q8:none f16:h2o q8:h2o@6]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+w4h8]
 
-An engine is DTYPE:POLICY[@RATIO]: DTYPE a runtime.kv_dtype, POLICY none or an h2o.policy,
-RATIO its h2o.target_lossy_ratio (whole-model; default the config's).
+An engine is DTYPE:POLICY[@RATIO][+wBITS[hBITS]]: DTYPE a runtime.kv_dtype, POLICY none or an
+h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), and the
+weights of its export: model.weight_bits and model.head_bits (default the config's; w4h8 =
+4-bit layers with an 8-bit lm_head).
 """
 import argparse
 import copy
+import re
 import time
 
 import numpy as np
@@ -25,20 +28,34 @@ from ..engine import Llm
 from ..essays import essay_tokens
 
 
+def parse_weights(spec: str, text: str, cfg: dict):
+    """(weight_bits, head_bits) of 'w4h8' / 'w8' / '' (the config's)."""
+    if not text:
+        return cfg["model"]["weight_bits"], cfg["model"]["head_bits"]
+    m = re.fullmatch(r"w(\d+)(?:h(\d+))?", text)
+    bits = config_mod.key("model.weight_bits").choices
+    if not m or int(m[1]) not in bits or (m[2] and int(m[2]) not in bits):
+        raise SystemExit(f"{spec}: weights must be w<bits>[h<bits>] with bits in {bits}, got {text!r}")
+    return int(m[1]), int(m[2]) if m[2] else -1
+
+
 def parse_engine(spec: str, cfg: dict):
-    """(label, h2o section or None, kv_dtype) of DTYPE:POLICY[@RATIO]."""
-    dtype, _, rest = spec.partition(":")
+    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits)) of
+    DTYPE:POLICY[@RATIO][+wBITS[hBITS]]."""
+    body, _, weights_text = spec.partition("+")
+    weights = parse_weights(spec, weights_text, cfg)
+    dtype, _, rest = body.partition(":")
     policy, _, ratio = rest.partition("@")
     if dtype not in config_mod.key("runtime.kv_dtype").choices:
         raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
     if policy == "none":
-        return spec, None, dtype
+        return spec, None, dtype, weights
     if policy not in config_mod.key("h2o.policy").choices:
         raise SystemExit(f"{spec}: unknown policy {policy!r}")
     h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
     if ratio:
         h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
-    return spec, h2o, dtype
+    return spec, h2o, dtype, weights
 
 
 def main():
@@ -55,9 +72,10 @@ def main():
     name = cfg["model"]["name"]
     specs = [parse_engine(s, cfg) for s in args.engines]
     engines = []
-    for label, h2o, dtype in specs:
+    for label, h2o, dtype, (weight_bits, head_bits) in specs:
         c = copy.deepcopy(cfg)
         c["runtime"]["kv_dtype"] = dtype
+        c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm.load(name, c, progress=False)
         llm.configure_h2o(h2o)
         engines.append((label, llm))
