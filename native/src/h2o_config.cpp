@@ -40,6 +40,7 @@ std::string h2o_config_error(const H2oConfig& c, int n_layers) {
                got(c.layer_end);
     if (c.trigger_min_tokens < 0) return "trigger_min_tokens must be >= 0" + got(c.trigger_min_tokens);
     if (c.update_interval < 1) return "update_interval must be >= 1" + got(c.update_interval);
+    if (c.observation_window < 1) return "observation_window must be >= 1" + got(c.observation_window);
     return {};
 }
 

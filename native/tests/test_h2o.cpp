@@ -152,7 +152,10 @@ static void test_policies() {
         return s;
     };
     const auto select = [&](EvictionPolicy& p, int extra) {
-        p.rank(HeadBlocks{n, scores}, prio.data());
+        ScoreContext c;
+        c.n_blocks = n;
+        c.ema = scores;
+        p.rank(c, prio.data());
         std::vector<SelectHead> heads{SelectHead{n, prio.data(), 1, 8, &keep}};
         CHECK(floor_blocks(heads[0]) == 3, "floors: 1 sink + 2 recent");
         select_blocks(heads, extra, &scratch);

@@ -8,7 +8,7 @@
 namespace mnn_h2o {
 
 struct H2oConfig {
-    std::string policy = "h2o";   // "h2o" | "streaming" | "random" (eviction_policy.h)
+    std::string policy = "h2o";   // a name of the registry (policy_list(), eviction_policy.h)
     int sink_tokens = 64;         // the blocks covering the first sink_tokens tokens are never evicted
     int recent_tokens = 256;      // nor those covering the last recent_tokens (>= 1: the newest token stays)
     // The sink and recent floors take at most this share of a head's budget (in [0, 1]): beyond
@@ -31,6 +31,9 @@ struct H2oConfig {
     int update_interval = 32;     // decode tokens between policy updates
     bool per_head_budget = false; // share the layer's budget between its kv heads (KV-Compress)
     uint64_t seed = 0;            // for the random policy
+    // Queries in the observation window of the window policies (snapkv; tova takes 1): the
+    // most recent ones, e.g. the prompt's last tokens, where the question usually is.
+    int observation_window = 32;
 };
 
 // An empty string if c is valid for a model of n_layers layers, else a message that starts with
