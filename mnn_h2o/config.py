@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from . import _core
+
 
 class ConfigError(ValueError):
     pass
@@ -102,9 +104,13 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
         "layers [layer_start, layer_end)"),
-    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep: h2o (highest attention EMA), "
-        "streaming (sink + most recent, StreamingLLM), random (baseline)",
-        choices=("h2o", "streaming", "random")),
+    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep (docs/h2o.md 'Policies'): h2o "
+        "(highest attention EMA), snapkv (attention of the last h2o.observation_window queries), "
+        "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
+        "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
+        "of a Gaussian of the recent queries), streaming (sink + most recent, StreamingLLM), random "
+        "(baseline)",
+        choices=tuple(_core.policy_names())),  # the native registry: one list of names
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
@@ -139,6 +145,10 @@ SCHEMA: Tuple[Key, ...] = (
     Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
     Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
+    Key("h2o", "observation_window", int, 32, "queries", "the window policies' observation window: "
+        "snapkv and expected_attention use the attention / statistics of the most recent queries, "
+        "at most this many (after a prompt: its last ones, usually the question; in decode: those "
+        "since the last update); tova always takes 1", range=(1, 1 << 20)),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks: off; probe "
         "(encode/verify a sample, KV untouched); full (encode and verify every cold chunk, KV stays "
         "raw); store (cold chunks held only compressed, read through the decode cache)",

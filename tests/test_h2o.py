@@ -47,14 +47,14 @@ def attention(q, k, v, group):
 
 ARGS = dict(policy="h2o", sink_tokens=16, recent_tokens=32, target_keep_ratio=0.0, target_lossy_ratio=3.0,
             ema_alpha=0.5, layer_start=1, layer_end=-1, trigger_min_tokens=0, update_interval=4,
-            per_head_budget=False, seed=0, max_floor_share=1.0)
+            per_head_budget=False, seed=0, max_floor_share=1.0, observation_window=32)
 
 
 def test_enable_validates_and_names_the_argument():
     cache = make_cache()
     bad = dict(policy="lru", sink_tokens=-1, recent_tokens=0, target_keep_ratio=1.5, target_lossy_ratio=0.5,
                ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1,
-               max_floor_share=1.5)
+               max_floor_share=1.5, observation_window=0)
     for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
@@ -74,9 +74,13 @@ def test_defaults_and_config_round_trip():
     assert cache.h2o_config() == dict(policy="h2o", sink_tokens=64, recent_tokens=256, target_keep_ratio=0.0,
                                       target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
                                       trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
-                                      max_floor_share=1.0)
-    with pytest.raises(ValueError):
+                                      max_floor_share=1.0, observation_window=32)
+    with pytest.raises(ValueError) as e:
         cache.enable_h2o(policy="nope")
+    # The message lists the registry's names, the one list config.py and the eval take too.
+    names = core.policy_names()
+    assert names[0] == "h2o" and len(names) == len(set(names)) == 8
+    assert all(f"'{n}'" in str(e.value) for n in names)
     assert cache.h2o_config()["policy"] == "h2o"  # a failed enable keeps the previous settings
     cache.disable_h2o()
     assert not cache.h2o_enabled
