@@ -189,6 +189,137 @@ static void test_policies() {
     CHECK(throws<std::invalid_argument>([] { make_policy("lru", 0); }), "unknown policy");
 }
 
+// A hand-built head of 7 blocks whose signals disagree, evicted to 3 blocks (sink block 0, recent
+// block 6 and one more): which middle block each policy keeps shows which signal it reads.
+//   block 1: keys along A, the direction of the early queries (most of the prompt): h2o's pick,
+//            but its values are ~0, so vatp passes it over
+//   block 2: keys along B, the direction of the window's queries but the last: snapkv's and
+//            expected attention's pick, and vatp's (block 1's value weight is ~0)
+//   block 3: keys along C, the direction of the latest query: tova's pick
+//   block 4: keys opposite to every other key's common direction D: keydiff's pick
+//   block 5: the most recent candidate: streaming's pick
+static int kept_middle_block(const std::string& policy, KvDtype dtype) {
+    KvCacheConfig cc;
+    cc.n_layers = 1;
+    cc.n_kv_heads = 1;
+    cc.head_dim = 32;
+    cc.n_heads = 2;
+    cc.dtype = dtype;
+    cc.block_tokens = 16;
+    cc.max_tokens = 256;
+    KvCache cache(cc);
+    H2oConfig c;
+    c.policy = policy;
+    c.target_keep_ratio = 3.0 / 7.0;
+    c.target_lossy_ratio = 0.0;
+    c.layer_start = 0;
+    c.sink_tokens = 16;
+    c.recent_tokens = 16;
+    c.trigger_min_tokens = 0;
+    c.observation_window = 8;
+    cache.enable_h2o(c);
+    const int n = 112, hd = 32;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> noise(0.f, 0.1f);
+    std::vector<float> q(static_cast<size_t>(n) * 2 * hd), k(static_cast<size_t>(n) * hd), v(k.size());
+    enum { A = 0, B = 1, C = 2, D = 3 };
+    for (int t = 0; t < n; ++t) {
+        const int b = t / 16;
+        float* kt = &k[static_cast<size_t>(t) * hd];
+        for (int d = 0; d < hd; ++d) kt[d] = noise(rng), v[static_cast<size_t>(t) * hd + d] = b == 1 ? 0.01f * noise(rng) : 1.f + noise(rng);
+        kt[D] += b == 4 ? -3.f : 2.f;
+        if (b == 1) kt[A] += 5.f;
+        if (b == 2) kt[B] += 5.f;
+        if (b == 3) kt[C] += 5.f;
+        for (int g = 0; g < 2; ++g) {
+            float* qt = &q[(static_cast<size_t>(t) * 2 + g) * hd];
+            for (int d = 0; d < hd; ++d) qt[d] = noise(rng);
+            qt[t == n - 1 ? C : t >= n - 8 ? B : A] += 3.f;
+        }
+    }
+    std::vector<float> out(q.size());
+    cache.step(0, q.data(), k.data(), v.data(), n, out.data());
+    cache.end_step(n, true);
+    if (cache.length(0, 0) != 48) return -cache.length(0, 0);
+    // Which original block do the kept tokens 16..31 come from (nearest, so quantised types work)?
+    const std::vector<float> kept = read_k(cache, 0, 0);
+    int best = -1;
+    double best_d = 1e30;
+    for (int b = 1; b < 6; ++b) {
+        double dist = 0;
+        for (int i = 0; i < 16 * hd; ++i) {
+            const double e = kept[16 * hd + i] - k[static_cast<size_t>(b) * 16 * hd + i];
+            dist += e * e;
+        }
+        if (dist < best_d) best_d = dist, best = b;
+    }
+    return best;
+}
+
+static void test_policy_signals() {
+    const std::pair<const char*, int> want[] = {{"h2o", 1},  {"snapkv", 2},    {"tova", 3},
+                                                {"keydiff", 4}, {"vatp", 2},  {"expected_attention", 2},
+                                                {"streaming", 5}};
+    for (KvDtype dt : {KvDtype::F32, KvDtype::F16, KvDtype::Q8R}) {
+        for (const auto& [name, block] : want) {
+            const int got = kept_middle_block(name, dt);
+            CHECK(got == block, "%s (%s) keeps block %d, want %d", name, kv_dtype_name(dt), got, block);
+        }
+        const int r = kept_middle_block("random", dt);
+        CHECK(r >= 1 && r <= 5, "random keeps one middle block (%d)", r);
+    }
+    // Every registry name makes a policy; each appears once.
+    for (const std::string& name : policy_list()) CHECK(make_policy(name, 0) != nullptr, "make %s", name.c_str());
+    CHECK(policy_list().size() == 8 && policy_list()[0] == "h2o", "registry of 8, h2o first");
+}
+
+// The scores of the policies that are not attention probabilities are distributions over the
+// head's blocks, so a shared layer budget compares heads on one scale; expected attention's
+// variance term counts; vatp keeps the EMA's scale.
+static void test_policy_scores() {
+    const int hd = 16, bt = 16, n = 40, nb = 3;
+    std::mt19937 rng(3);
+    std::vector<float> k = random_vec(rng, static_cast<size_t>(n) * hd), v = random_vec(rng, k.size());
+    const float ema[nb] = {0.5f, 0.3f, 0.2f};
+    ScoreContext c;
+    c.n_blocks = nb;
+    c.block_tokens = bt;
+    c.length = n;
+    c.head_dim = hd;
+    c.group = 2;
+    c.ema = ema;
+    c.k_rows = k.data();
+    c.v_rows = v.data();
+    std::vector<float> mean(2 * hd, 0.f), var(2 * hd, 0.f);
+    c.q_mean = mean.data();
+    c.q_var = var.data();
+    c.q_count = 4;
+    std::vector<float> prio(nb);
+    for (const char* name : {"keydiff", "expected_attention"}) {
+        make_policy(name, 0)->rank(c, prio.data());
+        double sum = 0;
+        for (float p : prio) {
+            sum += p;
+            CHECK(p >= 0.f, "%s: priority >= 0", name);
+        }
+        CHECK(std::fabs(sum - 1.0) < 1e-5, "%s: priorities sum to %.6f, want 1", name, sum);
+    }
+    // Zero mean and variance: every key equally likely, so a block's share is its tokens' share.
+    make_policy("expected_attention", 0)->rank(c, prio.data());
+    CHECK(std::fabs(prio[0] - 0.4f) < 1e-5 && std::fabs(prio[2] - 0.2f) < 1e-5, "uniform expectation: %g %g", prio[0],
+          prio[2]);
+    // Variance along dimension 0 favours the keys with large |k_0| (block 2 here), mean or not.
+    for (int t = 32; t < n; ++t) k[static_cast<size_t>(t) * hd] = 6.f;
+    for (int t = 0; t < 32; ++t) k[static_cast<size_t>(t) * hd] = 0.f;
+    var[0] = var[hd] = 4.f;
+    make_policy("expected_attention", 0)->rank(c, prio.data());
+    CHECK(prio[2] > prio[0] && prio[2] > prio[1], "variance term: %g %g %g", prio[0], prio[1], prio[2]);
+    // vatp: equal value norms leave the EMA as it is.
+    for (float& x : v) x = 1.f;
+    make_policy("vatp", 0)->rank(c, prio.data());
+    for (int b = 0; b < nb; ++b) CHECK(std::fabs(prio[b] - ema[b]) < 1e-6, "vatp with equal norms: %g", prio[b]);
+}
+
 // A budget shared by the heads of a layer goes to the head whose attention is spread out.
 static void test_shared_budget_selection() {
     const int n = 8;
@@ -797,6 +928,8 @@ int main() {
     test_config_validation();
     test_plan_validation();
     test_policies();
+    test_policy_signals();
+    test_policy_scores();
     test_shared_budget_selection();
     test_budgets();
     test_floor_share();
