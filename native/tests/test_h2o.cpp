@@ -198,7 +198,10 @@ static void test_policies() {
 //   block 3: keys along C, the direction of the latest query: tova's pick
 //   block 4: keys opposite to every other key's common direction D: keydiff's pick
 //   block 5: the most recent candidate: streaming's pick
-static int kept_middle_block(const std::string& policy, KvDtype dtype) {
+//
+// decode: the prompt stays (below the trigger) and 8 decode tokens follow, the first 7 querying C,
+// the last B; the update after them is the first: the window holds the 8 decode queries.
+static int kept_middle_block(const std::string& policy, KvDtype dtype, bool decode = false) {
     KvCacheConfig cc;
     cc.n_layers = 1;
     cc.n_kv_heads = 1;
@@ -217,6 +220,10 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype) {
     c.recent_tokens = 16;
     c.trigger_min_tokens = 0;
     c.observation_window = 8;
+    if (decode) {
+        c.trigger_min_tokens = 120;
+        c.update_interval = 8;
+    }
     cache.enable_h2o(c);
     const int n = 112, hd = 32;
     std::mt19937 rng(5);
@@ -240,7 +247,18 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype) {
     std::vector<float> out(q.size());
     cache.step(0, q.data(), k.data(), v.data(), n, out.data());
     cache.end_step(n, true);
-    if (cache.length(0, 0) != 48) return -cache.length(0, 0);
+    for (int t = 0; decode && t < 8; ++t) {
+        float* kt = &k[0];  // token 0's row (block 0, not compared below) as scratch: an ordinary key
+        for (int d = 0; d < hd; ++d) kt[d] = noise(rng), v[d] = 1.f + noise(rng);
+        kt[D] += 2.f;
+        for (int g = 0; g < 2; ++g) {
+            for (int d = 0; d < hd; ++d) q[g * hd + d] = noise(rng);
+            q[g * hd + (t == 7 ? B : C)] += 3.f;
+        }
+        cache.step(0, q.data(), kt, v.data(), 1, out.data());
+        if (cache.end_step(1, false) != (t == 7)) return -1000;  // nothing evicted before the 8th
+    }
+    if (cache.length(0, 0) != (decode ? 56 : 48)) return -cache.length(0, 0);
     // Which original block do the kept tokens 16..31 come from (nearest, so quantised types work)?
     const std::vector<float> kept = read_k(cache, 0, 0);
     int best = -1;
@@ -267,6 +285,15 @@ static void test_policy_signals() {
         }
         const int r = kept_middle_block("random", dt);
         CHECK(r >= 1 && r <= 5, "random keeps one middle block (%d)", r);
+    }
+    // In decode the window is the queries since the last update (here the 8 decode ones).
+    const std::pair<const char*, int> decode_want[] = {{"h2o", 1}, {"snapkv", 3}, {"tova", 2},
+                                                       {"expected_attention", 3}, {"keydiff", 4}, {"streaming", 5}};
+    for (KvDtype dt : {KvDtype::F32, KvDtype::Q8R}) {
+        for (const auto& [name, block] : decode_want) {
+            const int got = kept_middle_block(name, dt, true);
+            CHECK(got == block, "decode: %s (%s) keeps block %d, want %d", name, kv_dtype_name(dt), got, block);
+        }
     }
     // Every registry name makes a policy; each appears once.
     for (const std::string& name : policy_list()) CHECK(make_policy(name, 0) != nullptr, "make %s", name.c_str());
