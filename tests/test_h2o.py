@@ -396,3 +396,34 @@ def test_floors_larger_than_the_budget_shrink(share):
     for _ in range(64):
         forward(cache, 1, rng, prefill=False)
     assert 7.6 < cache.h2o_stats()["lossy_ratio"] <= 8.0
+
+
+@pytest.mark.parametrize("policy", core.policy_names())
+@pytest.mark.parametrize("dtype", ["f32", "q8r"])
+def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
+    """Every registry policy under the same budget and schedule: the planted cache is cut to 5
+    blocks per head at the prompt and stays within budget through decode updates, and attention
+    over what is kept still matches the reference (the cache stays consistent)."""
+    rng = np.random.default_rng(9)
+    cache = make_cache(n_layers=2, n_kv=2, group=2, dtype=dtype)
+    cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
+                     target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
+                     per_head_budget=policy in ("keydiff", "expected_attention"), observation_window=4)
+    forward(cache, 320, rng, prefill=True)
+    held = cache.h2o_stats()["layers"][1]["held"]
+    assert sum(held) == 160 and cache.h2o_stats()["layers"][0]["held"] == [320, 320]
+    for _ in range(16):
+        forward(cache, 1, rng, prefill=False)
+    s = cache.h2o_stats()
+    assert s["updates"] == 3 and s["layers"][1]["policy_us"] > 0
+    n = s["layers"][1]["held"]
+    assert sum(n) <= 2 * (0.25 * 336 + 16) + 16
+    q = rand(rng, 1, 4 * HD)
+    k = rand(rng, 1, 2 * HD)
+    v = rand(rng, 1, 2 * HD)
+    out = np.empty((1, 4 * HD), np.float32)
+    cache.step(1, q, k, v, out)
+    for h in range(2):
+        kk, vv = cache.read(1, h)
+        want, _ = attention(q.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], kk, vv, 2)
+        np.testing.assert_allclose(out.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], want, rtol=2e-2, atol=2e-2)
