@@ -44,6 +44,30 @@ public:
     int window_queries(int) const override { return 1; }
 };
 
+// Row arithmetic at plan time reads every key or value a head holds, so it must not serialise on
+// the add latency: 16 independent partial sums (head_dim is a multiple of 16) let the compiler
+// vectorise what a single running sum cannot (measured: about 10x on keydiff's update).
+constexpr int kLanes = 16;
+
+inline float dot(const float* a, const float* b, int n) {
+    float acc[kLanes] = {};
+    for (int d = 0; d < n; d += kLanes)
+        for (int j = 0; j < kLanes; ++j) acc[j] += a[d + j] * b[d + j];
+    float s = 0.f;
+    for (float x : acc) s += x;
+    return s;
+}
+
+// sum_d k_d * (m_d + v_d * k_d): a linear and a diagonal quadratic form in one pass.
+inline float dot_quad(const float* k, const float* m, const float* v, int n) {
+    float acc[kLanes] = {};
+    for (int d = 0; d < n; d += kLanes)
+        for (int j = 0; j < kLanes; ++j) acc[j] += k[d + j] * (m[d + j] + v[d + j] * k[d + j]);
+    float s = 0.f;
+    for (float x : acc) s += x;
+    return s;
+}
+
 // Scores of tokens pooled to blocks as a mean (the partial last block counts its tokens only).
 void block_means(const ScoreContext& head, const float* per_token, float* per_block) {
     for (int b = 0; b < head.n_blocks; ++b) {
@@ -72,24 +96,18 @@ public:
     void rank(const ScoreContext& head, float* priority) override {
         const int n = head.length, hd = head.head_dim;
         token_.assign(static_cast<size_t>(n), 0.f);
-        anchor_.assign(static_cast<size_t>(hd), 0.0);
+        anchor_.assign(static_cast<size_t>(hd), 0.f);
         for (int t = 0; t < n; ++t) {
             const float* k = head.k_rows + static_cast<size_t>(t) * hd;
-            float sq = 0.f;
-            for (int d = 0; d < hd; ++d) sq += k[d] * k[d];
+            const float sq = dot(k, k, hd);
             token_[t] = sq > 0.f ? 1.f / std::sqrt(sq) : 0.f;  // inverse norm, for now
             for (int d = 0; d < hd; ++d) anchor_[d] += k[d] * token_[t];
         }
-        double norm = 0.0;
-        for (int d = 0; d < hd; ++d) norm += anchor_[d] * anchor_[d];
-        norm = std::sqrt(norm);
-        anchor_f_.resize(static_cast<size_t>(hd));
-        for (int d = 0; d < hd; ++d) anchor_f_[d] = norm > 0.0 ? static_cast<float>(anchor_[d] / norm) : 0.f;
+        const float norm = std::sqrt(dot(anchor_.data(), anchor_.data(), hd));
+        for (float& a : anchor_) a = norm > 0.f ? a / norm : 0.f;
         for (int t = 0; t < n; ++t) {
             const float* k = head.k_rows + static_cast<size_t>(t) * hd;
-            float dot = 0.f;
-            for (int d = 0; d < hd; ++d) dot += k[d] * anchor_f_[d];
-            token_[t] = 0.5f * (1.f - dot * token_[t]);
+            token_[t] = 0.5f * (1.f - dot(k, anchor_.data(), hd) * token_[t]);
         }
         block_means(head, token_.data(), priority);
         to_distribution(priority, head.n_blocks);
@@ -97,8 +115,7 @@ public:
     PolicySignals signals() const override { return {false, false, true, false}; }
 
 private:
-    std::vector<float> token_, anchor_f_;
-    std::vector<double> anchor_;
+    std::vector<float> token_, anchor_;
 };
 
 // VATP (value-aware token pruning): a block's attention EMA times its tokens' mean ||v||
@@ -113,9 +130,7 @@ public:
         double total = 0.0;
         for (int t = 0; t < n; ++t) {
             const float* v = head.v_rows + static_cast<size_t>(t) * hd;
-            float sq = 0.f;
-            for (int d = 0; d < hd; ++d) sq += v[d] * v[d];
-            token_[t] = std::sqrt(sq);
+            token_[t] = std::sqrt(dot(v, v, hd));
             total += token_[t];
         }
         block_means(head, token_.data(), priority);
@@ -156,11 +171,8 @@ public:
             }
             float m = -std::numeric_limits<float>::infinity();
             for (int t = 0; t < n; ++t) {
-                const float* k = head.k_rows + static_cast<size_t>(t) * hd;
-                float z = 0.f;
-                for (int d = 0; d < hd; ++d) z += k[d] * (mean_[d] + var_[d] * k[d]);
-                logit_[t] = z;
-                m = std::max(m, z);
+                logit_[t] = dot_quad(head.k_rows + static_cast<size_t>(t) * hd, mean_.data(), var_.data(), hd);
+                m = std::max(m, logit_[t]);
             }
             double sum = 0.0;
             for (int t = 0; t < n; ++t) sum += logit_[t] = std::exp(logit_[t] - m);
