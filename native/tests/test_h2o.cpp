@@ -1,5 +1,5 @@
-// H2O eviction: config validation, plan validation, the three policies and the shared per-layer
-// budget, budget arithmetic (static and adaptive), floors, the EMA of normalised scores against
+// H2O eviction: config validation, plan validation, the policies (each one's signal deciding what it
+// keeps, in prefill and decode) and the shared per-layer budget, budget arithmetic (static and adaptive), floors, the EMA of normalised scores against
 // an independent reference, the decode-token schedule, compaction (block-aligned and row moves)
 // checked by reading back and by attention against a float64 reference over the kept tokens,
 // memory returned (bytes_held and RSS), eviction off = unchanged outputs, and policy timing.
