@@ -149,6 +149,14 @@ SCHEMA: Tuple[Key, ...] = (
         "snapkv and expected_attention use the attention / statistics of the most recent queries, "
         "at most this many (after a prompt: its last ones, usually the question; in decode: those "
         "since the last update); tova always takes 1", range=(1, 1 << 20)),
+    Key("h2o", "head_floor_share", float, 0.0, "fraction", "with per_head_budget (AdaKV): each kv head "
+        "keeps at least this share of the per-head budget (its floors count towards it) before the "
+        "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",
+        range=(0.0, 1.0)),
+    Key("h2o", "layer_budget", str, "uniform", "-", "how the evicting layers share the budget: uniform "
+        "(the same keep ratio each) or pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
+        "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
+        "below its sink + recent floors)", choices=("uniform", "pyramid")),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks: off; probe "
         "(encode/verify a sample, KV untouched); full (encode and verify every cold chunk, KV stays "
         "raw); store (cold chunks held only compressed, read through the decode cache)",

@@ -54,7 +54,7 @@ def test_enable_validates_and_names_the_argument():
     cache = make_cache()
     bad = dict(policy="lru", sink_tokens=-1, recent_tokens=0, target_keep_ratio=1.5, target_lossy_ratio=0.5,
                ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1,
-               max_floor_share=1.5, observation_window=0)
+               max_floor_share=1.5, observation_window=0, head_floor_share=1.5, layer_budget="cone")
     for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
@@ -74,7 +74,8 @@ def test_defaults_and_config_round_trip():
     assert cache.h2o_config() == dict(policy="h2o", sink_tokens=64, recent_tokens=256, target_keep_ratio=0.0,
                                       target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
                                       trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
-                                      max_floor_share=1.0, observation_window=32)
+                                      max_floor_share=1.0, observation_window=32, head_floor_share=0.0,
+                                      layer_budget="uniform")
     with pytest.raises(ValueError) as e:
         cache.enable_h2o(policy="nope")
     # The message lists the registry's names, the one list config.py and the eval take too.
@@ -238,7 +239,7 @@ def test_block_scores_match_reference():
     assert cache.h2o_stats()["updates"] == 2
 
 
-def planted_cache(policy, per_head_budget=False, seed=0):
+def planted_cache(policy, per_head_budget=False, seed=0, **kw):
     """Layer 1, head 0: queries point at the keys of block 5, which take ~98% of the attention of
     every query that sees them (a heavy hitter); head 1: queries are zero, so its attention is
     uniform. Keep ratio 0.25 of 320 tokens: 5 blocks per head, 3 of them floors."""
@@ -246,7 +247,7 @@ def planted_cache(policy, per_head_budget=False, seed=0):
     cache = make_cache(n_layers=2, n_kv=2, group=2)
     cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
-                     per_head_budget=per_head_budget, seed=seed)
+                     per_head_budget=per_head_budget, seed=seed, **kw)
     u = rand(rng, HD)
     u /= np.linalg.norm(u)
     k = rand(rng, 320, 2 * HD, scale=0.3)
@@ -301,6 +302,14 @@ def test_shared_budget_moves_blocks_to_the_spread_head():
     # Same layer total; head 0 spends its share on the heavy hitter only, head 1 gets the rest.
     assert held == [64, 96]
     assert 5 in kept_blocks(cache, k)
+    # AdaKV's per-head minimum: with all of its budget guaranteed, head 0 keeps 5 blocks again
+    # (the heavy hitter among them); half of it (2 blocks) is less than its 3 floor blocks: no change.
+    cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=1.0)
+    cache.end_step(320, True)
+    assert cache.h2o_stats()["layers"][1]["held"] == [80, 80] and 5 in kept_blocks(cache, k)
+    cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=0.5)
+    cache.end_step(320, True)
+    assert cache.h2o_stats()["layers"][1]["held"] == [64, 96]
 
 
 def test_stats_and_memory_returned():

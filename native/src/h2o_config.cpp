@@ -41,6 +41,10 @@ std::string h2o_config_error(const H2oConfig& c, int n_layers) {
     if (c.trigger_min_tokens < 0) return "trigger_min_tokens must be >= 0" + got(c.trigger_min_tokens);
     if (c.update_interval < 1) return "update_interval must be >= 1" + got(c.update_interval);
     if (c.observation_window < 1) return "observation_window must be >= 1" + got(c.observation_window);
+    if (!(c.head_floor_share >= 0.0 && c.head_floor_share <= 1.0))
+        return "head_floor_share must be in [0, 1]" + got(c.head_floor_share);
+    if (c.layer_budget != "uniform" && c.layer_budget != "pyramid")
+        return "layer_budget must be 'uniform' or 'pyramid', got '" + c.layer_budget + "'";
     return {};
 }
 

@@ -205,8 +205,19 @@ double H2oState::keep_ratio() const {
     return (layers / r - (layers - evicting)) / evicting;
 }
 
-int H2oState::budget_blocks(int64_t tokens_seen) const {
+double H2oState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
     const double k = keep_ratio();
+    const int n = cfg_.layer_end - cfg_.layer_start;
+    if (layer < 0 || cfg_.layer_budget != "pyramid" || n < 2 || !(k > 0.0) || tokens_seen <= 0) return k;
+    const double floors = static_cast<double>(cfg_.sink_tokens) + cfg_.recent_tokens;
+    const double slope = std::max(
+        0.0, std::min({0.5, 1.0 / k - 1.0, 1.0 - floors / (k * static_cast<double>(tokens_seen))}));
+    const double i = layer - cfg_.layer_start;
+    return k * (1.0 + slope * (1.0 - 2.0 * i / (n - 1)));
+}
+
+int H2oState::budget_blocks(int64_t tokens_seen, int layer) const {
+    const double k = layer_keep_ratio(layer, tokens_seen);
     if (!(k > 0.0)) return 0;
     // The blocks that budget's tokens need, as a head of that many tokens would hold them (so a
     // keep ratio of 1 keeps a partial last block); the epsilon absorbs rounding of k.
@@ -216,7 +227,7 @@ int H2oState::budget_blocks(int64_t tokens_seen) const {
 
 bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) const {
     if (!collects(layer) || !(keep_ratio() > 0.0)) return false;
-    const int budget = budget_blocks(tokens_seen);
+    const int budget = budget_blocks(tokens_seen, layer);
     int64_t eligible = 0, total = 0;
     bool any_over = false;
     for (int h = 0; h < n_kv_heads_; ++h) {
@@ -327,11 +338,11 @@ SelectHead H2oState::select_head(int h, int length, int budget, std::vector<uint
     return s;
 }
 
-void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens) const {
+void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer) const {
     *sink_tokens = cfg_.sink_tokens;
     *recent_tokens = cfg_.recent_tokens;
     if (!(keep_ratio() > 0.0) || length <= 0) return;
-    const SelectHead s = select_head(0, length, budget_blocks(tokens_seen), nullptr);
+    const SelectHead s = select_head(0, length, budget_blocks(tokens_seen, layer), nullptr);
     // What the (possibly shrunk) floor blocks cover, never more than configured.
     *sink_tokens = std::min(cfg_.sink_tokens, s.sink_blocks * block_tokens_);
     *recent_tokens = std::min(cfg_.recent_tokens, std::max(1, length - s.recent_first * block_tokens_));
@@ -368,7 +379,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         for (size_t i = 0; i < select_heads_.size(); ++i) skip(SkipReason::TargetUnreachable);
         return;
     }
-    const int budget = budget_blocks(tokens_seen);
+    const int budget = budget_blocks(tokens_seen, layer);
 
     if (!cfg_.per_head_budget) {
         for (int h : select_heads_) {
@@ -404,6 +415,22 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         return;
     }
     for (size_t i = 0; i < select_heads_.size(); ++i) rank(select_heads_[i], select_[i].n_blocks);
+    if (cfg_.head_floor_share > 0.0) {
+        // AdaKV's per-head minimum: each head's own best blocks up to the share of its budget are
+        // kept first (priority +inf), so the joint choice below only spends the rest.
+        const int minimum = static_cast<int>(std::floor(cfg_.head_floor_share * budget + 1e-9));
+        for (size_t i = 0; i < select_heads_.size(); ++i) {
+            const int extra = minimum - floor_blocks(select_[i]);
+            if (extra <= 0) continue;
+            one_.assign(1, select_[i]);
+            select_blocks(one_, extra, &candidates_);
+            const SelectHead& s = select_[i];
+            float* prio = const_cast<float*>(s.priority);
+            for (int b = 0; b < s.n_blocks; ++b)
+                if ((*s.keep)[b] && b >= s.sink_blocks && b < s.recent_first)
+                    prio[b] = std::numeric_limits<float>::infinity();
+        }
+    }
     select_blocks(select_, static_cast<int>(pooled - floors), &candidates_);
     for (size_t i = 0; i < select_heads_.size(); ++i) {
         const int h = select_heads_[i];

@@ -391,7 +391,7 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
             if (plans_[h].empty()) continue;
             // Validated like any plan, against the floors as shrunk for the budget.
             int sink = 0, recent = 1;
-            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent);
+            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent, layer);
             evict_with_floors(layer, h, plans_[h], sink, recent);
             evicted = true;
         }

@@ -422,6 +422,36 @@ static void test_budgets() {
 }
 
 // Floors larger than the budget shrink in proportion (h2o.max_floor_share), so the target is met.
+// PyramidKV budgets: decreasing linearly with depth, the same mean as the uniform keep ratio,
+// flat when the last layer would fall below its floors.
+static void test_pyramid_budget() {
+    KvCacheConfig cc = small_config(30, 8192);
+    H2oConfig c = keep_config(0.3);
+    c.sink_tokens = 64;
+    c.recent_tokens = 256;
+    c.layer_budget = "pyramid";
+    H2oState s(c, cc);
+    double sum = 0;
+    for (int l = 0; l < 30; ++l) {
+        const double k = s.layer_keep_ratio(l, 4096);
+        sum += k;
+        if (l > 0) CHECK(k < s.layer_keep_ratio(l - 1, 4096), "layer %d: decreasing", l);
+    }
+    CHECK(std::fabs(sum / 30 - 0.3) < 1e-12, "pyramid mean %.6f, want 0.3", sum / 30);
+    CHECK(std::fabs(s.layer_keep_ratio(0, 4096) - 0.45) < 1e-12 && std::fabs(s.layer_keep_ratio(29, 4096) - 0.15) < 1e-12,
+          "slope 1/2: %f .. %f", s.layer_keep_ratio(0, 4096), s.layer_keep_ratio(29, 4096));
+    CHECK(s.budget_blocks(4096, 0) == 116 && s.budget_blocks(4096, 29) == 39 && s.budget_blocks(4096) == 77,
+          "pyramid budgets %d %d %d", s.budget_blocks(4096, 0), s.budget_blocks(4096, 29), s.budget_blocks(4096));
+    // 320 floor tokens of 0.3 * 1000: the last layer would fall below them, so no slope.
+    CHECK(s.layer_keep_ratio(0, 1000) == 0.3 && s.layer_keep_ratio(29, 1000) == 0.3, "flat below the floors");
+    // At 1200 tokens the slope is what keeps the last layer at its floors exactly.
+    CHECK(std::fabs(s.layer_keep_ratio(29, 1200) * 1200 - 320) < 1e-9, "last layer at its floors");
+    c.layer_budget = "uniform";
+    CHECK(H2oState(c, cc).layer_keep_ratio(0, 4096) == 0.3, "uniform");
+    c.layer_budget = "cone";
+    CHECK(h2o_config_error(c, 30).rfind("layer_budget", 0) == 0, "bad layer_budget named");
+}
+
 static void test_floor_share() {
     // Static keep 0.1 of 1024 tokens: 7 blocks; floors 64 + 256 tokens = 4 + 16 blocks.
     const KvCacheConfig cc = small_config(3, 1024);
@@ -960,6 +990,7 @@ int main() {
     test_shared_budget_selection();
     test_budgets();
     test_floor_share();
+    test_pyramid_budget();
     test_scores_against_reference();
     for (KvDtype dt : {KvDtype::F32, KvDtype::F16}) test_compaction(dt);
     test_scores_follow_compaction();

@@ -34,6 +34,13 @@ struct H2oConfig {
     // Queries in the observation window of the window policies (snapkv; tova takes 1): the
     // most recent ones, e.g. the prompt's last tokens, where the question usually is.
     int observation_window = 32;
+    // Shared layer budget (per_head_budget) only, AdaKV style: each head keeps at least this share
+    // of the per-head budget (its floors count towards it), the rest is chosen jointly. In [0, 1];
+    // 0 = no per-head minimum beyond the floors.
+    double head_floor_share = 0.0;
+    // How the evicting layers share the keep ratio: "uniform" (each keeps keep_ratio) or "pyramid"
+    // (PyramidKV: linearly decreasing with depth, same whole-model total; see H2oState).
+    std::string layer_budget = "uniform";
 };
 
 // An empty string if c is valid for a model of n_layers layers, else a message that starts with

@@ -99,14 +99,21 @@ public:
     // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
     // target_lossy_ratio. <= 0 when that target cannot be reached by the evicting layers alone.
     double keep_ratio() const;
+    // The keep ratio of one evicting layer: keep_ratio(), or with layer_budget "pyramid" the
+    // PyramidKV share: keep_ratio() * (1 + s * (1 - 2 i / (n - 1))) for the i-th of n evicting
+    // layers, so the first keeps most and the last least, the mean (so the whole-model total) is
+    // unchanged; the slope s = min(0.5, 1 / keep_ratio() - 1, 1 - F / (keep_ratio() * tokens_seen))
+    // (>= 0) keeps every layer's keep ratio <= 1 and the last layer's budget >= the configured
+    // floors F = sink_tokens + recent_tokens. layer < 0: keep_ratio().
+    double layer_keep_ratio(int layer, int64_t tokens_seen) const;
     // Blocks a head of a layer that has seen tokens_seen tokens may keep: the blocks its budget
-    // of keep_ratio() * tokens_seen tokens needs.
-    int budget_blocks(int64_t tokens_seen) const;
+    // of layer_keep_ratio(layer, tokens_seen) * tokens_seen tokens needs (layer < 0: uniform).
+    int budget_blocks(int64_t tokens_seen, int layer = -1) const;
     // The floors, in tokens, that apply to a head of `length` tokens in a layer that has seen
     // tokens_seen: the configured sink_tokens / recent_tokens, unless they take more than
     // max_floor_share of the head's budget; then both are shrunk in proportion, to whole blocks
     // (see select_head). Plans are validated against these.
-    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens) const;
+    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer = -1) const;
     // Whether an update would evict anything from the layer (the prefill trigger).
     bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
 
@@ -183,6 +190,7 @@ private:
     std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
     std::vector<int> select_heads_;              // heads taking part in a selection
     std::vector<SelectHead> select_;             // and their floors, in the same order
+    std::vector<SelectHead> one_;                // one head's selection (head_floor_share)
     std::vector<uint64_t> candidates_;
     std::vector<double> remap_sum_, remap_count_;
     std::vector<float> window_, q_mean_, q_var_, k_rows_, v_rows_;  // a head's ScoreContext inputs
