@@ -160,6 +160,7 @@ py::dict config_dict(const H2oConfig& c) {
     d["observation_window"] = c.observation_window;
     d["head_floor_share"] = c.head_floor_share;
     d["layer_budget"] = c.layer_budget;
+    d["kv_budget_bytes"] = c.kv_budget_bytes;
     return d;
 }
 
@@ -440,7 +441,7 @@ mass each key block received, summed over the queries and the query heads of eac
                double target_keep_ratio, double target_lossy_ratio, double ema_alpha, long long layer_start,
                long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
                long long seed, double max_floor_share, long long observation_window, double head_floor_share,
-               const std::string& layer_budget) {
+               const std::string& layer_budget, long long kv_budget_bytes) {
                 // Out-of-range ints are a ValueError naming the argument, like any other bad value.
                 const auto to_int = [](const char* name, long long x) {
                     if (x < INT32_MIN || x > INT32_MAX)
@@ -466,6 +467,7 @@ mass each key block received, summed over the queries and the query heads of eac
                 c.observation_window = to_int("observation_window", observation_window);
                 c.head_floor_share = head_floor_share;
                 c.layer_budget = layer_budget;
+                c.kv_budget_bytes = kv_budget_bytes;
                 NativeCall call(self);
                 self.cache.enable_h2o(c);
             },
@@ -474,7 +476,7 @@ mass each key block received, summed over the queries and the query heads of eac
             py::arg("layer_start") = 2, py::arg("layer_end") = -1, py::arg("trigger_min_tokens") = 512,
             py::arg("update_interval") = 32, py::arg("per_head_budget") = false, py::arg("seed") = 0,
             py::arg("max_floor_share") = 1.0, py::arg("observation_window") = 32, py::arg("head_floor_share") = 0.0,
-            py::arg("layer_budget") = "uniform",
+            py::arg("layer_budget") = "uniform", py::arg("kv_budget_bytes") = 0,
             R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
 Exactly one of target_keep_ratio / target_lossy_ratio must be > 0; layer_end -1 = n_layers.
 ValueError naming the bad argument.)doc")

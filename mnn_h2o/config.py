@@ -126,6 +126,10 @@ SCHEMA: Tuple[Key, ...] = (
         "the ratio is against f16 rows and the type pays its part first (32/17 for q8), eviction "
         "the rest; used when target_keep_ratio is 0",
         range=(0.0, 1000.0)),
+    Key("h2o", "kv_budget_bytes", int, 0, "bytes", "byte budget: the whole model's K and V blocks (all "
+        "layers, in runtime.kv_dtype, so a quantised type fits more tokens) are held to at most this; "
+        "the evicting layers share what the others leave; 0 = use the ratio targets. Set at most one of "
+        "target_keep_ratio and kv_budget_bytes (either replaces target_lossy_ratio)", range=(0, 1 << 50)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0)),
     Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
@@ -269,9 +273,13 @@ QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 def _check_together(cfg) -> None:
     """Rules that involve more than one key."""
     h = cfg["h2o"]
-    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["target_lossy_ratio"] < 1.0:
-        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio is 0 "
-                          f"(got {h['target_lossy_ratio']} and {h['target_keep_ratio']})")
+    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["kv_budget_bytes"] == 0 and h["target_lossy_ratio"] < 1.0:
+        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio and "
+                          f"h2o.kv_budget_bytes are 0 (got {h['target_lossy_ratio']}, {h['target_keep_ratio']} "
+                          f"and {h['kv_budget_bytes']})")
+    if h["target_keep_ratio"] > 0.0 and h["kv_budget_bytes"] > 0:
+        raise ConfigError("h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one "
+                          f"(got {h['target_keep_ratio']} and {h['kv_budget_bytes']})")
     if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")

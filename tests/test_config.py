@@ -112,3 +112,14 @@ def test_policy_choices_are_the_native_registry():
     assert all(n in str(e.value) for n in names)
     with pytest.raises(config.ConfigError, match="h2o.observation_window"):
         config.validate({"h2o": {"observation_window": 0}})
+
+
+def test_byte_budget_is_one_of_the_targets():
+    cfg = config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_lossy_ratio": 0.0}})
+    assert cfg["h2o"]["kv_budget_bytes"] == 1 << 30
+    with pytest.raises(config.ConfigError, match="set at most one"):
+        config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_keep_ratio": 0.5}})
+    with pytest.raises(config.ConfigError, match="h2o.head_floor_share"):
+        config.validate({"h2o": {"head_floor_share": 1.5}})
+    with pytest.raises(config.ConfigError, match="h2o.layer_budget"):
+        config.validate({"h2o": {"layer_budget": "cone"}})

@@ -61,6 +61,10 @@ def test_enable_validates_and_names_the_argument():
             cache.enable_h2o(**{**ARGS, name: value})
     with pytest.raises(ValueError, match="exactly one"):
         cache.enable_h2o(**{**ARGS, "target_keep_ratio": 0.5})
+    with pytest.raises(ValueError, match="exactly one"):
+        cache.enable_h2o(**{**ARGS, "kv_budget_bytes": 1 << 20})
+    with pytest.raises(ValueError, match="kv_budget_bytes"):
+        cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "kv_budget_bytes": -1})
     assert not cache.h2o_enabled
 
 
@@ -75,7 +79,7 @@ def test_defaults_and_config_round_trip():
                                       target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
                                       trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
                                       max_floor_share=1.0, observation_window=32, head_floor_share=0.0,
-                                      layer_budget="uniform")
+                                      layer_budget="uniform", kv_budget_bytes=0)
     with pytest.raises(ValueError) as e:
         cache.enable_h2o(policy="nope")
     # The message lists the registry's names, the one list config.py and the eval take too.
@@ -436,3 +440,22 @@ def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
         kk, vv = cache.read(1, h)
         want, _ = attention(q.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], kk, vv, 2)
         np.testing.assert_allclose(out.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8"])
+def test_byte_budget_caps_the_whole_model(dtype):
+    """h2o.kv_budget_bytes: the pool holds at most the cap after the prompt and through decode; the
+    smaller q8 rows keep more tokens under the same cap."""
+    rng = np.random.default_rng(6)
+    cache = make_cache(n_layers=3, dtype=dtype)
+    cap = 200 * 1024
+    cache.enable_h2o(sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0, kv_budget_bytes=cap, layer_start=1,
+                     trigger_min_tokens=0, update_interval=4)
+    assert cache.h2o_config()["kv_budget_bytes"] == cap
+    forward(cache, 600, rng, prefill=True)
+    assert 0.9 * cap < cache.h2o_stats()["bytes_held"] <= cap
+    for _ in range(12):
+        forward(cache, 1, rng, prefill=False)
+    assert cache.h2o_stats()["bytes_held"] <= cap  # the 12th decode token ran an update
+    held = sum(cache.h2o_stats()["layers"][2]["held"])
+    assert held > (400 if dtype == "q8" else 100)

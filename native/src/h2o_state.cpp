@@ -66,6 +66,7 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
       dtype_gain_(kv_dtype_quantised(cache.dtype) ? static_cast<double>(kv_row_bytes(KvDtype::F16, cache.head_dim)) /
                                                         static_cast<double>(kv_row_bytes(cache.dtype, cache.head_dim))
                                                   : 1.0),
+      block_bytes_((kv_row_bytes(cache.dtype, cache.head_dim) * cache.block_tokens + 63) / 64 * 64),
       stride_(static_cast<size_t>((cache.max_tokens + cache.block_tokens - 1) / cache.block_tokens)),
       policy_(make_policy(cfg_.policy, cfg_.seed)),
       signals_(policy_->signals()),
@@ -196,8 +197,19 @@ bool H2oState::count_decode_tokens(int n_tokens) {
     return true;
 }
 
-double H2oState::keep_ratio() const {
+double H2oState::cap_blocks(int64_t tokens_seen) const {
+    const double evicting = cfg_.layer_end - cfg_.layer_start;
+    const double per_head = static_cast<double>(cfg_.kv_budget_bytes) / (2.0 * block_bytes_ * n_kv_heads_);
+    const double kept = (n_layers_ - evicting) * static_cast<double>((tokens_seen + block_tokens_ - 1) / block_tokens_);
+    return std::floor((per_head - kept) / evicting + 1e-9);
+}
+
+double H2oState::keep_ratio(int64_t tokens_seen) const {
     if (cfg_.target_keep_ratio > 0.0) return cfg_.target_keep_ratio;
+    if (cfg_.kv_budget_bytes > 0) {
+        if (tokens_seen <= 0) return 1.0;
+        return std::min(1.0, cap_blocks(tokens_seen) * block_tokens_ / static_cast<double>(tokens_seen));
+    }
     // Whole model, in tokens: n_layers * T / (kept_layers * T + evicting * k * T) = R, solved for
     // k, with R the target left once the dtype has paid its part (>= 1 keeps everything).
     const double layers = n_layers_, evicting = cfg_.layer_end - cfg_.layer_start;
@@ -206,7 +218,7 @@ double H2oState::keep_ratio() const {
 }
 
 double H2oState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
-    const double k = keep_ratio();
+    const double k = keep_ratio(tokens_seen);
     const int n = cfg_.layer_end - cfg_.layer_start;
     if (layer < 0 || cfg_.layer_budget != "pyramid" || n < 2 || !(k > 0.0) || tokens_seen <= 0) return k;
     const double floors = static_cast<double>(cfg_.sink_tokens) + cfg_.recent_tokens;
@@ -217,6 +229,13 @@ double H2oState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
 }
 
 int H2oState::budget_blocks(int64_t tokens_seen, int layer) const {
+    if (cfg_.kv_budget_bytes > 0 && (layer < 0 || cfg_.layer_budget != "pyramid")) {
+        // In blocks, not through the ratio: a byte cap is met exactly (the layer's last partial
+        // block counts whole, as the pool holds it).
+        const double all = static_cast<double>((tokens_seen + block_tokens_ - 1) / block_tokens_);
+        const double b = std::min({cap_blocks(tokens_seen), all, static_cast<double>(stride_)});
+        return b > 0.0 ? static_cast<int>(b) : 0;
+    }
     const double k = layer_keep_ratio(layer, tokens_seen);
     if (!(k > 0.0)) return 0;
     // The blocks that budget's tokens need, as a head of that many tokens would hold them (so a
@@ -226,7 +245,7 @@ int H2oState::budget_blocks(int64_t tokens_seen, int layer) const {
 }
 
 bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) const {
-    if (!collects(layer) || !(keep_ratio() > 0.0)) return false;
+    if (!collects(layer) || !(keep_ratio(tokens_seen) > 0.0)) return false;
     const int budget = budget_blocks(tokens_seen, layer);
     int64_t eligible = 0, total = 0;
     bool any_over = false;
@@ -341,7 +360,7 @@ SelectHead H2oState::select_head(int h, int length, int budget, std::vector<uint
 void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer) const {
     *sink_tokens = cfg_.sink_tokens;
     *recent_tokens = cfg_.recent_tokens;
-    if (!(keep_ratio() > 0.0) || length <= 0) return;
+    if (!(keep_ratio(tokens_seen) > 0.0) || length <= 0) return;
     const SelectHead s = select_head(0, length, budget_blocks(tokens_seen, layer), nullptr);
     // What the (possibly shrunk) floor blocks cover, never more than configured.
     *sink_tokens = std::min(cfg_.sink_tokens, s.sink_blocks * block_tokens_);
@@ -375,7 +394,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         else select_heads_.push_back(h);
     }
     if (select_heads_.empty()) return;
-    if (!(keep_ratio() > 0.0)) {
+    if (!(keep_ratio(tokens_seen) > 0.0)) {
         for (size_t i = 0; i < select_heads_.size(); ++i) skip(SkipReason::TargetUnreachable);
         return;
     }

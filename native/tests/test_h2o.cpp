@@ -87,8 +87,12 @@ static void test_config_validation() {
     bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = NAN; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.5; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = INFINITY; });
-    bad("target_keep_ratio and target_lossy_ratio", [](H2oConfig& c) { c.target_keep_ratio = 0.5; });
-    bad("target_keep_ratio and target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_keep_ratio = 0.5; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = 1 << 20; });
+    bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = -1; });
+    bad("head_floor_share", [](H2oConfig& c) { c.head_floor_share = -0.1; });
+    bad("observation_window", [](H2oConfig& c) { c.observation_window = 0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = 1.0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = -0.1; });
     bad("layer_start", [](H2oConfig& c) { c.layer_start = 30; });
@@ -450,6 +454,53 @@ static void test_pyramid_budget() {
     CHECK(H2oState(c, cc).layer_keep_ratio(0, 4096) == 0.3, "uniform");
     c.layer_budget = "cone";
     CHECK(h2o_config_error(c, 30).rfind("layer_budget", 0) == 0, "bad layer_budget named");
+}
+
+// h2o.kv_budget_bytes: the whole model's K and V blocks stay within the cap after the prompt's cut
+// and through decode updates, for f16 and for q8 (whose smaller rows fit more tokens in it).
+static void test_byte_budget() {
+    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
+        KvCacheConfig cc = small_config(4, 2048, dt);
+        KvCache cache(cc);
+        H2oConfig c;
+        c.target_lossy_ratio = 0.0;
+        c.kv_budget_bytes = 400 * 1024;
+        c.layer_start = 1;
+        c.sink_tokens = 16;
+        c.recent_tokens = 32;
+        c.trigger_min_tokens = 0;
+        c.update_interval = 8;
+        cache.enable_h2o(c);
+        std::mt19937 rng(2);
+        for (int layer = 0; layer < 4; ++layer) step(cache, layer, 1000, rng);
+        const size_t full = cache.pool_bytes_held();
+        CHECK(cache.end_step(1000, true), "%s: the prompt is over the cap", kv_dtype_name(dt));
+        const size_t cut = cache.pool_bytes_held();
+        CHECK(cut <= static_cast<size_t>(c.kv_budget_bytes) && cut > static_cast<size_t>(c.kv_budget_bytes) * 9 / 10,
+              "%s: %zu -> %zu bytes held, cap %lld", kv_dtype_name(dt), full, cut, static_cast<long long>(c.kv_budget_bytes));
+        for (int t = 0; t < 64; ++t) {
+            for (int layer = 0; layer < 4; ++layer) step(cache, layer, 1, rng);
+            cache.end_step(1, false);
+            if (t % 8 == 7)
+                CHECK(cache.pool_bytes_held() <= static_cast<size_t>(c.kv_budget_bytes), "%s: decode %d: %zu bytes held",
+                      kv_dtype_name(dt), t, cache.pool_bytes_held());
+        }
+        if (dt == KvDtype::Q8) {
+            int held = 0;
+            for (int h = 0; h < 2; ++h) held += cache.length(3, h);
+            CHECK(held > 2 * 300, "q8 keeps more tokens under the same cap (%d)", held);
+        }
+    }
+    // A cap the layers that keep everything already exceed cannot be met: left alone, said why.
+    KvCache cache(small_config(4, 2048));
+    H2oConfig c;
+    c.target_lossy_ratio = 0.0;
+    c.kv_budget_bytes = 1024;
+    c.trigger_min_tokens = 0;
+    cache.enable_h2o(c);
+    std::mt19937 rng(3);
+    for (int layer = 0; layer < 4; ++layer) step(cache, layer, 300, rng);
+    CHECK(!cache.end_step(300, true), "unreachable cap: no eviction");
 }
 
 static void test_floor_share() {
@@ -991,6 +1042,7 @@ int main() {
     test_budgets();
     test_floor_share();
     test_pyramid_budget();
+    test_byte_budget();
     test_scores_against_reference();
     for (KvDtype dt : {KvDtype::F32, KvDtype::F16}) test_compaction(dt);
     test_scores_follow_compaction();

@@ -22,8 +22,12 @@ struct H2oConfig {
     // 1 / target_lossy_ratio of what every token seen would take: a quantised cache dtype pays
     // its part of the ratio against f16 (q8: 32/17) and eviction the rest, none when the dtype
     // alone reaches it. (Float dtypes: the ratio is eviction's alone, in the cache's own dtype.)
+    // A third way: kv_budget_bytes > 0 caps the bytes the whole model's K and V blocks take (all
+    // layers, in the cache dtype, so a quantised dtype fits more tokens): the evicting layers'
+    // heads share what the layers that keep everything leave. Exactly one of the three is > 0.
     double target_keep_ratio = 0.0;
     double target_lossy_ratio = 3.0;
+    int64_t kv_budget_bytes = 0;
     double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)
     int layer_start = 2;          // layers [layer_start, layer_end) collect scores and evict
     int layer_end = -1;           // -1: n_layers

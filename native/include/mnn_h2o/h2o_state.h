@@ -97,8 +97,13 @@ public:
     int64_t updates() const { return updates_; }
 
     // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
-    // target_lossy_ratio. <= 0 when that target cannot be reached by the evicting layers alone.
-    double keep_ratio() const;
+    // target_lossy_ratio, or (kv_budget_bytes) the share of tokens_seen that cap_blocks() allows
+    // (1 with no token yet). <= 0 when that target cannot be reached by the evicting layers alone.
+    double keep_ratio(int64_t tokens_seen = 0) const;
+    // kv_budget_bytes as blocks per head of an evicting layer: the cap's blocks (K and V, every
+    // kv head) less those the layers outside the range hold (all blocks of tokens_seen tokens),
+    // shared equally by the evicting layers, rounded down: held bytes stay <= the cap.
+    double cap_blocks(int64_t tokens_seen) const;
     // The keep ratio of one evicting layer: keep_ratio(), or with layer_budget "pyramid" the
     // PyramidKV share: keep_ratio() * (1 + s * (1 - 2 i / (n - 1))) for the i-th of n evicting
     // layers, so the first keeps most and the last least, the mean (so the whole-model total) is
@@ -177,6 +182,7 @@ private:
     H2oConfig cfg_;
     int n_layers_, n_kv_heads_, group_, block_tokens_, head_dim_;
     double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
+    size_t block_bytes_; // a pool block of K or V, as BlockPool rounds it
     size_t stride_;
     std::unique_ptr<EvictionPolicy> policy_;
     PolicySignals signals_;
