@@ -157,6 +157,10 @@ py::dict config_dict(const H2oConfig& c) {
     d["update_interval"] = c.update_interval;
     d["per_head_budget"] = c.per_head_budget;
     d["seed"] = c.seed;
+    d["observation_window"] = c.observation_window;
+    d["head_floor_share"] = c.head_floor_share;
+    d["layer_budget"] = c.layer_budget;
+    d["kv_budget_bytes"] = c.kv_budget_bytes;
     return d;
 }
 
@@ -285,6 +289,8 @@ void bind_kv_cache(py::module_& m) {
             return names;
         },
         "Names of the KV element types, in the native order (docs/kv_cache.md \"Row formats\").");
+    m.def("policy_names", [] { return mnn_h2o::policy_list(); },
+          "Names of the eviction policies, from the native registry (docs/h2o.md \"Policies\").");
     m.def(
         "kv_row_bytes",
         [](const std::string& dtype, int head_dim) {
@@ -434,7 +440,8 @@ mass each key block received, summed over the queries and the query heads of eac
             [](PyKvCache& self, const std::string& policy, long long sink_tokens, long long recent_tokens,
                double target_keep_ratio, double target_lossy_ratio, double ema_alpha, long long layer_start,
                long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
-               long long seed, double max_floor_share) {
+               long long seed, double max_floor_share, long long observation_window, double head_floor_share,
+               const std::string& layer_budget, long long kv_budget_bytes) {
                 // Out-of-range ints are a ValueError naming the argument, like any other bad value.
                 const auto to_int = [](const char* name, long long x) {
                     if (x < INT32_MIN || x > INT32_MAX)
@@ -457,6 +464,10 @@ mass each key block received, summed over the queries and the query heads of eac
                 c.per_head_budget = per_head_budget;
                 c.seed = static_cast<uint64_t>(seed);
                 c.max_floor_share = max_floor_share;
+                c.observation_window = to_int("observation_window", observation_window);
+                c.head_floor_share = head_floor_share;
+                c.layer_budget = layer_budget;
+                c.kv_budget_bytes = kv_budget_bytes;
                 NativeCall call(self);
                 self.cache.enable_h2o(c);
             },
@@ -464,7 +475,8 @@ mass each key block received, summed over the queries and the query heads of eac
             py::arg("target_keep_ratio") = 0.0, py::arg("target_lossy_ratio") = 3.0, py::arg("ema_alpha") = 0.5,
             py::arg("layer_start") = 2, py::arg("layer_end") = -1, py::arg("trigger_min_tokens") = 512,
             py::arg("update_interval") = 32, py::arg("per_head_budget") = false, py::arg("seed") = 0,
-            py::arg("max_floor_share") = 1.0,
+            py::arg("max_floor_share") = 1.0, py::arg("observation_window") = 32, py::arg("head_floor_share") = 0.0,
+            py::arg("layer_budget") = "uniform", py::arg("kv_budget_bytes") = 0,
             R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
 Exactly one of target_keep_ratio / target_lossy_ratio must be > 0; layer_end -1 = n_layers.
 ValueError naming the bad argument.)doc")

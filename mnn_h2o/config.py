@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from . import _core
+
 
 class ConfigError(ValueError):
     pass
@@ -107,9 +109,13 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
         "layers [layer_start, layer_end)"),
-    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep: h2o (highest attention EMA), "
-        "streaming (sink + most recent, StreamingLLM), random (baseline)",
-        choices=("h2o", "streaming", "random")),
+    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep (docs/h2o.md 'Policies'): h2o "
+        "(highest attention EMA), snapkv (attention of the last h2o.observation_window queries), "
+        "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
+        "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
+        "of a Gaussian of the recent queries), streaming (sink + most recent, StreamingLLM), random "
+        "(baseline)",
+        choices=tuple(_core.policy_names())),  # the native registry: one list of names
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
@@ -125,6 +131,10 @@ SCHEMA: Tuple[Key, ...] = (
         "the ratio is against f16 rows and the type pays its part first (32/17 for q8), eviction "
         "the rest; used when target_keep_ratio is 0",
         range=(0.0, 1000.0)),
+    Key("h2o", "kv_budget_bytes", int, 0, "bytes", "byte budget: the whole model's K and V blocks (all "
+        "layers, in runtime.kv_dtype, so a quantised type fits more tokens) are held to at most this; "
+        "the evicting layers share what the others leave; 0 = use the ratio targets. Set at most one of "
+        "target_keep_ratio and kv_budget_bytes (either replaces target_lossy_ratio)", range=(0, 1 << 50)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0)),
     Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
@@ -144,6 +154,18 @@ SCHEMA: Tuple[Key, ...] = (
     Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
     Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
+    Key("h2o", "observation_window", int, 32, "queries", "the window policies' observation window: "
+        "snapkv and expected_attention use the attention / statistics of the most recent queries, "
+        "at most this many (after a prompt: its last ones, usually the question; in decode: those "
+        "since the last update); tova always takes 1", range=(1, 1 << 20)),
+    Key("h2o", "head_floor_share", float, 0.0, "fraction", "with per_head_budget (AdaKV): each kv head "
+        "keeps at least this share of the per-head budget (its floors count towards it) before the "
+        "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",
+        range=(0.0, 1.0)),
+    Key("h2o", "layer_budget", str, "uniform", "-", "how the evicting layers share the budget: uniform "
+        "(the same keep ratio each) or pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
+        "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
+        "below its sink + recent floors)", choices=("uniform", "pyramid")),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks: off; probe "
         "(encode/verify a sample, KV untouched); full (encode and verify every cold chunk, KV stays "
         "raw); store (cold chunks held only compressed, read through the decode cache)",
@@ -256,9 +278,13 @@ QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 def _check_together(cfg) -> None:
     """Rules that involve more than one key."""
     h = cfg["h2o"]
-    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["target_lossy_ratio"] < 1.0:
-        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio is 0 "
-                          f"(got {h['target_lossy_ratio']} and {h['target_keep_ratio']})")
+    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["kv_budget_bytes"] == 0 and h["target_lossy_ratio"] < 1.0:
+        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio and "
+                          f"h2o.kv_budget_bytes are 0 (got {h['target_lossy_ratio']}, {h['target_keep_ratio']} "
+                          f"and {h['kv_budget_bytes']})")
+    if h["target_keep_ratio"] > 0.0 and h["kv_budget_bytes"] > 0:
+        raise ConfigError("h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one "
+                          f"(got {h['target_keep_ratio']} and {h['kv_budget_bytes']})")
     if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")

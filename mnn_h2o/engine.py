@@ -198,7 +198,7 @@ class Llm:
         h = config_mod.validate({"h2o": dict(h2o, enabled=True)})["h2o"]
         # prefill_eviction is the engine's (which end_step calls say prefill); the rest is native.
         args = {k: v for k, v in h.items() if k not in ("enabled", "prefill_eviction")}
-        if args["target_keep_ratio"] > 0:  # a static budget replaces the adaptive one
+        if args["target_keep_ratio"] > 0 or args["kv_budget_bytes"] > 0:  # replaces the adaptive one
             args["target_lossy_ratio"] = 0.0
         self.cache.enable_h2o(**args)
         self.h2o = h

@@ -91,3 +91,35 @@ def test_lossless_store_needs_float_kv(mode):
 def test_quantised_kv_list_matches_the_native_row_sizes():
     core = pytest.importorskip("mnn_h2o._core")
     assert set(config.QUANTISED_KV) == {d for d in core.kv_dtypes() if core.kv_row_bytes(d, 64) < 128}
+
+
+def test_policy_choices_are_the_native_registry():
+    """One list of policy names: the native registry; config, the eval and error messages read it."""
+    core = pytest.importorskip("mnn_h2o._core")
+    names = core.policy_names()
+    assert list(config.key("h2o.policy").choices) == names
+    assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random"} == set(names)
+    with pytest.raises(config.ConfigError) as e:
+        config.validate({"h2o": {"policy": "lru"}})
+    assert all(n in str(e.value) for n in names)
+    for n in names:
+        assert config.validate({"h2o": {"policy": n}})["h2o"]["policy"] == n
+    from mnn_h2o.eval import frontier
+
+    assert frontier.our_policies() == tuple(names)
+    with pytest.raises(ValueError) as e:
+        frontier.parse_methods("ours:lru", ())
+    assert all(n in str(e.value) for n in names)
+    with pytest.raises(config.ConfigError, match="h2o.observation_window"):
+        config.validate({"h2o": {"observation_window": 0}})
+
+
+def test_byte_budget_is_one_of_the_targets():
+    cfg = config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_lossy_ratio": 0.0}})
+    assert cfg["h2o"]["kv_budget_bytes"] == 1 << 30
+    with pytest.raises(config.ConfigError, match="set at most one"):
+        config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_keep_ratio": 0.5}})
+    with pytest.raises(config.ConfigError, match="h2o.head_floor_share"):
+        config.validate({"h2o": {"head_floor_share": 1.5}})
+    with pytest.raises(config.ConfigError, match="h2o.layer_budget"):
+        config.validate({"h2o": {"layer_budget": "cone"}})

@@ -47,20 +47,24 @@ def attention(q, k, v, group):
 
 ARGS = dict(policy="h2o", sink_tokens=16, recent_tokens=32, target_keep_ratio=0.0, target_lossy_ratio=3.0,
             ema_alpha=0.5, layer_start=1, layer_end=-1, trigger_min_tokens=0, update_interval=4,
-            per_head_budget=False, seed=0, max_floor_share=1.0)
+            per_head_budget=False, seed=0, max_floor_share=1.0, observation_window=32)
 
 
 def test_enable_validates_and_names_the_argument():
     cache = make_cache()
     bad = dict(policy="lru", sink_tokens=-1, recent_tokens=0, target_keep_ratio=1.5, target_lossy_ratio=0.5,
                ema_alpha=1.0, layer_start=3, layer_end=1, trigger_min_tokens=-1, update_interval=0, seed=-1,
-               max_floor_share=1.5)
+               max_floor_share=1.5, observation_window=0, head_floor_share=1.5, layer_budget="cone")
     for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
             cache.enable_h2o(**{**ARGS, name: value})
     with pytest.raises(ValueError, match="exactly one"):
         cache.enable_h2o(**{**ARGS, "target_keep_ratio": 0.5})
+    with pytest.raises(ValueError, match="exactly one"):
+        cache.enable_h2o(**{**ARGS, "kv_budget_bytes": 1 << 20})
+    with pytest.raises(ValueError, match="kv_budget_bytes"):
+        cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "kv_budget_bytes": -1})
     assert not cache.h2o_enabled
 
 
@@ -74,9 +78,14 @@ def test_defaults_and_config_round_trip():
     assert cache.h2o_config() == dict(policy="h2o", sink_tokens=64, recent_tokens=256, target_keep_ratio=0.0,
                                       target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
                                       trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
-                                      max_floor_share=1.0)
-    with pytest.raises(ValueError):
+                                      max_floor_share=1.0, observation_window=32, head_floor_share=0.0,
+                                      layer_budget="uniform", kv_budget_bytes=0)
+    with pytest.raises(ValueError) as e:
         cache.enable_h2o(policy="nope")
+    # The message lists the registry's names, the one list config.py and the eval take too.
+    names = core.policy_names()
+    assert names[0] == "h2o" and len(names) == len(set(names)) == 8
+    assert all(f"'{n}'" in str(e.value) for n in names)
     assert cache.h2o_config()["policy"] == "h2o"  # a failed enable keeps the previous settings
     cache.disable_h2o()
     assert not cache.h2o_enabled
@@ -234,7 +243,7 @@ def test_block_scores_match_reference():
     assert cache.h2o_stats()["updates"] == 2
 
 
-def planted_cache(policy, per_head_budget=False, seed=0):
+def planted_cache(policy, per_head_budget=False, seed=0, **kw):
     """Layer 1, head 0: queries point at the keys of block 5, which take ~98% of the attention of
     every query that sees them (a heavy hitter); head 1: queries are zero, so its attention is
     uniform. Keep ratio 0.25 of 320 tokens: 5 blocks per head, 3 of them floors."""
@@ -242,7 +251,7 @@ def planted_cache(policy, per_head_budget=False, seed=0):
     cache = make_cache(n_layers=2, n_kv=2, group=2)
     cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
-                     per_head_budget=per_head_budget, seed=seed)
+                     per_head_budget=per_head_budget, seed=seed, **kw)
     u = rand(rng, HD)
     u /= np.linalg.norm(u)
     k = rand(rng, 320, 2 * HD, scale=0.3)
@@ -297,6 +306,14 @@ def test_shared_budget_moves_blocks_to_the_spread_head():
     # Same layer total; head 0 spends its share on the heavy hitter only, head 1 gets the rest.
     assert held == [64, 96]
     assert 5 in kept_blocks(cache, k)
+    # AdaKV's per-head minimum: with all of its budget guaranteed, head 0 keeps 5 blocks again
+    # (the heavy hitter among them); half of it (2 blocks) is less than its 3 floor blocks: no change.
+    cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=1.0)
+    cache.end_step(320, True)
+    assert cache.h2o_stats()["layers"][1]["held"] == [80, 80] and 5 in kept_blocks(cache, k)
+    cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=0.5)
+    cache.end_step(320, True)
+    assert cache.h2o_stats()["layers"][1]["held"] == [64, 96]
 
 
 def test_stats_and_memory_returned():
@@ -392,3 +409,53 @@ def test_floors_larger_than_the_budget_shrink(share):
     for _ in range(64):
         forward(cache, 1, rng, prefill=False)
     assert 7.6 < cache.h2o_stats()["lossy_ratio"] <= 8.0
+
+
+@pytest.mark.parametrize("policy", core.policy_names())
+@pytest.mark.parametrize("dtype", ["f32", "q8r"])
+def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
+    """Every registry policy under the same budget and schedule: the planted cache is cut to 5
+    blocks per head at the prompt and stays within budget through decode updates, and attention
+    over what is kept still matches the reference (the cache stays consistent)."""
+    rng = np.random.default_rng(9)
+    cache = make_cache(n_layers=2, n_kv=2, group=2, dtype=dtype)
+    cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
+                     target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
+                     per_head_budget=policy in ("keydiff", "expected_attention"), observation_window=4)
+    forward(cache, 320, rng, prefill=True)
+    held = cache.h2o_stats()["layers"][1]["held"]
+    assert sum(held) == 160 and cache.h2o_stats()["layers"][0]["held"] == [320, 320]
+    for _ in range(16):
+        forward(cache, 1, rng, prefill=False)
+    s = cache.h2o_stats()
+    assert s["updates"] == 3 and s["layers"][1]["policy_us"] > 0
+    n = s["layers"][1]["held"]
+    assert sum(n) <= 2 * (0.25 * 336 + 16) + 16
+    q = rand(rng, 1, 4 * HD)
+    k = rand(rng, 1, 2 * HD)
+    v = rand(rng, 1, 2 * HD)
+    out = np.empty((1, 4 * HD), np.float32)
+    cache.step(1, q, k, v, out)
+    for h in range(2):
+        kk, vv = cache.read(1, h)
+        want, _ = attention(q.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], kk, vv, 2)
+        np.testing.assert_allclose(out.reshape(1, 4, HD)[:, 2 * h:2 * h + 2], want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8"])
+def test_byte_budget_caps_the_whole_model(dtype):
+    """h2o.kv_budget_bytes: the pool holds at most the cap after the prompt and through decode; the
+    smaller q8 rows keep more tokens under the same cap."""
+    rng = np.random.default_rng(6)
+    cache = make_cache(n_layers=3, dtype=dtype)
+    cap = 200 * 1024
+    cache.enable_h2o(sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0, kv_budget_bytes=cap, layer_start=1,
+                     trigger_min_tokens=0, update_interval=4)
+    assert cache.h2o_config()["kv_budget_bytes"] == cap
+    forward(cache, 600, rng, prefill=True)
+    assert 0.9 * cap < cache.h2o_stats()["bytes_held"] <= cap
+    for _ in range(12):
+        forward(cache, 1, rng, prefill=False)
+    assert cache.h2o_stats()["bytes_held"] <= cap  # the 12th decode token ran an update
+    held = sum(cache.h2o_stats()["layers"][2]["held"])
+    assert held > (400 if dtype == "q8" else 100)

@@ -146,7 +146,7 @@ class Grid:
         cfg = self.cfg(v)
         ref = self.ref(cfg, seg)
         llm = self.llm(cfg)
-        h = dict(cfg["h2o"], enabled=True, target_keep_ratio=0.0, target_lossy_ratio=ratio)
+        h = dict(cfg["h2o"], enabled=True, target_keep_ratio=0.0, target_lossy_ratio=ratio, kv_budget_bytes=0)
         if v.keep_for_end:
             c = llm.config
             evicting = (h["layer_end"] if h["layer_end"] != -1 else c.n_layers) - h["layer_start"]

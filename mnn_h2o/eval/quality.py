@@ -62,4 +62,4 @@ def metrics(full_logp: np.ndarray, cand_logp: np.ndarray, continuation: Sequence
 
 def h2o_section(base: dict, policy: str, ratio: float) -> dict:
     """The config's h2o section with the given policy and whole-model lossy ratio target."""
-    return dict(base, enabled=True, policy=policy, target_keep_ratio=0.0, target_lossy_ratio=ratio)
+    return dict(base, enabled=True, policy=policy, target_keep_ratio=0.0, target_lossy_ratio=ratio, kv_budget_bytes=0)

@@ -76,6 +76,9 @@ void validate(const AttentionProblem& p) {
     if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
     if (p.n_q < 1) fail("n_q must be >= 1");
     if (p.split_keys < 0) fail("split_keys must be >= 0");
+    if (p.window_scores && !p.block_scores) fail("window_scores needs block_scores");
+    if (p.window_scores && (p.window_queries < 1 || p.window_queries > p.n_q))
+        fail("window_queries must be in [1, n_q], got " + std::to_string(p.window_queries));
     for (int h = 0; h < p.n_kv_heads; ++h) {
         const KvHeadView& kv = p.heads[h];
         if (kv.n_keys < p.n_q)
@@ -124,6 +127,9 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
     const size_t slice = round_up(ks.tile_scratch_floats(shape, max_blocks), kSliceAlign);
     if (ws.per_thread.size() < slice * n_threads) ws.per_thread.resize(slice * n_threads);
     if (p.block_scores) ws.tile_scores.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
+    if (p.window_scores) ws.tile_window.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
+    // Rows are query-major (row = t * G + g), so the window's rows are the last ones of a head.
+    const int window_row = p.window_scores ? (p.n_q - p.window_queries) * G : rows_per_head;
 
     const auto run_tile = [&](int task, int thread) {
         const int h = task / tiles_per_head, r0 = task % tiles_per_head * R;
@@ -138,9 +144,17 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
             out_rows[i] = p.out + offset;
             limits[i] = p.heads[h].n_keys - p.n_q + t + 1;
         }
-        kernels::TileArgs args{shape,    &p.heads[h], q_rows, out_rows, limits, n_rows,
+        const bool window = p.window_scores && r0 + n_rows > window_row;
+        kernels::TileArgs args{shape,
+                               &p.heads[h],
+                               q_rows,
+                               out_rows,
+                               limits,
+                               n_rows,
                                ws.per_thread.data() + slice * thread,
-                               p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr};
+                               p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr,
+                               window ? ws.tile_window.data() + static_cast<size_t>(task) * max_blocks : nullptr,
+                               std::max(0, window_row - r0)};
         ks.tile(args);
     };
     ThreadPool* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
@@ -160,6 +174,10 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
             const float* src = ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks;
             const int h_blocks = (p.heads[task / tiles_per_head].n_keys + p.block_tokens - 1) / p.block_tokens;
             for (int b = 0; b < h_blocks; ++b) dst[b] += src[b];
+            if (!p.window_scores) continue;
+            float* wdst = p.window_scores + static_cast<size_t>(task / tiles_per_head) * p.scores_stride;
+            const float* wsrc = ws.tile_window.data() + static_cast<size_t>(task) * max_blocks;
+            for (int b = 0; b < h_blocks; ++b) wdst[b] += wsrc[b];
         }
     }
 }
@@ -260,6 +278,9 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                     const float* src = block_sums + ((static_cast<size_t>(h) * p.n_q + t) * G + g) * max_blocks;
                     float* dst = p.block_scores + static_cast<size_t>(h) * p.scores_stride;
                     for (int b = split_begin(nb, s); b < b_end; ++b) dst[b] += f * src[b];
+                    if (!p.window_scores || t < p.n_q - p.window_queries) continue;
+                    float* wdst = p.window_scores + static_cast<size_t>(h) * p.scores_stride;
+                    for (int b = split_begin(nb, s); b < b_end; ++b) wdst[b] += f * src[b];
                 }
             }
         }

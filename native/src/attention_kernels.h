@@ -41,7 +41,8 @@ struct DecodeArgs {
 
 // Exact attention of up to tile_rows query rows of one kv head; row r sees keys [0, limits[r]),
 // limits[r] >= 1. Writes out_rows[r][0..head_dim) normalised, and if block_scores is set adds to
-// block_scores[b] the probability mass of block b summed over the rows.
+// block_scores[b] the probability mass of block b summed over the rows; if window_scores is set
+// too, adds to window_scores[b] the mass of block b summed over the rows r >= window_first_row.
 struct TileArgs {
     Shape shape;
     const KvHeadView* kv;
@@ -51,6 +52,8 @@ struct TileArgs {
     int n_rows;
     float* scratch;  // tile_scratch_floats(shape, number of visible blocks) floats
     float* block_scores;
+    float* window_scores;  // null, or set with block_scores
+    int window_first_row;
 };
 
 struct KernelSet {

@@ -79,6 +79,8 @@ void tile(const TileArgs& a) {
         if (a.block_scores) {
             const int nb = (a.limits[r] + s.block_tokens - 1) / s.block_tokens;
             for (int b = 0; b < nb; ++b) a.block_scores[b] += block_sums[b] * inv_l;
+            if (a.window_scores && r >= a.window_first_row)
+                for (int b = 0; b < nb; ++b) a.window_scores[b] += block_sums[b] * inv_l;
         }
     }
 }

@@ -452,13 +452,18 @@ void tile_impl(const TileArgs& a) {
     if (a.block_scores) {
         // Probability mass of block b for row r: bsum * exp(bmax - m_final) / l_final.
         for (int r = 0; r < R; ++r) alpha[r] = r < a.n_rows ? 1.f / l[r] : 0.f;
+        // The window's rows as a 0/1 mask (limf is free now): its masses come out of the same
+        // products, so the window costs one multiply-add per block and row.
+        for (int r = 0; r < R; ++r) limf[r] = r >= a.window_first_row && r < a.n_rows ? 1.f : 0.f;
         const Vec<V> w0 = V::load(alpha), w1 = V::load(alpha + W);
+        const Vec<V> in0 = V::load(limf), in1 = V::load(limf + W);
         const Vec<V> m0 = V::load(m), m1 = V::load(m + W);
         for (int b = 0; b < n_blocks; ++b) {
             const Vec<V> f0 = V::mul(V::mul(V::load(bsum + b * R), vexp<V>(V::sub(V::load(bmax + b * R), m0))), w0);
             const Vec<V> f1 =
                 V::mul(V::mul(V::load(bsum + b * R + W), vexp<V>(V::sub(V::load(bmax + b * R + W), m1))), w1);
             a.block_scores[b] += V::hsum(V::add(f0, f1));
+            if (a.window_scores) a.window_scores[b] += V::hsum(V::fmadd(f0, in0, V::mul(f1, in1)));
         }
     }
 }

@@ -289,6 +289,11 @@ int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache) { return cach
 
 // ---- H2O eviction ------------------------------------------------------------------------------
 
+const char* mnn_h2o_policy_name(int32_t i) {
+    const std::vector<std::string>& names = mnn_h2o::policy_list();
+    return i >= 0 && static_cast<size_t>(i) < names.size() ? names[static_cast<size_t>(i)].c_str() : nullptr;
+}
+
 void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
     if (!config) return;
     const mnn_h2o::H2oConfig d;

@@ -5,43 +5,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <random>
 #include <stdexcept>
 
 namespace mnn_h2o {
 
 namespace {
-
-// H2O: blocks that received the most attention (EMA of the normalised mass) are heavy hitters.
-class H2oPolicy final : public EvictionPolicy {
-public:
-    void rank(const HeadBlocks& head, float* priority) override {
-        std::copy(head.scores, head.scores + head.n_blocks, priority);
-    }
-};
-
-// StreamingLLM: no scores; the budget beyond the floors goes to the most recent blocks.
-class StreamingPolicy final : public EvictionPolicy {
-public:
-    void rank(const HeadBlocks& head, float* priority) override {
-        for (int b = 0; b < head.n_blocks; ++b) priority[b] = static_cast<float>(b);
-    }
-};
-
-// A control: the same budget spent on uniformly random blocks. Priorities are 24 random bits, so
-// they are exact floats and the choice does not depend on the standard library's distributions.
-class RandomPolicy final : public EvictionPolicy {
-public:
-    explicit RandomPolicy(uint64_t seed) : seed_(seed), rng_(seed) {}
-    void rank(const HeadBlocks& head, float* priority) override {
-        for (int b = 0; b < head.n_blocks; ++b) priority[b] = static_cast<float>(rng_() >> 40);
-    }
-    void reset() override { rng_.seed(seed_); }
-
-private:
-    uint64_t seed_;
-    std::mt19937_64 rng_;
-};
 
 // A candidate as one integer whose order is the ranking: priority (as order-preserving bits; NaN
 // was mapped to -inf), then the more recent block, then the lower head. Selecting among plain
@@ -60,17 +28,6 @@ uint64_t candidate_key(float priority, int head, int block) {
 }
 
 }  // namespace
-
-const char* policy_names() { return "'h2o', 'streaming' or 'random'"; }
-
-bool is_policy_name(const std::string& name) { return name == "h2o" || name == "streaming" || name == "random"; }
-
-std::unique_ptr<EvictionPolicy> make_policy(const std::string& name, uint64_t seed) {
-    if (name == "h2o") return std::make_unique<H2oPolicy>();
-    if (name == "streaming") return std::make_unique<StreamingPolicy>();
-    if (name == "random") return std::make_unique<RandomPolicy>(seed);
-    throw std::invalid_argument("policy must be " + std::string(policy_names()) + ", got '" + name + "'");
-}
 
 std::string plan_error(const std::vector<TokenRun>& runs, int length, int sink_tokens, int recent_tokens) {
     const auto at = [](size_t i) { return "run " + std::to_string(i) + ": "; };

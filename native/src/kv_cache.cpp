@@ -78,6 +78,7 @@ KvCache::KvCache(const KvCacheConfig& config)
       views_(static_cast<size_t>(cfg_.n_kv_heads)),
       stats_(static_cast<size_t>(cfg_.n_layers)),
       lengths_(static_cast<size_t>(cfg_.n_kv_heads)) {
+    row_reader_.cache = this;
     for (Head& h : heads_) {
         h.k_blocks.reserve(max_blocks());
         h.v_blocks.reserve(max_blocks());
@@ -196,6 +197,11 @@ void KvCache::check_attend(int layer, const float* q, int n_q, const float* out,
 void KvCache::attend(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
                      Isa isa) {
     check_attend(layer, q, n_q, out, block_scores, scores_stride, 0);
+    attend_checked(layer, q, n_q, out, block_scores, scores_stride, nullptr, 0, isa);
+}
+
+void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores,
+                             size_t scores_stride, float* window_scores, int window_queries, Isa isa) {
     for (int h = 0; h < cfg_.n_kv_heads; ++h) views_[h] = view(layer, h);
     AttentionProblem p;
     p.n_kv_heads = cfg_.n_kv_heads;
@@ -209,6 +215,8 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
     p.out = out;
     p.block_scores = block_scores;
     p.scores_stride = scores_stride;
+    p.window_scores = window_scores;
+    p.window_queries = window_queries;
     // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
     // mix of rotated values, so it is rotated back (H is its own inverse).
     const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
@@ -237,12 +245,15 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     }
     float* acc = h2o_->accumulator(layer);
     const size_t stride = h2o_->stride();
+    // The window policies' second output: the last queries' masses, from the same pass.
+    const int window_queries = h2o_->begin_window(layer, n_tokens);
+    float* window = window_queries > 0 ? h2o_->window_accumulator(layer) : nullptr;
     if (!block_scores) {
-        attend(layer, q, n_tokens, out, acc, stride);
+        attend_checked(layer, q, n_tokens, out, acc, stride, window, window_queries, best_isa());
     } else {
         // The caller wants the masses too: the kernel collects them once, both get a copy.
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
-        attend(layer, q, n_tokens, out, scores_scratch_.data(), stride);
+        attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, window, window_queries, best_isa());
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
             const float* mass = scores_scratch_.data() + static_cast<size_t>(h) * stride;
@@ -253,6 +264,9 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         }
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) h2o_->record_step(layer, h, head(layer, h).length, n_tokens);
+    // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
+    if (h2o_->wants_queries())
+        h2o_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
     if (store_) store_->prefetch(layer + 1);
 }
 
@@ -267,9 +281,8 @@ KvHeadView KvCache::view(int layer, int h) const {
     return view;
 }
 
-void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
+void KvCache::read_stored(int layer, int h, float* k_out, float* v_out) const {
     const Head& hs = head(layer, h);
-    require(hs.length == 0 || (k_out && v_out), "null output");
     const int bt = cfg_.block_tokens;
     for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
         const size_t rows = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt);
@@ -277,9 +290,15 @@ void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
         const void* k = hs.k_blocks[b];
         const void* v = hs.v_blocks[b];
         if (!k) store_->read_block(layer, h, b, &k, &v);
-        convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, rows, cfg_.head_dim);
-        convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, rows, cfg_.head_dim);
+        if (k_out) convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, rows, cfg_.head_dim);
+        if (v_out) convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, rows, cfg_.head_dim);
     }
+}
+
+void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
+    const Head& hs = head(layer, h);
+    require(hs.length == 0 || (k_out && v_out), "null output");
+    read_stored(layer, h, k_out, v_out);
     if (kv_dtype_rotated(cfg_.dtype)) {
         hadamard_rows(k_out, static_cast<size_t>(hs.length), cfg_.head_dim);
         hadamard_rows(v_out, static_cast<size_t>(hs.length), cfg_.head_dim);
@@ -366,13 +385,13 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
         updated = true;
         const Clock::time_point t0 = Clock::now();
         h2o_->update_scores(layer, lengths_.data());
-        h2o_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st);
+        h2o_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st, &row_reader_);
         st.policy_us += micros_since(t0);
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             if (plans_[h].empty()) continue;
             // Validated like any plan, against the floors as shrunk for the budget.
             int sink = 0, recent = 1;
-            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent);
+            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent, layer);
             evict_with_floors(layer, h, plans_[h], sink, recent);
             evicted = true;
         }

@@ -410,8 +410,114 @@ static void test_key_source() {
     }
 }
 
+// The observation window's second score output: the masses of the last W queries alone, equal
+// to a float64 reference on every ISA, in the decoded (few queries) and tiled (many) paths, with
+// and without threads; the block scores are bit-identical with and without it.
+static void test_window_scores() {
+    std::mt19937 rng(11);
+    ThreadPool pool(2);
+    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
+        KvCacheConfig cfg;
+        cfg.n_layers = 1;
+        cfg.n_kv_heads = 2;
+        cfg.head_dim = 64;
+        cfg.n_heads = 6;
+        cfg.dtype = dt;
+        cfg.block_tokens = 16;
+        cfg.max_tokens = 1024;
+        KvCache cache(cfg);
+        const int G = 3, hd = 64, n_keys = 700, mb = cache.max_blocks();
+        auto k = random_vec(rng, static_cast<size_t>(n_keys) * 2 * hd), v = random_vec(rng, k.size());
+        cache.append(0, k.data(), v.data(), n_keys);
+        std::vector<float> kh[2], vh[2];
+        for (int h = 0; h < 2; ++h) {
+            kh[h].resize(static_cast<size_t>(n_keys) * hd);
+            vh[h].resize(kh[h].size());
+            cache.read(0, h, kh[h].data(), vh[h].data());
+        }
+        KvHeadView views[2] = {cache.view(0, 0), cache.view(0, 1)};
+        for (int n_q : {1, 2, 8, 37, 130}) {
+            auto q = random_vec(rng, static_cast<size_t>(n_q) * 6 * hd, 2.f);
+            for (int w : {1, 5, n_q}) {
+                if (w > n_q) continue;
+                std::vector<double> ref(2 * static_cast<size_t>(mb), 0.0);
+                for (int h = 0; h < 2; ++h)
+                    for (int t = n_q - w; t < n_q; ++t)
+                        for (int g = 0; g < G; ++g) {
+                            const float* qr = &q[(static_cast<size_t>(t) * 6 + h * G + g) * hd];
+                            const int visible = n_keys - n_q + t + 1;
+                            std::vector<double> sc(visible);
+                            double m = -INFINITY, l = 0;
+                            for (int j = 0; j < visible; ++j) {
+                                double dot = 0;
+                                for (int d = 0; d < hd; ++d) dot += static_cast<double>(qr[d]) * kh[h][j * hd + d];
+                                m = std::max(m, sc[j] = dot / 8.0);
+                            }
+                            for (double& x : sc) l += (x = std::exp(x - m));
+                            for (int j = 0; j < visible; ++j) ref[h * mb + j / 16] += sc[j] / l;
+                        }
+                std::vector<float> scalar_window;
+                for (Isa isa : available_isas()) {
+                    for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
+                        AttentionProblem p;
+                        p.n_kv_heads = 2;
+                        p.group = G;
+                        p.head_dim = hd;
+                        p.block_tokens = 16;
+                        p.dtype = dt;
+                        p.heads = views;
+                        p.q = q.data();
+                        p.n_q = n_q;
+                        std::vector<float> out(q.size()), plain(2 * static_cast<size_t>(mb), 0.f), scores(plain),
+                            window(plain);
+                        p.out = out.data();
+                        p.block_scores = plain.data();
+                        p.scores_stride = mb;
+                        AttentionWorkspace ws;
+                        attention(p, isa, tp, ws);
+                        p.block_scores = scores.data();
+                        p.window_scores = window.data();
+                        p.window_queries = w;
+                        attention(p, isa, tp, ws);
+                        const std::string what = std::string(isa_name(isa)) + " " + kv_dtype_name(dt) +
+                                                 " n_q=" + std::to_string(n_q) + " w=" + std::to_string(w) +
+                                                 (tp ? " threads" : "");
+                        CHECK(std::memcmp(plain.data(), scores.data(), plain.size() * sizeof(float)) == 0,
+                              "%s: block scores change with a window", what.c_str());
+                        const double e = rel_err(window, ref);
+                        CHECK(e < 2e-5, "%s: window rel err %.3g vs float64", what.c_str(), e);
+                        if (isa == Isa::Scalar && !tp) scalar_window = window;
+                        else CHECK(rel_err(window, scalar_window) < 1e-5, "%s: window differs from scalar", what.c_str());
+                        if (w == n_q) CHECK(rel_err(window, scores) < 1e-6, "%s: a window of all queries is the block scores", what.c_str());
+                    }
+                }
+            }
+        }
+    }
+    AttentionProblem p;  // a window without block scores, or of no query, is malformed
+    AttentionWorkspace ws;
+    KvHeadView view;
+    const void* blocks[1] = {nullptr};
+    view.k_blocks = view.v_blocks = blocks;
+    view.n_keys = 1;
+    std::vector<float> q(16), out(16), window(1);
+    p.n_kv_heads = p.group = p.n_q = 1;
+    p.head_dim = p.block_tokens = 16;
+    p.heads = &view;
+    p.q = q.data();
+    p.out = out.data();
+    p.window_scores = window.data();
+    p.window_queries = 1;
+    p.scores_stride = 1;
+    CHECK(throws<std::invalid_argument>([&] { attention(p, Isa::Scalar, nullptr, ws); }), "window needs block scores");
+    p.block_scores = window.data();
+    p.window_queries = 2;
+    CHECK(throws<std::invalid_argument>([&] { attention(p, Isa::Scalar, nullptr, ws); }), "window_queries > n_q");
+}
+
 int main() {
     std::printf("best isa: %s\n", isa_name(best_isa()));
+    test_window_scores();
     test_conversions();
     test_against_reference();
     test_chunked_prefill();

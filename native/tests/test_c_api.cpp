@@ -330,6 +330,22 @@ static void test_h2o() {
     e.policy = "no-such-policy";
     CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("policy"),
           "bad policy: %s", mnn_h2o_last_error());
+    // The registry's names: each is accepted, and the error lists them all.
+    int n_policies = 0;
+    for (const char* name; (name = mnn_h2o_policy_name(n_policies)) != nullptr; ++n_policies) {
+        CHECK(error_mentions((std::string("'") + name + "'").c_str()), "the error lists %s: %s", name,
+              mnn_h2o_last_error());
+    }
+    CHECK(n_policies == 8 && std::string(mnn_h2o_policy_name(0)) == "h2o" && !mnn_h2o_policy_name(-1),
+          "8 policies, h2o first (%d)", n_policies);
+    for (int i = 0; i < n_policies; ++i) {
+        mnn_h2o_eviction_config_init(&e);
+        e.policy = mnn_h2o_policy_name(i);
+        e.layer_start = 0;
+        CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable %s: %s", e.policy, mnn_h2o_last_error());
+    }
+    e.policy = "no-such-policy";
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad policy again");
     mnn_h2o_eviction_config_init(&e);
     e.sink_tokens = 16;
     e.recent_tokens = 32;

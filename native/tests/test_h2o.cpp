@@ -1,5 +1,5 @@
-// H2O eviction: config validation, plan validation, the three policies and the shared per-layer
-// budget, budget arithmetic (static and adaptive), floors, the EMA of normalised scores against
+// H2O eviction: config validation, plan validation, the policies (each one's signal deciding what it
+// keeps, in prefill and decode) and the shared per-layer budget, budget arithmetic (static and adaptive), floors, the EMA of normalised scores against
 // an independent reference, the decode-token schedule, compaction (block-aligned and row moves)
 // checked by reading back and by attention against a float64 reference over the kept tokens,
 // memory returned (bytes_held and RSS), eviction off = unchanged outputs, and policy timing.
@@ -87,8 +87,12 @@ static void test_config_validation() {
     bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = NAN; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.5; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = INFINITY; });
-    bad("target_keep_ratio and target_lossy_ratio", [](H2oConfig& c) { c.target_keep_ratio = 0.5; });
-    bad("target_keep_ratio and target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_keep_ratio = 0.5; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = 1 << 20; });
+    bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = -1; });
+    bad("head_floor_share", [](H2oConfig& c) { c.head_floor_share = -0.1; });
+    bad("observation_window", [](H2oConfig& c) { c.observation_window = 0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = 1.0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = -0.1; });
     bad("layer_start", [](H2oConfig& c) { c.layer_start = 30; });
@@ -152,7 +156,10 @@ static void test_policies() {
         return s;
     };
     const auto select = [&](EvictionPolicy& p, int extra) {
-        p.rank(HeadBlocks{n, scores}, prio.data());
+        ScoreContext c;
+        c.n_blocks = n;
+        c.ema = scores;
+        p.rank(c, prio.data());
         std::vector<SelectHead> heads{SelectHead{n, prio.data(), 1, 8, &keep}};
         CHECK(floor_blocks(heads[0]) == 3, "floors: 1 sink + 2 recent");
         select_blocks(heads, extra, &scratch);
@@ -184,6 +191,164 @@ static void test_policies() {
     for (int i = 1; i < 8; ++i)  // 3 of 7 candidates each time: expect 3/7 of the trials
         CHECK(std::fabs(hits[i] - trials * 3.0 / 7.0) < 0.06 * trials, "block %d kept %d of %d times", i, hits[i], trials);
     CHECK(throws<std::invalid_argument>([] { make_policy("lru", 0); }), "unknown policy");
+}
+
+// A hand-built head of 7 blocks whose signals disagree, evicted to 3 blocks (sink block 0, recent
+// block 6 and one more): which middle block each policy keeps shows which signal it reads.
+//   block 1: keys along A, the direction of the early queries (most of the prompt): h2o's pick,
+//            but its values are ~0, so vatp passes it over
+//   block 2: keys along B, the direction of the window's queries but the last: snapkv's and
+//            expected attention's pick, and vatp's (block 1's value weight is ~0)
+//   block 3: keys along C, the direction of the latest query: tova's pick
+//   block 4: keys opposite to every other key's common direction D: keydiff's pick
+//   block 5: the most recent candidate: streaming's pick
+//
+// decode: the prompt stays (below the trigger) and 8 decode tokens follow, the first 7 querying C,
+// the last B; the update after them is the first: the window holds the 8 decode queries.
+static int kept_middle_block(const std::string& policy, KvDtype dtype, bool decode = false) {
+    KvCacheConfig cc;
+    cc.n_layers = 1;
+    cc.n_kv_heads = 1;
+    cc.head_dim = 32;
+    cc.n_heads = 2;
+    cc.dtype = dtype;
+    cc.block_tokens = 16;
+    cc.max_tokens = 256;
+    KvCache cache(cc);
+    H2oConfig c;
+    c.policy = policy;
+    c.target_keep_ratio = 3.0 / 7.0;
+    c.target_lossy_ratio = 0.0;
+    c.layer_start = 0;
+    c.sink_tokens = 16;
+    c.recent_tokens = 16;
+    c.trigger_min_tokens = 0;
+    c.observation_window = 8;
+    if (decode) {
+        c.trigger_min_tokens = 120;
+        c.update_interval = 8;
+    }
+    cache.enable_h2o(c);
+    const int n = 112, hd = 32;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> noise(0.f, 0.1f);
+    std::vector<float> q(static_cast<size_t>(n) * 2 * hd), k(static_cast<size_t>(n) * hd), v(k.size());
+    enum { A = 0, B = 1, C = 2, D = 3 };
+    for (int t = 0; t < n; ++t) {
+        const int b = t / 16;
+        float* kt = &k[static_cast<size_t>(t) * hd];
+        for (int d = 0; d < hd; ++d) kt[d] = noise(rng), v[static_cast<size_t>(t) * hd + d] = b == 1 ? 0.01f * noise(rng) : 1.f + noise(rng);
+        kt[D] += b == 4 ? -3.f : 2.f;
+        if (b == 1) kt[A] += 5.f;
+        if (b == 2) kt[B] += 5.f;
+        if (b == 3) kt[C] += 5.f;
+        for (int g = 0; g < 2; ++g) {
+            float* qt = &q[(static_cast<size_t>(t) * 2 + g) * hd];
+            for (int d = 0; d < hd; ++d) qt[d] = noise(rng);
+            qt[t == n - 1 ? C : t >= n - 8 ? B : A] += 3.f;
+        }
+    }
+    std::vector<float> out(q.size());
+    cache.step(0, q.data(), k.data(), v.data(), n, out.data());
+    cache.end_step(n, true);
+    for (int t = 0; decode && t < 8; ++t) {
+        float* kt = &k[0];  // token 0's row (block 0, not compared below) as scratch: an ordinary key
+        for (int d = 0; d < hd; ++d) kt[d] = noise(rng), v[d] = 1.f + noise(rng);
+        kt[D] += 2.f;
+        for (int g = 0; g < 2; ++g) {
+            for (int d = 0; d < hd; ++d) q[g * hd + d] = noise(rng);
+            q[g * hd + (t == 7 ? B : C)] += 3.f;
+        }
+        cache.step(0, q.data(), kt, v.data(), 1, out.data());
+        if (cache.end_step(1, false) != (t == 7)) return -1000;  // nothing evicted before the 8th
+    }
+    if (cache.length(0, 0) != (decode ? 56 : 48)) return -cache.length(0, 0);
+    // Which original block do the kept tokens 16..31 come from (nearest, so quantised types work)?
+    const std::vector<float> kept = read_k(cache, 0, 0);
+    int best = -1;
+    double best_d = 1e30;
+    for (int b = 1; b < 6; ++b) {
+        double dist = 0;
+        for (int i = 0; i < 16 * hd; ++i) {
+            const double e = kept[16 * hd + i] - k[static_cast<size_t>(b) * 16 * hd + i];
+            dist += e * e;
+        }
+        if (dist < best_d) best_d = dist, best = b;
+    }
+    return best;
+}
+
+static void test_policy_signals() {
+    const std::pair<const char*, int> want[] = {{"h2o", 1},  {"snapkv", 2},    {"tova", 3},
+                                                {"keydiff", 4}, {"vatp", 2},  {"expected_attention", 2},
+                                                {"streaming", 5}};
+    for (KvDtype dt : {KvDtype::F32, KvDtype::F16, KvDtype::Q8R}) {
+        for (const auto& [name, block] : want) {
+            const int got = kept_middle_block(name, dt);
+            CHECK(got == block, "%s (%s) keeps block %d, want %d", name, kv_dtype_name(dt), got, block);
+        }
+        const int r = kept_middle_block("random", dt);
+        CHECK(r >= 1 && r <= 5, "random keeps one middle block (%d)", r);
+    }
+    // In decode the window is the queries since the last update (here the 8 decode ones).
+    const std::pair<const char*, int> decode_want[] = {{"h2o", 1}, {"snapkv", 3}, {"tova", 2},
+                                                       {"expected_attention", 3}, {"keydiff", 4}, {"streaming", 5}};
+    for (KvDtype dt : {KvDtype::F32, KvDtype::Q8R}) {
+        for (const auto& [name, block] : decode_want) {
+            const int got = kept_middle_block(name, dt, true);
+            CHECK(got == block, "decode: %s (%s) keeps block %d, want %d", name, kv_dtype_name(dt), got, block);
+        }
+    }
+    // Every registry name makes a policy; each appears once.
+    for (const std::string& name : policy_list()) CHECK(make_policy(name, 0) != nullptr, "make %s", name.c_str());
+    CHECK(policy_list().size() == 8 && policy_list()[0] == "h2o", "registry of 8, h2o first");
+}
+
+// The scores of the policies that are not attention probabilities are distributions over the
+// head's blocks, so a shared layer budget compares heads on one scale; expected attention's
+// variance term counts; vatp keeps the EMA's scale.
+static void test_policy_scores() {
+    const int hd = 16, bt = 16, n = 40, nb = 3;
+    std::mt19937 rng(3);
+    std::vector<float> k = random_vec(rng, static_cast<size_t>(n) * hd), v = random_vec(rng, k.size());
+    const float ema[nb] = {0.5f, 0.3f, 0.2f};
+    ScoreContext c;
+    c.n_blocks = nb;
+    c.block_tokens = bt;
+    c.length = n;
+    c.head_dim = hd;
+    c.group = 2;
+    c.ema = ema;
+    c.k_rows = k.data();
+    c.v_rows = v.data();
+    std::vector<float> mean(2 * hd, 0.f), var(2 * hd, 0.f);
+    c.q_mean = mean.data();
+    c.q_var = var.data();
+    c.q_count = 4;
+    std::vector<float> prio(nb);
+    for (const char* name : {"keydiff", "expected_attention"}) {
+        make_policy(name, 0)->rank(c, prio.data());
+        double sum = 0;
+        for (float p : prio) {
+            sum += p;
+            CHECK(p >= 0.f, "%s: priority >= 0", name);
+        }
+        CHECK(std::fabs(sum - 1.0) < 1e-5, "%s: priorities sum to %.6f, want 1", name, sum);
+    }
+    // Zero mean and variance: every key equally likely, so a block's share is its tokens' share.
+    make_policy("expected_attention", 0)->rank(c, prio.data());
+    CHECK(std::fabs(prio[0] - 0.4f) < 1e-5 && std::fabs(prio[2] - 0.2f) < 1e-5, "uniform expectation: %g %g", prio[0],
+          prio[2]);
+    // Variance along dimension 0 favours the keys with large |k_0| (block 2 here), mean or not.
+    for (int t = 32; t < n; ++t) k[static_cast<size_t>(t) * hd] = 6.f;
+    for (int t = 0; t < 32; ++t) k[static_cast<size_t>(t) * hd] = 0.f;
+    var[0] = var[hd] = 4.f;
+    make_policy("expected_attention", 0)->rank(c, prio.data());
+    CHECK(prio[2] > prio[0] && prio[2] > prio[1], "variance term: %g %g %g", prio[0], prio[1], prio[2]);
+    // vatp: equal value norms leave the EMA as it is.
+    for (float& x : v) x = 1.f;
+    make_policy("vatp", 0)->rank(c, prio.data());
+    for (int b = 0; b < nb; ++b) CHECK(std::fabs(prio[b] - ema[b]) < 1e-6, "vatp with equal norms: %g", prio[b]);
 }
 
 // A budget shared by the heads of a layer goes to the head whose attention is spread out.
@@ -261,6 +426,83 @@ static void test_budgets() {
 }
 
 // Floors larger than the budget shrink in proportion (h2o.max_floor_share), so the target is met.
+// PyramidKV budgets: decreasing linearly with depth, the same mean as the uniform keep ratio,
+// flat when the last layer would fall below its floors.
+static void test_pyramid_budget() {
+    KvCacheConfig cc = small_config(30, 8192);
+    H2oConfig c = keep_config(0.3);
+    c.sink_tokens = 64;
+    c.recent_tokens = 256;
+    c.layer_budget = "pyramid";
+    H2oState s(c, cc);
+    double sum = 0;
+    for (int l = 0; l < 30; ++l) {
+        const double k = s.layer_keep_ratio(l, 4096);
+        sum += k;
+        if (l > 0) CHECK(k < s.layer_keep_ratio(l - 1, 4096), "layer %d: decreasing", l);
+    }
+    CHECK(std::fabs(sum / 30 - 0.3) < 1e-12, "pyramid mean %.6f, want 0.3", sum / 30);
+    CHECK(std::fabs(s.layer_keep_ratio(0, 4096) - 0.45) < 1e-12 && std::fabs(s.layer_keep_ratio(29, 4096) - 0.15) < 1e-12,
+          "slope 1/2: %f .. %f", s.layer_keep_ratio(0, 4096), s.layer_keep_ratio(29, 4096));
+    CHECK(s.budget_blocks(4096, 0) == 116 && s.budget_blocks(4096, 29) == 39 && s.budget_blocks(4096) == 77,
+          "pyramid budgets %d %d %d", s.budget_blocks(4096, 0), s.budget_blocks(4096, 29), s.budget_blocks(4096));
+    // 320 floor tokens of 0.3 * 1000: the last layer would fall below them, so no slope.
+    CHECK(s.layer_keep_ratio(0, 1000) == 0.3 && s.layer_keep_ratio(29, 1000) == 0.3, "flat below the floors");
+    // At 1200 tokens the slope is what keeps the last layer at its floors exactly.
+    CHECK(std::fabs(s.layer_keep_ratio(29, 1200) * 1200 - 320) < 1e-9, "last layer at its floors");
+    c.layer_budget = "uniform";
+    CHECK(H2oState(c, cc).layer_keep_ratio(0, 4096) == 0.3, "uniform");
+    c.layer_budget = "cone";
+    CHECK(h2o_config_error(c, 30).rfind("layer_budget", 0) == 0, "bad layer_budget named");
+}
+
+// h2o.kv_budget_bytes: the whole model's K and V blocks stay within the cap after the prompt's cut
+// and through decode updates, for f16 and for q8 (whose smaller rows fit more tokens in it).
+static void test_byte_budget() {
+    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
+        KvCacheConfig cc = small_config(4, 2048, dt);
+        KvCache cache(cc);
+        H2oConfig c;
+        c.target_lossy_ratio = 0.0;
+        c.kv_budget_bytes = 400 * 1024;
+        c.layer_start = 1;
+        c.sink_tokens = 16;
+        c.recent_tokens = 32;
+        c.trigger_min_tokens = 0;
+        c.update_interval = 8;
+        cache.enable_h2o(c);
+        std::mt19937 rng(2);
+        for (int layer = 0; layer < 4; ++layer) step(cache, layer, 1000, rng);
+        const size_t full = cache.pool_bytes_held();
+        CHECK(cache.end_step(1000, true), "%s: the prompt is over the cap", kv_dtype_name(dt));
+        const size_t cut = cache.pool_bytes_held();
+        CHECK(cut <= static_cast<size_t>(c.kv_budget_bytes) && cut > static_cast<size_t>(c.kv_budget_bytes) * 9 / 10,
+              "%s: %zu -> %zu bytes held, cap %lld", kv_dtype_name(dt), full, cut, static_cast<long long>(c.kv_budget_bytes));
+        for (int t = 0; t < 64; ++t) {
+            for (int layer = 0; layer < 4; ++layer) step(cache, layer, 1, rng);
+            cache.end_step(1, false);
+            if (t % 8 == 7)
+                CHECK(cache.pool_bytes_held() <= static_cast<size_t>(c.kv_budget_bytes), "%s: decode %d: %zu bytes held",
+                      kv_dtype_name(dt), t, cache.pool_bytes_held());
+        }
+        if (dt == KvDtype::Q8) {
+            int held = 0;
+            for (int h = 0; h < 2; ++h) held += cache.length(3, h);
+            CHECK(held > 2 * 300, "q8 keeps more tokens under the same cap (%d)", held);
+        }
+    }
+    // A cap the layers that keep everything already exceed cannot be met: left alone, said why.
+    KvCache cache(small_config(4, 2048));
+    H2oConfig c;
+    c.target_lossy_ratio = 0.0;
+    c.kv_budget_bytes = 1024;
+    c.trigger_min_tokens = 0;
+    cache.enable_h2o(c);
+    std::mt19937 rng(3);
+    for (int layer = 0; layer < 4; ++layer) step(cache, layer, 300, rng);
+    CHECK(!cache.end_step(300, true), "unreachable cap: no eviction");
+}
+
 static void test_floor_share() {
     // Static keep 0.1 of 1024 tokens: 7 blocks; floors 64 + 256 tokens = 4 + 16 blocks.
     const KvCacheConfig cc = small_config(3, 1024);
@@ -794,9 +1036,13 @@ int main() {
     test_config_validation();
     test_plan_validation();
     test_policies();
+    test_policy_signals();
+    test_policy_scores();
     test_shared_budget_selection();
     test_budgets();
     test_floor_share();
+    test_pyramid_budget();
+    test_byte_budget();
     test_scores_against_reference();
     for (KvDtype dt : {KvDtype::F32, KvDtype::F16}) test_compaction(dt);
     test_scores_follow_compaction();

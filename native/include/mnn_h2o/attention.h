@@ -52,6 +52,11 @@ struct AttentionProblem {
     // every visible block of every head.
     float* block_scores = nullptr;
     size_t scores_stride = 0;
+    // Optional observation window (needs block_scores): window_scores[h * scores_stride + b] +=
+    // the same masses from the last window_queries queries alone (t >= n_q - window_queries),
+    // computed in the same pass (SnapKV / TOVA signals). window_queries in [1, n_q].
+    float* window_scores = nullptr;
+    int window_queries = 0;
 
     // Keys the work split is planned for; 0 = the longest head's. A caller that runs the heads of
     // one problem in separate calls (the KV store, one head's memory at a time) passes the longest
@@ -66,6 +71,7 @@ public:
     std::vector<float> per_thread;   // one equal slice per pool thread
     std::vector<float> partials;     // decode: per-split softmax state, merged afterwards
     std::vector<float> tile_scores;  // prefill: per-tile block scores, summed afterwards
+    std::vector<float> tile_window;  // and the observation window's part of them
 };
 
 // Makes the keys of a kv head readable through the problem's views just before the kernels read

@@ -29,23 +29,67 @@ std::string plan_error(const std::vector<TokenRun>& runs, int length, int sink_t
 // block_tokens (adjacent kept blocks merge into one run). Written to *runs.
 void plan_from_blocks(const std::vector<uint8_t>& keep, int length, int block_tokens, std::vector<TokenRun>* runs);
 
-// What a policy sees of one kv head.
-struct HeadBlocks {
-    int n_blocks = 0;               // blocks held
-    const float* scores = nullptr;  // [n_blocks] EMA of the mean attention each block received
+// Reads the rows a kv head holds, as f32 [length][head_dim] each, in the cache's storage space
+// (a rotated dtype gives its rotated rows: norms and dot products with equally rotated queries are
+// those of the true rows). k or v may be null: not read.
+class HeadRowReader {
+public:
+    virtual ~HeadRowReader() = default;
+    virtual void read(int layer, int head, float* k, float* v) const = 0;
+};
+
+// What a policy sees of one kv head at an update (docs/h2o.md "Policies"). Arrays are
+// [n_blocks]; block b holds the head's tokens [b * block_tokens, ...) of its `length`.
+struct ScoreContext {
+    int layer = 0, head = 0;
+    int n_blocks = 0, block_tokens = 0, length = 0, head_dim = 0;
+    int group = 0;                  // query heads reading this kv head
+    const float* ema = nullptr;     // EMA of the mean attention probability each block received
+    // Mean attention probability each block got from the observation window: the most recent
+    // queries, at most window_queries() of them (after the prompt's single cut: its last ones;
+    // in decode: those since the last update). Null unless signals().window.
+    const float* window = nullptr;
+    const double* positions = nullptr;  // position of each block's first token (exact for block plans)
+    // The window's queries of each of the group's query heads: mean and diagonal variance,
+    // [group][head_dim], over q_count queries (0: none yet), in the same space as the rows the
+    // reader gives. Null unless signals().queries.
+    const float* q_mean = nullptr;
+    const float* q_var = nullptr;
+    int q_count = 0;
+    // The head's keys and values, read at plan time (no per-block vectors are stored). Null
+    // unless signals().keys or .values; rows are read into k_rows / v_rows then.
+    const float* k_rows = nullptr;  // [length][head_dim]
+    const float* v_rows = nullptr;
+};
+
+// The inputs a policy uses beyond the EMA: the state collects or reads only these, so h2o,
+// streaming and random cost what they did.
+struct PolicySignals {
+    bool window = false;   // observation-window masses (the kernel's second score output)
+    bool queries = false;  // mean / variance of the window's queries
+    bool keys = false;     // the head's K rows at plan time
+    bool values = false;   // the head's V rows at plan time
 };
 
 class EvictionPolicy {
 public:
     virtual ~EvictionPolicy() = default;
     // Writes a priority for every block of head (higher = kept first) to priority[n_blocks].
-    // select_blocks breaks ties in favour of the more recent block and ranks NaN lowest.
-    virtual void rank(const HeadBlocks& head, float* priority) = 0;
+    // select_blocks breaks ties in favour of the more recent block and ranks NaN lowest. With a
+    // shared layer budget (per_head_budget) priorities of different heads are compared, so they
+    // must be on one scale: attention probabilities, or a distribution over the head's blocks.
+    virtual void rank(const ScoreContext& head, float* priority) = 0;
+    virtual PolicySignals signals() const { return {}; }
+    // Queries in the observation window, given h2o.observation_window (TOVA: the latest one).
+    virtual int window_queries(int observation_window) const { return observation_window; }
     // Back to the state right after construction (the random policy reseeds).
     virtual void reset() {}
 };
 
-// The policy names make_policy knows, for messages.
+// The registry: every policy's name, in a fixed order, is what config, bindings, the C API and
+// the eval accept. Adding a policy = one class in eviction_policies.cpp, one entry there.
+const std::vector<std::string>& policy_list();
+// The names for messages: "'h2o', 'snapkv', ... or 'random'".
 const char* policy_names();
 bool is_policy_name(const std::string& name);
 // Throws std::invalid_argument for an unknown name.

@@ -8,7 +8,7 @@
 namespace mnn_h2o {
 
 struct H2oConfig {
-    std::string policy = "h2o";   // "h2o" | "streaming" | "random" (eviction_policy.h)
+    std::string policy = "h2o";   // a name of the registry (policy_list(), eviction_policy.h)
     int sink_tokens = 64;         // the blocks covering the first sink_tokens tokens are never evicted
     int recent_tokens = 256;      // nor those covering the last recent_tokens (>= 1: the newest token stays)
     // The sink and recent floors take at most this share of a head's budget (in [0, 1]): beyond
@@ -22,8 +22,12 @@ struct H2oConfig {
     // 1 / target_lossy_ratio of what every token seen would take: a quantised cache dtype pays
     // its part of the ratio against f16 (q8: 32/17) and eviction the rest, none when the dtype
     // alone reaches it. (Float dtypes: the ratio is eviction's alone, in the cache's own dtype.)
+    // A third way: kv_budget_bytes > 0 caps the bytes the whole model's K and V blocks take (all
+    // layers, in the cache dtype, so a quantised dtype fits more tokens): the evicting layers'
+    // heads share what the layers that keep everything leave. Exactly one of the three is > 0.
     double target_keep_ratio = 0.0;
     double target_lossy_ratio = 3.0;
+    int64_t kv_budget_bytes = 0;
     double ema_alpha = 0.5;       // weight of the old score at each update, in [0, 1)
     int layer_start = 2;          // layers [layer_start, layer_end) collect scores and evict
     int layer_end = -1;           // -1: n_layers
@@ -31,6 +35,16 @@ struct H2oConfig {
     int update_interval = 32;     // decode tokens between policy updates
     bool per_head_budget = false; // share the layer's budget between its kv heads (KV-Compress)
     uint64_t seed = 0;            // for the random policy
+    // Queries in the observation window of the window policies (snapkv; tova takes 1): the
+    // most recent ones, e.g. the prompt's last tokens, where the question usually is.
+    int observation_window = 32;
+    // Shared layer budget (per_head_budget) only, AdaKV style: each head keeps at least this share
+    // of the per-head budget (its floors count towards it), the rest is chosen jointly. In [0, 1];
+    // 0 = no per-head minimum beyond the floors.
+    double head_floor_share = 0.0;
+    // How the evicting layers share the keep ratio: "uniform" (each keeps keep_ratio) or "pyramid"
+    // (PyramidKV: linearly decreasing with depth, same whole-model total; see H2oState).
+    std::string layer_budget = "uniform";
 };
 
 // An empty string if c is valid for a model of n_layers layers, else a message that starts with

@@ -73,8 +73,23 @@ public:
     // The accumulator the kernel adds to for a collecting layer: [n_kv_heads][stride()].
     float* accumulator(int layer);
     size_t stride() const { return stride_; }
-    // A step of n_q queries ran on a head that now holds n_keys tokens: count who saw what.
+    // A step of n_q queries ran on a head that now holds n_keys tokens: count who saw what (the
+    // window's queries too, after begin_window).
     void record_step(int layer, int head, int n_keys, int n_q);
+
+    // Observation window, for policies whose signals() ask for it (else these do nothing and
+    // window_accumulator is null). Before a collecting layer's step of n_q queries: how many of
+    // its last queries go to the window, min(W, n_q) with W the policy's window_queries(). The
+    // window holds the most recent queries, at most W: a step that would overflow it, and the
+    // first step after an update, start it afresh; smaller steps add to it.
+    int begin_window(int layer, int n_q);
+    // Where the kernel adds the window queries' masses: [n_kv_heads][stride()].
+    float* window_accumulator(int layer);
+    bool wants_queries() const { return signals_.queries; }
+    // The step's window queries (its last begin_window() ones) join the query statistics.
+    // q: [n_q][n_kv_heads * group][head_dim], in the space of the stored keys.
+    void record_queries(int layer, const float* q, int n_q);
+    const PolicySignals& signals() const { return signals_; }
 
     // Counts decode tokens; true when an update is due (every update_interval tokens).
     bool count_decode_tokens(int n_tokens);
@@ -82,16 +97,28 @@ public:
     int64_t updates() const { return updates_; }
 
     // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
-    // target_lossy_ratio. <= 0 when that target cannot be reached by the evicting layers alone.
-    double keep_ratio() const;
+    // target_lossy_ratio, or (kv_budget_bytes) the share of tokens_seen that cap_blocks() allows
+    // (1 with no token yet). <= 0 when that target cannot be reached by the evicting layers alone.
+    double keep_ratio(int64_t tokens_seen = 0) const;
+    // kv_budget_bytes as blocks per head of an evicting layer: the cap's blocks (K and V, every
+    // kv head) less those the layers outside the range hold (all blocks of tokens_seen tokens),
+    // shared equally by the evicting layers, rounded down: held bytes stay <= the cap.
+    double cap_blocks(int64_t tokens_seen) const;
+    // The keep ratio of one evicting layer: keep_ratio(), or with layer_budget "pyramid" the
+    // PyramidKV share: keep_ratio() * (1 + s * (1 - 2 i / (n - 1))) for the i-th of n evicting
+    // layers, so the first keeps most and the last least, the mean (so the whole-model total) is
+    // unchanged; the slope s = min(0.5, 1 / keep_ratio() - 1, 1 - F / (keep_ratio() * tokens_seen))
+    // (>= 0) keeps every layer's keep ratio <= 1 and the last layer's budget >= the configured
+    // floors F = sink_tokens + recent_tokens. layer < 0: keep_ratio().
+    double layer_keep_ratio(int layer, int64_t tokens_seen) const;
     // Blocks a head of a layer that has seen tokens_seen tokens may keep: the blocks its budget
-    // of keep_ratio() * tokens_seen tokens needs.
-    int budget_blocks(int64_t tokens_seen) const;
+    // of layer_keep_ratio(layer, tokens_seen) * tokens_seen tokens needs (layer < 0: uniform).
+    int budget_blocks(int64_t tokens_seen, int layer = -1) const;
     // The floors, in tokens, that apply to a head of `length` tokens in a layer that has seen
     // tokens_seen: the configured sink_tokens / recent_tokens, unless they take more than
     // max_floor_share of the head's budget; then both are shrunk in proportion, to whole blocks
     // (see select_head). Plans are validated against these.
-    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens) const;
+    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer = -1) const;
     // Whether an update would evict anything from the layer (the prefill trigger).
     bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
 
@@ -100,8 +127,10 @@ public:
     void update_scores(int layer, const int* lengths);
     // The plan for each kv head of layer: (*plans)[h] empty leaves head h as it is. Heads left
     // alone are counted in stats->skipped.
+    // rows: the head's K/V rows, needed by policies whose signals() ask for keys or values
+    // (std::invalid_argument without).
     void plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-              H2oLayerStats* stats);
+              H2oLayerStats* stats, const HeadRowReader* rows = nullptr);
 
     // A head of a collecting layer holding old_length tokens was compacted by runs (a valid
     // plan) or truncated to n_tokens: moves its scores along. A new block made of tokens of
@@ -122,9 +151,18 @@ private:
         std::vector<double> seen;
         std::vector<float> ema;
         int n_scored = 0;  // blocks [0, n_scored) have an EMA
+        std::vector<double> wseen;  // the window's visibility counts, in the same form as seen
+        int window_blocks = 0;      // blocks the window may have touched (what a restart zeroes)
+        std::vector<double> pos;    // position of each block's first token
+        int n_pos = 0;              // blocks [0, n_pos) have one
     };
     struct LayerScores {
         std::vector<float> acc;        // [n_kv_heads][stride_]
+        std::vector<float> wacc;       // the window's masses, [n_kv_heads][stride_] (window policies)
+        std::vector<double> qsum, qsq; // the window's queries: [n_kv_heads][group][head_dim] sums
+        int window_count = 0;          // queries in the window
+        int step_window = 0;           // of them, from the current step
+        bool window_restart = true;    // the next step starts a fresh window
         std::vector<HeadScores> heads;
     };
 
@@ -138,11 +176,17 @@ private:
     void materialise_seen(HeadScores& hs, int n_blocks) const;
     void difference_seen(HeadScores& hs, int n_blocks) const;
 
+    // The ScoreContext of head h for the policy, its inputs computed into the scratch below.
+    ScoreContext context(int layer, int h, int length, const HeadRowReader* rows);
+
     H2oConfig cfg_;
-    int n_layers_, n_kv_heads_, group_, block_tokens_;
+    int n_layers_, n_kv_heads_, group_, block_tokens_, head_dim_;
     double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
+    size_t block_bytes_; // a pool block of K or V, as BlockPool rounds it
     size_t stride_;
     std::unique_ptr<EvictionPolicy> policy_;
+    PolicySignals signals_;
+    int window_size_;  // queries in a full observation window
     std::vector<LayerScores> layers_;  // [layer - layer_start]
     int64_t decode_tokens_ = 0;        // since the last decode update
     int64_t updates_ = 0;
@@ -152,8 +196,10 @@ private:
     std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
     std::vector<int> select_heads_;              // heads taking part in a selection
     std::vector<SelectHead> select_;             // and their floors, in the same order
+    std::vector<SelectHead> one_;                // one head's selection (head_floor_share)
     std::vector<uint64_t> candidates_;
     std::vector<double> remap_sum_, remap_count_;
+    std::vector<float> window_, q_mean_, q_var_, k_rows_, v_rows_;  // a head's ScoreContext inputs
 };
 
 }  // namespace mnn_h2o

@@ -148,6 +148,12 @@ private:
     void check_append(int layer, const float* k, const float* v, int n_tokens) const;
     void check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
                       size_t scores_stride, int extra_tokens) const;
+    // attend() after its checks, with the observation window's masses (window_scores, of the last
+    // window_queries queries; null: none).
+    void attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
+                        float* window_scores, int window_queries, Isa isa);
+    // read() in the storage space (rotated dtypes stay rotated); k or v may be null.
+    void read_stored(int layer, int head, float* k_out, float* v_out) const;
     // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
     bool evict_due(int n_tokens, bool prefill);
     // evict() with the floors a plan must keep given explicitly: the policy's own plans are
@@ -181,6 +187,11 @@ private:
     std::vector<float> rotated_q_;      // attend() with a rotated dtype
     std::vector<int> lengths_;          // end_step(): a layer's head lengths
     std::vector<std::vector<TokenRun>> plans_;
+    // The policies' view of a head's rows (read_stored).
+    struct RowReader final : HeadRowReader {
+        const KvCache* cache = nullptr;
+        void read(int layer, int head, float* k, float* v) const override { cache->read_stored(layer, head, k, v); }
+    } row_reader_;
     std::vector<void*> freed_k_, freed_v_, slots_;  // drop_blocks() scratch
     std::unique_ptr<KvStore> store_;    // null when the store is off; last: it points at heads_, pool_
 };

@@ -170,7 +170,7 @@ MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
  * heads over their budget; their memory goes back to the OS. */
 
 typedef struct mnn_h2o_eviction_config {
-    const char* policy;         /* "h2o" | "streaming" | "random" (NULL: "h2o") */
+    const char* policy;         /* a name of mnn_h2o_policy_name() (NULL: "h2o") */
     int32_t sink_tokens;        /* blocks covering the first sink_tokens tokens are never evicted */
     int32_t recent_tokens;      /* nor those covering the last recent_tokens (>= 1) */
     double target_keep_ratio;   /* budget: exactly one of these two is > 0; keep ratio per head, */
@@ -184,6 +184,10 @@ typedef struct mnn_h2o_eviction_config {
                                  * (KV-Compress); 0: equal budgets per head */
     uint64_t seed;              /* for the random policy */
 } mnn_h2o_eviction_config;
+
+/* The i-th eviction policy name of the native registry (docs/h2o.md "Policies"), or NULL past
+ * the last: the names mnn_h2o_eviction_config.policy accepts. */
+MNN_H2O_API const char* mnn_h2o_policy_name(int32_t i);
 
 /* The library's defaults (policy "h2o", lossy ratio 3, ...). */
 MNN_H2O_API void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config);
