@@ -310,6 +310,11 @@ void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
     config->update_interval = d.update_interval;
     config->per_head_budget = d.per_head_budget ? 1 : 0;
     config->seed = d.seed;
+    config->max_floor_share = d.max_floor_share;
+    config->kv_budget_bytes = d.kv_budget_bytes;
+    config->observation_window = d.observation_window;
+    config->head_floor_share = d.head_floor_share;
+    config->layer_budget = "uniform";
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
@@ -329,6 +334,11 @@ mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2
         c.update_interval = config->update_interval;
         c.per_head_budget = config->per_head_budget != 0;
         c.seed = config->seed;
+        c.max_floor_share = config->max_floor_share;
+        c.kv_budget_bytes = config->kv_budget_bytes;
+        c.observation_window = config->observation_window;
+        c.head_floor_share = config->head_floor_share;
+        c.layer_budget = config->layer_budget ? config->layer_budget : "uniform";
         cache->cache.enable_h2o(c);
         return MNN_H2O_OK;
     });
@@ -361,6 +371,11 @@ mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mn
         config->update_interval = c->update_interval;
         config->per_head_budget = c->per_head_budget ? 1 : 0;
         config->seed = c->seed;
+        config->max_floor_share = c->max_floor_share;
+        config->kv_budget_bytes = c->kv_budget_bytes;
+        config->observation_window = c->observation_window;
+        config->head_floor_share = c->head_floor_share;
+        config->layer_budget = c->layer_budget.c_str();
         return MNN_H2O_OK;
     });
 }

@@ -317,7 +317,10 @@ static void test_h2o() {
     const mnn_h2o::H2oConfig d;
     CHECK(std::string(e.policy) == d.policy && e.sink_tokens == d.sink_tokens && e.recent_tokens == d.recent_tokens &&
               e.target_lossy_ratio == d.target_lossy_ratio && e.layer_start == d.layer_start &&
-              e.update_interval == d.update_interval && e.layer_end == d.layer_end,
+              e.update_interval == d.update_interval && e.layer_end == d.layer_end &&
+              e.max_floor_share == d.max_floor_share && e.kv_budget_bytes == d.kv_budget_bytes &&
+              e.observation_window == d.observation_window && e.head_floor_share == d.head_floor_share &&
+              std::string(e.layer_budget) == d.layer_budget,
           "eviction defaults");
     mnn_h2o_eviction_config got;
     CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("off"),
@@ -358,6 +361,38 @@ static void test_h2o() {
     CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.layer_end == c.n_layers &&
               std::string(got.policy) == "h2o" && got.target_keep_ratio == 0.5,
           "config resolved");
+    // The fields added with the registry pass through both ways, and are validated natively.
+    mnn_h2o_eviction_config_init(&e);
+    e.layer_start = 0;
+    e.max_floor_share = 0.5;
+    e.observation_window = 8;
+    e.per_head_budget = 1;
+    e.head_floor_share = 0.25;
+    e.layer_budget = "pyramid";
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable pyramid: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.max_floor_share == 0.5 &&
+              got.observation_window == 8 && got.head_floor_share == 0.25 &&
+              std::string(got.layer_budget) == "pyramid",
+          "new fields round-trip");
+    e.layer_budget = "steep";
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("layer_budget"),
+          "bad layer_budget: %s", mnn_h2o_last_error());
+    mnn_h2o_eviction_config_init(&e);
+    e.layer_start = 0;
+    e.target_lossy_ratio = 0.0;
+    e.kv_budget_bytes = 1 << 20;
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable byte cap: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.kv_budget_bytes == (1 << 20),
+          "byte cap round-trips");
+    mnn_h2o_eviction_config_init(&e);
+    e.layer_start = 0;
+    e.sink_tokens = 16;
+    e.recent_tokens = 32;
+    e.target_keep_ratio = 0.5;
+    e.target_lossy_ratio = 0.0;
+    e.trigger_min_tokens = 64;
+    e.update_interval = 8;
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "re-enable: %s", mnn_h2o_last_error());
 
     // The C++ twin.
     mnn_h2o::KvCacheConfig cc;

@@ -183,6 +183,13 @@ typedef struct mnn_h2o_eviction_config {
     int32_t per_head_budget;    /* 1: a layer's kv heads share its budget by attention mass
                                  * (KV-Compress); 0: equal budgets per head */
     uint64_t seed;              /* for the random policy */
+    /* Added with the policy registry; mnn_h2o_eviction_config_init fills every field, so a caller
+     * that starts from it and sets what it needs is unaffected by fields added later. */
+    double max_floor_share;     /* the sink/recent floors take at most this share of a head's budget */
+    int64_t kv_budget_bytes;    /* third budget: a whole-model byte cap (> 0; then both ratios 0) */
+    int32_t observation_window; /* queries in the window of the window policies (snapkv, ...) */
+    double head_floor_share;    /* per_head_budget: each head keeps at least this share of its budget */
+    const char* layer_budget;   /* "uniform" or "pyramid" (NULL: "uniform") */
 } mnn_h2o_eviction_config;
 
 /* The i-th eviction policy name of the native registry (docs/h2o.md "Policies"), or NULL past
