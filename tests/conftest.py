@@ -54,6 +54,7 @@ def make_llm(weight_bits=8, h2o=None, head_bits=None, **runtime):
     from mnn_h2o.engine import Llm
 
     head_bits = weight_bits if head_bits is None else head_bits
+    runtime.setdefault("kv_dtype", "f16")  # the exactness tests compare against f16/f32 references
     cfg = config.validate({"model": {"weight_bits": weight_bits, "head_bits": head_bits}, "runtime": runtime,
                            "h2o": h2o if h2o is not None else {"enabled": False}})
     return Llm.load("smollm2", cfg, progress=False)
