@@ -149,6 +149,7 @@ def fake_summary(lengths, quick=False, **kw):
 class FakeLlm:
     max_context = 8192
     tokenizer = None
+    weights = "int4 layers, int8 head"
 
 
 @pytest.fixture
