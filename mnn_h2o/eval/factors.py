@@ -56,6 +56,11 @@ VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("ema0", "no EMA memory (ema_alpha 0: the last interval's mean only)", {"h2o.ema_alpha": 0.0}),
     Variant("ema09", "long EMA memory (ema_alpha 0.9)", {"h2o.ema_alpha": 0.9}),
     Variant("per_head", "shared per-layer budget across kv heads (per_head_budget)", {"h2o.per_head_budget": True}),
+    Variant("adakv", "shared per-layer budget with an AdaKV per-head minimum of half the per-head "
+            "budget (per_head_budget, head_floor_share 0.5)",
+            {"h2o.per_head_budget": True, "h2o.head_floor_share": 0.5}),
+    Variant("pyramid", "PyramidKV layer budgets: decreasing with depth, same whole-model total "
+            "(h2o.layer_budget pyramid)", {"h2o.layer_budget": "pyramid"}),
     Variant("share0", "old floor rule: a head whose floors exceed its budget is left alone "
             "(h2o.max_floor_share 0)", {"h2o.max_floor_share": 0.0}),
     Variant("share1", "floors shrink to fit the budget (h2o.max_floor_share 1)", {"h2o.max_floor_share": 1.0}),
