@@ -22,9 +22,9 @@ struct EncodeBuffers {
     // Gives back the buffers and the codec's own scratch (the cache is being emptied).
     void release() {
         codec = std::make_unique<gear::Codec>(options);
-        raw = {};
-        frame = {};
-        check = {};
+        raw = std::vector<uint8_t>();  // (`= {}` would keep the capacity)
+        frame = std::vector<uint8_t>();
+        check = std::vector<uint8_t>();
     }
     size_t bytes() const { return raw.capacity() + frame.capacity() + check.capacity(); }
 
