@@ -8,16 +8,15 @@ whole-model ratio, and the speed-up over the first engine: ratio of means, and i
 range over blocks of 50 tokens.
 
     python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
-        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+w4h8]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8]
 
-An engine is DTYPE:POLICY[@RATIO][+wBITS[hBITS]]: DTYPE a runtime.kv_dtype, POLICY none or an
+An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]]: DTYPE a runtime.kv_dtype, POLICY none or an
 h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), and the
-weights of its export: model.weight_bits and model.head_bits (default the config's; w4h8 =
-4-bit layers with an 8-bit lm_head).
+weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
+layers with an 8-bit lm_head).
 """
 import argparse
 import copy
-import re
 import time
 
 import numpy as np
@@ -29,19 +28,23 @@ from ..essays import essay_tokens
 
 
 def parse_weights(spec: str, text: str, cfg: dict):
-    """(weight_bits, head_bits) of 'w4h8' / 'w8' / '' (the config's)."""
+    """(weight_bits, head_bits) of '4/8' / '8' (eval weights' LAYERS[/HEAD] spelling) or '' (the
+    config's)."""
     if not text:
         return cfg["model"]["weight_bits"], cfg["model"]["head_bits"]
-    m = re.fullmatch(r"w(\d+)(?:h(\d+))?", text)
-    bits = config_mod.key("model.weight_bits").choices
-    if not m or int(m[1]) not in bits or (m[2] and int(m[2]) not in bits):
-        raise SystemExit(f"{spec}: weights must be w<bits>[h<bits>] with bits in {bits}, got {text!r}")
-    return int(m[1]), int(m[2]) if m[2] else -1
+    from ..eval.weights import parse_variants
+    from ..export import WEIGHT_BITS
+
+    try:
+        (bits,) = parse_variants(text, WEIGHT_BITS)
+    except ValueError as e:
+        raise SystemExit(f"{spec}: {e}") from None
+    return bits
 
 
 def parse_engine(spec: str, cfg: dict):
     """(label, h2o section or None, kv_dtype, (weight_bits, head_bits)) of
-    DTYPE:POLICY[@RATIO][+wBITS[hBITS]]."""
+    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]]."""
     body, _, weights_text = spec.partition("+")
     weights = parse_weights(spec, weights_text, cfg)
     dtype, _, rest = body.partition(":")

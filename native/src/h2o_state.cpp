@@ -382,10 +382,8 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         for (int b = hs.n_pos; b < n; ++b) hs.pos[b] = dropped + static_cast<double>(b) * block_tokens_;
         hs.n_pos = std::max(hs.n_pos, n);
     }
-    const auto rank = [&](int h, int n_blocks) {
-        const ScoreContext c = context(layer, h, lengths[h], rows);
-        (void)n_blocks;
-        policy_->rank(c, priority_.data() + static_cast<size_t>(h) * stride_);
+    const auto rank = [&](int h) {
+        policy_->rank(context(layer, h, lengths[h], rows), priority_.data() + static_cast<size_t>(h) * stride_);
     };
 
     select_heads_.clear();
@@ -409,7 +407,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
             } else if (floors > budget) {
                 skip(SkipReason::FloorsExceedTarget);
             } else {
-                rank(h, s.n_blocks);
+                rank(h);
                 select_.assign(1, s);
                 select_blocks(select_, budget - floors, &candidates_);
                 plan_from_blocks(keep_[h], lengths[h], block_tokens_, &(*plans)[h]);
@@ -433,7 +431,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         for (size_t i = 0; i < select_heads_.size(); ++i) skip(r);
         return;
     }
-    for (size_t i = 0; i < select_heads_.size(); ++i) rank(select_heads_[i], select_[i].n_blocks);
+    for (int h : select_heads_) rank(h);
     if (cfg_.head_floor_share > 0.0) {
         // AdaKV's per-head minimum: each head's own best blocks up to the share of its budget are
         // kept first (priority +inf), so the joint choice below only spends the rest.
@@ -459,13 +457,13 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
     }
 }
 
-void H2oState::materialise_seen(HeadScores& hs, int n_blocks) const {
+void H2oState::materialise_seen(std::vector<double>& seen, int n_blocks) {
     double pairs = 0.0;
-    for (int b = n_blocks - 1; b >= 0; --b) hs.seen[b] = pairs += hs.seen[b];
+    for (int b = n_blocks - 1; b >= 0; --b) seen[b] = pairs += seen[b];
 }
 
-void H2oState::difference_seen(HeadScores& hs, int n_blocks) const {
-    for (int b = 0; b < n_blocks; ++b) hs.seen[b] -= b + 1 < n_blocks ? hs.seen[b + 1] : 0.0;
+void H2oState::difference_seen(std::vector<double>& seen, int n_blocks) {
+    for (int b = 0; b < n_blocks; ++b) seen[b] -= b + 1 < n_blocks ? seen[b + 1] : 0.0;
 }
 
 void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
@@ -474,11 +472,11 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
     const int old_blocks = blocks_of(old_length);
     float* acc = ls.acc.data() + static_cast<size_t>(head) * stride_;
     remap_blocks(runs, block_tokens_, old_blocks, old_blocks, acc, &remap_sum_, &remap_count_);
-    materialise_seen(hs, old_blocks);
+    materialise_seen(hs.seen, old_blocks);
     remap_blocks(runs, block_tokens_, old_blocks, old_blocks, hs.seen.data(), &remap_sum_, &remap_count_);
     int64_t kept = 0;
     for (const TokenRun& r : runs) kept += r.length;
-    difference_seen(hs, blocks_of(static_cast<int>(kept)));
+    difference_seen(hs.seen, blocks_of(static_cast<int>(kept)));
     hs.n_scored = remap_blocks(runs, block_tokens_, old_blocks, hs.n_scored, hs.ema.data(), &remap_sum_, &remap_count_);
     hs.n_pos = remap_blocks(runs, block_tokens_, old_blocks, hs.n_pos, hs.pos.data(), &remap_sum_, &remap_count_);
     if (signals_.window) {
@@ -486,11 +484,9 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
         const int wb = std::min(hs.window_blocks, old_blocks);
         float* w = ls.wacc.data() + static_cast<size_t>(head) * stride_;
         remap_blocks(runs, block_tokens_, old_blocks, wb, w, &remap_sum_, &remap_count_);
-        double pairs = 0.0;  // to plain counts, remapped, and back (as seen above)
-        for (int b = wb - 1; b >= 0; --b) hs.wseen[b] = pairs += hs.wseen[b];
+        materialise_seen(hs.wseen, wb);  // to plain counts, remapped, and back (as seen above)
         hs.window_blocks = remap_blocks(runs, block_tokens_, old_blocks, wb, hs.wseen.data(), &remap_sum_, &remap_count_);
-        for (int b = 0; b < hs.window_blocks; ++b)
-            hs.wseen[b] -= b + 1 < hs.window_blocks ? hs.wseen[b + 1] : 0.0;
+        difference_seen(hs.wseen, hs.window_blocks);
     }
 }
 

@@ -172,9 +172,10 @@ private:
     // A head's selection with its floors for a budget of `budget` blocks (shrunk if they exceed
     // max_floor_share of it).
     SelectHead select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const;
-    // seen[] of one head to plain counts and back.
-    void materialise_seen(HeadScores& hs, int n_blocks) const;
-    void difference_seen(HeadScores& hs, int n_blocks) const;
+    // Visibility counts (seen[] or wseen[] of a head) from suffix-difference form to plain
+    // counts and back.
+    static void materialise_seen(std::vector<double>& seen, int n_blocks);
+    static void difference_seen(std::vector<double>& seen, int n_blocks);
 
     // The ScoreContext of head h for the policy, its inputs computed into the scratch below.
     ScoreContext context(int layer, int h, int length, const HeadRowReader* rows);
