@@ -1,4 +1,4 @@
-// Python face of the Gear codec (native/include/mnn_h2o/gear_codec.h): buffers in, bytes out.
+// Python face of the Gear codec (native/include/mnn_h2o/codec/gear_codec.h): buffers in, bytes out.
 // mnn_h2o/codec.py builds the user-facing API (numpy dtypes, option names) on top.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/xxhash64.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/codec/xxhash64.h"
 
 namespace py = pybind11;
 using namespace mnn_h2o::gear;

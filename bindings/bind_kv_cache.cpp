@@ -9,14 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "mnn_h2o/attention.h"
-#include "mnn_h2o/cpu_features.h"
-#include "mnn_h2o/eviction_policy.h"
-#include "mnn_h2o/h2o_config.h"
-#include "mnn_h2o/h2o_state.h"
-#include "mnn_h2o/kv_cache.h"
-#include "mnn_h2o/kv_store.h"
-#include "mnn_h2o/store_config.h"
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/eviction/eviction_policy.h"
+#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/store/kv_store.h"
+#include "mnn_h2o/store/store_config.h"
 
 namespace py = pybind11;
 using mnn_h2o::H2oConfig;

@@ -18,9 +18,9 @@
 #include <cstring>
 #include <vector>
 
-#include "../src/gear_rans.h"
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/xxhash64.h"
+#include "../src/codec/gear_rans.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/codec/xxhash64.h"
 
 using namespace mnn_h2o;
 using namespace mnn_h2o::gear;

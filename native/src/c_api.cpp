@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "gear_kernels.h"
-#include "mnn_h2o/attention.h"
-#include "mnn_h2o/cpu_features.h"
-#include "mnn_h2o/eviction_policy.h"
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/h2o_config.h"
-#include "mnn_h2o/h2o_state.h"
-#include "mnn_h2o/kv_cache.h"
+#include "codec/gear_kernels.h"
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/eviction/eviction_policy.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 struct mnn_h2o_kv_cache {
     explicit mnn_h2o_kv_cache(const mnn_h2o::KvCacheConfig& c) : cache(c) {}

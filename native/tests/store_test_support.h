@@ -7,9 +7,9 @@
 #include <random>
 #include <vector>
 
-#include "mnn_h2o/chunk_codec.h"
-#include "mnn_h2o/kv_cache_config.h"
-#include "mnn_h2o/store_config.h"
+#include "mnn_h2o/store/chunk_codec.h"
+#include "mnn_h2o/cache/kv_cache_config.h"
+#include "mnn_h2o/store/store_config.h"
 
 namespace store_test {
 

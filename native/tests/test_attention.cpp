@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "mnn_h2o/attention.h"
-#include "mnn_h2o/fp16.h"
-#include "mnn_h2o/kv_cache.h"
-#include "mnn_h2o/thread_pool.h"
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/runtime/thread_pool.h"
 
 #include "test_support.h"
 

@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "mnn_h2o/cpu_features.h"
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
 

@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "mnn_h2o/block_pool.h"
-#include "mnn_h2o/chunk_table.h"
+#include "mnn_h2o/cache/block_pool.h"
+#include "mnn_h2o/store/chunk_table.h"
 
 #include "store_test_support.h"
 #include "test_support.h"

@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "mnn_h2o/block_pool.h"
-#include "mnn_h2o/decode_cache.h"
+#include "mnn_h2o/cache/block_pool.h"
+#include "mnn_h2o/store/decode_cache.h"
 
 #include "store_test_support.h"
 #include "test_support.h"

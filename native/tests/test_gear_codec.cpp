@@ -13,9 +13,9 @@
 #include <initializer_list>
 #include <vector>
 
-#include "../src/gear_rans.h"
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/xxhash64.h"
+#include "../src/codec/gear_rans.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/codec/xxhash64.h"
 #include "test_support.h"
 
 using namespace mnn_h2o;

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "mnn_h2o/eviction_policy.h"
-#include "mnn_h2o/h2o_config.h"
-#include "mnn_h2o/h2o_state.h"
-#include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/eviction/eviction_policy.h"
+#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
 

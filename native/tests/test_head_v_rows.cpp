@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "mnn_h2o/chunk_codec.h"
-#include "mnn_h2o/head_v_rows.h"
+#include "mnn_h2o/store/chunk_codec.h"
+#include "mnn_h2o/store/head_v_rows.h"
 
 #include "store_test_support.h"
 #include "test_support.h"

@@ -14,11 +14,11 @@
 #include <random>
 #include <vector>
 
-#include "../src/gear_kernels.h"
-#include "mnn_h2o/attention.h"
-#include "mnn_h2o/cpu_features.h"
-#include "mnn_h2o/gear_codec.h"
-#include "mnn_h2o/kv_cache.h"
+#include "../src/codec/gear_kernels.h"
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/codec/gear_codec.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
 

@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "mnn_h2o/block_pool.h"
-#include "mnn_h2o/fp16.h"
-#include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/cache/block_pool.h"
+#include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
 

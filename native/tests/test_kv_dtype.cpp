@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "mnn_h2o/fp16.h"
-#include "mnn_h2o/kv_cache.h"
-#include "mnn_h2o/kv_dtype.h"
+#include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/cache/kv_dtype.h"
 
 #include "test_support.h"
 

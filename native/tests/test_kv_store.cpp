@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "mnn_h2o/kv_cache.h"
+#include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
 

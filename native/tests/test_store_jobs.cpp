@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "mnn_h2o/store_jobs.h"
-#include "mnn_h2o/xxhash64.h"
+#include "mnn_h2o/store/store_jobs.h"
+#include "mnn_h2o/codec/xxhash64.h"
 
 #include "store_test_support.h"
 #include "test_support.h"

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "mnn_h2o/thread_pool.h"
+#include "mnn_h2o/runtime/thread_pool.h"
 
 #include "test_support.h"
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "mnn_h2o/work_queue.h"
+#include "mnn_h2o/runtime/work_queue.h"
 
 #include "test_support.h"
 

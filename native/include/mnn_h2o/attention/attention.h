@@ -1,0 +1,106 @@
+// Attention of new queries over a block-structured KV cache, with an optional H2O signal.
+//
+// The kernel reads keys and values straight from the cache blocks in the cache dtype (kv_dtype.h:
+// fp16, bf16, fp32, or int8/int4 codes with fp16 group scales), token-major inside a block, and
+// converts them to fp32 in registers; there is never a dequantised copy of the cache. Softmax is
+// exact (max-subtracted, fp32 accumulation). Each kernel exists per ISA (scalar reference,
+// AVX2+F16C+FMA, AVX-512, NEON) behind one entry point that takes the ISA explicitly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/cache/kv_dtype.h"
+
+namespace mnn_h2o {
+
+class ThreadPool;
+
+// Attention uses more than one thread only when n_q * (keys of the longest kv head) reaches this:
+// below it, waking a sleeping worker costs more than it saves (one thread was faster below ~1k
+// tokens of decode context on the 2-core target). Decode then splits each head's keys over the
+// threads; prefill hands out (kv head, query tile) tasks.
+constexpr long long kParallelMinQueryKeys = 1024;
+
+// The cached keys and values of one kv head. Block i holds tokens [i*block_tokens,
+// (i+1)*block_tokens), each token a row of head_dim elements of the cache dtype.
+struct KvHeadView {
+    const void* const* k_blocks = nullptr;
+    const void* const* v_blocks = nullptr;
+    int n_keys = 0;
+};
+
+struct AttentionProblem {
+    int n_kv_heads = 0;
+    int group = 0;        // query heads per kv head; query head h*group+g reads kv head h
+    int head_dim = 0;     // multiple of 16, at most 256 (quantised dtypes: see kv_dtype_shape_error)
+    int block_tokens = 0; // multiple of 16
+    KvDtype dtype = KvDtype::F16;  // q4r reads as q4: rotating q and out is the caller's part
+    const KvHeadView* heads = nullptr;  // [n_kv_heads]
+
+    // Queries are the last n_q positions of the sequence: query i sees the first
+    // n_keys - n_q + i + 1 keys of its kv head (causal), so every head needs n_keys >= n_q.
+    const float* q = nullptr;  // [n_q][n_kv_heads * group][head_dim], RoPE already applied
+    int n_q = 0;
+    float* out = nullptr;      // [n_q][n_kv_heads * group * head_dim]; must not overlap q
+
+    // Optional H2O signal: block_scores[h * scores_stride + b] += the softmax probability mass
+    // that the keys of block b of kv head h received, summed over the n_q queries and the group's
+    // query heads (so each head's row gains n_q * group in total). scores_stride must cover
+    // every visible block of every head.
+    float* block_scores = nullptr;
+    size_t scores_stride = 0;
+    // Optional observation window (needs block_scores): window_scores[h * scores_stride + b] +=
+    // the same masses from the last window_queries queries alone (t >= n_q - window_queries),
+    // computed in the same pass (SnapKV / TOVA signals). window_queries in [1, n_q].
+    float* window_scores = nullptr;
+    int window_queries = 0;
+
+    // Keys the work split is planned for; 0 = the longest head's. A caller that runs the heads of
+    // one problem in separate calls (the KV store, one head's memory at a time) passes the longest
+    // head of the whole problem, so the splits, and so the results, are bit-identical to the
+    // all-heads call.
+    int split_keys = 0;
+};
+
+// Scratch memory of attention(), kept between calls so a decode step allocates nothing.
+class AttentionWorkspace {
+public:
+    std::vector<float> per_thread;   // one equal slice per pool thread
+    std::vector<float> partials;     // decode: per-split softmax state, merged afterwards
+    std::vector<float> tile_scores;  // prefill: per-tile block scores, summed afterwards
+    std::vector<float> tile_window;  // and the observation window's part of them
+};
+
+// Makes the keys of a kv head readable through the problem's views just before the kernels read
+// them. The KV store decodes compressed blocks there, one key range at a time, so it holds the
+// decoded keys of one range instead of a whole head's.
+class KeySource {
+public:
+    virtual ~KeySource() = default;
+    // Called on the thread that called attention(), outside any task: every read of the previous
+    // range has finished, and the kernels read only keys [key_begin, key_end) of kv head `head`
+    // until the next call. May use the pool itself.
+    virtual void prepare(int head, int key_begin, int key_end) = 0;
+};
+
+// True if kernels for isa are compiled in and this CPU can run them.
+bool isa_available(Isa isa);
+
+// Runs the attention with the kernels of isa (std::invalid_argument if unavailable or if the
+// problem is malformed). pool may be null (single thread). With a key source, the work is the
+// same (same splits and tiles, so bit-identical results) but ordered by key range: decode runs
+// its (head, split) tasks one after another on the calling thread, prefill one head's tiles at a
+// time.
+void attention(const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws,
+               KeySource* source = nullptr);
+
+// Conversion of n_rows rows of head_dim elements between fp32 and the cache row format,
+// bit-identical on every ISA (round-to-nearest-even; the same bytes as fp16.h and
+// kv_rows_from_f32). The rotation of q4r is not part of it.
+void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
+void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
+
+}  // namespace mnn_h2o

@@ -1,0 +1,199 @@
+// The KV cache of a decoder: per layer and per kv head, a list of fixed-size blocks for K and one
+// for V, token-major inside a block, in the cache dtype (kv_dtype.h; a rotated dtype is rotated
+// on the way in and out here). It owns the attention op over itself.
+//
+// Each (layer, kv head) has its own length and block list, so heads of one layer may hold
+// different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
+// every head; attention is causal per head relative to that head's length.
+//
+// With H2O eviction enabled (enable_h2o, docs/h2o.md) step() also collects attention scores for
+// the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
+//
+// With the lossless store enabled (enable_store, docs/kv_cache.md "Lossless store") end_step()
+// also Gear-encodes cold chunks of the layers in scope; in store mode they are then held only
+// compressed, and attention and read() decode them (bit-exact) when needed.
+//
+// Not thread-safe: use one KvCache from one thread at a time (its own worker threads are
+// internal to attend/step).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/cache/block_pool.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/cache/kv_cache_config.h"
+#include "mnn_h2o/cache/kv_head_blocks.h"
+#include "mnn_h2o/store/kv_store.h"
+#include "mnn_h2o/store/store_config.h"
+#include "mnn_h2o/runtime/thread_pool.h"
+
+namespace mnn_h2o {
+
+class KvCache {
+public:
+    // Throws std::invalid_argument for an unsupported configuration.
+    explicit KvCache(const KvCacheConfig& config);
+    ~KvCache();
+    KvCache(const KvCache&) = delete;
+    KvCache& operator=(const KvCache&) = delete;
+
+    const KvCacheConfig& config() const { return cfg_; }
+    int group() const { return cfg_.n_heads / cfg_.n_kv_heads; }
+    // Blocks needed for max_tokens: the row width a block-score array needs at most.
+    int max_blocks() const { return (cfg_.max_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens; }
+
+    // Appends n_tokens tokens to every kv head of layer. k and v are float32
+    // [n_tokens][n_kv_heads][head_dim], converted to the cache dtype. Throws std::length_error if
+    // a head would exceed max_tokens, std::bad_alloc if memory runs out (nothing is appended then).
+    void append(int layer, const float* k, const float* v, int n_tokens);
+
+    // Attention of n_q new queries q [n_q][n_heads][head_dim] (RoPE applied) over the cache of
+    // layer, written to out [n_q][n_heads * head_dim]. Query i sees the first
+    // length - n_q + i + 1 tokens of its kv head. Scale 1/sqrt(head_dim), exact softmax.
+    // If block_scores is set, block_scores[h * scores_stride + b] += the probability mass that
+    // block b of kv head h received over all n_q queries and the group's query heads;
+    // scores_stride must cover every block of every head (max_blocks() always does).
+    void attend(int layer, const float* q, int n_q, float* out, float* block_scores = nullptr,
+                size_t scores_stride = 0, Isa isa = best_isa());
+
+    // append() then attend() of the same n_tokens positions: one call per layer per step. The
+    // arguments are checked before anything is appended. With H2O enabled, the scores of the
+    // evicting layers are collected too (block_scores, if given, still gets the masses).
+    void step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
+              float* block_scores = nullptr, size_t scores_stride = 0);
+
+    int length(int layer, int head) const;
+    // Bytes the KV cache holds: raw pool blocks plus, with the store on, its frames, decode
+    // cache, scratch and job copies. pool_bytes_held() is the raw blocks alone (exact; blocks are
+    // block_tokens * head_dim * dtype size bytes, rounded up to 64), which is also what
+    // h2o_stats() reports. bytes_mapped() is the address space of the pool's slabs.
+    size_t bytes_held() const { return pool_.bytes_held() + (store_ ? store_->bytes_held() : 0); }
+    size_t pool_bytes_held() const { return pool_.bytes_held(); }
+    // Bytes the tokens held would take as raw blocks, wherever they live (pool or compressed
+    // chunk): what eviction alone leaves, so uncompressed / kept_bytes() is the lossy ratio
+    // whether or not the store is on.
+    size_t kept_bytes() const;
+    size_t bytes_mapped() const { return pool_.bytes_mapped(); }
+
+    // Copies the length(layer, head) cached keys and values of one head out as float32
+    // [length][head_dim] each (compressed blocks are decoded: the true values).
+    void read(int layer, int head, float* k_out, float* v_out) const;
+
+    // Keeps the first n_tokens tokens of one head and gives the blocks past them back to the
+    // pool (and their memory to the OS). tokens_seen is not changed.
+    void truncate(int layer, int head, int n_tokens);
+
+    // Empties every head, returns all memory and zeroes the statistics. H2O stays enabled, with
+    // its scores and schedule restarted; the store stays enabled, its jobs cancelled and all its
+    // memory returned.
+    void reset();
+
+    // --- H2O eviction (docs/h2o.md) ---------------------------------------------------------
+    // Turns eviction on, or replaces the config (scores and schedule restart). Throws
+    // std::invalid_argument naming the bad field; the previous state is kept then.
+    void enable_h2o(const H2oConfig& config);
+    // Turns eviction off and frees the scores. The tokens held stay as they are.
+    void disable_h2o();
+    // The active config (layer_end resolved), or nullptr when eviction is off.
+    const H2oConfig* h2o_config() const { return h2o_ ? &h2o_->config() : nullptr; }
+    // Call once after all layers of a forward of n_tokens tokens (prefill: a prompt chunk). Runs
+    // the policy update when due: after every update_interval decode tokens on every evicting
+    // layer, and after a prefill forward on the evicting layers that hold more than their
+    // budget. Returns true if any block was evicted (false when eviction is off). With the store
+    // on, then installs finished store jobs and makes the frames of new cold chunks.
+    bool end_step(int n_tokens, bool prefill);
+    // Applies an explicit plan to one head: keeps the tokens of runs (see plan_error for what is
+    // valid; the floors are those of the H2O config, or only the last token when eviction is
+    // off) and releases the rest. Throws std::invalid_argument for an invalid plan (nothing
+    // changes; counted in invalid_plans), std::out_of_range for a bad layer or head.
+    void evict(int layer, int head, const std::vector<TokenRun>& runs);
+    // Counters, held tokens and bytes of every layer, and the whole-model totals.
+    H2oStats h2o_stats() const;
+    // The EMA scores of layer: [n_kv_heads][*n_blocks], *n_blocks the most blocks any of its heads
+    // holds; NaN for blocks a head does not hold or that have not been through an update (all
+    // NaN outside the evicting layers). Throws std::invalid_argument when eviction is off.
+    std::vector<float> h2o_scores(int layer, int* n_blocks) const;
+
+    // --- Lossless store (docs/kv_cache.md "Lossless store") -----------------------------------
+    // Turns the store on (mode off: turns it off), or replaces its config: what the previous
+    // config holds compressed is first drained and dissolved back to raw blocks. Throws
+    // std::invalid_argument naming the bad field (nothing changes then), std::bad_alloc when the
+    // old chunks cannot be made raw again (the old store stays).
+    void enable_store(const StoreConfig& config);
+    // Dissolves every compressed chunk back to raw blocks and stops the workers. Throws
+    // std::bad_alloc when raw blocks cannot be had (the store stays on, nothing is lost).
+    void disable_store();
+    const StoreConfig* store_config() const { return store_ ? &store_->config() : nullptr; }
+    // Counters per layer and whole-model bytes (pool, frames, cache, scratch; total ratio).
+    StoreStats store_stats() const;
+    // Waits for every store job under way and installs it (deterministic tests and benches).
+    void drain_store();
+
+    // The block list of one head, for compaction and inspection: block i holds tokens
+    // [i*block_tokens, (i+1)*block_tokens) of which the first length() are valid. Blocks the
+    // store holds compressed are nullptr.
+    KvHeadView view(int layer, int head) const;
+
+private:
+    using Head = KvHeadBlocks;
+
+    Head& head(int layer, int h);
+    const Head& head(int layer, int h) const;
+    void check_layer(int layer) const;
+    void check_append(int layer, const float* k, const float* v, int n_tokens) const;
+    void check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
+                      size_t scores_stride, int extra_tokens) const;
+    // attend() after its checks, with the observation window's masses (window_scores, of the last
+    // window_queries queries; null: none).
+    void attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
+                        float* window_scores, int window_queries, Isa isa);
+    // read() in the storage space (rotated dtypes stay rotated); k or v may be null.
+    void read_stored(int layer, int head, float* k_out, float* v_out) const;
+    // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
+    bool evict_due(int n_tokens, bool prefill);
+    // evict() with the floors a plan must keep given explicitly: the policy's own plans are
+    // checked against the floors as shrunk for the head's budget (h2o.max_floor_share).
+    void evict_with_floors(int layer, int head, const std::vector<TokenRun>& runs, int sink_tokens,
+                           int recent_tokens);
+    // Gives the blocks past the first n_tokens tokens back to the pool.
+    void release_tail(Head& hs, int n_tokens);
+    // Compaction by a block-aligned plan: drops the evicted blocks from the lists, then packs the
+    // kept ones into the lowest addresses of the head's blocks (pack_blocks).
+    void drop_blocks(Head& hs, const std::vector<TokenRun>& runs);
+    // Moves the raw blocks of `list` (in list order) into the lowest addresses among them and
+    // `freed`; on return `freed` holds the addresses left over, to be released.
+    void pack_blocks(std::vector<void*>& list, std::vector<void*>& freed);
+    // Compaction by any plan: moves the kept rows down in place, then releases the tail.
+    void move_rows(Head& hs, const std::vector<TokenRun>& runs);
+    void move_list_rows(std::vector<void*>& blocks, int64_t src, int64_t dst, int64_t n) const;
+
+    KvCacheConfig cfg_;
+    size_t row_bytes_;
+    Isa isa_;  // for dtype conversion
+    BlockPool pool_;
+    std::unique_ptr<ThreadPool> threads_;
+    std::vector<Head> heads_;  // [layer][kv head]
+    std::vector<KvHeadView> views_;
+    AttentionWorkspace workspace_;
+
+    std::vector<H2oLayerStats> stats_;  // [layer], kept whether or not eviction is on
+    std::unique_ptr<H2oState> h2o_;     // null when eviction is off
+    std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
+    std::vector<float> rotated_q_;      // attend() with a rotated dtype
+    std::vector<int> lengths_;          // end_step(): a layer's head lengths
+    std::vector<std::vector<TokenRun>> plans_;
+    // The policies' view of a head's rows (read_stored).
+    struct RowReader final : HeadRowReader {
+        const KvCache* cache = nullptr;
+        void read(int layer, int head, float* k, float* v) const override { cache->read_stored(layer, head, k, v); }
+    } row_reader_;
+    std::vector<void*> freed_k_, freed_v_, slots_;  // drop_blocks() scratch
+    std::unique_ptr<KvStore> store_;    // null when the store is off; last: it points at heads_, pool_
+};
+
+}  // namespace mnn_h2o

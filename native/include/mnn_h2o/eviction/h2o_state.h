@@ -1,0 +1,206 @@
+// The H2O state of a KvCache: per (layer, kv head, block) attention scores, their EMA, the update
+// schedule, the budget and the per-layer statistics. KvCache owns one while eviction is enabled
+// and calls into it from step(), end_step(), evict() and truncate(); see docs/h2o.md.
+//
+// Scores. During an interval between two updates the attention kernel adds, per block, the
+// softmax mass its queries gave the block (summed over queries and the GQA group's query heads)
+// to accumulator(layer). record_step() counts, per block, how many (query, query head) pairs could
+// see it: a decode query sees every block, prefill query p only blocks starting at or before p.
+// At an update, mass / count is the block's mean attention probability in the interval, folded
+// into an EMA (blocks new since the previous update start at their mean), and the interval
+// restarts.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mnn_h2o/eviction/eviction_policy.h"
+#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/cache/kv_cache_config.h"
+
+namespace mnn_h2o {
+
+// Why an update left a head as it was. below_trigger and within_budget are the normal cases;
+// the last two mean the target cannot be met (see docs/h2o.md).
+enum class SkipReason { BelowTrigger = 0, WithinBudget, FloorsExceedTarget, TargetUnreachable };
+constexpr int kSkipReasons = 4;
+const char* skip_reason_name(SkipReason reason);  // "below_trigger", "within_budget", ...
+
+// Counters of one layer since the cache was created or reset. Kept whether or not eviction is
+// enabled (tokens_seen is what the uncompressed size is computed from).
+struct H2oLayerStats {
+    int64_t tokens_seen = 0;   // tokens appended to the layer (every head gets each one)
+    int64_t evictions = 0;     // plans applied (one per compacted head)
+    int64_t blocks_freed = 0;  // pool blocks released by them, K and V blocks counted separately
+    int64_t invalid_plans = 0; // plans rejected by evict()
+    double policy_us = 0.0;    // scoring and choosing blocks, at updates
+    double compact_us = 0.0;   // applying plans (moving rows, releasing blocks)
+    std::array<int64_t, kSkipReasons> skipped{};  // (head, update) pairs left alone, by reason
+};
+
+// A snapshot of the statistics (KvCache::h2o_stats()). Bytes count K and V.
+struct H2oStats {
+    struct Layer {
+        H2oLayerStats counters;
+        std::vector<int> held;  // tokens held per kv head
+        size_t bytes_held = 0;  // blocks held * block bytes
+    };
+    std::vector<Layer> layers;
+    size_t bytes_held = 0;          // all layers, exactly what the block pool hands out
+    size_t bytes_uncompressed = 0;  // tokens_seen of every layer in the cache dtype, no block rounding
+    double lossy_ratio = 1.0;       // bytes_uncompressed / bytes_held (1 when both are 0)
+    // The same tokens as fp16 rows, and bytes_f16 / bytes_held: what eviction and a quantised
+    // dtype save together (lossy_ratio is eviction's part alone).
+    size_t bytes_f16 = 0;
+    double whole_model_ratio = 1.0;
+    double policy_us = 0.0;
+    double compact_us = 0.0;
+    int64_t updates = 0;            // end_step calls that ran a policy update
+};
+
+class H2oState {
+public:
+    // cache must be a valid KvCache configuration. Throws std::invalid_argument naming the bad
+    // field if config is invalid for it.
+    H2oState(const H2oConfig& config, const KvCacheConfig& cache);
+
+    const H2oConfig& config() const { return cfg_; }  // layer_end resolved
+    bool collects(int layer) const { return layer >= cfg_.layer_start && layer < cfg_.layer_end; }
+
+    // The accumulator the kernel adds to for a collecting layer: [n_kv_heads][stride()].
+    float* accumulator(int layer);
+    size_t stride() const { return stride_; }
+    // A step of n_q queries ran on a head that now holds n_keys tokens: count who saw what (the
+    // window's queries too, after begin_window).
+    void record_step(int layer, int head, int n_keys, int n_q);
+
+    // Observation window, for policies whose signals() ask for it (else these do nothing and
+    // window_accumulator is null). Before a collecting layer's step of n_q queries: how many of
+    // its last queries go to the window, min(W, n_q) with W the policy's window_queries(). The
+    // window holds the most recent queries, at most W: a step that would overflow it, and the
+    // first step after an update, start it afresh; smaller steps add to it.
+    int begin_window(int layer, int n_q);
+    // Where the kernel adds the window queries' masses: [n_kv_heads][stride()].
+    float* window_accumulator(int layer);
+    bool wants_queries() const { return signals_.queries; }
+    // The step's window queries (its last begin_window() ones) join the query statistics.
+    // q: [n_q][n_kv_heads * group][head_dim], in the space of the stored keys.
+    void record_queries(int layer, const float* q, int n_q);
+    const PolicySignals& signals() const { return signals_; }
+
+    // Counts decode tokens; true when an update is due (every update_interval tokens).
+    bool count_decode_tokens(int n_tokens);
+    void count_update() { ++updates_; }
+    int64_t updates() const { return updates_; }
+
+    // Keep ratio of an evicting layer: target_keep_ratio, or the one that gives the whole model
+    // target_lossy_ratio, or (kv_budget_bytes) the share of tokens_seen that cap_blocks() allows
+    // (1 with no token yet). <= 0 when that target cannot be reached by the evicting layers alone.
+    double keep_ratio(int64_t tokens_seen = 0) const;
+    // kv_budget_bytes as blocks per head of an evicting layer: the cap's blocks (K and V, every
+    // kv head) less those the layers outside the range hold (all blocks of tokens_seen tokens),
+    // shared equally by the evicting layers, rounded down: held bytes stay <= the cap.
+    double cap_blocks(int64_t tokens_seen) const;
+    // The keep ratio of one evicting layer: keep_ratio(), or with layer_budget "pyramid" the
+    // PyramidKV share: keep_ratio() * (1 + s * (1 - 2 i / (n - 1))) for the i-th of n evicting
+    // layers, so the first keeps most and the last least, the mean (so the whole-model total) is
+    // unchanged; the slope s = min(0.5, 1 / keep_ratio() - 1, 1 - F / (keep_ratio() * tokens_seen))
+    // (>= 0) keeps every layer's keep ratio <= 1 and the last layer's budget >= the configured
+    // floors F = sink_tokens + recent_tokens. layer < 0: keep_ratio().
+    double layer_keep_ratio(int layer, int64_t tokens_seen) const;
+    // Blocks a head of a layer that has seen tokens_seen tokens may keep: the blocks its budget
+    // of layer_keep_ratio(layer, tokens_seen) * tokens_seen tokens needs (layer < 0: uniform).
+    int budget_blocks(int64_t tokens_seen, int layer = -1) const;
+    // The floors, in tokens, that apply to a head of `length` tokens in a layer that has seen
+    // tokens_seen: the configured sink_tokens / recent_tokens, unless they take more than
+    // max_floor_share of the head's budget; then both are shrunk in proportion, to whole blocks
+    // (see select_head). Plans are validated against these.
+    void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer = -1) const;
+    // Whether an update would evict anything from the layer (the prefill trigger).
+    bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
+
+    // Folds the interval's scores of layer into the EMA and starts a new interval. lengths are
+    // the tokens each kv head holds.
+    void update_scores(int layer, const int* lengths);
+    // The plan for each kv head of layer: (*plans)[h] empty leaves head h as it is. Heads left
+    // alone are counted in stats->skipped.
+    // rows: the head's K/V rows, needed by policies whose signals() ask for keys or values
+    // (std::invalid_argument without).
+    void plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+              H2oLayerStats* stats, const HeadRowReader* rows = nullptr);
+
+    // A head of a collecting layer holding old_length tokens was compacted by runs (a valid
+    // plan) or truncated to n_tokens: moves its scores along. A new block made of tokens of
+    // several old blocks gets the token-weighted mean of their values.
+    void compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length);
+    void truncate(int layer, int head, int old_length, int n_tokens);
+    // Forgets every score and the schedule (the cache was emptied).
+    void reset();
+
+    // EMA of block b of a head; NaN if the block has not been through an update yet.
+    float score(int layer, int head, int block) const;
+
+private:
+    struct HeadScores {
+        // Visibility counts in suffix-difference form: block b was seen sum_{j >= b} seen[j]
+        // times, so a step adds to all blocks before k in O(1). Doubles: counts of a block
+        // compacted from several are token-weighted means.
+        std::vector<double> seen;
+        std::vector<float> ema;
+        int n_scored = 0;  // blocks [0, n_scored) have an EMA
+        std::vector<double> wseen;  // the window's visibility counts, in the same form as seen
+        int window_blocks = 0;      // blocks the window may have touched (what a restart zeroes)
+        std::vector<double> pos;    // position of each block's first token
+        int n_pos = 0;              // blocks [0, n_pos) have one
+    };
+    struct LayerScores {
+        std::vector<float> acc;        // [n_kv_heads][stride_]
+        std::vector<float> wacc;       // the window's masses, [n_kv_heads][stride_] (window policies)
+        std::vector<double> qsum, qsq; // the window's queries: [n_kv_heads][group][head_dim] sums
+        int window_count = 0;          // queries in the window
+        int step_window = 0;           // of them, from the current step
+        bool window_restart = true;    // the next step starts a fresh window
+        std::vector<HeadScores> heads;
+    };
+
+    LayerScores& layer_scores(int layer);
+    const LayerScores& layer_scores(int layer) const;
+    int blocks_of(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
+    // A head's selection with its floors for a budget of `budget` blocks (shrunk if they exceed
+    // max_floor_share of it).
+    SelectHead select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const;
+    // Visibility counts (seen[] or wseen[] of a head) from suffix-difference form to plain
+    // counts and back.
+    static void materialise_seen(std::vector<double>& seen, int n_blocks);
+    static void difference_seen(std::vector<double>& seen, int n_blocks);
+
+    // The ScoreContext of head h for the policy, its inputs computed into the scratch below.
+    ScoreContext context(int layer, int h, int length, const HeadRowReader* rows);
+
+    H2oConfig cfg_;
+    int n_layers_, n_kv_heads_, group_, block_tokens_, head_dim_;
+    double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
+    size_t block_bytes_; // a pool block of K or V, as BlockPool rounds it
+    size_t stride_;
+    std::unique_ptr<EvictionPolicy> policy_;
+    PolicySignals signals_;
+    int window_size_;  // queries in a full observation window
+    std::vector<LayerScores> layers_;  // [layer - layer_start]
+    int64_t decode_tokens_ = 0;        // since the last decode update
+    int64_t updates_ = 0;
+
+    // Scratch reused by plan() and compact(), so updates allocate nothing once warm.
+    std::vector<float> priority_;                // [n_kv_heads][stride_]
+    std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
+    std::vector<int> select_heads_;              // heads taking part in a selection
+    std::vector<SelectHead> select_;             // and their floors, in the same order
+    std::vector<SelectHead> one_;                // one head's selection (head_floor_share)
+    std::vector<uint64_t> candidates_;
+    std::vector<double> remap_sum_, remap_count_;
+    std::vector<float> window_, q_mean_, q_var_, k_rows_, v_rows_;  // a head's ScoreContext inputs
+};
+
+}  // namespace mnn_h2o

@@ -1,0 +1,568 @@
+#include "mnn_h2o/cache/kv_cache.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace mnn_h2o {
+
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr int kMaxHeadDim = 256;
+// Tile kernels compare key positions as float: positions must stay exactly representable.
+constexpr int kMaxTokensLimit = 1 << 24;
+
+// Slabs of about 512 KiB, but no larger than one head's K or V at max_tokens: each head's blocks
+// fill slabs of their own (see BlockPool::allocate), so bigger slabs would only map unused space.
+size_t slab_blocks(const KvCacheConfig& c, size_t block_bytes) {
+    const size_t target = block_bytes >= (512u << 10) ? 1 : (512u << 10) / block_bytes;
+    const size_t max_blocks = static_cast<size_t>((c.max_tokens + c.block_tokens - 1) / c.block_tokens);
+    return target < max_blocks ? target : max_blocks;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// num / den, infinite when only den is 0, 1 when both are (nothing seen, nothing held).
+double ratio_of(size_t num, size_t den) {
+    if (den > 0) return static_cast<double>(num) / static_cast<double>(den);
+    return num > 0 ? std::numeric_limits<double>::infinity() : 1.0;
+}
+
+double micros_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// True if every run starts on a block boundary and spans whole blocks (the last may end at the
+// head's partial last block): compaction then only drops blocks from the lists.
+bool block_aligned(const std::vector<TokenRun>& runs, int block_tokens, int length) {
+    for (const TokenRun& r : runs)
+        if (r.offset % block_tokens != 0 || (r.length % block_tokens != 0 && r.offset + r.length != length)) return false;
+    return true;
+}
+
+void require(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("KvCache: " + what);
+}
+
+KvCacheConfig validated(const KvCacheConfig& c) {
+    require(c.n_layers >= 1, "n_layers must be >= 1");
+    require(c.n_kv_heads >= 1, "n_kv_heads must be >= 1");
+    require(c.n_heads >= c.n_kv_heads && c.n_heads % c.n_kv_heads == 0,
+            "n_heads must be a positive multiple of n_kv_heads");
+    require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
+    require(c.head_dim >= 16 && c.head_dim <= kMaxHeadDim && c.head_dim % 16 == 0,
+            "head_dim must be a multiple of 16 in [16, 256]");
+    require(kv_dtype_valid(static_cast<int>(c.dtype)), "unknown dtype " + std::to_string(static_cast<int>(c.dtype)));
+    const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
+    require(shape_error.empty(), shape_error);
+    require(c.block_tokens >= 16 && c.block_tokens <= 4096 && c.block_tokens % 16 == 0,
+            "block_tokens must be a multiple of 16 in [16, 4096]");
+    require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
+    require(c.threads >= 1 && c.threads <= kMaxThreads, "threads must be in [1, 256]");
+    return c;
+}
+
+}  // namespace
+
+KvCache::KvCache(const KvCacheConfig& config)
+    : cfg_(validated(config)),
+      row_bytes_(kv_row_bytes(cfg_.dtype, cfg_.head_dim)),
+      isa_(best_isa()),
+      pool_(row_bytes_ * cfg_.block_tokens, slab_blocks(cfg_, row_bytes_ * cfg_.block_tokens)),
+      threads_(cfg_.threads > 1 ? std::make_unique<ThreadPool>(cfg_.threads) : nullptr),
+      heads_(static_cast<size_t>(cfg_.n_layers) * cfg_.n_kv_heads),
+      views_(static_cast<size_t>(cfg_.n_kv_heads)),
+      stats_(static_cast<size_t>(cfg_.n_layers)),
+      lengths_(static_cast<size_t>(cfg_.n_kv_heads)) {
+    row_reader_.cache = this;
+    for (Head& h : heads_) {
+        h.k_blocks.reserve(max_blocks());
+        h.v_blocks.reserve(max_blocks());
+    }
+}
+
+KvCache::~KvCache() { store_.reset(); }
+
+void KvCache::check_layer(int layer) const {
+    if (layer < 0 || layer >= cfg_.n_layers)
+        throw std::out_of_range("KvCache: layer " + std::to_string(layer) + " out of range [0, " +
+                                std::to_string(cfg_.n_layers) + ")");
+}
+
+KvCache::Head& KvCache::head(int layer, int h) {
+    return const_cast<Head&>(static_cast<const KvCache*>(this)->head(layer, h));
+}
+
+const KvCache::Head& KvCache::head(int layer, int h) const {
+    check_layer(layer);
+    if (h < 0 || h >= cfg_.n_kv_heads)
+        throw std::out_of_range("KvCache: kv head " + std::to_string(h) + " out of range [0, " +
+                                std::to_string(cfg_.n_kv_heads) + ")");
+    return heads_[static_cast<size_t>(layer) * cfg_.n_kv_heads + h];
+}
+
+void KvCache::check_append(int layer, const float* k, const float* v, int n_tokens) const {
+    check_layer(layer);
+    require(n_tokens >= 0, "n_tokens must be >= 0");
+    require(n_tokens == 0 || (k && v), "null k or v");
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const int len = head(layer, h).length;
+        if (n_tokens > cfg_.max_tokens - len)
+            throw std::length_error("KvCache: appending " + std::to_string(n_tokens) + " tokens to layer " +
+                                    std::to_string(layer) + " head " + std::to_string(h) + " (holding " +
+                                    std::to_string(len) + ") exceeds max_tokens " + std::to_string(cfg_.max_tokens));
+    }
+}
+
+void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
+    check_append(layer, k, v, n_tokens);
+    const int bt = cfg_.block_tokens, hd = cfg_.head_dim;
+    // Take every block first, so that running out of memory leaves the cache as it was. The
+    // block lists are reserved to max_blocks(), so push_back never throws. Each block is asked
+    // for right behind the previous one of its list, so a head's K (and V) stay contiguous.
+    try {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            Head& hs = head(layer, h);
+            const size_t need = static_cast<size_t>((hs.length + n_tokens + bt - 1) / bt);
+            while (hs.v_blocks.size() < need) {
+                hs.k_blocks.push_back(pool_.allocate(hs.k_blocks.empty() ? nullptr : hs.k_blocks.back()));
+                hs.v_blocks.push_back(pool_.allocate(hs.v_blocks.empty() ? nullptr : hs.v_blocks.back()));
+            }
+        }
+    } catch (...) {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            Head& hs = head(layer, h);
+            const size_t keep = static_cast<size_t>((hs.length + bt - 1) / bt);
+            for (auto* list : {&hs.k_blocks, &hs.v_blocks}) {
+                while (list->size() > keep) {
+                    pool_.release(list->back());
+                    list->pop_back();
+                }
+            }
+        }
+        throw;
+    }
+    const size_t src_stride = static_cast<size_t>(cfg_.n_kv_heads) * hd;
+    const bool rotated = kv_dtype_rotated(cfg_.dtype);
+    float rows[2][kMaxHeadDim];
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        Head& hs = head(layer, h);
+        for (int t = 0; t < n_tokens; ++t) {
+            const int pos = hs.length + t;
+            const size_t offset = static_cast<size_t>(pos % bt) * row_bytes_;
+            const size_t src = t * src_stride + static_cast<size_t>(h) * hd;
+            const float* k_row = k + src;
+            const float* v_row = v + src;
+            if (rotated) {
+                std::memcpy(rows[0], k_row, sizeof(float) * hd);
+                std::memcpy(rows[1], v_row, sizeof(float) * hd);
+                hadamard_rows(rows[0], 1, hd);
+                hadamard_rows(rows[1], 1, hd);
+                k_row = rows[0];
+                v_row = rows[1];
+            }
+            convert_from_f32(isa_, cfg_.dtype, k_row, static_cast<uint8_t*>(hs.k_blocks[pos / bt]) + offset, 1, hd);
+            convert_from_f32(isa_, cfg_.dtype, v_row, static_cast<uint8_t*>(hs.v_blocks[pos / bt]) + offset, 1, hd);
+        }
+        hs.length += n_tokens;
+    }
+    stats_[layer].tokens_seen += n_tokens;
+}
+
+void KvCache::check_attend(int layer, const float* q, int n_q, const float* out, const float* block_scores,
+                           size_t scores_stride, int extra_tokens) const {
+    check_layer(layer);
+    require(n_q >= 1, "n_q must be >= 1");
+    require(q && out, "null q or out");
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const int len = head(layer, h).length + extra_tokens;
+        if (len < n_q)
+            throw std::invalid_argument("KvCache: layer " + std::to_string(layer) + " head " + std::to_string(h) +
+                                        " holds " + std::to_string(len) + " tokens, fewer than the " +
+                                        std::to_string(n_q) + " queries");
+        if (block_scores && scores_stride < static_cast<size_t>((len + cfg_.block_tokens - 1) / cfg_.block_tokens))
+            throw std::invalid_argument("KvCache: block score rows of " + std::to_string(scores_stride) +
+                                        " are too short for the blocks of layer " + std::to_string(layer) +
+                                        " head " + std::to_string(h));
+    }
+    const size_t bytes = static_cast<size_t>(n_q) * cfg_.n_heads * cfg_.head_dim * sizeof(float);
+    const auto q0 = reinterpret_cast<uintptr_t>(q), o0 = reinterpret_cast<uintptr_t>(out);
+    require(q0 + bytes <= o0 || o0 + bytes <= q0, "out must not overlap q");
+}
+
+void KvCache::attend(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
+                     Isa isa) {
+    check_attend(layer, q, n_q, out, block_scores, scores_stride, 0);
+    attend_checked(layer, q, n_q, out, block_scores, scores_stride, nullptr, 0, isa);
+}
+
+void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores,
+                             size_t scores_stride, float* window_scores, int window_queries, Isa isa) {
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) views_[h] = view(layer, h);
+    AttentionProblem p;
+    p.n_kv_heads = cfg_.n_kv_heads;
+    p.group = group();
+    p.head_dim = cfg_.head_dim;
+    p.block_tokens = cfg_.block_tokens;
+    p.dtype = cfg_.dtype;
+    p.heads = views_.data();
+    p.q = q;
+    p.n_q = n_q;
+    p.out = out;
+    p.block_scores = block_scores;
+    p.scores_stride = scores_stride;
+    p.window_scores = window_scores;
+    p.window_queries = window_queries;
+    // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
+    // mix of rotated values, so it is rotated back (H is its own inverse).
+    const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
+    const bool rotated = kv_dtype_rotated(cfg_.dtype);
+    if (rotated) {
+        rotated_q_.assign(q, q + q_rows * cfg_.head_dim);
+        hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
+        p.q = rotated_q_.data();
+    }
+    if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, threads_.get(), workspace_);
+    else attention(p, isa, threads_.get(), workspace_);
+    if (rotated) hadamard_rows(out, q_rows, cfg_.head_dim);
+}
+
+void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
+                   float* block_scores, size_t scores_stride) {
+    check_append(layer, k, v, n_tokens);
+    check_attend(layer, q, n_tokens, out, block_scores, scores_stride, n_tokens);
+    if (store_) store_->install_finished();
+    append(layer, k, v, n_tokens);
+    if (!h2o_ || !h2o_->collects(layer)) {
+        attend(layer, q, n_tokens, out, block_scores, scores_stride);
+        // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
+        if (store_) store_->prefetch(layer + 1);
+        return;
+    }
+    float* acc = h2o_->accumulator(layer);
+    const size_t stride = h2o_->stride();
+    // The window policies' second output: the last queries' masses, from the same pass.
+    const int window_queries = h2o_->begin_window(layer, n_tokens);
+    float* window = window_queries > 0 ? h2o_->window_accumulator(layer) : nullptr;
+    if (!block_scores) {
+        attend_checked(layer, q, n_tokens, out, acc, stride, window, window_queries, best_isa());
+    } else {
+        // The caller wants the masses too: the kernel collects them once, both get a copy.
+        scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
+        attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, window, window_queries, best_isa());
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
+            const float* mass = scores_scratch_.data() + static_cast<size_t>(h) * stride;
+            for (int b = 0; b < n_blocks; ++b) {
+                acc[static_cast<size_t>(h) * stride + b] += mass[b];
+                block_scores[static_cast<size_t>(h) * scores_stride + b] += mass[b];
+            }
+        }
+    }
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) h2o_->record_step(layer, h, head(layer, h).length, n_tokens);
+    // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
+    if (h2o_->wants_queries())
+        h2o_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
+    if (store_) store_->prefetch(layer + 1);
+}
+
+int KvCache::length(int layer, int h) const { return head(layer, h).length; }
+
+KvHeadView KvCache::view(int layer, int h) const {
+    const Head& hs = head(layer, h);
+    KvHeadView view;
+    view.k_blocks = hs.k_blocks.data();
+    view.v_blocks = hs.v_blocks.data();
+    view.n_keys = hs.length;
+    return view;
+}
+
+void KvCache::read_stored(int layer, int h, float* k_out, float* v_out) const {
+    const Head& hs = head(layer, h);
+    const int bt = cfg_.block_tokens;
+    for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
+        const size_t rows = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt);
+        const size_t offset = static_cast<size_t>(pos) * cfg_.head_dim;
+        const void* k = hs.k_blocks[b];
+        const void* v = hs.v_blocks[b];
+        if (!k) store_->read_block(layer, h, b, &k, &v);
+        if (k_out) convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, rows, cfg_.head_dim);
+        if (v_out) convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, rows, cfg_.head_dim);
+    }
+}
+
+void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
+    const Head& hs = head(layer, h);
+    require(hs.length == 0 || (k_out && v_out), "null output");
+    read_stored(layer, h, k_out, v_out);
+    if (kv_dtype_rotated(cfg_.dtype)) {
+        hadamard_rows(k_out, static_cast<size_t>(hs.length), cfg_.head_dim);
+        hadamard_rows(v_out, static_cast<size_t>(hs.length), cfg_.head_dim);
+    }
+}
+
+void KvCache::release_tail(Head& hs, int n_tokens) {
+    const size_t keep = static_cast<size_t>((n_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens);
+    while (hs.k_blocks.size() > keep) {
+        pool_.release(hs.k_blocks.back());
+        hs.k_blocks.pop_back();
+        pool_.release(hs.v_blocks.back());
+        hs.v_blocks.pop_back();
+    }
+    hs.length = n_tokens;
+}
+
+void KvCache::truncate(int layer, int h, int n_tokens) {
+    Head& hs = head(layer, h);
+    require(n_tokens >= 0 && n_tokens <= hs.length, "truncate: n_tokens must be in [0, length]");
+    const int old_length = hs.length;
+    if (store_) store_->truncate(layer, h, n_tokens);
+    release_tail(hs, n_tokens);
+    if (h2o_ && h2o_->collects(layer)) h2o_->truncate(layer, h, old_length, n_tokens);
+}
+
+void KvCache::reset() {
+    if (store_) store_->reset();
+    for (Head& hs : heads_) release_tail(hs, 0);
+    std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});
+    if (h2o_) h2o_->reset();
+}
+
+void KvCache::enable_h2o(const H2oConfig& config) { h2o_ = std::make_unique<H2oState>(config, cfg_); }
+
+void KvCache::disable_h2o() { h2o_.reset(); }
+
+void KvCache::enable_store(const StoreConfig& config) {
+    validate_store_config(config, cfg_);
+    disable_store();
+    if (config.mode != StoreMode::Off) store_ = std::make_unique<KvStore>(config, cfg_, pool_, heads_);
+}
+
+void KvCache::disable_store() {
+    if (!store_) return;
+    store_->dissolve_all();
+    store_.reset();
+}
+
+void KvCache::drain_store() {
+    if (store_) store_->drain();
+}
+
+StoreStats KvCache::store_stats() const {
+    StoreStats s;
+    if (store_) s = store_->stats();
+    else s.layers.resize(static_cast<size_t>(cfg_.n_layers));
+    const H2oStats h = h2o_stats();
+    s.pool_bytes = pool_bytes_held();
+    s.bytes_held = bytes_held();
+    s.bytes_uncompressed = h.bytes_uncompressed;
+    s.total_ratio = ratio_of(s.bytes_uncompressed, s.bytes_held);
+    return s;
+}
+
+bool KvCache::end_step(int n_tokens, bool prefill) {
+    require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
+    if (store_) store_->install_finished();
+    const bool evicted = h2o_ && evict_due(n_tokens, prefill);
+    // New cold chunks, after eviction has had its say on this step's blocks.
+    if (store_) store_->schedule(h2o_config());
+    return evicted;
+}
+
+bool KvCache::evict_due(int n_tokens, bool prefill) {
+    // Counted in decode tokens, the same for every layer (not in layer calls).
+    const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
+    const H2oConfig& c = h2o_->config();
+    bool updated = false, evicted = false;
+    for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) lengths_[h] = head(layer, h).length;
+        H2oLayerStats& st = stats_[layer];
+        if (!decode_due && !(prefill && h2o_->over_budget(layer, st.tokens_seen, lengths_.data()))) continue;
+        updated = true;
+        const Clock::time_point t0 = Clock::now();
+        h2o_->update_scores(layer, lengths_.data());
+        h2o_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st, &row_reader_);
+        st.policy_us += micros_since(t0);
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            if (plans_[h].empty()) continue;
+            // Validated like any plan, against the floors as shrunk for the budget.
+            int sink = 0, recent = 1;
+            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent, layer);
+            evict_with_floors(layer, h, plans_[h], sink, recent);
+            evicted = true;
+        }
+    }
+    if (updated) h2o_->count_update();
+    return evicted;
+}
+
+void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
+    const H2oConfig* c = h2o_config();  // a bad layer or head is std::out_of_range (head()), not an invalid plan
+    evict_with_floors(layer, h, runs, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
+}
+
+void KvCache::evict_with_floors(int layer, int h, const std::vector<TokenRun>& runs, int sink_tokens,
+                                int recent_tokens) {
+    Head& hs = head(layer, h);
+    const std::string error = plan_error(runs, hs.length, sink_tokens, recent_tokens);
+    if (!error.empty()) {
+        ++stats_[layer].invalid_plans;
+        throw std::invalid_argument("evict: layer " + std::to_string(layer) + " head " + std::to_string(h) + ": " +
+                                    error);
+    }
+    const Clock::time_point t0 = Clock::now();
+    const int old_length = hs.length;
+    const size_t old_blocks = hs.k_blocks.size();
+    const bool aligned = block_aligned(runs, cfg_.block_tokens, old_length);
+    if (store_) store_->compact(layer, h, runs, aligned);
+    if (aligned) drop_blocks(hs, runs);
+    else move_rows(hs, runs);
+    if (h2o_ && h2o_->collects(layer)) h2o_->compact(layer, h, runs, old_length);
+    H2oLayerStats& st = stats_[layer];
+    ++st.evictions;
+    st.blocks_freed += static_cast<int64_t>(2 * (old_blocks - hs.k_blocks.size()));
+    st.compact_us += micros_since(t0);
+}
+
+void KvCache::drop_blocks(Head& hs, const std::vector<TokenRun>& runs) {
+    const int bt = cfg_.block_tokens;
+    size_t kept = 0, r = 0;
+    int64_t length = 0;
+    for (const TokenRun& run : runs) length += run.length;
+    freed_k_.clear();
+    freed_v_.clear();
+    for (size_t b = 0; b < hs.k_blocks.size(); ++b) {
+        const int64_t start = static_cast<int64_t>(b) * bt;
+        while (r < runs.size() && runs[r].offset + runs[r].length <= start) ++r;
+        if (r < runs.size() && runs[r].offset <= start) {
+            hs.k_blocks[kept] = hs.k_blocks[b];
+            hs.v_blocks[kept] = hs.v_blocks[b];
+            ++kept;
+        } else {
+            freed_k_.push_back(hs.k_blocks[b]);
+            freed_v_.push_back(hs.v_blocks[b]);
+        }
+    }
+    // The lists only shrink, so their capacity (max_blocks) stays and append never reallocates.
+    hs.k_blocks.resize(kept);
+    hs.v_blocks.resize(kept);
+    hs.length = static_cast<int>(length);
+    pack_blocks(hs.k_blocks, freed_k_);
+    pack_blocks(hs.v_blocks, freed_v_);
+    for (void* b : freed_k_) pool_.release(b);
+    for (void* b : freed_v_) pool_.release(b);
+}
+
+// Why pack: dropping blocks in place leaves the survivors scattered one or two per page, and the
+// attention kernel, which streams a head's blocks, then pays a TLB miss and a cold DRAM access per
+// block with no hardware prefetch: at ~1100 kept keys a decode step took twice as long as over
+// the same number of contiguous keys. Packing keeps a head's blocks one run (the next append
+// continues right behind it, see BlockPool::allocate) at the cost of copying the survivors that
+// lie above an evicted block, once per eviction.
+//
+// Safe in place: with the raw blocks p_0 < p_1 < ... in list order and S the sorted union of them
+// and `freed`, the j-th destination S[j] <= p_j, and S[j] is either free or the old address of a
+// block already moved (p_i, i < j). Lists whose raw blocks are not in address order (the store can
+// interleave blocks it allocated later) are left as they are.
+void KvCache::pack_blocks(std::vector<void*>& list, std::vector<void*>& freed) {
+    const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    uintptr_t last = 0;
+    slots_.clear();
+    for (void* p : list) {
+        if (!p) continue;  // compressed: held by the store
+        if (addr(p) <= last) return;
+        last = addr(p);
+        slots_.push_back(p);
+    }
+    for (void* p : freed)
+        if (p) slots_.push_back(p);
+    std::sort(slots_.begin(), slots_.end(), [&](const void* a, const void* b) { return addr(a) < addr(b); });
+    size_t j = 0;
+    for (void*& p : list) {
+        if (!p) continue;
+        void* dst = slots_[j++];
+        if (dst != p) {
+            std::memcpy(dst, p, pool_.block_bytes());
+            p = dst;
+        }
+    }
+    freed.assign(slots_.begin() + static_cast<std::ptrdiff_t>(j), slots_.end());
+}
+
+void KvCache::move_list_rows(std::vector<void*>& blocks, int64_t src, int64_t dst, int64_t n) const {
+    const int64_t bt = cfg_.block_tokens;
+    while (n > 0) {
+        const int64_t rows = std::min({bt - src % bt, bt - dst % bt, n});
+        // memmove: within one block the destination may overlap the source (dst < src).
+        std::memmove(static_cast<uint8_t*>(blocks[dst / bt]) + (dst % bt) * row_bytes_,
+                     static_cast<const uint8_t*>(blocks[src / bt]) + (src % bt) * row_bytes_,
+                     static_cast<size_t>(rows) * row_bytes_);
+        src += rows;
+        dst += rows;
+        n -= rows;
+    }
+}
+
+void KvCache::move_rows(Head& hs, const std::vector<TokenRun>& runs) {
+    int64_t dst = 0;
+    for (const TokenRun& r : runs) {
+        // Runs are sorted and disjoint, so dst <= r.offset: rows only move down, front to back.
+        if (r.offset != dst) {
+            move_list_rows(hs.k_blocks, r.offset, dst, r.length);
+            move_list_rows(hs.v_blocks, r.offset, dst, r.length);
+        }
+        dst += r.length;
+    }
+    release_tail(hs, static_cast<int>(dst));
+}
+
+size_t KvCache::kept_bytes() const {
+    size_t blocks = 0;
+    for (const Head& hs : heads_) blocks += hs.k_blocks.size() + hs.v_blocks.size();
+    return blocks * pool_.block_bytes();
+}
+
+H2oStats KvCache::h2o_stats() const {
+    H2oStats s;
+    s.layers.resize(cfg_.n_layers);
+    const size_t token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * row_bytes_ * 2;  // K and V, every head
+    const size_t f16_token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * kv_row_bytes(KvDtype::F16, cfg_.head_dim) * 2;
+    for (int layer = 0; layer < cfg_.n_layers; ++layer) {
+        H2oStats::Layer& l = s.layers[layer];
+        l.counters = stats_[layer];
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+            const Head& hs = head(layer, h);
+            l.held.push_back(hs.length);
+            for (size_t b = 0; b < hs.k_blocks.size(); ++b)  // compressed blocks are null: not pool bytes
+                l.bytes_held += ((hs.k_blocks[b] != nullptr) + (hs.v_blocks[b] != nullptr)) * pool_.block_bytes();
+        }
+        s.bytes_uncompressed += static_cast<size_t>(stats_[layer].tokens_seen) * token_bytes;
+        s.bytes_f16 += static_cast<size_t>(stats_[layer].tokens_seen) * f16_token_bytes;
+        s.policy_us += stats_[layer].policy_us;
+        s.compact_us += stats_[layer].compact_us;
+    }
+    s.bytes_held = pool_.bytes_held();
+    s.lossy_ratio = ratio_of(s.bytes_uncompressed, s.bytes_held);
+    s.whole_model_ratio = ratio_of(s.bytes_f16, s.bytes_held);
+    s.updates = h2o_ ? h2o_->updates() : 0;
+    return s;
+}
+
+std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks) const {
+    if (!h2o_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
+    check_layer(layer);
+    int n = 0;
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) n = std::max(n, static_cast<int>(head(layer, h).k_blocks.size()));
+    std::vector<float> scores(static_cast<size_t>(cfg_.n_kv_heads) * n, std::numeric_limits<float>::quiet_NaN());
+    for (int h = 0; h < cfg_.n_kv_heads; ++h)
+        for (int b = 0; b < static_cast<int>(head(layer, h).k_blocks.size()); ++b)
+            scores[static_cast<size_t>(h) * n + b] = h2o_->score(layer, h, b);
+    *n_blocks = n;
+    return scores;
+}
+
+}  // namespace mnn_h2o
