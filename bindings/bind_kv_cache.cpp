@@ -1,3 +1,4 @@
+// One file: KvCache is one pybind11 class, bound with the converters only it uses.
 // Python face of mnn_h2o::KvCache: numpy arrays in and out, checked before any native code sees
 // them, with the GIL released while the kernels run.
 #include <pybind11/numpy.h>

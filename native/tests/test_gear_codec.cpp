@@ -1,3 +1,4 @@
+// One file: one ctest program for the codec; its allocation counter replaces operator new.
 // Tests of the Gear codec: hand-built frames from docs/gear_format.md, bit-exact round trips of
 // every kind of value and shape, the rANS backend on its own (round trips of every kind of byte
 // distribution, malformed payloads), damaged and truncated frames, the no-zstd fallback (in a

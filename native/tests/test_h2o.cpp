@@ -1,3 +1,4 @@
+// One file: one ctest program for H2O eviction; its cases share the cache helpers below.
 // H2O eviction: config validation, plan validation, the policies (each one's signal deciding what it
 // keeps, in prefill and decode) and the shared per-layer budget, budget arithmetic (static and adaptive), floors, the EMA of normalised scores against
 // an independent reference, the decode-token schedule, compaction (block-aligned and row moves)

@@ -1,3 +1,4 @@
+// One file: one ctest program for the store; its cases share the configs and reference runs.
 // The lossless store: attention outputs bit-identical to the raw cache in every mode (with H2O
 // evicting, per-head budgets on and off, sync and async, cache budgets from none to all), the
 // pool really released in store mode, re-encoding on eviction, dissolving on truncate, deferral with a full

@@ -1,3 +1,4 @@
+// One file: encoder and decoder mirror each other (docs/gear_format.md) and share private helpers.
 // The Gear codec. The byte layout implemented here is specified in docs/gear_format.md; the
 // section names of that document appear in the comments below.
 #include "mnn_h2o/codec/gear_codec.h"

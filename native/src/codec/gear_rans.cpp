@@ -1,3 +1,4 @@
+// One file: the rANS encoder and decoder share this file's private tables, levels and EG codes.
 // The rANS backend (gear_rans.h); section names refer to docs/gear_format.md, "rANS backend".
 #include "gear_rans.h"
 
