@@ -247,11 +247,21 @@ def defaults() -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
-    """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` or the defaults."""
-    cfg = copy.deepcopy(base) if base is not None else defaults()
+def validate(raw: Any, base: Any = None) -> Dict[str, Dict[str, Any]]:
+    """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` over the defaults. ``base``
+    (e.g. a config from an earlier ``validate``) is checked exactly as ``raw`` is, so
+    ``validate(None, cfg)`` is how to check a config of unknown origin."""
+    cfg = defaults()
+    for layer in (base, raw):
+        _merge(cfg, layer)
+    _check_together(cfg)
+    return cfg
+
+
+def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
+    """Check every key of ``raw`` and write it into ``cfg``."""
     if raw is None:
-        return cfg
+        return
     if not isinstance(raw, dict):
         raise ConfigError(f"config must be a mapping of sections ({', '.join(SECTIONS)}), "
                           f"got {type(raw).__name__}")
@@ -268,8 +278,6 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
                 known = ", ".join(k.name for k in SCHEMA if k.section == section)
                 raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
             cfg[section][name] = key.check(value)
-    _check_together(cfg)
-    return cfg
 
 
 QUANTISED_KV = ("q8", "q4", "q4r", "q8r")

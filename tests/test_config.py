@@ -123,3 +123,24 @@ def test_byte_budget_is_one_of_the_targets():
         config.validate({"h2o": {"head_floor_share": 1.5}})
     with pytest.raises(config.ConfigError, match="h2o.layer_budget"):
         config.validate({"h2o": {"layer_budget": "cone"}})
+
+
+@pytest.mark.parametrize("base, message", [
+    ({"runtime": {"threads": "x"}}, "runtime.threads: expected int"),
+    ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
+    ({"h2o": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}}, "set at most one"),
+    ({"runtime": {"thread": 2}}, "unknown key runtime.thread"),
+    ([1], "config must be a mapping"),
+])
+def test_validate_checks_its_base_too(base, message):
+    """validate(None, cfg) is how the engine checks a config it is handed: bad input is an error."""
+    for raw in (None, {}, {"model": {"name": "x"}}):
+        with pytest.raises(config.ConfigError) as e:
+            config.validate(raw, base)
+        assert message in str(e.value)
+
+
+def test_validate_of_a_valid_config_is_that_config():
+    cfg = config.validate({"h2o": {"sink_tokens": 32}})
+    assert config.validate(None, cfg) == cfg and config.validate(None, cfg) is not cfg
+    assert config.validate({"h2o": {"sink_tokens": 16}}, cfg)["h2o"]["sink_tokens"] == 16
