@@ -144,3 +144,21 @@ def test_validate_of_a_valid_config_is_that_config():
     cfg = config.validate({"h2o": {"sink_tokens": 32}})
     assert config.validate(None, cfg) == cfg and config.validate(None, cfg) is not cfg
     assert config.validate({"h2o": {"sink_tokens": 16}}, cfg)["h2o"]["sink_tokens"] == 16
+
+
+# --- one source of truth: the schema, the generated header, the native structs, the C API (its
+# own test, native/tests/test_c_api.cpp), the binding, the engine and h2o.yaml agree -------------
+
+def test_native_header_matches_schema():
+    with open(os.path.join(ROOT, *config.NATIVE_HEADER.split("/")), encoding="utf-8") as f:
+        assert f.read() == config.native_header(), \
+            f"{config.NATIVE_HEADER} is stale: python -m mnn_h2o.config --native-header > {config.NATIVE_HEADER}"
+
+
+def test_shipped_yaml_holds_the_schema_defaults():
+    """h2o.yaml is the defaults written out ('the built-in defaults', bench --help): never others."""
+    import yaml
+
+    with open(os.path.join(ROOT, "h2o.yaml")) as f:
+        raw = yaml.safe_load(f)
+    assert {s: raw[s] for s in config.SECTIONS} == config.defaults()
