@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -165,10 +166,22 @@ py::dict config_dict(const H2oConfig& c) {
     return d;
 }
 
-StoreMode parse_store_mode(const std::string& name) {
-    for (StoreMode m : {StoreMode::Off, StoreMode::Probe, StoreMode::Full, StoreMode::Store})
-        if (name == mnn_h2o::store_mode_name(m)) return m;
-    throw py::value_error("enable_store: mode must be 'off', 'probe', 'full' or 'store', got '" + name + "'");
+// A name of the schema's choices of K (the native enums follow their order) as enum E.
+template <class K, class E>
+E parse_choice(const char* where, const std::string& name) {
+    const int i = mnn_h2o::schema::choice_index<K>(name);
+    if (i < 0) throw py::value_error(std::string(where) + ": " + K::kName + " must be " + K::kAllowed + ", got '" + name + "'");
+    return static_cast<E>(i);
+}
+
+// A Python int as the C++ type of its field; one that does not fit is a ValueError naming the
+// argument (the bounds themselves are the native validation's).
+template <class T>
+T narrow(const char* where, const char* name, long long x) {
+    const bool fits = x >= 0 ? static_cast<unsigned long long>(x) <= static_cast<unsigned long long>(std::numeric_limits<T>::max())
+                             : std::numeric_limits<T>::is_signed && x >= static_cast<long long>(std::numeric_limits<T>::min());
+    if (!fits) throw py::value_error(std::string(where) + ": " + name + " is out of range, got " + std::to_string(x));
+    return static_cast<T>(x);
 }
 
 py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
@@ -231,8 +244,8 @@ py::dict store_stats_dict(const StoreStats& s) {
 py::dict store_config_dict(const StoreConfig& c) {
     py::dict d;
     d["mode"] = mnn_h2o::store_mode_name(c.mode);
+    d["scope"] = mnn_h2o::store_scope_name(c.scope);
     d["front_n"] = c.front_n;
-    d["h2o_kept"] = c.h2o_kept;
     d["hot_sink_tokens"] = c.hot_sink_tokens;
     d["hot_recent_tokens"] = c.hot_recent_tokens;
     d["chunk_tokens"] = c.chunk_tokens;
@@ -268,6 +281,10 @@ private:
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
+    // The keyword defaults of enable_h2o / enable_store: the native structs' own, which are the
+    // config schema's (config_schema.h).
+    const H2oConfig kH2o;
+    const StoreConfig kStore;
     // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
     // out_of_range -> IndexError, bad_alloc -> MemoryError (pybind11's defaults).
     m.def("best_isa", [] { return std::string(mnn_h2o::isa_name(mnn_h2o::best_isa())); },
@@ -443,44 +460,43 @@ mass each key block received, summed over the queries and the query heads of eac
                long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
                long long seed, double max_floor_share, long long observation_window, double head_floor_share,
                const std::string& layer_budget, long long kv_budget_bytes) {
-                // Out-of-range ints are a ValueError naming the argument, like any other bad value.
-                const auto to_int = [](const char* name, long long x) {
-                    if (x < INT32_MIN || x > INT32_MAX)
-                        throw py::value_error(std::string("enable_h2o: ") + name + " is out of range, got " +
-                                              std::to_string(x));
-                    return static_cast<int>(x);
-                };
-                if (seed < 0) throw py::value_error("enable_h2o: seed must be >= 0, got " + std::to_string(seed));
+                // Types only: the values are checked by the native validation (the schema's bounds).
+                const char* where = "enable_h2o";
                 H2oConfig c;
                 c.policy = policy;
-                c.sink_tokens = to_int("sink_tokens", sink_tokens);
-                c.recent_tokens = to_int("recent_tokens", recent_tokens);
+                c.sink_tokens = narrow<int>(where, "sink_tokens", sink_tokens);
+                c.recent_tokens = narrow<int>(where, "recent_tokens", recent_tokens);
                 c.target_keep_ratio = target_keep_ratio;
                 c.target_lossy_ratio = target_lossy_ratio;
                 c.ema_alpha = ema_alpha;
-                c.layer_start = to_int("layer_start", layer_start);
-                c.layer_end = to_int("layer_end", layer_end);
-                c.trigger_min_tokens = to_int("trigger_min_tokens", trigger_min_tokens);
-                c.update_interval = to_int("update_interval", update_interval);
+                c.layer_start = narrow<int>(where, "layer_start", layer_start);
+                c.layer_end = narrow<int>(where, "layer_end", layer_end);
+                c.trigger_min_tokens = narrow<int>(where, "trigger_min_tokens", trigger_min_tokens);
+                c.update_interval = narrow<int>(where, "update_interval", update_interval);
                 c.per_head_budget = per_head_budget;
-                c.seed = static_cast<uint64_t>(seed);
+                c.seed = narrow<uint64_t>(where, "seed", seed);
                 c.max_floor_share = max_floor_share;
-                c.observation_window = to_int("observation_window", observation_window);
+                c.observation_window = narrow<int>(where, "observation_window", observation_window);
                 c.head_floor_share = head_floor_share;
                 c.layer_budget = layer_budget;
                 c.kv_budget_bytes = kv_budget_bytes;
                 NativeCall call(self);
                 self.cache.enable_h2o(c);
             },
-            py::arg("policy") = "h2o", py::arg("sink_tokens") = 64, py::arg("recent_tokens") = 256,
-            py::arg("target_keep_ratio") = 0.0, py::arg("target_lossy_ratio") = 3.0, py::arg("ema_alpha") = 0.5,
-            py::arg("layer_start") = 2, py::arg("layer_end") = -1, py::arg("trigger_min_tokens") = 512,
-            py::arg("update_interval") = 32, py::arg("per_head_budget") = false, py::arg("seed") = 0,
-            py::arg("max_floor_share") = 1.0, py::arg("observation_window") = 32, py::arg("head_floor_share") = 0.0,
-            py::arg("layer_budget") = "uniform", py::arg("kv_budget_bytes") = 0,
+            // The defaults are H2oConfig's, i.e. the config schema's (docs/config.md, h2o.*).
+            py::kw_only(), py::arg("policy") = kH2o.policy, py::arg("sink_tokens") = kH2o.sink_tokens,
+            py::arg("recent_tokens") = kH2o.recent_tokens, py::arg("target_keep_ratio") = kH2o.target_keep_ratio,
+            py::arg("target_lossy_ratio") = kH2o.target_lossy_ratio, py::arg("ema_alpha") = kH2o.ema_alpha,
+            py::arg("layer_start") = kH2o.layer_start, py::arg("layer_end") = kH2o.layer_end,
+            py::arg("trigger_min_tokens") = kH2o.trigger_min_tokens, py::arg("update_interval") = kH2o.update_interval,
+            py::arg("per_head_budget") = kH2o.per_head_budget, py::arg("seed") = kH2o.seed,
+            py::arg("max_floor_share") = kH2o.max_floor_share, py::arg("observation_window") = kH2o.observation_window,
+            py::arg("head_floor_share") = kH2o.head_floor_share, py::arg("layer_budget") = kH2o.layer_budget,
+            py::arg("kv_budget_bytes") = kH2o.kv_budget_bytes,
             R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
-Exactly one of target_keep_ratio / target_lossy_ratio must be > 0; layer_end -1 = n_layers.
-ValueError naming the bad argument.)doc")
+The arguments, their defaults and allowed values are the config keys h2o.* of docs/config.md
+(target_keep_ratio or kv_budget_bytes > 0, at most one, replaces target_lossy_ratio;
+layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
         .def(
             "disable_h2o",
             [](PyKvCache& self) {
@@ -552,34 +568,26 @@ ValueError naming the bad argument.)doc")
             "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet).")
         .def(
             "enable_store",
-            [](PyKvCache& self, const std::string& mode, long long front_n, bool h2o_kept, long long hot_sink_tokens,
-               long long hot_recent_tokens, long long chunk_tokens, long long v_dedup_layers, long long async_threads,
-               long long max_queue,
-               long long decode_cache_bytes, bool prefetch, long long zstd_level, long long probe_every,
-               const std::vector<std::string>& faults) {
-                const auto to_int = [](const char* name, long long x) {
-                    if (x < INT32_MIN || x > INT32_MAX)
-                        throw py::value_error(std::string("enable_store: ") + name + " is out of range, got " +
-                                              std::to_string(x));
-                    return static_cast<int>(x);
-                };
-                if (decode_cache_bytes < 0)
-                    throw py::value_error("enable_store: decode_cache_bytes must be >= 0, got " +
-                                          std::to_string(decode_cache_bytes));
+            [](PyKvCache& self, const std::string& mode, const std::string& scope, long long front_n,
+               long long hot_sink_tokens, long long hot_recent_tokens, long long chunk_tokens, long long v_dedup_layers,
+               long long async_threads, long long max_queue, long long decode_cache_bytes, bool prefetch,
+               long long zstd_level, long long probe_every, const std::vector<std::string>& faults) {
+                // Types only: the values are checked by the native validation (the schema's bounds).
+                const char* where = "enable_store";
                 StoreConfig c;
-                c.mode = parse_store_mode(mode);
-                c.front_n = to_int("front_n", front_n);
-                c.h2o_kept = h2o_kept;
-                c.hot_sink_tokens = to_int("hot_sink_tokens", hot_sink_tokens);
-                c.hot_recent_tokens = to_int("hot_recent_tokens", hot_recent_tokens);
-                c.chunk_tokens = to_int("chunk_tokens", chunk_tokens);
-                c.v_dedup_layers = to_int("v_dedup_layers", v_dedup_layers);
-                c.async_threads = to_int("async_threads", async_threads);
-                c.max_queue = to_int("max_queue", max_queue);
-                c.decode_cache_bytes = static_cast<size_t>(decode_cache_bytes);
+                c.mode = parse_choice<mnn_h2o::schema::lossless::mode, StoreMode>(where, mode);
+                c.scope = parse_choice<mnn_h2o::schema::lossless::scope, mnn_h2o::StoreScope>(where, scope);
+                c.front_n = narrow<int>(where, "front_n", front_n);
+                c.hot_sink_tokens = narrow<int>(where, "hot_sink_tokens", hot_sink_tokens);
+                c.hot_recent_tokens = narrow<int>(where, "hot_recent_tokens", hot_recent_tokens);
+                c.chunk_tokens = narrow<int>(where, "chunk_tokens", chunk_tokens);
+                c.v_dedup_layers = narrow<int>(where, "v_dedup_layers", v_dedup_layers);
+                c.async_threads = narrow<int>(where, "async_threads", async_threads);
+                c.max_queue = narrow<int>(where, "max_queue", max_queue);
+                c.decode_cache_bytes = narrow<size_t>(where, "decode_cache_bytes", decode_cache_bytes);
                 c.prefetch = prefetch;
-                c.zstd_level = to_int("zstd_level", zstd_level);
-                c.probe_every = to_int("probe_every", probe_every);
+                c.zstd_level = narrow<int>(where, "zstd_level", zstd_level);
+                c.probe_every = narrow<int>(where, "probe_every", probe_every);
                 for (const std::string& f : faults) {
                     if (f == "encode_error") c.faults.encode_error = true;
                     else if (f == "verify_mismatch") c.faults.verify_mismatch = true;
@@ -590,16 +598,20 @@ ValueError naming the bad argument.)doc")
                 NativeCall call(self);
                 self.cache.enable_store(c);
             },
-            py::kw_only(), py::arg("mode") = "store", py::arg("front_n") = 0, py::arg("h2o_kept") = false,
-            py::arg("hot_sink_tokens") = 64, py::arg("hot_recent_tokens") = 256, py::arg("chunk_tokens") = 128,
-            py::arg("v_dedup_layers") = 0,
-            py::arg("async_threads") = 0, py::arg("max_queue") = 64, py::arg("decode_cache_bytes") = 8 << 20,
-            py::arg("prefetch") = true, py::arg("zstd_level") = 1, py::arg("probe_every") = 8,
+            // The defaults are StoreConfig's, i.e. the config schema's (docs/config.md, lossless.*).
+            py::kw_only(), py::arg("mode") = mnn_h2o::store_mode_name(kStore.mode),
+            py::arg("scope") = mnn_h2o::store_scope_name(kStore.scope), py::arg("front_n") = kStore.front_n,
+            py::arg("hot_sink_tokens") = kStore.hot_sink_tokens, py::arg("hot_recent_tokens") = kStore.hot_recent_tokens,
+            py::arg("chunk_tokens") = kStore.chunk_tokens, py::arg("v_dedup_layers") = kStore.v_dedup_layers,
+            py::arg("async_threads") = kStore.async_threads, py::arg("max_queue") = kStore.max_queue,
+            py::arg("decode_cache_bytes") = kStore.decode_cache_bytes, py::arg("prefetch") = kStore.prefetch,
+            py::arg("zstd_level") = kStore.zstd_level, py::arg("probe_every") = kStore.probe_every,
             py::arg("faults") = std::vector<std::string>(),
             R"doc(Turn the lossless store on (mode 'probe', 'full' or 'store'; 'off' turns it off), or replace
 its settings (what is compressed is dissolved back to raw first). See docs/kv_cache.md.
-faults (tests only): any of 'encode_error', 'verify_mismatch', 'alloc_failure', 'worker_exception'.
-ValueError naming the bad argument.)doc")
+The arguments but faults, their defaults and allowed values are the config keys lossless.* of
+docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', 'alloc_failure',
+'worker_exception'. ValueError naming the bad argument.)doc")
         .def(
             "disable_store",
             [](PyKvCache& self) {

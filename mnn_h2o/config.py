@@ -1,9 +1,13 @@
 """The runtime configuration: one schema, strict validation, YAML in and out.
 
 Every key is declared once in :data:`SCHEMA` with its type, default, unit, allowed values and
-meaning; ``docs/config.md`` is generated from it (``python -m mnn_h2o.config --markdown``) and a
-test keeps the two in sync. Unknown keys, wrong types and out-of-range values are errors that
-name the key and what is allowed.
+meaning; this is the only place a default or a bound is written. ``docs/config.md`` is generated
+from it (``python -m mnn_h2o.config --markdown``), and so is the native core's copy of the defaults
+and bounds of the keys that reach it, ``native/include/mnn_h2o/config_schema.h``
+(``python -m mnn_h2o.config --native-header``): ``H2oConfig``, ``StoreConfig``, the C API's defaults,
+the pybind11 keyword defaults and the native validation all read that header, and tests fail when
+a generated file and the schema disagree. Unknown keys, wrong types and out-of-range values are
+errors that name the key and what is allowed.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class Key:
     choices: Optional[Sequence[Any]] = None
     range: Optional[Tuple[Optional[float], Optional[float]]] = None  # inclusive bounds
     item: Optional[type] = None  # for type list: the type of every item (choices/range apply per item)
+    hi_open: bool = False  # the upper bound itself is excluded
 
     @property
     def path(self) -> str:
@@ -44,8 +49,15 @@ class Key:
             return " | ".join(str(c) for c in self.choices)
         if self.range is not None:
             lo, hi = self.range
-            return f"{'-inf' if lo is None else lo} .. {'inf' if hi is None else hi}"
+            text = f"{'-inf' if lo is None else lo} .. {'inf' if hi is None else hi}"
+            return text + f" ({hi} excluded)" if self.hi_open else text
         return "any " + self.type_name
+
+    def in_range(self, value) -> bool:
+        lo, hi = self.range
+        if lo is not None and value < lo:
+            return False
+        return hi is None or (value < hi if self.hi_open else value <= hi)
 
     def check(self, value: Any) -> Any:
         if self.type is not list:
@@ -70,12 +82,14 @@ class Key:
             raise ConfigError(f"{path}: NaN is not allowed (allowed: {self.allowed()})")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{path}: {value!r} is not allowed (allowed: {self.allowed()})")
-        if self.range is not None:
-            lo, hi = self.range
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                raise ConfigError(f"{path}: {value!r} is out of range (allowed: {self.allowed()})")
+        if self.range is not None and not self.in_range(value):
+            raise ConfigError(f"{path}: {value!r} is out of range (allowed: {self.allowed()})")
         return value
 
+
+# h2o.target_lossy_ratio when it is the budget (h2o.target_keep_ratio and h2o.kv_budget_bytes
+# are 0): a whole-model ratio below this would hold more than every token takes.
+LOSSY_RATIO_IN_USE_MIN = 1.0
 
 SCHEMA: Tuple[Key, ...] = (
     Key("model", "name", str, "smollm2", "-",
@@ -118,8 +132,8 @@ SCHEMA: Tuple[Key, ...] = (
         choices=tuple(_core.policy_names())),  # the native registry: one list of names
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
-    Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window)",
-        range=(0, 1 << 20)),
+    Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window; at "
+        "least 1, so the newest token always stays)", range=(1, 1 << 20)),
     Key("h2o", "max_floor_share", float, 1.0, "fraction", "the sink and recent floors take at most "
         "this share of a head's budget; beyond it both shrink in proportion (the recent floor keeps "
         "at least the newest block), so a budget smaller than the floors is still met; 0 = never "
@@ -129,14 +143,14 @@ SCHEMA: Tuple[Key, ...] = (
     Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
         "makes the whole-model ratio (all layers) reach this; with a quantised runtime.kv_dtype "
         "the ratio is against f16 rows and the type pays its part first (32/17 for q8), eviction "
-        "the rest; used when target_keep_ratio is 0",
-        range=(0.0, 1000.0)),
+        "the rest; used when target_keep_ratio and kv_budget_bytes are 0, and then at least "
+        f"{LOSSY_RATIO_IN_USE_MIN:g}", range=(0.0, 1000.0)),
     Key("h2o", "kv_budget_bytes", int, 0, "bytes", "byte budget: the whole model's K and V blocks (all "
         "layers, in runtime.kv_dtype, so a quantised type fits more tokens) are held to at most this; "
         "the evicting layers share what the others leave; 0 = use the ratio targets. Set at most one of "
         "target_keep_ratio and kv_budget_bytes (either replaces target_lossy_ratio)", range=(0, 1 << 50)),
     Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
-        "exponential moving average", range=(0.0, 1.0)),
+        "exponential moving average", range=(0.0, 1.0), hi_open=True),
     Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
         "everything, so the evicting ones are cut harder for the same whole-model ratio)",
         range=(0, 1 << 10)),
@@ -247,11 +261,21 @@ def defaults() -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
-    """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` or the defaults."""
-    cfg = copy.deepcopy(base) if base is not None else defaults()
+def validate(raw: Any, base: Any = None) -> Dict[str, Dict[str, Any]]:
+    """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` over the defaults. ``base``
+    (e.g. a config from an earlier ``validate``) is checked exactly as ``raw`` is, so
+    ``validate(None, cfg)`` is how to check a config of unknown origin."""
+    cfg = defaults()
+    for layer in (base, raw):
+        _merge(cfg, layer)
+    _check_together(cfg)
+    return cfg
+
+
+def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
+    """Check every key of ``raw`` and write it into ``cfg``."""
     if raw is None:
-        return cfg
+        return
     if not isinstance(raw, dict):
         raise ConfigError(f"config must be a mapping of sections ({', '.join(SECTIONS)}), "
                           f"got {type(raw).__name__}")
@@ -268,8 +292,25 @@ def validate(raw: Any, base: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict
                 known = ", ".join(k.name for k in SCHEMA if k.section == section)
                 raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
             cfg[section][name] = key.check(value)
-    _check_together(cfg)
-    return cfg
+
+
+# The sections whose keys reach the native core (KvCache.enable_h2o / enable_store, the C API,
+# H2oConfig / StoreConfig), each under its own name, except these, which the engine consumes.
+NATIVE_SECTIONS = ("h2o", "lossless")
+ENGINE_KEYS = ("h2o.enabled", "h2o.prefill_eviction")
+# Choices the native core owns (the policy registry): read from it above, not written back.
+_NATIVE_OWNED_CHOICES = ("h2o.policy",)
+
+
+def native_keys(section: str) -> Tuple[Key, ...]:
+    """The keys of ``section`` that the native core takes (the keyword arguments of
+    ``KvCache.enable_h2o`` for h2o, ``enable_store`` for lossless)."""
+    return tuple(k for k in SCHEMA if k.section == section and k.path not in ENGINE_KEYS)
+
+
+def native_args(section: str, values: Dict[str, Any]) -> Dict[str, Any]:
+    """The native keyword arguments of a validated section: its values, unchanged."""
+    return {k.name: values[k.name] for k in native_keys(section)}
 
 
 QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
@@ -278,8 +319,9 @@ QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 def _check_together(cfg) -> None:
     """Rules that involve more than one key."""
     h = cfg["h2o"]
-    if h["enabled"] and h["target_keep_ratio"] == 0.0 and h["kv_budget_bytes"] == 0 and h["target_lossy_ratio"] < 1.0:
-        raise ConfigError("h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio and "
+    if (h["enabled"] and h["target_keep_ratio"] == 0.0 and h["kv_budget_bytes"] == 0
+            and h["target_lossy_ratio"] < LOSSY_RATIO_IN_USE_MIN):
+        raise ConfigError(f"h2o.target_lossy_ratio must be >= {LOSSY_RATIO_IN_USE_MIN:g} when h2o.target_keep_ratio and "
                           f"h2o.kv_budget_bytes are 0 (got {h['target_lossy_ratio']}, {h['target_keep_ratio']} "
                           f"and {h['kv_budget_bytes']})")
     if h["target_keep_ratio"] > 0.0 and h["kv_budget_bytes"] > 0:
@@ -353,9 +395,87 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpp_number(k: Key, x: Any) -> str:
+    return repr(float(x)) if k.type is float else str(int(x))
+
+
+def _cpp_text(x: Any) -> str:
+    return '"' + str(x).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _native_key(k: Key) -> list:
+    """The lines of one key's struct in the native header."""
+    t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
+    lines = [f"// {k.path}: {k.type_name}, {k.unit}", f"struct {k.name} {{",
+             f"    static constexpr const char* kName = {_cpp_text(k.name)};"]
+    if k.type is bool:
+        lines.append(f"    static constexpr bool kDefault = {'true' if k.default else 'false'};")
+    elif k.type is str:
+        lines.append(f"    static constexpr const char* kDefault = {_cpp_text(k.default)};")
+        if k.choices is not None and k.path not in _NATIVE_OWNED_CHOICES:
+            lines += [f"    static constexpr const char* kChoices[] = {{{', '.join(_cpp_text(c) for c in k.choices)}}};",
+                      f"    static constexpr int kChoiceCount = {len(k.choices)};",
+                      f"    static constexpr int kDefaultIndex = {list(k.choices).index(k.default)};",
+                      f"    static constexpr const char* kAllowed = "
+                      f"{_cpp_text('one of ' + ', '.join(repr(str(c)) for c in k.choices))};"]
+    else:
+        if k.range is None or None in k.range or k.choices is not None:
+            raise ValueError(f"{k.path}: a native number needs both bounds and no choices")
+        lo, hi = k.range
+        show = (lambda x: f"{x:g}") if k.type is float else str
+        allowed = f"in [{show(lo)}, {show(hi)}{')' if k.hi_open else ']'}"
+        lines += [f"    static constexpr {t} kDefault = {_cpp_number(k, k.default)};",
+                  f"    static constexpr {t} kLo = {_cpp_number(k, lo)};",
+                  f"    static constexpr {t} kHi = {_cpp_number(k, hi)};",
+                  f"    static constexpr bool kHiOpen = {'true' if k.hi_open else 'false'};",
+                  f"    static constexpr const char* kAllowed = {_cpp_text(allowed)};"]
+    if k.path == "h2o.target_lossy_ratio":
+        lines.append(f"    static constexpr double kInUseMin = {_cpp_number(k, LOSSY_RATIO_IN_USE_MIN)};  "
+                     "// when it is the budget")
+    return lines + ["};"]
+
+
+NATIVE_HEADER = "native/include/mnn_h2o/config_schema.h"
+
+
+def native_header() -> str:
+    """``native/include/mnn_h2o/config_schema.h``: the defaults and bounds of the native keys."""
+    out = ["// Generated from mnn_h2o/config.py by `python -m mnn_h2o.config --native-header`: do not edit.",
+           "// The defaults and bounds of the config keys that reach the native core (docs/config.md), so",
+           "// H2oConfig, StoreConfig, the C API, the Python binding and the native validation use the",
+           "// schema's values; tests/test_config.py fails when this file and the schema disagree.",
+           "#pragma once", "", "#include <cstdint>", "#include <string_view>", "",
+           "namespace mnn_h2o {", "namespace schema {", ""]
+    for section in NATIVE_SECTIONS:
+        out.append(f"namespace {section} {{")
+        for k in native_keys(section):
+            out += _native_key(k)
+        out += [f"}}  // namespace {section}", ""]
+    out += ["// x is within K's bounds (NaN is not): K::kLo <= x <= K::kHi, or x < K::kHi when K::kHiOpen.",
+            "template <class K, class T>",
+            "constexpr bool in_bounds(T x) {",
+            "    const double v = static_cast<double>(x);",
+            "    return v >= static_cast<double>(K::kLo) &&",
+            "           (K::kHiOpen ? v < static_cast<double>(K::kHi) : v <= static_cast<double>(K::kHi));",
+            "}", "",
+            "// The index of name in K::kChoices, or -1.",
+            "template <class K>",
+            "constexpr int choice_index(std::string_view name) {",
+            "    for (int i = 0; i < K::kChoiceCount; ++i)",
+            "        if (name == K::kChoices[i]) return i;",
+            "    return -1;",
+            "}", "",
+            "}  // namespace schema", "}  // namespace mnn_h2o"]
+    return "\n".join(out) + "\n"
+
+
+_USAGE = "usage: python -m mnn_h2o.config --markdown | --native-header"
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         sys.stdout.write(markdown())
+    elif sys.argv[1:] == ["--native-header"]:
+        sys.stdout.write(native_header())
     else:
-        print("usage: python -m mnn_h2o.config --markdown", file=sys.stderr)
+        print(_USAGE, file=sys.stderr)
         sys.exit(2)

@@ -147,8 +147,8 @@ class Llm:
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
         self.configure_kv_dtype(rt["kv_dtype"])
-        self.configure_h2o(cfg["h2o"])
-        self.configure_lossless(cfg["lossless"])
+        self._apply_h2o(cfg["h2o"])  # validated above
+        self._apply_lossless(cfg["lossless"])
 
     @property
     def weights(self) -> str:
@@ -188,41 +188,42 @@ class Llm:
         self.reset()
 
     def configure_h2o(self, h2o: Optional[dict]) -> None:
-        """Turn eviction on (an ``h2o`` config section) or off (None or enabled: false).
-        Starts a fresh context."""
+        """Turn eviction on (an ``h2o`` config section, missing keys at their defaults) or off
+        (None or enabled: false). Starts a fresh context."""
+        if h2o is not None and h2o.get("enabled", True):
+            h2o = config_mod.validate({"h2o": h2o})["h2o"]
+        self._apply_h2o(h2o)
+
+    def _apply_h2o(self, h2o: Optional[dict]) -> None:
+        """configure_h2o of a validated section (or None): its values go to the native cache as
+        they are (prefill_eviction is the engine's: which end_step calls say prefill)."""
         self.reset()
         if h2o is None or not h2o.get("enabled", True):
             self.cache.disable_h2o()
             self.h2o = None
             return
-        h = config_mod.validate({"h2o": dict(h2o, enabled=True)})["h2o"]
-        # prefill_eviction is the engine's (which end_step calls say prefill); the rest is native.
-        args = {k: v for k, v in h.items() if k not in ("enabled", "prefill_eviction")}
-        if args["target_keep_ratio"] > 0 or args["kv_budget_bytes"] > 0:  # replaces the adaptive one
-            args["target_lossy_ratio"] = 0.0
-        self.cache.enable_h2o(**args)
-        self.h2o = h
+        self.cache.enable_h2o(**config_mod.native_args("h2o", h2o))
+        self.h2o = h2o
 
     def configure_lossless(self, lossless: Optional[dict]) -> None:
-        """Turn the lossless store on (a ``lossless`` config section whose mode is not off) or
-        off. Starts a fresh context."""
+        """Turn the lossless store on (a ``lossless`` config section, missing keys at their
+        defaults, whose mode is not off) or off. Starts a fresh context."""
+        if lossless is not None and lossless.get("mode", "off") != "off":
+            lossless = config_mod.validate({"lossless": lossless,
+                                            "runtime": {"block_tokens": self._block_tokens,
+                                                        "kv_dtype": self.kv_dtype}})["lossless"]
+        self._apply_lossless(lossless)
+
+    def _apply_lossless(self, lossless: Optional[dict]) -> None:
+        """configure_lossless of a validated section (or None): its values go to the native
+        cache as they are."""
         self.reset()
         if lossless is None or lossless.get("mode", "off") == "off":
             self.cache.disable_store()
             self.lossless = None
             return
-        ll = config_mod.validate({"lossless": lossless,
-                                  "runtime": {"block_tokens": self._block_tokens,
-                                              "kv_dtype": self.kv_dtype}})["lossless"]
-        scope = ll["scope"]
-        self.cache.enable_store(
-            mode=ll["mode"], front_n=ll["front_n"] if scope != "h2o_kept" else 0,
-            h2o_kept=scope != "front_n", hot_sink_tokens=ll["hot_sink_tokens"],
-            hot_recent_tokens=ll["hot_recent_tokens"], chunk_tokens=ll["chunk_tokens"],
-            v_dedup_layers=ll["v_dedup_layers"], async_threads=ll["async_threads"], max_queue=ll["max_queue"],
-            decode_cache_bytes=ll["decode_cache_bytes"], prefetch=ll["prefetch"],
-            zstd_level=ll["zstd_level"], probe_every=ll["probe_every"])
-        self.lossless = ll
+        self.cache.enable_store(**config_mod.native_args("lossless", lossless))
+        self.lossless = lossless
 
     def store_stats(self) -> Optional[dict]:
         """The lossless store's counters (None when it is off)."""

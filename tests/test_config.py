@@ -123,3 +123,174 @@ def test_byte_budget_is_one_of_the_targets():
         config.validate({"h2o": {"head_floor_share": 1.5}})
     with pytest.raises(config.ConfigError, match="h2o.layer_budget"):
         config.validate({"h2o": {"layer_budget": "cone"}})
+
+
+# --- one source of truth: the schema, the generated header, the native structs, the C API (its
+# own test, native/tests/test_c_api.cpp), the binding, the engine and h2o.yaml agree -------------
+
+def test_native_header_matches_schema():
+    with open(os.path.join(ROOT, *config.NATIVE_HEADER.split("/")), encoding="utf-8") as f:
+        assert f.read() == config.native_header(), \
+            f"{config.NATIVE_HEADER} is stale: python -m mnn_h2o.config --native-header > {config.NATIVE_HEADER}"
+
+
+def test_shipped_yaml_holds_the_schema_defaults():
+    """h2o.yaml is the defaults written out ('the built-in defaults', bench --help): never others."""
+    import yaml
+
+    with open(os.path.join(ROOT, "h2o.yaml")) as f:
+        raw = yaml.safe_load(f)
+    assert {s: raw[s] for s in config.SECTIONS} == config.defaults()
+
+
+def _signature_defaults(method) -> dict:
+    """{argument: default} from a pybind11 method's signature line."""
+    import ast
+    import re
+
+    line = method.__doc__.splitlines()[0]
+    found = re.findall(r"(\w+): [^=,]+? = (.+?)(?=, \w+: |\) -> )", line)
+    return {name: ast.literal_eval(value) for name, value in found}
+
+
+@pytest.mark.parametrize("section, method", [("h2o", "enable_h2o"), ("lossless", "enable_store")])
+def test_binding_arguments_are_the_schema_keys_and_defaults(section, method):
+    core = pytest.importorskip("mnn_h2o._core")
+    got = _signature_defaults(getattr(core.KvCache, method))
+    got.pop("faults", None)  # enable_store's test hook, no config key
+    assert got == config.native_args(section, config.defaults()[section])
+
+
+def _native_cache():
+    core = pytest.importorskip("mnn_h2o._core")
+    # Enough layers for every layer key's upper bound; a float dtype and the default block size.
+    return core.KvCache(config.key("h2o.layer_end").range[1] + 1, 1, 16, 1, dtype="f16",
+                        block_tokens=config.defaults()["runtime"]["block_tokens"], max_tokens=64)
+
+
+def test_native_defaults_are_the_schema_defaults():
+    """No arguments: the native structs' defaults, which the C API's init function copies."""
+    cache = _native_cache()
+    cache.enable_h2o()
+    want = config.native_args("h2o", config.defaults()["h2o"])
+    assert cache.h2o_config() == {**want, "layer_end": cache.n_layers if want["layer_end"] == -1 else want["layer_end"]}
+    cache.enable_store(mode="store")
+    assert cache.store_config() == {**config.native_args("lossless", config.defaults()["lossless"]), "mode": "store"}
+
+
+def _edges(k):
+    """Values at and just beyond each bound of a native key, and its choices plus a wrong one."""
+    if k.choices is not None:
+        return list(k.choices) + ["no-such-" + k.name]
+    if k.type is bool:
+        return [True, False]
+    lo, hi = k.range
+    if k.type is int:
+        return [lo - 1, lo, lo + 1, hi - 1, hi, hi + 1]
+    import math
+
+    return [lo - 1.0, math.nextafter(lo, -math.inf), lo, math.nextafter(hi, -math.inf), hi,
+            math.nextafter(hi, math.inf), hi + 1.0, float("nan"), float("inf")]
+
+
+def _python_accepts(section, name, value):
+    raw = {section: {name: value}, "runtime": {"kv_dtype": "f16"}}
+    if section == "lossless":
+        raw[section]["mode"] = raw[section].get("mode", "store")
+    try:
+        return True, config.validate(raw)[section]
+    except config.ConfigError:
+        return False, None
+
+
+def _native_accepts(cache, section, values):
+    try:
+        if section == "h2o":
+            cache.enable_h2o(**values)
+        else:
+            cache.enable_store(**values)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+@pytest.mark.parametrize("path", [k.path for s in config.NATIVE_SECTIONS for k in config.native_keys(s)])
+def test_python_and_native_validation_agree(path):
+    """Each bound, bound +- 1 (and the neighbouring floats), each choice and a wrong one: the
+    Python validation and the native one (through the binding) accept the same values."""
+    k = config.key(path)
+    cache = _native_cache()
+    for value in _edges(k):
+        py_ok, section = _python_accepts(k.section, k.name, value)
+        # The native side gets the same section: the defaults (mode store) with this one value.
+        base = config.defaults()[k.section]
+        if k.section == "lossless":
+            base["mode"] = "store"
+        native_ok = _native_accepts(cache, k.section, config.native_args(k.section, {**base, k.name: value}))
+        assert py_ok == native_ok, f"{path} = {value!r}: Python {'accepts' if py_ok else 'rejects'}, " \
+                                   f"native {'accepts' if native_ok else 'rejects'}"
+        got = cache.h2o_config() if k.section == "h2o" else cache.store_config()
+        if py_ok and got is None:  # mode off: the store is off
+            assert path == "lossless.mode" and value == "off"
+        elif py_ok:
+            assert got[k.name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else section[k.name])
+
+
+@pytest.mark.parametrize("keep, cap, lossy", [(0.0, 0, 0.5), (0.0, 0, 1.0), (0.5, 0, 0.0), (0.5, 0, 0.5),
+                                              (0.0, 1 << 20, 0.0), (0.5, 1 << 20, 3.2), (0.0, 0, 0.0)])
+def test_budget_rule_is_the_same_on_both_sides(keep, cap, lossy):
+    """target_keep_ratio or kv_budget_bytes (at most one) replaces target_lossy_ratio, which is
+    otherwise at least 1: the same rule in config.py and native, and no layer rewrites a value."""
+    h = {"target_keep_ratio": keep, "kv_budget_bytes": cap, "target_lossy_ratio": lossy}
+    try:
+        config.validate({"h2o": h})
+        py_ok = True
+    except config.ConfigError:
+        py_ok = False
+    cache = _native_cache()
+    native_ok = _native_accepts(cache, "h2o", {**config.native_args("h2o", config.defaults()["h2o"]), **h})
+    assert py_ok == native_ok
+    if native_ok:
+        assert {n: cache.h2o_config()[n] for n in h} == h
+
+
+def test_engine_passes_sections_through_unchanged():
+    """Llm.configure_* validate once (config.validate) and hand the section to the native cache
+    as it is: a keep ratio leaves target_lossy_ratio alone, the scope is the native one."""
+    core = pytest.importorskip("mnn_h2o._core")
+    from mnn_h2o.engine import Llm
+
+    llm = Llm.__new__(Llm)  # the configuration methods need only the cache
+    llm._block_tokens, llm.kv_dtype = 16, "f16"
+    llm.cache = core.KvCache(4, 1, 16, 1, dtype="f16", block_tokens=16, max_tokens=64)
+    llm.configure_h2o({"target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
+    want = config.validate({"h2o": {"target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["h2o"]
+    assert llm.h2o == want
+    assert llm.cache.h2o_config() == {**config.native_args("h2o", want), "layer_end": 4}
+    llm.configure_lossless({"mode": "store", "scope": "h2o_kept", "front_n": 3})
+    want = config.validate({"lossless": {"mode": "store", "scope": "h2o_kept", "front_n": 3},
+                            "runtime": {"kv_dtype": "f16"}})["lossless"]
+    assert llm.lossless == want and llm.cache.store_config() == config.native_args("lossless", want)
+    with pytest.raises(config.ConfigError, match="h2o.sink_tokens: expected int"):
+        llm.configure_h2o({"sink_tokens": "64"})
+
+
+@pytest.mark.parametrize("base, message", [
+    ({"runtime": {"threads": "x"}}, "runtime.threads: expected int"),
+    ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
+    ({"h2o": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}}, "set at most one"),
+    ({"runtime": {"thread": 2}}, "unknown key runtime.thread"),
+    ([1], "config must be a mapping"),
+])
+def test_validate_checks_its_base_too(base, message):
+    """validate(None, cfg) is how the engine checks a config it is handed: bad input is an error."""
+    for raw in (None, {}, {"model": {"name": "x"}}):
+        with pytest.raises(config.ConfigError) as e:
+            config.validate(raw, base)
+        assert message in str(e.value)
+
+
+def test_validate_of_a_valid_config_is_that_config():
+    cfg = config.validate({"h2o": {"sink_tokens": 32}})
+    assert config.validate(None, cfg) == cfg and config.validate(None, cfg) is not cfg
+    assert config.validate({"h2o": {"sink_tokens": 16}}, cfg)["h2o"]["sink_tokens"] == 16

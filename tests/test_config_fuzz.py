@@ -44,6 +44,8 @@ def _valid_item(key, t, rng):
     lo, hi = key.range if key.range is not None else (None, None)
     lo = -1e6 if lo is None else lo
     hi = 1e6 if hi is None else hi
+    if key.hi_open:  # the bound itself is not allowed
+        hi = hi - 1 if t is int else math.nextafter(hi, lo)
     if t is int:
         return rng.choice([int(lo), int(hi), rng.randint(int(lo), int(hi))])
     return rng.choice([float(lo), float(hi), rng.uniform(lo, hi)])

@@ -59,27 +59,31 @@ def test_enable_validates_and_names_the_argument():
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
             cache.enable_h2o(**{**ARGS, name: value})
-    with pytest.raises(ValueError, match="exactly one"):
-        cache.enable_h2o(**{**ARGS, "target_keep_ratio": 0.5})
-    with pytest.raises(ValueError, match="exactly one"):
-        cache.enable_h2o(**{**ARGS, "kv_budget_bytes": 1 << 20})
+    with pytest.raises(ValueError, match="target_keep_ratio and kv_budget_bytes: set at most one"):
+        cache.enable_h2o(**{**ARGS, "target_keep_ratio": 0.5, "kv_budget_bytes": 1 << 20})
     with pytest.raises(ValueError, match="kv_budget_bytes"):
         cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "kv_budget_bytes": -1})
+    with pytest.raises(ValueError, match="target_lossy_ratio must be >= 1 when"):
+        cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0})
     assert not cache.h2o_enabled
+    # A keep ratio or a byte cap replaces the lossy ratio, whatever its value (no rewrite to 0).
+    for replacing in ({"target_keep_ratio": 0.5}, {"kv_budget_bytes": 1 << 20}):
+        for lossy in (0.0, 0.5, 3.0):
+            cache.enable_h2o(**{**ARGS, **replacing, "target_lossy_ratio": lossy})
+            assert cache.h2o_config()["target_lossy_ratio"] == lossy
 
 
 def test_defaults_and_config_round_trip():
-    with pytest.raises(ValueError, match="layer_start"):
-        make_cache(n_layers=2).enable_h2o()  # the default layer_start=2 needs 3 layers
+    """The keyword defaults are the config schema's (mnn_h2o/config.py, through the generated
+    native header): enable_h2o() is the h2o section of config.defaults()."""
+    from mnn_h2o import config
+
     cache = make_cache(n_layers=30)
     assert not cache.h2o_enabled and cache.h2o_config() is None
     cache.enable_h2o()
     assert cache.h2o_enabled
-    assert cache.h2o_config() == dict(policy="h2o", sink_tokens=64, recent_tokens=256, target_keep_ratio=0.0,
-                                      target_lossy_ratio=3.0, ema_alpha=0.5, layer_start=2, layer_end=30,
-                                      trigger_min_tokens=512, update_interval=32, per_head_budget=False, seed=0,
-                                      max_floor_share=1.0, observation_window=32, head_floor_share=0.0,
-                                      layer_budget="uniform", kv_budget_bytes=0)
+    want = config.native_args("h2o", config.defaults()["h2o"])
+    assert cache.h2o_config() == {**want, "layer_end": 30 if want["layer_end"] == -1 else want["layer_end"]}
     with pytest.raises(ValueError) as e:
         cache.enable_h2o(policy="nope")
     # The message lists the registry's names, the one list config.py and the eval take too.

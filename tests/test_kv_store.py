@@ -16,7 +16,13 @@ def make_cache(h2o=True, per_head=False):
     return cache
 
 
-STORE = dict(front_n=1, h2o_kept=True, hot_sink_tokens=16, hot_recent_tokens=32, chunk_tokens=32)
+# Every argument these tests depend on (the keyword defaults are the config schema's, which may move).
+STORE = dict(front_n=1, scope="front_n_and_h2o_kept", hot_sink_tokens=16, hot_recent_tokens=32, chunk_tokens=32,
+             v_dedup_layers=0, async_threads=0, decode_cache_bytes=8 << 20)
+
+
+def store(**kw):
+    return {**STORE, **kw}
 
 
 def kv_rows(rng, n):
@@ -56,7 +62,7 @@ def test_store_is_bit_identical(per_head, async_threads, cache_bytes, drain):
     raw = make_cache(per_head=per_head)
     want = run(raw)
     cache = make_cache(per_head=per_head)
-    cache.enable_store(mode="store", async_threads=async_threads, decode_cache_bytes=cache_bytes, **STORE)
+    cache.enable_store(**store(mode="store", async_threads=async_threads, decode_cache_bytes=cache_bytes))
     got = run(cache, drain=drain)  # free-running workers install jobs whenever they finish
     cache.drain_store()
     assert got.tobytes() == want.tobytes()
@@ -76,7 +82,7 @@ def test_accounting():
     raw = make_cache()
     run(raw)
     cache = make_cache()
-    cache.enable_store(mode="store", async_threads=1, decode_cache_bytes=0, **STORE)
+    cache.enable_store(**store(mode="store", async_threads=1, decode_cache_bytes=0))
     run(cache)
     cache.drain_store()
     s = cache.store_stats()
@@ -95,7 +101,7 @@ def test_measuring_modes_leave_the_kv_alone(mode):
     raw = make_cache()
     want = run(raw)
     cache = make_cache()
-    cache.enable_store(mode=mode, probe_every=3, async_threads=2, **STORE)
+    cache.enable_store(**store(mode=mode, probe_every=3, async_threads=2))
     assert run(cache, drain=True).tobytes() == want.tobytes()
     s = cache.store_stats()
     assert s["chunks_encoded"] > 0 and s["chunks_stored"] == 0 and s["chunks_held"] == 0
@@ -109,7 +115,7 @@ def test_faults_fall_back(fault):
     raw = make_cache()
     want = run(raw)
     cache = make_cache()
-    cache.enable_store(mode="store", async_threads=2, faults=[fault], **STORE)
+    cache.enable_store(**store(mode="store", async_threads=2, faults=[fault]))
     # Drained every step, so chunks are in place before evictions reach them (alloc_failure).
     assert run(cache, drain=True).tobytes() == want.tobytes()
     cache.drain_store()
@@ -122,7 +128,7 @@ def test_deferral_with_a_one_job_queue():
     raw = make_cache()
     want = run(raw)
     cache = make_cache()
-    cache.enable_store(mode="store", async_threads=1, max_queue=1, **STORE)
+    cache.enable_store(**store(mode="store", async_threads=1, max_queue=1))
     assert run(cache).tobytes() == want.tobytes()
     cache.drain_store()
     s = cache.store_stats()
@@ -131,7 +137,7 @@ def test_deferral_with_a_one_job_queue():
 
 def test_reset_disable_and_bad_args():
     cache = make_cache()
-    cache.enable_store(mode="store", async_threads=2, **STORE)
+    cache.enable_store(**store(mode="store", async_threads=2))
     run(cache, decode=5)
     cache.reset()
     assert cache.bytes_held() == 0 and cache.store_stats()["chunks_encoded"] == 0
@@ -145,7 +151,7 @@ def test_reset_disable_and_bad_args():
                       ({"decode_cache_bytes": -1}, "decode_cache_bytes"), ({"faults": ["nope"]}, "faults"),
                       ({"v_dedup_layers": L + 1}, "v_dedup_layers")]:
         with pytest.raises(ValueError, match=f"enable_store: {field}"):
-            cache.enable_store(**{**STORE, **kw})
+            cache.enable_store(**store(**kw))
     assert cache.store_config() is None
 
 
@@ -159,7 +165,7 @@ def test_v_dedup_layer_holds_repeated_rows_once():
     outs = {}
     for dedup in (0, 1):
         cache = make_cache(h2o=False)
-        cache.enable_store(mode="store", v_dedup_layers=dedup, **STORE)
+        cache.enable_store(**store(mode="store", v_dedup_layers=dedup))
         out = np.empty((400, H * HD), np.float32)
         cache.step(0, q, k, vocab[ids], out)
         cache.end_step(400, True)

@@ -78,7 +78,7 @@ def evicted_cache(policy, context, keep_ratio, threads, rng):
     if not evicting:
         context = int(context * keep_ratio) // 16 * 16
     else:
-        cache.enable_h2o(policy=policy, target_keep_ratio=keep_ratio, target_lossy_ratio=0.0, layer_start=0)
+        cache.enable_h2o(policy=policy, target_keep_ratio=keep_ratio, layer_start=0)
     q = rng.standard_normal((256, N_HEADS * HEAD_DIM), dtype=np.float32)
     out = np.empty_like(q)
     for t0 in range(0, context, 256):

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from mnn_h2o import config
+
 
 def _args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.bench_policies", description=__doc__,
@@ -28,10 +30,12 @@ def _args(argv=None):
     ap.add_argument("--heads", type=int, default=9, help="query heads")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", default="f16")
-    ap.add_argument("--ratio", type=float, default=3.2, help="whole-model target_lossy_ratio")
-    ap.add_argument("--interval", type=int, default=32, help="update_interval (decode tokens)")
+    # The eviction settings default to the config schema's (docs/config.md).
+    default = lambda name: config.key("h2o." + name).default  # noqa: E731
+    ap.add_argument("--ratio", type=float, default=default("target_lossy_ratio"), help="whole-model target_lossy_ratio")
+    ap.add_argument("--interval", type=int, default=default("update_interval"), help="update_interval (decode tokens)")
     ap.add_argument("--updates", type=int, default=4, help="decode updates measured")
-    ap.add_argument("--window", type=int, default=32, help="observation_window")
+    ap.add_argument("--window", type=int, default=default("observation_window"), help="observation_window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--policies", default="", help="comma-separated (default: every registry policy)")
     return ap.parse_args(argv)

@@ -138,7 +138,6 @@ static void decode_loop(int steps, int with_h2o) {
         e.sink_tokens = 16;
         e.recent_tokens = 16;
         e.target_keep_ratio = 0.4;
-        e.target_lossy_ratio = 0.0;
         e.layer_start = 1;
         e.trigger_min_tokens = 48;
         e.update_interval = 8;

@@ -119,6 +119,51 @@ mnn_h2o::gear::EncodeOptions to_options(const mnn_h2o_codec_options& o) {
     return e;
 }
 
+// The one copy between the C struct and H2oConfig (field names are the config keys h2o.*); the
+// strings of the C struct are policy and layer_budget, which must outlive it.
+void to_c(const mnn_h2o::H2oConfig& c, const char* policy, const char* layer_budget, mnn_h2o_eviction_config* out) {
+    out->policy = policy;
+    out->sink_tokens = c.sink_tokens;
+    out->recent_tokens = c.recent_tokens;
+    out->target_keep_ratio = c.target_keep_ratio;
+    out->target_lossy_ratio = c.target_lossy_ratio;
+    out->ema_alpha = c.ema_alpha;
+    out->layer_start = c.layer_start;
+    out->layer_end = c.layer_end;
+    out->trigger_min_tokens = c.trigger_min_tokens;
+    out->update_interval = c.update_interval;
+    out->per_head_budget = c.per_head_budget ? 1 : 0;
+    out->seed = c.seed;
+    out->max_floor_share = c.max_floor_share;
+    out->kv_budget_bytes = c.kv_budget_bytes;
+    out->observation_window = c.observation_window;
+    out->head_floor_share = c.head_floor_share;
+    out->layer_budget = layer_budget;
+}
+
+// NULL strings take the defaults.
+mnn_h2o::H2oConfig from_c(const mnn_h2o_eviction_config& in) {
+    mnn_h2o::H2oConfig c;
+    if (in.policy) c.policy = in.policy;
+    c.sink_tokens = in.sink_tokens;
+    c.recent_tokens = in.recent_tokens;
+    c.target_keep_ratio = in.target_keep_ratio;
+    c.target_lossy_ratio = in.target_lossy_ratio;
+    c.ema_alpha = in.ema_alpha;
+    c.layer_start = in.layer_start;
+    c.layer_end = in.layer_end;
+    c.trigger_min_tokens = in.trigger_min_tokens;
+    c.update_interval = in.update_interval;
+    c.per_head_budget = in.per_head_budget != 0;
+    c.seed = in.seed;
+    c.max_floor_share = in.max_floor_share;
+    c.kv_budget_bytes = in.kv_budget_bytes;
+    c.observation_window = in.observation_window;
+    c.head_floor_share = in.head_floor_share;
+    if (in.layer_budget) c.layer_budget = in.layer_budget;
+    return c;
+}
+
 }  // namespace
 
 extern "C" {
@@ -296,50 +341,17 @@ const char* mnn_h2o_policy_name(int32_t i) {
 
 void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
     if (!config) return;
-    const mnn_h2o::H2oConfig d;
     static_assert(mnn_h2o::kSkipReasons == 4, "mnn_h2o_eviction_layer_stats.skipped has 4 entries");
-    config->policy = "h2o";
-    config->sink_tokens = d.sink_tokens;
-    config->recent_tokens = d.recent_tokens;
-    config->target_keep_ratio = d.target_keep_ratio;
-    config->target_lossy_ratio = d.target_lossy_ratio;
-    config->ema_alpha = d.ema_alpha;
-    config->layer_start = d.layer_start;
-    config->layer_end = d.layer_end;
-    config->trigger_min_tokens = d.trigger_min_tokens;
-    config->update_interval = d.update_interval;
-    config->per_head_budget = d.per_head_budget ? 1 : 0;
-    config->seed = d.seed;
-    config->max_floor_share = d.max_floor_share;
-    config->kv_budget_bytes = d.kv_budget_bytes;
-    config->observation_window = d.observation_window;
-    config->head_floor_share = d.head_floor_share;
-    config->layer_budget = "uniform";
+    // H2oConfig's defaults are the config schema's; the strings are its (static) literals.
+    to_c(mnn_h2o::H2oConfig{}, mnn_h2o::schema::h2o::policy::kDefault, mnn_h2o::schema::h2o::layer_budget::kDefault,
+         config);
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
     return guarded("mnn_h2o_kv_cache_enable_h2o", [&]() -> mnn_h2o_status {
         if (!cache) return null_arg("mnn_h2o_kv_cache_enable_h2o", "cache");
         if (!config) return null_arg("mnn_h2o_kv_cache_enable_h2o", "config");
-        mnn_h2o::H2oConfig c;
-        c.policy = config->policy ? config->policy : "h2o";
-        c.sink_tokens = config->sink_tokens;
-        c.recent_tokens = config->recent_tokens;
-        c.target_keep_ratio = config->target_keep_ratio;
-        c.target_lossy_ratio = config->target_lossy_ratio;
-        c.ema_alpha = config->ema_alpha;
-        c.layer_start = config->layer_start;
-        c.layer_end = config->layer_end;
-        c.trigger_min_tokens = config->trigger_min_tokens;
-        c.update_interval = config->update_interval;
-        c.per_head_budget = config->per_head_budget != 0;
-        c.seed = config->seed;
-        c.max_floor_share = config->max_floor_share;
-        c.kv_budget_bytes = config->kv_budget_bytes;
-        c.observation_window = config->observation_window;
-        c.head_floor_share = config->head_floor_share;
-        c.layer_budget = config->layer_budget ? config->layer_budget : "uniform";
-        cache->cache.enable_h2o(c);
+        cache->cache.enable_h2o(from_c(*config));
         return MNN_H2O_OK;
     });
 }
@@ -359,23 +371,7 @@ mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mn
         if (!config) return null_arg(where, "config");
         const mnn_h2o::H2oConfig* c = cache->cache.h2o_config();
         if (!c) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "eviction is off");
-        config->policy = c->policy.c_str();
-        config->sink_tokens = c->sink_tokens;
-        config->recent_tokens = c->recent_tokens;
-        config->target_keep_ratio = c->target_keep_ratio;
-        config->target_lossy_ratio = c->target_lossy_ratio;
-        config->ema_alpha = c->ema_alpha;
-        config->layer_start = c->layer_start;
-        config->layer_end = c->layer_end;
-        config->trigger_min_tokens = c->trigger_min_tokens;
-        config->update_interval = c->update_interval;
-        config->per_head_budget = c->per_head_budget ? 1 : 0;
-        config->seed = c->seed;
-        config->max_floor_share = c->max_floor_share;
-        config->kv_budget_bytes = c->kv_budget_bytes;
-        config->observation_window = c->observation_window;
-        config->head_floor_share = c->head_floor_share;
-        config->layer_budget = c->layer_budget.c_str();
+        to_c(*c, c->policy.c_str(), c->layer_budget.c_str(), config);
         return MNN_H2O_OK;
     });
 }

@@ -30,7 +30,12 @@ inline mnn_h2o::KvCacheConfig cache_config(int layers = 1, int kv_heads = 1) {
 inline mnn_h2o::StoreConfig store_config() {
     mnn_h2o::StoreConfig s;
     s.mode = mnn_h2o::StoreMode::Store;
+    s.scope = mnn_h2o::StoreScope::FrontN;
+    s.front_n = 0;
+    s.hot_sink_tokens = 64;
+    s.hot_recent_tokens = 256;
     s.chunk_tokens = 2 * kBt;
+    s.v_dedup_layers = 0;
     s.async_threads = 0;
     s.decode_cache_bytes = 0;
     s.prefetch = false;

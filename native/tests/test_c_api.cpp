@@ -320,8 +320,16 @@ static void test_h2o() {
               e.update_interval == d.update_interval && e.layer_end == d.layer_end &&
               e.max_floor_share == d.max_floor_share && e.kv_budget_bytes == d.kv_budget_bytes &&
               e.observation_window == d.observation_window && e.head_floor_share == d.head_floor_share &&
-              std::string(e.layer_budget) == d.layer_budget,
+              std::string(e.layer_budget) == d.layer_budget && e.target_keep_ratio == d.target_keep_ratio &&
+              e.ema_alpha == d.ema_alpha && e.trigger_min_tokens == d.trigger_min_tokens &&
+              (e.per_head_budget != 0) == d.per_head_budget && e.seed == d.seed,
           "eviction defaults");
+    // ... which are the config schema's (config.py through config_schema.h).
+    CHECK(e.target_lossy_ratio == mnn_h2o::schema::h2o::target_lossy_ratio::kDefault &&
+              e.layer_start == mnn_h2o::schema::h2o::layer_start::kDefault &&
+              e.trigger_min_tokens == mnn_h2o::schema::h2o::trigger_min_tokens::kDefault &&
+              std::string(e.policy) == mnn_h2o::schema::h2o::policy::kDefault,
+          "eviction defaults are the schema's");
     mnn_h2o_eviction_config got;
     CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("off"),
           "config while off");
@@ -384,6 +392,20 @@ static void test_h2o() {
     CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable byte cap: %s", mnn_h2o_last_error());
     CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.kv_budget_bytes == (1 << 20),
           "byte cap round-trips");
+    // A keep ratio or a byte cap replaces the lossy ratio, left at its default: no rewrite needed;
+    // both at once is an error naming them.
+    mnn_h2o_eviction_config_init(&e);
+    e.layer_start = 0;
+    e.target_keep_ratio = 0.5;
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "keep ratio over the default lossy ratio: %s",
+          mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.target_keep_ratio == 0.5 &&
+              got.target_lossy_ratio == mnn_h2o::schema::h2o::target_lossy_ratio::kDefault,
+          "the lossy ratio is passed through unchanged");
+    e.kv_budget_bytes = 1 << 20;
+    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT &&
+              error_mentions("target_keep_ratio and kv_budget_bytes"),
+          "keep ratio and byte cap: %s", mnn_h2o_last_error());
     mnn_h2o_eviction_config_init(&e);
     e.layer_start = 0;
     e.sink_tokens = 16;

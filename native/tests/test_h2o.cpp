@@ -88,21 +88,50 @@ static void test_config_validation() {
     bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = NAN; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.5; });
     bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = INFINITY; });
-    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_keep_ratio = 0.5; });
-    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
-    bad("target_keep_ratio, target_lossy_ratio and kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = 1 << 20; });
+    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 1000.5; });
+    // The budget: a keep ratio or a byte cap (at most one) replaces the lossy ratio, whatever its
+    // value; without either the lossy ratio is the target and must be a real ratio.
+    bad("target_keep_ratio and kv_budget_bytes", [](H2oConfig& c) {
+        c.target_keep_ratio = 0.5;
+        c.kv_budget_bytes = 1 << 20;
+    });
+    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    for (const double lossy : {0.0, 0.5, 3.0}) {
+        H2oConfig keep, cap;
+        keep.target_keep_ratio = 0.5;
+        keep.target_lossy_ratio = lossy;
+        cap.kv_budget_bytes = 1 << 20;
+        cap.target_lossy_ratio = lossy;
+        CHECK(h2o_config_error(keep, 30).empty(), "keep ratio with lossy %g: %s", lossy, h2o_config_error(keep, 30).c_str());
+        CHECK(h2o_config_error(cap, 30).empty(), "byte cap with lossy %g: %s", lossy, h2o_config_error(cap, 30).c_str());
+    }
     bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = -1; });
+    bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = schema::h2o::kv_budget_bytes::kHi + 1; });
+    bad("seed", [](H2oConfig& c) { c.seed = uint64_t{1} << 31; });
+    bad("sink_tokens", [](H2oConfig& c) { c.sink_tokens = (1 << 20) + 1; });
+    bad("layer_budget", [](H2oConfig& c) { c.layer_budget = "cone"; });
     bad("head_floor_share", [](H2oConfig& c) { c.head_floor_share = -0.1; });
     bad("observation_window", [](H2oConfig& c) { c.observation_window = 0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = 1.0; });
     bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = -0.1; });
     bad("layer_start", [](H2oConfig& c) { c.layer_start = 30; });
+    bad("layer_start", [](H2oConfig& c) { c.layer_start = 1025; }, 2000);  // the schema's bound
     bad("layer_start", [](H2oConfig& c) { c.layer_start = -1; });
-    bad("layer_end", [](H2oConfig& c) { c.layer_end = 2; });
+    bad("layer_end", [](H2oConfig& c) {
+        c.layer_start = 2;
+        c.layer_end = 2;
+    });
     bad("layer_end", [](H2oConfig& c) { c.layer_end = 31; });
     bad("trigger_min_tokens", [](H2oConfig& c) { c.trigger_min_tokens = -5; });
     bad("update_interval", [](H2oConfig& c) { c.update_interval = 0; });
     CHECK(resolved(H2oConfig{}, 30).layer_end == 30, "layer_end -1 resolves to n_layers");
+    // The defaults are the schema's (config_schema.h, generated from mnn_h2o/config.py).
+    const H2oConfig d;
+    CHECK(d.policy == schema::h2o::policy::kDefault && d.target_lossy_ratio == schema::h2o::target_lossy_ratio::kDefault &&
+              d.layer_start == schema::h2o::layer_start::kDefault && d.sink_tokens == schema::h2o::sink_tokens::kDefault &&
+              d.trigger_min_tokens == schema::h2o::trigger_min_tokens::kDefault &&
+              d.layer_budget == schema::h2o::layer_budget::kDefault,
+          "H2oConfig defaults are the schema's");
 
     KvCache cache(small_config(3, 64));
     H2oConfig c;
@@ -370,6 +399,8 @@ static void test_shared_budget_selection() {
 static void test_budgets() {
     KvCacheConfig cc = small_config(30, 4096);
     H2oConfig c;  // adaptive, lossy 3, layers [2, 30)
+    c.target_lossy_ratio = 3.0;
+    c.layer_start = 2;
     H2oState s(c, cc);
     const double k = (30.0 / 3.0 - 2.0) / 28.0;
     CHECK(std::fabs(s.keep_ratio() - k) < 1e-12, "adaptive keep ratio %f, want %f", s.keep_ratio(), k);
@@ -966,7 +997,9 @@ static void test_memory_released() {
     cc.block_tokens = 64;
     cc.max_tokens = 4096;
     KvCache cache(cc);
-    H2oConfig c;  // defaults: adaptive 3x over the whole model, layers [2, 30)
+    H2oConfig c;  // adaptive 3x over the whole model, layers [2, 30)
+    c.target_lossy_ratio = 3.0;
+    c.layer_start = 2;
     cache.enable_h2o(c);
     std::mt19937 rng(10);
     const std::vector<float> k = random_vec(rng, static_cast<size_t>(512) * 3 * 64);
@@ -1007,6 +1040,8 @@ static void test_policy_time() {
     for (bool shared : {false, true}) {
         H2oConfig c;
         c.per_head_budget = shared;
+        c.target_lossy_ratio = 3.0;
+        c.layer_start = 2;
         H2oState s(c, cc);
         H2oLayerStats st;
         std::vector<std::vector<TokenRun>> plans;

@@ -53,11 +53,12 @@ H2oConfig h2o_config(bool per_head) {
 StoreConfig store_config(StoreMode mode, int async_threads = 0) {
     StoreConfig s;
     s.mode = mode;
+    s.scope = StoreScope::FrontNAndH2oKept;
     s.front_n = 2;
-    s.h2o_kept = true;
     s.hot_sink_tokens = 16;
     s.hot_recent_tokens = 32;
     s.chunk_tokens = 32;
+    s.v_dedup_layers = 0;
     s.async_threads = async_threads;
     s.max_queue = 64;
     s.decode_cache_bytes = 64 << 10;
@@ -198,13 +199,13 @@ static void test_store_bit_identical() {
     }
 }
 
-// Layer 1 is outside the scope {0, 1 < front_n=1} and H2O's layers without h2o_kept.
+// Layer 1 is outside the scope {0, 1 < front_n=1} (scope front_n: not H2O's layers).
 static void test_scope() {
     KvCache cache(cache_config());
     cache.enable_h2o(h2o_config(false));
     StoreConfig sc = store_config(StoreMode::Store);
     sc.front_n = 1;
-    sc.h2o_kept = false;
+    sc.scope = StoreScope::FrontN;
     cache.enable_store(sc);
     std::vector<float> outs;
     run(cache, 3, 10, &outs);
@@ -422,6 +423,11 @@ static void test_enable_disable() {
     CHECK(rejects("max_queue", [](StoreConfig& s) { s.max_queue = 0; }), "max_queue");
     CHECK(rejects("probe_every", [](StoreConfig& s) { s.probe_every = 0; }), "probe_every");
     CHECK(rejects("hot_recent_tokens", [](StoreConfig& s) { s.hot_recent_tokens = -1; }), "hot_recent_tokens");
+    CHECK(rejects("async_threads", [](StoreConfig& s) { s.async_threads = schema::lossless::async_threads::kHi + 1; }),
+          "async_threads: the schema's bound");
+    CHECK(rejects("chunk_tokens", [](StoreConfig& s) { s.chunk_tokens = schema::lossless::chunk_tokens::kHi + 16; }),
+          "chunk_tokens: the schema's bound");
+    CHECK(rejects("scope", [](StoreConfig& s) { s.scope = static_cast<StoreScope>(7); }), "scope");
     CHECK(!cache.store_config(), "a rejected config was enabled");
 
     KvCache raw(cache_config());

@@ -169,13 +169,18 @@ MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
  * mnn_h2o_kv_cache_end_step() (once per forward, after all layers) evicts low-scoring blocks of
  * heads over their budget; their memory goes back to the OS. */
 
+/* Each field is the config key h2o.<field>: its default (mnn_h2o_eviction_config_init) and its
+ * allowed values are those of docs/config.md, generated from the one schema (mnn_h2o/config.py). */
 typedef struct mnn_h2o_eviction_config {
-    const char* policy;         /* a name of mnn_h2o_policy_name() (NULL: "h2o") */
+    const char* policy;         /* a name of mnn_h2o_policy_name() (NULL: the default) */
     int32_t sink_tokens;        /* blocks covering the first sink_tokens tokens are never evicted */
-    int32_t recent_tokens;      /* nor those covering the last recent_tokens (>= 1) */
-    double target_keep_ratio;   /* budget: exactly one of these two is > 0; keep ratio per head, */
-    double target_lossy_ratio;  /* or whole-model uncompressed / held bytes */
-    double ema_alpha;           /* weight of the old score at each update, in [0, 1) */
+    int32_t recent_tokens;      /* nor those covering the last recent_tokens (the newest token stays) */
+    /* Budget: target_keep_ratio > 0 (keep ratio per head) or kv_budget_bytes > 0 (at most one of
+     * the two) replaces target_lossy_ratio (whole-model uncompressed / held bytes), which is
+     * ignored then and otherwise must be a real ratio. */
+    double target_keep_ratio;
+    double target_lossy_ratio;
+    double ema_alpha;           /* weight of the old score at each update */
     int32_t layer_start;        /* layers [layer_start, layer_end) collect scores and evict */
     int32_t layer_end;          /* -1: n_layers */
     int32_t trigger_min_tokens; /* layers that have seen fewer tokens are left alone */
@@ -186,17 +191,17 @@ typedef struct mnn_h2o_eviction_config {
     /* Added with the policy registry; mnn_h2o_eviction_config_init fills every field, so a caller
      * that starts from it and sets what it needs is unaffected by fields added later. */
     double max_floor_share;     /* the sink/recent floors take at most this share of a head's budget */
-    int64_t kv_budget_bytes;    /* third budget: a whole-model byte cap (> 0; then both ratios 0) */
+    int64_t kv_budget_bytes;    /* third budget: a whole-model byte cap (see target_keep_ratio) */
     int32_t observation_window; /* queries in the window of the window policies (snapkv, ...) */
     double head_floor_share;    /* per_head_budget: each head keeps at least this share of its budget */
-    const char* layer_budget;   /* "uniform" or "pyramid" (NULL: "uniform") */
+    const char* layer_budget;   /* "uniform" or "pyramid" (NULL: the default) */
 } mnn_h2o_eviction_config;
 
 /* The i-th eviction policy name of the native registry (docs/h2o.md "Policies"), or NULL past
  * the last: the names mnn_h2o_eviction_config.policy accepts. */
 MNN_H2O_API const char* mnn_h2o_policy_name(int32_t i);
 
-/* The library's defaults (policy "h2o", lossy ratio 3, ...). */
+/* The defaults of the config keys h2o.* (docs/config.md); the strings are static. */
 MNN_H2O_API void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config);
 
 /* Turns eviction on, or replaces its config (scores and schedule restart). An invalid config is

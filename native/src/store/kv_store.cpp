@@ -41,8 +41,8 @@ KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPoo
 KvStore::~KvStore() = default;
 
 bool KvStore::in_scope(int layer, const H2oConfig* h2o) const {
-    if (layer < cfg_.front_n) return true;
-    return cfg_.h2o_kept && h2o && layer >= h2o->layer_start && layer < h2o->layer_end;
+    if (cfg_.front_n_scope() && layer < cfg_.front_n) return true;
+    return cfg_.h2o_kept_scope() && h2o && layer >= h2o->layer_start && layer < h2o->layer_end;
 }
 
 // --- making frames ------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ public:
     // Safe point: installs the jobs that have finished.
     void install_finished();
     // Makes (or queues) the frames of the cold chunks of every layer in scope. h2o: the active
-    // eviction config (its layers are in scope with h2o_kept), or null.
+    // eviction config (its layers are in scope with the h2o_kept scopes), or null.
     void schedule(const H2oConfig* h2o);
     // Waits for every job and installs it.
     void drain();
