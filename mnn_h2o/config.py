@@ -156,9 +156,11 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 10)),
     Key("h2o", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
         range=(-1, 1 << 10)),
-    Key("h2o", "trigger_min_tokens", int, 512, "tokens", "a layer is evicted only once it has "
+    Key("h2o", "trigger_min_tokens", int, 3072, "tokens", "a layer is evicted only once it has "
         "seen this many tokens (counting those already evicted, so a head cut below it stays at "
-        "its budget)", range=(0, 1 << 20)),
+        "its budget): shorter contexts keep every token, where eviction costs the most quality "
+        "per byte and the cache is small (docs/results.md 'Short prompts'); 0 = evict at any length",
+        range=(0, 1 << 20)),
     Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
         "(the same for every layer)", range=(1, 1 << 20)),
     Key("h2o", "prefill_eviction", str, "end", "-", "when a prompt is evicted: chunk = after "

@@ -37,7 +37,8 @@ def test_eviction_frees_memory_and_reaches_the_target(llm, tokenizer):
     llm.configure_h2o(None)
     llm.prefill(ids[:2048])
     full_held = llm.stats.kv_bytes_held
-    llm.configure_h2o({"target_lossy_ratio": 2.5, "update_interval": 16, "layer_start": 2, "prefill_eviction": "chunk"})
+    llm.configure_h2o({"target_lossy_ratio": 2.5, "update_interval": 16, "layer_start": 2, "prefill_eviction": "chunk",
+                       "trigger_min_tokens": 512})
     rss0 = _rss()
     logits = llm.prefill(ids[:2048])
     held_after_prefill = llm.stats.kv_bytes_held

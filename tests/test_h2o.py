@@ -377,7 +377,8 @@ def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
     held = {}
     for dtype, target in (("f16", 6.0 * 17 / 32), ("q8", 6.0), ("q8r", 1.5)):
         cache = make_cache(n_layers=10, dtype=dtype)
-        cache.enable_h2o(target_lossy_ratio=target, sink_tokens=16, recent_tokens=32, layer_start=2)
+        cache.enable_h2o(target_lossy_ratio=target, sink_tokens=16, recent_tokens=32, layer_start=2,
+                         trigger_min_tokens=512)
         rng = np.random.default_rng(3)
         for _ in range(4):
             forward(cache, 256, rng, prefill=True)

@@ -596,6 +596,7 @@ static void test_floor_share() {
     H2oConfig w;
     w.layer_start = 1;
     w.target_lossy_ratio = 8.0;
+    w.trigger_min_tokens = 512;  // below the prompt, so it is cut
     cache.enable_h2o(w);
     std::mt19937 rng(3);
     for (int chunk = 0; chunk < 8; ++chunk) {

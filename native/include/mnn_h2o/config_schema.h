@@ -101,7 +101,7 @@ struct layer_end {
 // h2o.trigger_min_tokens: int, tokens
 struct trigger_min_tokens {
     static constexpr const char* kName = "trigger_min_tokens";
-    static constexpr int64_t kDefault = 512;
+    static constexpr int64_t kDefault = 3072;
     static constexpr int64_t kLo = 0;
     static constexpr int64_t kHi = 1048576;
     static constexpr bool kHiOpen = false;
