@@ -244,7 +244,8 @@ SCHEMA: Tuple[Key, ...] = (
         "measured spread ((max - min) / median) of the two cases, at most this; a larger spread makes "
         "the gate inconclusive (exit status 3), never a pass", range=(0.0, 1.0)),
     Key("gates", "max_store_slowdown", float, 3.0, "x", "store case: baseline decode tokens/s / "
-        "store decode tokens/s at every prompt length may not exceed this", range=(1.0, None)),
+        "store decode tokens/s at every prompt length may not exceed this (inconclusive beyond "
+        "max_speed_noise, like the speed gates)", range=(1.0, None)),
 )
 
 _BY_PATH = {k.path: k for k in SCHEMA}
