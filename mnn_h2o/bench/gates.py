@@ -71,7 +71,7 @@ def evaluate(rows: Sequence[dict], demo: Sequence[dict], g: dict) -> List[dict]:
             continue
         for n in lengths:
             base, cand = by["baseline", n]["decode_tps"], by[c, n]["decode_tps"]
-            noise = max(base["spread"], cand["spread"])
+            noise = _noise(base, cand)
             # The allowance is the noise, so on a busy machine it grows until any slowdown
             # passes (a 317% spread allowed >= -2.17): beyond the cap the round cannot judge speed.
             out.append(gate(f"decode_speed {c}/baseline @{n} (noise {noise:.1%})",
@@ -80,7 +80,7 @@ def evaluate(rows: Sequence[dict], demo: Sequence[dict], g: dict) -> List[dict]:
     if "store" in cases:
         for n in lengths:
             base, store = by["baseline", n]["decode_tps"], by["store", n]["decode_tps"]
-            noise = max(base["spread"], store["spread"])
+            noise = _noise(base, store)
             # A speed ratio like the decode_speed gates: beyond the noise cap it cannot be judged
             # either way (the bound itself is not widened).
             out.append(gate(f"store_slowdown baseline/store @{n} (noise {noise:.1%})",
@@ -114,6 +114,11 @@ def evaluate(rows: Sequence[dict], demo: Sequence[dict], g: dict) -> List[dict]:
             out.append(gate(f"demo same answer as baseline (nothing evicted) {'/'.join(kept_all)} @{bucket}",
                             differ, "==", 0))
     return out
+
+
+def _noise(a: dict, b: dict) -> float:
+    """The noise of a speed ratio: the larger relative spread ((max - min) / median) of its two sides."""
+    return max(a["spread"], b["spread"])
 
 
 # --- self-test ---------------------------------------------------------------------------------
