@@ -6,7 +6,7 @@ Candidates: ``ours`` (full KV cache), ``ours_h2o`` (the config's H2O eviction, w
 process and are timed from Python the same way: reset, prefill the context (real essay text, the
 same token ids for every engine), then greedy-decode ``n_decode`` tokens. Runs rotate through the
 candidates (A B C / C B A ...) for ``repetitions`` rounds; we report medians, spreads and ratios of
-medians, and for our engine where the decode time goes (MNN module forwards, native cache step
+medians, and for our engine where the prefill and decode time goes (MNN module forwards, native cache step
 incl. eviction, Python glue). With ``llama``, each compressing candidate's quality against its own
 full cache is measured too, untimed: mean KL and top-1 agreement over ``n_decode`` essay tokens
 after the prompt, teacher-forced one token at a time.
@@ -21,28 +21,36 @@ from .measure import interleave, summarize
 LLAMA_ROWS = ("llama_f16", "llama_f16_fa", "llama_q8_fa")
 
 
+def _time_split(before, after, seconds: float, n_tokens: int) -> dict:
+    """ms per token of a phase, split into MNN module forwards, the native cache step (append,
+    attention, eviction) and the rest (Python glue, sampling), from the engine's counters
+    (mnn_s, attention_s) at the phase's start and end."""
+    per_tok = 1e3 / n_tokens
+    d = {"total": seconds * per_tok, "mnn": (after[0] - before[0]) * per_tok,
+         "attention": (after[1] - before[1]) * per_tok}
+    d["glue"] = d["total"] - d["mnn"] - d["attention"]
+    return d
+
+
 def time_run(engine, ids: Sequence[int], n_decode: int) -> dict:
     """One fresh context: prefill ``ids`` then decode ``n_decode`` greedy tokens."""
     engine.reset()
     stats = getattr(engine, "stats", None)
+    snap = lambda: (stats.mnn_s, stats.attention_s) if stats is not None else None
+    b0 = snap()
     t0 = time.perf_counter()
     logits = engine.prefill(ids)
     t1 = time.perf_counter()
-    before = (stats.mnn_s, stats.attention_s) if stats is not None else None
+    b1 = snap()
     tok = int(logits.argmax())
     for _ in range(n_decode):
         tok = int(engine.decode(tok).argmax())
     t2 = time.perf_counter()
+    b2 = snap()
     r = {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": n_decode / (t2 - t1)}
-    if before is not None:
-        per_tok = 1e3 / n_decode
-        stats = engine.stats
-        r["decode_ms"] = {
-            "total": (t2 - t1) * per_tok,
-            "mnn": (stats.mnn_s - before[0]) * per_tok,
-            "attention": (stats.attention_s - before[1]) * per_tok,
-        }
-        r["decode_ms"]["glue"] = r["decode_ms"]["total"] - r["decode_ms"]["mnn"] - r["decode_ms"]["attention"]
+    if stats is not None:
+        r["prefill_ms"] = _time_split(b0, b1, t1 - t0, len(ids))
+        r["decode_ms"] = _time_split(b1, b2, t2 - t1, n_decode)
         r["kv_bytes_held"] = stats.kv_bytes_held
     return r
 
@@ -104,8 +112,9 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
             for name, rs in runs.items():
                 row[name] = {k: summarize([r[k] for r in rs]) for k in ("prefill_tps", "decode_tps")}
                 if name in ("ours", "ours_h2o"):
-                    row[name]["decode_ms"] = {k: summarize([r["decode_ms"][k] for r in rs])["median"]
-                                              for k in ("total", "mnn", "attention", "glue")}
+                    for phase in ("prefill_ms", "decode_ms"):
+                        row[name][phase] = {k: summarize([r[phase][k] for r in rs])["median"]
+                                            for k in ("total", "mnn", "attention", "glue")}
                     row[name]["kv_bytes_held"] = rs[-1]["kv_bytes_held"]
             if peers:
                 _llama_rows(row, peers, ids, ctx)
@@ -180,8 +189,8 @@ ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
 def format_table(results: Dict[str, dict]) -> str:
     f = lambda s: f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
     with_llama = any(n in r for r in results.values() for n in LLAMA_ROWS)
-    head = ["context", "engine", "prefill tok/s", "decode tok/s", "decode ms/token: mnn / attention / glue",
-            "KV MiB held"]
+    head = ["context", "engine", "prefill tok/s", "decode tok/s", "prefill ms/token: mnn / attention / glue",
+            "decode ms/token: mnn / attention / glue", "KV MiB held"]
     if with_llama:
         head.append("KL / top-1 vs own full cache")
     head += ["prefill vs stock", "decode vs stock", "decode vs ours full"]
@@ -193,11 +202,11 @@ def format_table(results: Dict[str, dict]) -> str:
             if name not in r:
                 continue
             e = r[name]
-            d = e.get("decode_ms")
-            ms = f"{d['mnn']:.2f} / {d['attention']:.2f} / {d['glue']:.2f}" if d else ""
+            split = lambda d: f"{d['mnn']:.2f} / {d['attention']:.2f} / {d['glue']:.2f}" if d else ""
             kv = f"{e['kv_bytes_held'] / 2**20:.1f}" if "kv_bytes_held" in e else ""
             vs = lambda k, b: f"{r[f'{k}_ratio_{name}_vs_{b}']:.2f}x" if f"{k}_ratio_{name}_vs_{b}" in r else ""
-            cells = [ctx, name, f(e["prefill_tps"]), f(e["decode_tps"]), ms, kv]
+            cells = [ctx, name, f(e["prefill_tps"]), f(e["decode_tps"]), split(e.get("prefill_ms")),
+                     split(e.get("decode_ms")), kv]
             if with_llama:
                 cells.append("; ".join(f"{q['kl']:.4f} / {q['top1_agreement']:.1%} (vs {ref})"
                                        for ref, q in e.get("quality_vs", {}).items()))
@@ -205,7 +214,8 @@ def format_table(results: Dict[str, dict]) -> str:
             if with_llama:
                 cells += [vs("prefill", "llama_best"), vs("decode", "llama_best")]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines.append("tokens/s: median over the repetitions (min-max).")
+    lines.append("tokens/s: median over the repetitions (min-max). ms/token (ours): medians, split into MNN "
+                 "module forwards / our native cache step (append, attention, eviction) / the rest.")
     if with_llama:
         lines.append("llama.cpp best: the llama.cpp config with the highest median (prefill and decode "
                      "separately). llama.cpp KV MiB: its context's KV buffer, allocated whole for n_ctx = "

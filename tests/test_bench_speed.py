@@ -1,0 +1,51 @@
+"""`bench speed`'s time split: where a phase's time goes (MNN / native cache step / glue) is read
+from the engine's counters of that phase only."""
+from types import SimpleNamespace
+
+import numpy as np
+
+
+class CountingEngine:
+    """Advances its counters by known amounts: prefill 0.5 s in MNN and 0.2 s in the cache step,
+    each decode step 0.01 s and 0.004 s (no real time passes)."""
+
+    def __init__(self):
+        self.stats = SimpleNamespace(mnn_s=0.0, attention_s=0.0, kv_bytes_held=123)
+
+    def reset(self):
+        pass
+
+    def prefill(self, ids):
+        self.stats.mnn_s += 0.5
+        self.stats.attention_s += 0.2
+        return np.zeros(8, np.float32)
+
+    def decode(self, tok):
+        self.stats.mnn_s += 0.01
+        self.stats.attention_s += 0.004
+        return np.zeros(8, np.float32)
+
+
+def test_prefill_and_decode_time_are_split_by_phase():
+    from mnn_h2o.bench.speed import time_run
+
+    r = time_run(CountingEngine(), list(range(100)), n_decode=10)
+    assert np.isclose(r["prefill_ms"]["mnn"], 5.0) and np.isclose(r["prefill_ms"]["attention"], 2.0)
+    assert np.isclose(r["decode_ms"]["mnn"], 10.0) and np.isclose(r["decode_ms"]["attention"], 4.0)
+    for phase in ("prefill_ms", "decode_ms"):
+        d = r[phase]
+        assert np.isclose(d["total"], d["mnn"] + d["attention"] + d["glue"])
+    assert r["kv_bytes_held"] == 123
+
+
+def test_speed_table_shows_the_prefill_split():
+    from mnn_h2o.bench.speed import format_table
+
+    s = lambda m: {"median": m, "min": m, "max": m, "spread": 0.0}
+    row = {"context": 512, "ours": {"prefill_tps": s(400), "decode_tps": s(80),
+                                    "prefill_ms": {"total": 2.5, "mnn": 2.0, "attention": 0.4, "glue": 0.1},
+                                    "decode_ms": {"total": 12.5, "mnn": 10.0, "attention": 2.0, "glue": 0.5}},
+           "stock": {"prefill_tps": s(450), "decode_tps": s(84)}}
+    t = format_table({"512": row}).splitlines()
+    assert "prefill ms/token: mnn / attention / glue" in t[0]
+    assert "| 2.00 / 0.40 / 0.10 | 10.00 / 2.00 / 0.50 |" in [x for x in t if "| ours |" in x][0]
