@@ -25,6 +25,20 @@ def test_speed_llama_without_the_extra_names_what_to_install(monkeypatch, capsys
     assert "Traceback" not in err
 
 
+def test_a_llama_cpp_that_crashes_is_a_clear_error_not_a_dead_bench(monkeypatch):
+    # llama.cpp's AMX kernels died with SIGSEGV on a Sapphire Rapids VM: the bench must survive and
+    # say what to rebuild; a child that fails without a signal names its last error line.
+    monkeypatch.setattr(L, "check", lambda: None)
+    monkeypatch.setattr(L, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV) # %r")
+    with pytest.raises(L.LlamaUnavailable, match=r"crashed \(SIGSEGV\).*GGML_AMX_TILE=OFF"):
+        L.preflight("model.gguf", 2)
+    monkeypatch.setattr(L, "_PREFLIGHT", "raise SystemExit('no such file') # %r")
+    with pytest.raises(L.LlamaUnavailable, match="failed on a test run of model.gguf: no such file"):
+        L.preflight("model.gguf", 2)
+    monkeypatch.setattr(L, "_PREFLIGHT", "pass # %r")
+    L.preflight("model.gguf", 2)  # a child that evaluates cleanly: no error
+
+
 def test_llama_option_is_explained_in_help(capsys):
     from mnn_h2o.bench.__main__ import main
 
@@ -66,10 +80,17 @@ def test_speed_table_shows_llama_rows_and_ratios():
 # --- with the extra installed -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama_cpp():
+    from mnn_h2o.model_source import resolve_gguf
+
     try:
-        return L.check()
+        mod = L.check()
     except L.LlamaUnavailable as e:
         pytest.skip(f"the llama extra is not installed: {e}")
+    try:
+        L.preflight(resolve_gguf("smollm2"), 2)  # a llama.cpp that crashes would end this pytest run
+    except L.LlamaUnavailable as e:
+        pytest.skip(f"the installed llama.cpp does not run here: {e}")
+    return mod
 
 
 class _Stats:

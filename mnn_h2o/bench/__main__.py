@@ -46,6 +46,8 @@ def _speed(args, cfg) -> int:
 
         llama_peer.check()  # before loading anything: the install hint, exit 2
     gguf = resolve_gguf(cfg["model"]["name"])
+    if args.llama:
+        llama_peer.preflight(gguf, cfg["runtime"]["threads"])
     longest = max(args.contexts) + args.n_decode + 8
     if cfg["runtime"]["max_context"] and cfg["runtime"]["max_context"] < longest:
         raise ValueError(f"runtime.max_context {cfg['runtime']['max_context']} < longest run {longest}")

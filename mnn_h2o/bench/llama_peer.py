@@ -25,6 +25,11 @@ PIN = "0.3.36"
 INSTALL_HINT = (f"install the optional extra: CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install '.[llama]' "
                 f"(or pip install llama-cpp-python=={PIN}); it builds llama.cpp from source with cmake, "
                 "which takes 15-30 minutes on 2 cores")
+# llama.cpp 0.3.36 built with GGML_NATIVE on a Xeon that reports AMX (Sapphire Rapids) died with
+# SIGSEGV in ggml_backend_amx_mul_mat on its first batch (2026-11-26); without the AMX kernels it runs.
+NO_AMX_HINT = ("if the CPU has AMX (lscpu lists amx_tile), rebuild llama.cpp without its AMX kernels: "
+               "CMAKE_ARGS=\"-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" "
+               f"pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python=={PIN}")
 
 # name -> (flash attention, K type, V type); types are ggml type names.
 CONFIGS: Dict[str, tuple] = {
@@ -80,6 +85,44 @@ def check():
         if saved is not None:
             os.environ["OMP_WAIT_POLICY"] = saved
     return llama_cpp
+
+
+# A crash inside llama.cpp would take the whole bench with it, so each config first evaluates a
+# few tokens of the GGUF in a child process.
+_PREFLIGHT = """
+import sys, llama_cpp
+gguf, threads = sys.argv[1], int(sys.argv[2])
+for fa, tk, tv in %r:
+    ggml = lambda t: getattr(llama_cpp, "GGML_TYPE_" + t.upper())
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=64, n_batch=64, n_ubatch=64, n_threads=threads,
+                          n_threads_batch=threads, flash_attn=fa, type_k=ggml(tk), type_v=ggml(tv), verbose=False)
+    llm.eval([1, 2, 3, 4, 5, 6, 7, 8])
+    llm.close()
+"""
+
+
+def preflight(gguf: str, threads: int, configs: Sequence[tuple] = tuple(CONFIGS.values()),
+              timeout_s: float = 300.0) -> None:
+    """Evaluate 8 tokens in each config in a child process; :class:`LlamaUnavailable` (with what
+    to do) if llama.cpp crashes or fails there."""
+    import signal
+    import subprocess
+    import sys
+
+    check()
+    try:
+        r = subprocess.run([sys.executable, "-c", _PREFLIGHT % (list(configs),), gguf, str(threads)],
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise LlamaUnavailable(f"bench speed --llama: llama.cpp did not evaluate 8 tokens of {gguf} "
+                               f"within {timeout_s:.0f} s") from None
+    if r.returncode < 0:
+        sig = signal.Signals(-r.returncode).name
+        raise LlamaUnavailable(f"bench speed --llama: llama.cpp crashed ({sig}) evaluating 8 tokens of {gguf}; "
+                               f"{NO_AMX_HINT}")
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise LlamaUnavailable(f"bench speed --llama: llama.cpp failed on a test run of {gguf}: {last}")
 
 
 # --- llama.cpp's log: captured (for the KV buffer size), never printed ----------------------------
