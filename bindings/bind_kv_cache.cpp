@@ -281,8 +281,9 @@ private:
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
-    // The keyword defaults of enable_h2o / enable_store: the native structs' own, which are the
-    // config schema's (config_schema.h).
+    // The keyword defaults of the constructor, enable_h2o and enable_store: the native structs'
+    // own, which are the config schema's (config_schema.h).
+    const KvCacheConfig kCache;
     const H2oConfig kH2o;
     const StoreConfig kStore;
     // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
@@ -340,9 +341,11 @@ mass each key block received, summed over the queries and the query heads of eac
                  c.threads = threads;
                  return new PyKvCache(c);
              }),
+             // The defaults are KvCacheConfig's: dtype, block_tokens and threads the config schema's
+             // (docs/config.md, runtime.kv_dtype, runtime.block_tokens, runtime.threads).
              py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"),
-             py::arg("dtype") = "f16", py::arg("block_tokens") = 64, py::arg("max_tokens") = 8192,
-             py::arg("threads") = 1)
+             py::arg("dtype") = mnn_h2o::kv_dtype_name(kCache.dtype), py::arg("block_tokens") = kCache.block_tokens,
+             py::arg("max_tokens") = kCache.max_tokens, py::arg("threads") = kCache.threads)
         .def(
             "step",
             [](PyKvCache& self, int layer, const py::object& q, const py::object& k, const py::object& v,
