@@ -55,7 +55,8 @@ KvCacheConfig validated(const KvCacheConfig& c) {
     require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
     require(c.head_dim >= 16 && c.head_dim <= kMaxHeadDim && c.head_dim % 16 == 0,
             "head_dim must be a multiple of 16 in [16, 256]");
-    require(kv_dtype_valid(static_cast<int>(c.dtype)), "unknown dtype " + std::to_string(static_cast<int>(c.dtype)));
+    require(kv_dtype_valid(static_cast<int>(c.dtype)),
+            "unknown dtype " + std::to_string(static_cast<int>(c.dtype)) + " (known: " + kv_dtype_names() + ")");
     const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
     require(shape_error.empty(), shape_error);
     using BlockTokens = schema::runtime::block_tokens;
