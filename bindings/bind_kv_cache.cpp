@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -296,6 +297,18 @@ auto locked(R (KvCache::*method)(Args...)) { return locked_call<R, Args...>(meth
 template <class R, class... Args>
 auto locked(R (KvCache::*method)(Args...) const) { return locked_call<R, Args...>(method); }
 
+// The config get() returns, copied inside a NativeCall, as a dict; None when it returns null (that
+// part of the cache is off).
+template <class Config>
+py::object active_config(PyKvCache& self, const Config* (KvCache::*get)() const, py::dict (*to_dict)(const Config&)) {
+    std::optional<Config> c;
+    {
+        NativeCall call(self);
+        if (const Config* active = (self.cache.*get)()) c = *active;
+    }
+    return c ? py::object(to_dict(*c)) : py::none();
+}
+
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
@@ -493,16 +506,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
                                    return self.cache.h2o_config() != nullptr;
                                })
         .def(
-            "h2o_config",
-            [](PyKvCache& self) -> py::object {
-                H2oConfig c;
-                {
-                    NativeCall call(self);
-                    if (!self.cache.h2o_config()) return py::none();
-                    c = *self.cache.h2o_config();
-                }
-                return config_dict(c);
-            },
+            "h2o_config", [](PyKvCache& self) { return active_config(self, &KvCache::h2o_config, config_dict); },
             "The active H2O settings (layer_end resolved) as a dict, or None when eviction is off.")
         .def("end_step", locked(&KvCache::end_step), py::arg("n_tokens"), py::arg("prefill"),
             "Call once after all layers of a forward of n_tokens tokens; runs the eviction policy when due. "
@@ -586,15 +590,7 @@ docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', '
              "Dissolve every compressed chunk back to raw blocks and stop the store's workers.")
         .def(
             "store_config",
-            [](PyKvCache& self) -> py::object {
-                StoreConfig c;
-                {
-                    NativeCall call(self);
-                    if (!self.cache.store_config()) return py::none();
-                    c = *self.cache.store_config();
-                }
-                return store_config_dict(c);
-            },
+            [](PyKvCache& self) { return active_config(self, &KvCache::store_config, store_config_dict); },
             "The active store settings as a dict, or None when the store is off.")
         .def(
             "store_stats",
