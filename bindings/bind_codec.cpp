@@ -57,6 +57,7 @@ py::buffer_info contiguous(const py::buffer& b, bool writable = false) {
 void bind_codec(py::module_& m) {
     py::register_exception<GearError>(m, "GearError", PyExc_ValueError);
 
+    const EncodeOptions kDefaults;  // the keyword defaults: the codec's own
     py::class_<Codec>(m, "GearCodec",
                       "A reusable Gear encoder/decoder (scratch buffers, zstd contexts). Not thread-safe.")
         .def(py::init([](uint32_t predictors, bool allow_rle, bool allow_zstd, bool allow_rans,
@@ -71,10 +72,10 @@ void bind_codec(py::module_& m) {
                  o.dedup = dedup;
                  return new Codec(o);
              }),
-             py::arg("predictors") = kAllPredictors, py::arg("allow_rle") = true,
-             py::arg("allow_zstd") = true, py::arg("allow_rans") = true, py::arg("zstd_level") = 1,
-             py::arg("block_tokens") = 0,
-             py::arg("dedup") = true)
+             py::arg("predictors") = kDefaults.predictors, py::arg("allow_rle") = kDefaults.allow_rle,
+             py::arg("allow_zstd") = kDefaults.allow_zstd, py::arg("allow_rans") = kDefaults.allow_rans,
+             py::arg("zstd_level") = kDefaults.zstd_level, py::arg("block_tokens") = kDefaults.block_tokens,
+             py::arg("dedup") = kDefaults.dedup)
         .def(
             "encode",
             [](Codec& c, const py::buffer& data, int element_type, const std::vector<uint32_t>& dims) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,9 +49,10 @@ Isa parse_isa(const py::object& name) {
     throw py::value_error("isa must be 'scalar', 'avx2', 'avx512' or 'neon', got '" + s + "'");
 }
 
-// A float32, C-contiguous, aligned numpy array of [n, heads*dim] or [n, heads, dim]; returns n.
-py::array float_rows(const py::object& obj, const char* name, int heads, int dim, bool writable, int* n_rows) {
-    if (!py::isinstance<py::array>(obj)) throw py::value_error(std::string(name) + " must be a numpy.ndarray");
+// obj as a float32, C-contiguous, aligned (and if asked, writeable) numpy array: what the native
+// code may read (and write) as plain floats. kind names what obj may be in the error.
+py::array float_array(const py::object& obj, const char* name, bool writable, const char* kind = "a numpy.ndarray") {
+    if (!py::isinstance<py::array>(obj)) throw py::value_error(std::string(name) + " must be " + kind);
     py::array a = py::reinterpret_borrow<py::array>(obj);
     const std::string where = std::string(name) + ": ";
     if (!a.dtype().is(py::dtype::of<float>()))
@@ -58,6 +60,13 @@ py::array float_rows(const py::object& obj, const char* name, int heads, int dim
     if (!(a.flags() & py::array::c_style)) throw py::value_error(where + "must be C-contiguous");
     if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) throw py::value_error(where + "must be aligned");
     if (writable && !a.writeable()) throw py::value_error(where + "must be writeable");
+    return a;
+}
+
+// A float_array of [n, heads*dim] or [n, heads, dim]; returns n.
+py::array float_rows(const py::object& obj, const char* name, int heads, int dim, bool writable, int* n_rows) {
+    py::array a = float_array(obj, name, writable);
+    const std::string where = std::string(name) + ": ";
     const std::string want = "[n, " + std::to_string(heads * dim) + "] or [n, " + std::to_string(heads) + ", " +
                              std::to_string(dim) + "]";
     const bool ok = (a.ndim() == 2 && a.shape(1) == heads * dim) ||
@@ -68,16 +77,11 @@ py::array float_rows(const py::object& obj, const char* name, int heads, int dim
     return a;
 }
 
-// Optional block-score accumulator: float32 C-contiguous [n_kv_heads, width]; returns (ptr, width).
+// Optional block-score accumulator: a writeable float_array [n_kv_heads, width]; returns (ptr, width).
 float* scores_array(const py::object& obj, int n_kv_heads, size_t* stride) {
     *stride = 0;
     if (obj.is_none()) return nullptr;
-    if (!py::isinstance<py::array>(obj)) throw py::value_error("scores must be a numpy.ndarray or None");
-    py::array a = py::reinterpret_borrow<py::array>(obj);
-    if (!a.dtype().is(py::dtype::of<float>())) throw py::value_error("scores: dtype must be float32");
-    if (!(a.flags() & py::array::c_style)) throw py::value_error("scores: must be C-contiguous");
-    if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) throw py::value_error("scores: must be aligned");
-    if (!a.writeable()) throw py::value_error("scores: must be writeable");
+    py::array a = float_array(obj, "scores", true, "a numpy.ndarray or None");
     if (a.ndim() != 2 || a.shape(0) != n_kv_heads || a.shape(1) < 1)
         throw py::value_error("scores: shape must be [" + std::to_string(n_kv_heads) + ", max_blocks], got " +
                               std::string(py::str(a.attr("shape"))));
@@ -278,11 +282,39 @@ private:
     std::lock_guard<std::mutex> lock_;
 };
 
+// A KvCache method as a binding that calls it inside a NativeCall. The result is converted after
+// the call returns, with the GIL held again: h2o_stats() and store_stats() build their dicts
+// from the copy it returns.
+template <class R, class... Args, class Method>
+auto locked_call(Method method) {
+    return [method](PyKvCache& self, Args... args) -> R {
+        NativeCall call(self);
+        return (self.cache.*method)(args...);
+    };
+}
+template <class R, class... Args>
+auto locked(R (KvCache::*method)(Args...)) { return locked_call<R, Args...>(method); }
+template <class R, class... Args>
+auto locked(R (KvCache::*method)(Args...) const) { return locked_call<R, Args...>(method); }
+
+// The config get() returns, copied inside a NativeCall, as a dict; None when it returns null (that
+// part of the cache is off).
+template <class Config>
+py::object active_config(PyKvCache& self, const Config* (KvCache::*get)() const, py::dict (*to_dict)(const Config&)) {
+    std::optional<Config> c;
+    {
+        NativeCall call(self);
+        if (const Config* active = (self.cache.*get)()) c = *active;
+    }
+    return c ? py::object(to_dict(*c)) : py::none();
+}
+
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
-    // The keyword defaults of enable_h2o / enable_store: the native structs' own, which are the
-    // config schema's (config_schema.h).
+    // The keyword defaults of the constructor, enable_h2o and enable_store: the native structs'
+    // own, which are the config schema's (config_schema.h).
+    const KvCacheConfig kCache;
     const H2oConfig kH2o;
     const StoreConfig kStore;
     // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
@@ -340,9 +372,11 @@ mass each key block received, summed over the queries and the query heads of eac
                  c.threads = threads;
                  return new PyKvCache(c);
              }),
+             // The defaults are KvCacheConfig's: dtype, block_tokens and threads the config schema's
+             // (docs/config.md, runtime.kv_dtype, runtime.block_tokens, runtime.threads).
              py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"),
-             py::arg("dtype") = "f16", py::arg("block_tokens") = 64, py::arg("max_tokens") = 8192,
-             py::arg("threads") = 1)
+             py::arg("dtype") = mnn_h2o::kv_dtype_name(kCache.dtype), py::arg("block_tokens") = kCache.block_tokens,
+             py::arg("max_tokens") = kCache.max_tokens, py::arg("threads") = kCache.threads)
         .def(
             "step",
             [](PyKvCache& self, int layer, const py::object& q, const py::object& k, const py::object& v,
@@ -396,35 +430,13 @@ mass each key block received, summed over the queries and the query heads of eac
             },
             py::arg("layer"), py::arg("q"), py::arg("out"), py::arg("isa") = py::none(), py::arg("scores") = py::none(),
             "Attend queries q (the last n positions) over the cached tokens of layer into out.")
-        .def(
-            "length",
-            [](PyKvCache& self, int layer, int head) {
-                NativeCall call(self);
-                return self.cache.length(layer, head);
-            },
-            py::arg("layer"), py::arg("head") = 0)
-        .def("bytes_held",
-             [](PyKvCache& self) {
-                 NativeCall call(self);
-                 return self.cache.bytes_held();
-             })
-        .def("pool_bytes_held",
-             [](PyKvCache& self) {
-                 NativeCall call(self);
-                 return self.cache.pool_bytes_held();
-             },
+        .def("length", locked(&KvCache::length), py::arg("layer"), py::arg("head") = 0)
+        .def("bytes_held", locked(&KvCache::bytes_held))
+        .def("pool_bytes_held", locked(&KvCache::pool_bytes_held),
              "Bytes of raw KV blocks alone (bytes_held() adds the store's frames, cache and scratch).")
-        .def("kept_bytes",
-             [](PyKvCache& self) {
-                 NativeCall call(self);
-                 return self.cache.kept_bytes();
-             },
+        .def("kept_bytes", locked(&KvCache::kept_bytes),
              "Bytes the held tokens would take as raw blocks, compressed or not (what eviction alone leaves).")
-        .def("bytes_mapped",
-             [](PyKvCache& self) {
-                 NativeCall call(self);
-                 return self.cache.bytes_mapped();
-             })
+        .def("bytes_mapped", locked(&KvCache::bytes_mapped))
         .def(
             "read",
             [](PyKvCache& self, int layer, int head) {
@@ -440,19 +452,9 @@ mass each key block received, summed over the queries and the query heads of eac
                 return py::make_tuple(py::array_t<float>({len, hd}, k.data()), py::array_t<float>({len, hd}, v.data()));
             },
             py::arg("layer"), py::arg("head"), "Copy of one head's cached K and V as float32 [length, head_dim].")
-        .def(
-            "truncate",
-            [](PyKvCache& self, int layer, int head, int n_tokens) {
-                NativeCall call(self);
-                self.cache.truncate(layer, head, n_tokens);
-            },
-            py::arg("layer"), py::arg("head"), py::arg("n_tokens"),
-            "Keep the first n_tokens of one head; blocks past them go back to the OS.")
-        .def("reset",
-             [](PyKvCache& self) {
-                 NativeCall call(self);
-                 self.cache.reset();
-             })
+        .def("truncate", locked(&KvCache::truncate), py::arg("layer"), py::arg("head"), py::arg("n_tokens"),
+             "Keep the first n_tokens of one head; blocks past them go back to the OS.")
+        .def("reset", locked(&KvCache::reset))
         .def(
             "enable_h2o",
             [](PyKvCache& self, const std::string& policy, long long sink_tokens, long long recent_tokens,
@@ -497,37 +499,16 @@ mass each key block received, summed over the queries and the query heads of eac
 The arguments, their defaults and allowed values are the config keys h2o.* of docs/config.md
 (target_keep_ratio or kv_budget_bytes > 0, at most one, replaces target_lossy_ratio;
 layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
-        .def(
-            "disable_h2o",
-            [](PyKvCache& self) {
-                NativeCall call(self);
-                self.cache.disable_h2o();
-            },
-            "Turn eviction off; the tokens held stay.")
+        .def("disable_h2o", locked(&KvCache::disable_h2o), "Turn eviction off; the tokens held stay.")
         .def_property_readonly("h2o_enabled",
                                [](PyKvCache& self) {
                                    NativeCall call(self);
                                    return self.cache.h2o_config() != nullptr;
                                })
         .def(
-            "h2o_config",
-            [](PyKvCache& self) -> py::object {
-                H2oConfig c;
-                {
-                    NativeCall call(self);
-                    if (!self.cache.h2o_config()) return py::none();
-                    c = *self.cache.h2o_config();
-                }
-                return config_dict(c);
-            },
+            "h2o_config", [](PyKvCache& self) { return active_config(self, &KvCache::h2o_config, config_dict); },
             "The active H2O settings (layer_end resolved) as a dict, or None when eviction is off.")
-        .def(
-            "end_step",
-            [](PyKvCache& self, int n_tokens, bool prefill) {
-                NativeCall call(self);
-                return self.cache.end_step(n_tokens, prefill);
-            },
-            py::arg("n_tokens"), py::arg("prefill"),
+        .def("end_step", locked(&KvCache::end_step), py::arg("n_tokens"), py::arg("prefill"),
             "Call once after all layers of a forward of n_tokens tokens; runs the eviction policy when due. "
             "True if anything was evicted.")
         .def(
@@ -542,14 +523,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             "sink/recent floors and the last token); ValueError if invalid, and nothing changes.")
         .def(
             "h2o_stats",
-            [](PyKvCache& self) {
-                H2oStats s;
-                {
-                    NativeCall call(self);
-                    s = self.cache.h2o_stats();
-                }
-                return stats_dict(s);
-            },
+            [](PyKvCache& self) { return stats_dict(locked(&KvCache::h2o_stats)(self)); },
             "Per-layer eviction counters and held tokens/bytes, and whole-model bytes_held, bytes_uncompressed, "
             "lossy_ratio (= uncompressed / held) and policy time.")
         .def(
@@ -612,44 +586,19 @@ its settings (what is compressed is dissolved back to raw first). See docs/kv_ca
 The arguments but faults, their defaults and allowed values are the config keys lossless.* of
 docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', 'alloc_failure',
 'worker_exception'. ValueError naming the bad argument.)doc")
-        .def(
-            "disable_store",
-            [](PyKvCache& self) {
-                NativeCall call(self);
-                self.cache.disable_store();
-            },
-            "Dissolve every compressed chunk back to raw blocks and stop the store's workers.")
+        .def("disable_store", locked(&KvCache::disable_store),
+             "Dissolve every compressed chunk back to raw blocks and stop the store's workers.")
         .def(
             "store_config",
-            [](PyKvCache& self) -> py::object {
-                StoreConfig c;
-                {
-                    NativeCall call(self);
-                    if (!self.cache.store_config()) return py::none();
-                    c = *self.cache.store_config();
-                }
-                return store_config_dict(c);
-            },
+            [](PyKvCache& self) { return active_config(self, &KvCache::store_config, store_config_dict); },
             "The active store settings as a dict, or None when the store is off.")
         .def(
             "store_stats",
-            [](PyKvCache& self) {
-                StoreStats s;
-                {
-                    NativeCall call(self);
-                    s = self.cache.store_stats();
-                }
-                return store_stats_dict(s);
-            },
+            [](PyKvCache& self) { return store_stats_dict(locked(&KvCache::store_stats)(self)); },
             "Store counters (whole model and per layer) and bytes: pool_bytes + blob_bytes + table_bytes + "
             "cache_bytes + scratch_bytes = bytes_held; total_ratio = bytes_uncompressed / bytes_held.")
-        .def(
-            "drain_store",
-            [](PyKvCache& self) {
-                NativeCall call(self);
-                self.cache.drain_store();
-            },
-            "Wait for every store job under way and install it.")
+        .def("drain_store", locked(&KvCache::drain_store),
+             "Wait for every store job under way and install it.")
         .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })
         .def_property_readonly("head_dim", [](const PyKvCache& s) { return s.cache.config().head_dim; })

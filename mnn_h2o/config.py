@@ -4,9 +4,9 @@ Every key is declared once in :data:`SCHEMA` with its type, default, unit, allow
 meaning; this is the only place a default or a bound is written. ``docs/config.md`` is generated
 from it (``python -m mnn_h2o.config --markdown``), and so is the native core's copy of the defaults
 and bounds of the keys that reach it, ``native/include/mnn_h2o/config_schema.h``
-(``python -m mnn_h2o.config --native-header``): ``H2oConfig``, ``StoreConfig``, the C API's defaults,
-the pybind11 keyword defaults and the native validation all read that header, and tests fail when
-a generated file and the schema disagree. Unknown keys, wrong types and out-of-range values are
+(``python -m mnn_h2o.config --native-header``): ``KvCacheConfig``, ``H2oConfig``, ``StoreConfig``,
+the C API's defaults, the pybind11 keyword defaults and the native validation all read that
+header, and tests fail when a generated file and the schema disagree. Unknown keys, wrong types and out-of-range values are
 errors that name the key and what is allowed.
 """
 from __future__ import annotations
@@ -297,23 +297,28 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
             cfg[section][name] = key.check(value)
 
 
-# The sections whose keys reach the native core (KvCache.enable_h2o / enable_store, the C API,
-# H2oConfig / StoreConfig), each under its own name, except these, which the engine consumes.
-NATIVE_SECTIONS = ("h2o", "lossless")
-ENGINE_KEYS = ("h2o.enabled", "h2o.prefill_eviction")
+# The sections whose keys reach the native core: runtime's through the KvCache constructor (the
+# C API's mnn_h2o_kv_config, KvCacheConfig), h2o's through KvCache.enable_h2o (H2oConfig),
+# lossless's through enable_store (StoreConfig); each under its own name but those of NATIVE_NAMES.
+# ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
+NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
+ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.prefill_chunk", "runtime.max_context",
+               "h2o.enabled", "h2o.prefill_eviction")
+NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Choices the native core owns (the policy registry): read from it above, not written back.
 _NATIVE_OWNED_CHOICES = ("h2o.policy",)
 
 
 def native_keys(section: str) -> Tuple[Key, ...]:
-    """The keys of ``section`` that the native core takes (the keyword arguments of
-    ``KvCache.enable_h2o`` for h2o, ``enable_store`` for lossless)."""
+    """The keys of ``section`` that the native core takes (the keyword arguments of the
+    ``KvCache`` constructor for runtime, ``KvCache.enable_h2o`` for h2o, ``enable_store`` for
+    lossless)."""
     return tuple(k for k in SCHEMA if k.section == section and k.path not in ENGINE_KEYS)
 
 
 def native_args(section: str, values: Dict[str, Any]) -> Dict[str, Any]:
     """The native keyword arguments of a validated section: its values, unchanged."""
-    return {k.name: values[k.name] for k in native_keys(section)}
+    return {NATIVE_NAMES.get(k.path, k.name): values[k.name] for k in native_keys(section)}
 
 
 QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
@@ -398,44 +403,44 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpp_number(k: Key, x: Any) -> str:
-    return repr(float(x)) if k.type is float else str(int(x))
-
-
 def _cpp_text(x: Any) -> str:
     return '"' + str(x).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _native_key(k: Key) -> list:
-    """The lines of one key's struct in the native header."""
-    t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
-    lines = [f"// {k.path}: {k.type_name}, {k.unit}", f"struct {k.name} {{",
-             f"    static constexpr const char* kName = {_cpp_text(k.name)};"]
+def _cpp_value(k: Key, x: Any) -> str:
     if k.type is bool:
-        lines.append(f"    static constexpr bool kDefault = {'true' if k.default else 'false'};")
-    elif k.type is str:
-        lines.append(f"    static constexpr const char* kDefault = {_cpp_text(k.default)};")
-        if k.choices is not None and k.path not in _NATIVE_OWNED_CHOICES:
-            lines += [f"    static constexpr const char* kChoices[] = {{{', '.join(_cpp_text(c) for c in k.choices)}}};",
-                      f"    static constexpr int kChoiceCount = {len(k.choices)};",
-                      f"    static constexpr int kDefaultIndex = {list(k.choices).index(k.default)};",
-                      f"    static constexpr const char* kAllowed = "
-                      f"{_cpp_text('one of ' + ', '.join(repr(str(c)) for c in k.choices))};"]
-    else:
-        if k.range is None or None in k.range or k.choices is not None:
-            raise ValueError(f"{k.path}: a native number needs both bounds and no choices")
+        return "true" if x else "false"
+    if k.type is str:
+        return _cpp_text(x)
+    return repr(float(x)) if k.type is float else str(int(x))
+
+
+def _native_key(k: Key) -> list:
+    """One key's struct in the native header: a comment line and a line of members, so that the
+    keys read as a table."""
+    t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
+    members = [f"static constexpr const char* kName = {_cpp_text(k.name)};",
+               f"static constexpr {t} kDefault = {_cpp_value(k, k.default)};"]
+    if k.choices is not None and k.path not in _NATIVE_OWNED_CHOICES:
+        members += [f"static constexpr {t} kChoices[] = {{{', '.join(_cpp_value(k, c) for c in k.choices)}}};",
+                    f"static constexpr int kChoiceCount = {len(k.choices)};",
+                    f"static constexpr int kDefaultIndex = {list(k.choices).index(k.default)};",
+                    f"static constexpr const char* kAllowed = {_cpp_text('one of ' + ', '.join(repr(c) for c in k.choices))};"]
+    elif k.type in (int, float):
+        if k.range is None or None in k.range:
+            raise ValueError(f"{k.path}: a native number needs choices or both bounds")
         lo, hi = k.range
         show = (lambda x: f"{x:g}") if k.type is float else str
         allowed = f"in [{show(lo)}, {show(hi)}{')' if k.hi_open else ']'}"
-        lines += [f"    static constexpr {t} kDefault = {_cpp_number(k, k.default)};",
-                  f"    static constexpr {t} kLo = {_cpp_number(k, lo)};",
-                  f"    static constexpr {t} kHi = {_cpp_number(k, hi)};",
-                  f"    static constexpr bool kHiOpen = {'true' if k.hi_open else 'false'};",
-                  f"    static constexpr const char* kAllowed = {_cpp_text(allowed)};"]
+        members += [f"static constexpr {t} kLo = {_cpp_value(k, lo)};",
+                    f"static constexpr {t} kHi = {_cpp_value(k, hi)};",
+                    f"static constexpr bool kHiOpen = {'true' if k.hi_open else 'false'};",
+                    f"static constexpr const char* kAllowed = {_cpp_text(allowed)};"]
+    comment = f"// {k.path}: {k.type_name}, {k.unit}"
     if k.path == "h2o.target_lossy_ratio":
-        lines.append(f"    static constexpr double kInUseMin = {_cpp_number(k, LOSSY_RATIO_IN_USE_MIN)};  "
-                     "// when it is the budget")
-    return lines + ["};"]
+        members.append(f"static constexpr double kInUseMin = {_cpp_value(k, LOSSY_RATIO_IN_USE_MIN)};")
+        comment += "; kInUseMin: its least value when it is the budget"
+    return [comment, f"struct {k.name} {{ " + " ".join(members) + " };"]
 
 
 NATIVE_HEADER = "native/include/mnn_h2o/config_schema.h"
@@ -445,9 +450,10 @@ def native_header() -> str:
     """``native/include/mnn_h2o/config_schema.h``: the defaults and bounds of the native keys."""
     out = ["// Generated from mnn_h2o/config.py by `python -m mnn_h2o.config --native-header`: do not edit.",
            "// The defaults and bounds of the config keys that reach the native core (docs/config.md), so",
-           "// H2oConfig, StoreConfig, the C API, the Python binding and the native validation use the",
-           "// schema's values; tests/test_config.py fails when this file and the schema disagree.",
-           "#pragma once", "", "#include <cstdint>", "#include <string_view>", "",
+           "// KvCacheConfig, H2oConfig, StoreConfig, the C API, the Python binding and the native",
+           "// validation use the schema's values; tests/test_config.py fails when this file and the",
+           "// schema disagree.",
+           "#pragma once", "", "#include <cstdint>", "#include <string_view>", "#include <type_traits>", "",
            "namespace mnn_h2o {", "namespace schema {", ""]
     for section in NATIVE_SECTIONS:
         out.append(f"namespace {section} {{")
@@ -461,11 +467,12 @@ def native_header() -> str:
             "    return v >= static_cast<double>(K::kLo) &&",
             "           (K::kHiOpen ? v < static_cast<double>(K::kHi) : v <= static_cast<double>(K::kHi));",
             "}", "",
-            "// The index of name in K::kChoices, or -1.",
+            "// The index of x in K::kChoices (names or numbers), or -1.",
             "template <class K>",
-            "constexpr int choice_index(std::string_view name) {",
+            "constexpr int choice_index(",
+            "    std::conditional_t<std::is_arithmetic_v<decltype(K::kDefault)>, int64_t, std::string_view> x) {",
             "    for (int i = 0; i < K::kChoiceCount; ++i)",
-            "        if (name == K::kChoices[i]) return i;",
+            "        if (x == K::kChoices[i]) return i;",
             "    return -1;",
             "}", "",
             "}  // namespace schema", "}  // namespace mnn_h2o"]

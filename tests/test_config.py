@@ -153,11 +153,13 @@ def _signature_defaults(method) -> dict:
     return {name: ast.literal_eval(value) for name, value in found}
 
 
-@pytest.mark.parametrize("section, method", [("h2o", "enable_h2o"), ("lossless", "enable_store")])
+@pytest.mark.parametrize("section, method", [("runtime", "__init__"), ("h2o", "enable_h2o"),
+                                             ("lossless", "enable_store")])
 def test_binding_arguments_are_the_schema_keys_and_defaults(section, method):
     core = pytest.importorskip("mnn_h2o._core")
     got = _signature_defaults(getattr(core.KvCache, method))
     got.pop("faults", None)  # enable_store's test hook, no config key
+    got.pop("max_tokens", None)  # the constructor's capacity, no config key (the engine sizes it)
     assert got == config.native_args(section, config.defaults()[section])
 
 
@@ -170,6 +172,10 @@ def _native_cache():
 
 def test_native_defaults_are_the_schema_defaults():
     """No arguments: the native structs' defaults, which the C API's init function copies."""
+    core = pytest.importorskip("mnn_h2o._core")
+    bare = core.KvCache(1, 1, 64, 1)
+    assert {"dtype": bare.dtype, "block_tokens": bare.block_tokens, "threads": bare.threads} == \
+        config.native_args("runtime", config.defaults()["runtime"])
     cache = _native_cache()
     cache.enable_h2o()
     want = config.native_args("h2o", config.defaults()["h2o"])
@@ -180,6 +186,8 @@ def test_native_defaults_are_the_schema_defaults():
 
 def _edges(k):
     """Values at and just beyond each bound of a native key, and its choices plus a wrong one."""
+    if k.choices is not None and k.type is int:
+        return sorted({c + d for c in k.choices for d in (-16, -1, 0, 1, 16)})
     if k.choices is not None:
         return list(k.choices) + ["no-such-" + k.name]
     if k.type is bool:
@@ -194,13 +202,27 @@ def _edges(k):
 
 
 def _python_accepts(section, name, value):
-    raw = {section: {name: value}, "runtime": {"kv_dtype": "f16"}}
+    raw = {"runtime": {"kv_dtype": "f16"}}
     if section == "lossless":
-        raw[section]["mode"] = raw[section].get("mode", "store")
+        raw["lossless"] = {"mode": "store"}
+    if section == "runtime":
+        raw["lossless"] = {"chunk_tokens": 4096}  # a multiple of every block size: block_tokens alone is judged
+    raw.setdefault(section, {})[name] = value
     try:
         return True, config.validate(raw)[section]
     except config.ConfigError:
         return False, None
+
+
+def _native_runtime(values):
+    """The runtime keys of a cache made with ``values`` (head_dim 64 suits every dtype), or None
+    when the constructor refuses them."""
+    core = pytest.importorskip("mnn_h2o._core")
+    try:
+        c = core.KvCache(1, 1, 64, 1, max_tokens=64, **values)
+    except (ValueError, TypeError):
+        return None
+    return {"dtype": c.dtype, "block_tokens": c.block_tokens, "threads": c.threads}
 
 
 def _native_accepts(cache, section, values):
@@ -219,6 +241,7 @@ def test_python_and_native_validation_agree(path):
     """Each bound, bound +- 1 (and the neighbouring floats), each choice and a wrong one: the
     Python validation and the native one (through the binding) accept the same values."""
     k = config.key(path)
+    native_name = config.NATIVE_NAMES.get(path, k.name)
     cache = _native_cache()
     for value in _edges(k):
         py_ok, section = _python_accepts(k.section, k.name, value)
@@ -226,14 +249,19 @@ def test_python_and_native_validation_agree(path):
         base = config.defaults()[k.section]
         if k.section == "lossless":
             base["mode"] = "store"
-        native_ok = _native_accepts(cache, k.section, config.native_args(k.section, {**base, k.name: value}))
+        values = config.native_args(k.section, {**base, k.name: value})
+        if k.section == "runtime":
+            got = _native_runtime(values)
+            native_ok = got is not None
+        else:
+            native_ok = _native_accepts(cache, k.section, values)
+            got = cache.h2o_config() if k.section == "h2o" else cache.store_config()
         assert py_ok == native_ok, f"{path} = {value!r}: Python {'accepts' if py_ok else 'rejects'}, " \
                                    f"native {'accepts' if native_ok else 'rejects'}"
-        got = cache.h2o_config() if k.section == "h2o" else cache.store_config()
         if py_ok and got is None:  # mode off: the store is off
             assert path == "lossless.mode" and value == "off"
         elif py_ok:
-            assert got[k.name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else section[k.name])
+            assert got[native_name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else section[k.name])
 
 
 @pytest.mark.parametrize("keep, cap, lossy", [(0.0, 0, 0.5), (0.0, 0, 1.0), (0.5, 0, 0.0), (0.5, 0, 0.5),

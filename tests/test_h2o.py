@@ -11,7 +11,7 @@ HD = 32
 
 def make_cache(n_layers=3, n_kv=2, group=3, dtype="f32", block_tokens=16, max_tokens=2048):
     return core.KvCache(n_layers, n_kv, HD, n_kv * group, dtype=dtype, block_tokens=block_tokens,
-                        max_tokens=max_tokens)
+                        max_tokens=max_tokens, threads=1)
 
 
 def rand(rng, *shape, scale=1.0):
@@ -323,7 +323,7 @@ def test_shared_budget_moves_blocks_to_the_spread_head():
 def test_stats_and_memory_returned():
     rng = np.random.default_rng(5)
     n_layers = 12
-    cache = core.KvCache(n_layers, 2, 64, 6, block_tokens=64, max_tokens=4096)
+    cache = core.KvCache(n_layers, 2, 64, 6, dtype="f16", block_tokens=64, max_tokens=4096, threads=1)
     cache.enable_h2o(sink_tokens=64, recent_tokens=256, target_lossy_ratio=3.0, layer_start=2,
                      trigger_min_tokens=512)
     k = rand(rng, 512, 128)

@@ -10,7 +10,8 @@ ISAS = core.available_isas()
 
 
 def make_cache(n_layers=2, n_kv=3, hd=64, group=3, **kw):
-    return core.KvCache(n_layers, n_kv, hd, n_kv * group, **kw)
+    # f16 rows, blocks of 64 and one thread unless a test says otherwise (not the config defaults).
+    return core.KvCache(n_layers, n_kv, hd, n_kv * group, **{"dtype": "f16", "block_tokens": 64, "threads": 1, **kw})
 
 
 def reference(cache, layer, q):

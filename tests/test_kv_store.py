@@ -9,7 +9,7 @@ L, KV, HD, H, BT = 3, 2, 64, 4, 16
 
 
 def make_cache(h2o=True, per_head=False):
-    cache = core.KvCache(L, KV, HD, H, block_tokens=BT, max_tokens=1024)
+    cache = core.KvCache(L, KV, HD, H, dtype="f16", block_tokens=BT, max_tokens=1024, threads=1)
     if h2o:
         cache.enable_h2o(sink_tokens=16, recent_tokens=48, target_keep_ratio=0.6, target_lossy_ratio=0.0,
                          layer_start=1, trigger_min_tokens=96, update_interval=8, per_head_budget=per_head)

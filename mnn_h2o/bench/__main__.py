@@ -13,24 +13,13 @@ import os
 import sys
 import time
 
+from ..cli_numbers import number_list
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads spin and steal MNN's cores
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
-def _number_list(kind, minimum):
-    """An argparse type: comma-separated numbers of ``kind``, each >= ``minimum``."""
-    def parse(s: str):
-        try:
-            v = [kind(x) for x in s.split(",") if x]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {s!r}") from None
-        if not v or min(v) < minimum:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}s >= {minimum}, got {s!r}")
-        return v
-    return parse
-
-
-_parse_ints = _number_list(int, 1)
+_parse_ints = number_list(int, 1)
 
 
 def _speed(args, cfg) -> int:
@@ -268,7 +257,7 @@ def main(argv=None) -> int:
                                             "cache budget (lossless.decode_cache_bytes), interleaved with the "
                                             "baseline and H2O alone")
     cs.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
-    cs.add_argument("--budgets-mib", type=_number_list(float, 0), default=[0, 8, 32, 128],
+    cs.add_argument("--budgets-mib", type=number_list(float, 0), default=[0, 8, 32, 128],
                     help="decode cache budgets in MiB (default 0,8,32,128)")
     cs.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3)")
     cs.add_argument("--json", help="also write the figures to this JSON file")

@@ -25,6 +25,8 @@ import argparse
 import os
 import sys
 
+from ..cli_numbers import number_list
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
@@ -35,21 +37,8 @@ QUICK = {"prompt_lens": [640], "continuation": 16, "segments": 1, "ratios": [2.0
 QUICK_H2O = {"h2o.sink_tokens": 16, "h2o.recent_tokens": 64, "h2o.trigger_min_tokens": 128}
 
 
-def _floats(s):
-    try:
-        v = [float(x) for x in s.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
-    if not v:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return v
-
-
-def _ints(s):
-    v = _floats(s)
-    if any(x != int(x) or x < 1 for x in v):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
-    return [int(x) for x in v]
+_floats = number_list(float)
+_ints = number_list(int, 1)
 
 
 def _parser() -> argparse.ArgumentParser:

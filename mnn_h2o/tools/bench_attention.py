@@ -24,7 +24,8 @@ N_LAYERS, N_KV, HEAD_DIM, N_HEADS = 30, 3, 64, 9
 
 
 def filled_cache(context, dtype, threads, rng, max_tokens=8192):
-    cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype=dtype, max_tokens=max_tokens, threads=threads)
+    cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype=dtype, block_tokens=64, max_tokens=max_tokens,
+                         threads=threads)
     for layer in range(N_LAYERS):
         for t0 in range(0, context, 512):
             n = min(512, context - t0)

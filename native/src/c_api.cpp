@@ -32,6 +32,8 @@ struct mnn_h2o_codec {
 
 namespace {
 
+using mnn_h2o::KvCache;
+using mnn_h2o::KvCacheConfig;
 using mnn_h2o::gear::Status;
 
 #define MNN_H2O_STR2(x) #x
@@ -108,58 +110,87 @@ bool valid_elem(mnn_h2o_elem_type t) {
     return t == MNN_H2O_ELEM_F16 || t == MNN_H2O_ELEM_BF16 || t == MNN_H2O_ELEM_F32;
 }
 
-mnn_h2o::gear::EncodeOptions to_options(const mnn_h2o_codec_options& o) {
-    mnn_h2o::gear::EncodeOptions e;
-    e.predictors = o.predictors;
-    e.allow_rle = o.allow_rle != 0;
-    e.allow_zstd = o.allow_zstd != 0;
-    e.zstd_level = o.zstd_level;
-    e.block_tokens = o.block_tokens;
-    e.dedup = o.dedup != 0;
-    return e;
+// The fields mnn_h2o_codec_options shares with EncodeOptions, copied either way (the flags are
+// bools on one side, 0/1 on the other).
+template <class From, class To>
+void copy_codec_options(const From& from, To& to) {
+    to.predictors = from.predictors;
+    to.allow_rle = from.allow_rle;
+    to.allow_zstd = from.allow_zstd;
+    to.zstd_level = from.zstd_level;
+    to.block_tokens = from.block_tokens;
+    to.dedup = from.dedup;
 }
 
-// The one copy between the C struct and H2oConfig (field names are the config keys h2o.*); the
-// strings of the C struct are policy and layer_budget, which must outlive it.
+// guarded() for an entry point on a cache handle: a null handle is an error naming it, else fn
+// gets the cache (const through a const handle).
+template <class Handle, class Fn>
+mnn_h2o_status on_cache(const char* where, Handle* cache, Fn&& fn) noexcept {
+    return guarded(where, [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg(where, "cache");
+        return fn(cache->cache);
+    });
+}
+
+// The fields mnn_h2o_kv_config shares with KvCacheConfig, copied either way (the integer types
+// convert); dtype, an enum on one side, is the callers'.
+template <class From, class To>
+void copy_kv_config(const From& from, To& to) {
+    to.n_layers = from.n_layers;
+    to.n_kv_heads = from.n_kv_heads;
+    to.n_heads = from.n_heads;
+    to.head_dim = from.head_dim;
+    to.block_tokens = from.block_tokens;
+    to.max_tokens = from.max_tokens;
+    to.threads = from.threads;
+}
+
+void to_c(const KvCacheConfig& c, mnn_h2o_kv_config* out) {
+    copy_kv_config(c, *out);
+    out->dtype = static_cast<int32_t>(c.dtype);
+}
+
+// A dtype outside the enum reaches KvCache's validation, which names the known ones.
+KvCacheConfig from_c(const mnn_h2o_kv_config& in) {
+    KvCacheConfig c;
+    copy_kv_config(in, c);
+    c.dtype = static_cast<mnn_h2o::KvDtype>(in.dtype);
+    return c;
+}
+
+// The fields mnn_h2o_eviction_config shares with H2oConfig (the config keys h2o.*), copied either
+// way (per_head_budget is a bool on one side, 0/1 on the other); the strings are the callers'.
+template <class From, class To>
+void copy_h2o_config(const From& from, To& to) {
+    to.sink_tokens = from.sink_tokens;
+    to.recent_tokens = from.recent_tokens;
+    to.target_keep_ratio = from.target_keep_ratio;
+    to.target_lossy_ratio = from.target_lossy_ratio;
+    to.ema_alpha = from.ema_alpha;
+    to.layer_start = from.layer_start;
+    to.layer_end = from.layer_end;
+    to.trigger_min_tokens = from.trigger_min_tokens;
+    to.update_interval = from.update_interval;
+    to.per_head_budget = from.per_head_budget;
+    to.seed = from.seed;
+    to.max_floor_share = from.max_floor_share;
+    to.kv_budget_bytes = from.kv_budget_bytes;
+    to.observation_window = from.observation_window;
+    to.head_floor_share = from.head_floor_share;
+}
+
+// policy and layer_budget must outlive the C struct.
 void to_c(const mnn_h2o::H2oConfig& c, const char* policy, const char* layer_budget, mnn_h2o_eviction_config* out) {
+    copy_h2o_config(c, *out);
     out->policy = policy;
-    out->sink_tokens = c.sink_tokens;
-    out->recent_tokens = c.recent_tokens;
-    out->target_keep_ratio = c.target_keep_ratio;
-    out->target_lossy_ratio = c.target_lossy_ratio;
-    out->ema_alpha = c.ema_alpha;
-    out->layer_start = c.layer_start;
-    out->layer_end = c.layer_end;
-    out->trigger_min_tokens = c.trigger_min_tokens;
-    out->update_interval = c.update_interval;
-    out->per_head_budget = c.per_head_budget ? 1 : 0;
-    out->seed = c.seed;
-    out->max_floor_share = c.max_floor_share;
-    out->kv_budget_bytes = c.kv_budget_bytes;
-    out->observation_window = c.observation_window;
-    out->head_floor_share = c.head_floor_share;
     out->layer_budget = layer_budget;
 }
 
 // NULL strings take the defaults.
 mnn_h2o::H2oConfig from_c(const mnn_h2o_eviction_config& in) {
     mnn_h2o::H2oConfig c;
+    copy_h2o_config(in, c);
     if (in.policy) c.policy = in.policy;
-    c.sink_tokens = in.sink_tokens;
-    c.recent_tokens = in.recent_tokens;
-    c.target_keep_ratio = in.target_keep_ratio;
-    c.target_lossy_ratio = in.target_lossy_ratio;
-    c.ema_alpha = in.ema_alpha;
-    c.layer_start = in.layer_start;
-    c.layer_end = in.layer_end;
-    c.trigger_min_tokens = in.trigger_min_tokens;
-    c.update_interval = in.update_interval;
-    c.per_head_budget = in.per_head_budget != 0;
-    c.seed = in.seed;
-    c.max_floor_share = in.max_floor_share;
-    c.kv_budget_bytes = in.kv_budget_bytes;
-    c.observation_window = in.observation_window;
-    c.head_floor_share = in.head_floor_share;
     if (in.layer_budget) c.layer_budget = in.layer_budget;
     return c;
 }
@@ -207,16 +238,8 @@ const char* mnn_h2o_codec_isa_name(void) { return mnn_h2o::gear::kernels::kIsaNa
 // ---- KV cache ----------------------------------------------------------------------------------
 
 void mnn_h2o_kv_config_init(mnn_h2o_kv_config* config) {
-    if (!config) return;
-    const mnn_h2o::KvCacheConfig d;
-    config->n_layers = d.n_layers;
-    config->n_kv_heads = d.n_kv_heads;
-    config->n_heads = d.n_heads;
-    config->head_dim = d.head_dim;
-    config->dtype = static_cast<int32_t>(d.dtype);
-    config->block_tokens = d.block_tokens;
-    config->max_tokens = d.max_tokens;
-    config->threads = d.threads;
+    // KvCacheConfig's defaults are the config schema's.
+    if (config) to_c(mnn_h2o::KvCacheConfig{}, config);
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_kv_cache** cache) {
@@ -224,19 +247,7 @@ mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_
         if (!cache) return null_arg("mnn_h2o_kv_cache_create", "cache");
         *cache = nullptr;
         if (!config) return null_arg("mnn_h2o_kv_cache_create", "config");
-        if (!mnn_h2o::kv_dtype_valid(config->dtype))
-            return fail(MNN_H2O_ERR_INVALID_ARGUMENT, "mnn_h2o_kv_cache_create",
-                        "unknown dtype " + std::to_string(config->dtype) + " (known: " + mnn_h2o::kv_dtype_names() + ")");
-        mnn_h2o::KvCacheConfig c;
-        c.n_layers = config->n_layers;
-        c.n_kv_heads = config->n_kv_heads;
-        c.n_heads = config->n_heads;
-        c.head_dim = config->head_dim;
-        c.dtype = static_cast<mnn_h2o::KvDtype>(config->dtype);
-        c.block_tokens = config->block_tokens;
-        c.max_tokens = config->max_tokens;
-        c.threads = config->threads;
-        *cache = new mnn_h2o_kv_cache(c);
+        *cache = new mnn_h2o_kv_cache(from_c(*config));
         return MNN_H2O_OK;
     });
 }
@@ -244,36 +255,26 @@ mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_
 void mnn_h2o_kv_cache_destroy(mnn_h2o_kv_cache* cache) { delete cache; }
 
 mnn_h2o_status mnn_h2o_kv_cache_get_config(const mnn_h2o_kv_cache* cache, mnn_h2o_kv_config* config) {
-    return guarded("mnn_h2o_kv_cache_get_config", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_get_config", "cache");
-        if (!config) return null_arg("mnn_h2o_kv_cache_get_config", "config");
-        const mnn_h2o::KvCacheConfig& c = cache->cache.config();
-        config->n_layers = c.n_layers;
-        config->n_kv_heads = c.n_kv_heads;
-        config->n_heads = c.n_heads;
-        config->head_dim = c.head_dim;
-        config->dtype = static_cast<int32_t>(c.dtype);
-        config->block_tokens = c.block_tokens;
-        config->max_tokens = c.max_tokens;
-        config->threads = c.threads;
+    const char* where = "mnn_h2o_kv_cache_get_config";
+    return on_cache(where, cache, [&](const KvCache& c) {
+        if (!config) return null_arg(where, "config");
+        to_c(c.config(), config);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_append(mnn_h2o_kv_cache* cache, int32_t layer, const float* k, const float* v,
                                        int32_t n_tokens) {
-    return guarded("mnn_h2o_kv_cache_append", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_append", "cache");
-        cache->cache.append(layer, k, v, n_tokens);
+    return on_cache("mnn_h2o_kv_cache_append", cache, [&](KvCache& c) {
+        c.append(layer, k, v, n_tokens);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_attend(mnn_h2o_kv_cache* cache, int32_t layer, const float* q, int32_t n_q,
                                        float* out, float* block_scores, size_t scores_stride) {
-    return guarded("mnn_h2o_kv_cache_attend", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_attend", "cache");
-        cache->cache.attend(layer, q, n_q, out, block_scores, scores_stride);
+    return on_cache("mnn_h2o_kv_cache_attend", cache, [&](KvCache& c) {
+        c.attend(layer, q, n_q, out, block_scores, scores_stride);
         return MNN_H2O_OK;
     });
 }
@@ -281,45 +282,42 @@ mnn_h2o_status mnn_h2o_kv_cache_attend(mnn_h2o_kv_cache* cache, int32_t layer, c
 mnn_h2o_status mnn_h2o_kv_cache_step(mnn_h2o_kv_cache* cache, int32_t layer, const float* q, const float* k,
                                      const float* v, int32_t n_tokens, float* out, float* block_scores,
                                      size_t scores_stride) {
-    return guarded("mnn_h2o_kv_cache_step", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_step", "cache");
-        cache->cache.step(layer, q, k, v, n_tokens, out, block_scores, scores_stride);
+    return on_cache("mnn_h2o_kv_cache_step", cache, [&](KvCache& c) {
+        c.step(layer, q, k, v, n_tokens, out, block_scores, scores_stride);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_length(const mnn_h2o_kv_cache* cache, int32_t layer, int32_t head,
                                        int32_t* length) {
-    return guarded("mnn_h2o_kv_cache_length", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_length", "cache");
-        if (!length) return null_arg("mnn_h2o_kv_cache_length", "length");
-        *length = cache->cache.length(layer, head);
+    const char* where = "mnn_h2o_kv_cache_length";
+    return on_cache(where, cache, [&](const KvCache& c) {
+        if (!length) return null_arg(where, "length");
+        *length = c.length(layer, head);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_read(const mnn_h2o_kv_cache* cache, int32_t layer, int32_t head, float* k_out,
                                      float* v_out) {
-    return guarded("mnn_h2o_kv_cache_read", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_read", "cache");
-        if (!k_out || !v_out) return null_arg("mnn_h2o_kv_cache_read", !k_out ? "k_out" : "v_out");
-        cache->cache.read(layer, head, k_out, v_out);
+    const char* where = "mnn_h2o_kv_cache_read";
+    return on_cache(where, cache, [&](const KvCache& c) {
+        if (!k_out || !v_out) return null_arg(where, !k_out ? "k_out" : "v_out");
+        c.read(layer, head, k_out, v_out);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_truncate(mnn_h2o_kv_cache* cache, int32_t layer, int32_t head, int32_t n_tokens) {
-    return guarded("mnn_h2o_kv_cache_truncate", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_truncate", "cache");
-        cache->cache.truncate(layer, head, n_tokens);
+    return on_cache("mnn_h2o_kv_cache_truncate", cache, [&](KvCache& c) {
+        c.truncate(layer, head, n_tokens);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_reset(mnn_h2o_kv_cache* cache) {
-    return guarded("mnn_h2o_kv_cache_reset", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_reset", "cache");
-        cache->cache.reset();
+    return on_cache("mnn_h2o_kv_cache_reset", cache, [&](KvCache& c) {
+        c.reset();
         return MNN_H2O_OK;
     });
 }
@@ -348,28 +346,26 @@ void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
-    return guarded("mnn_h2o_kv_cache_enable_h2o", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_enable_h2o", "cache");
-        if (!config) return null_arg("mnn_h2o_kv_cache_enable_h2o", "config");
-        cache->cache.enable_h2o(from_c(*config));
+    const char* where = "mnn_h2o_kv_cache_enable_h2o";
+    return on_cache(where, cache, [&](KvCache& c) {
+        if (!config) return null_arg(where, "config");
+        c.enable_h2o(from_c(*config));
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_disable_h2o(mnn_h2o_kv_cache* cache) {
-    return guarded("mnn_h2o_kv_cache_disable_h2o", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_disable_h2o", "cache");
-        cache->cache.disable_h2o();
+    return on_cache("mnn_h2o_kv_cache_disable_h2o", cache, [&](KvCache& c) {
+        c.disable_h2o();
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_config* config) {
-    return guarded("mnn_h2o_kv_cache_get_h2o_config", [&]() -> mnn_h2o_status {
-        const char* where = "mnn_h2o_kv_cache_get_h2o_config";
-        if (!cache) return null_arg(where, "cache");
+    const char* where = "mnn_h2o_kv_cache_get_h2o_config";
+    return on_cache(where, cache, [&](const KvCache& cc) {
         if (!config) return null_arg(where, "config");
-        const mnn_h2o::H2oConfig* c = cache->cache.h2o_config();
+        const mnn_h2o::H2oConfig* c = cc.h2o_config();
         if (!c) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "eviction is off");
         to_c(*c, c->policy.c_str(), c->layer_budget.c_str(), config);
         return MNN_H2O_OK;
@@ -378,10 +374,9 @@ mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mn
 
 mnn_h2o_status mnn_h2o_kv_cache_end_step(mnn_h2o_kv_cache* cache, int32_t n_tokens, int32_t prefill,
                                          int32_t* evicted) {
-    return guarded("mnn_h2o_kv_cache_end_step", [&]() -> mnn_h2o_status {
-        if (evicted) *evicted = 0;
-        if (!cache) return null_arg("mnn_h2o_kv_cache_end_step", "cache");
-        const bool any = cache->cache.end_step(n_tokens, prefill != 0);
+    if (evicted) *evicted = 0;
+    return on_cache("mnn_h2o_kv_cache_end_step", cache, [&](KvCache& c) {
+        const bool any = c.end_step(n_tokens, prefill != 0);
         if (evicted) *evicted = any ? 1 : 0;
         return MNN_H2O_OK;
     });
@@ -389,24 +384,24 @@ mnn_h2o_status mnn_h2o_kv_cache_end_step(mnn_h2o_kv_cache* cache, int32_t n_toke
 
 mnn_h2o_status mnn_h2o_kv_cache_evict(mnn_h2o_kv_cache* cache, int32_t layer, int32_t head,
                                       const mnn_h2o_token_run* runs, size_t n_runs) {
-    return guarded("mnn_h2o_kv_cache_evict", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_evict", "cache");
-        if (!runs && n_runs) return null_arg("mnn_h2o_kv_cache_evict", "runs");
+    const char* where = "mnn_h2o_kv_cache_evict";
+    return on_cache(where, cache, [&](KvCache& c) {
+        if (!runs && n_runs) return null_arg(where, "runs");
         std::vector<mnn_h2o::TokenRun> plan(n_runs);
         for (size_t i = 0; i < n_runs; ++i) {
             plan[i].offset = runs[i].offset;
             plan[i].length = runs[i].length;
         }
-        cache->cache.evict(layer, head, plan);
+        c.evict(layer, head, plan);
         return MNN_H2O_OK;
     });
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats) {
-    return guarded("mnn_h2o_kv_cache_h2o_stats", [&]() -> mnn_h2o_status {
-        if (!cache) return null_arg("mnn_h2o_kv_cache_h2o_stats", "cache");
-        if (!stats) return null_arg("mnn_h2o_kv_cache_h2o_stats", "stats");
-        const mnn_h2o::H2oStats st = cache->cache.h2o_stats();
+    const char* where = "mnn_h2o_kv_cache_h2o_stats";
+    return on_cache(where, cache, [&](const KvCache& c) {
+        if (!stats) return null_arg(where, "stats");
+        const mnn_h2o::H2oStats st = c.h2o_stats();
         std::memset(stats, 0, sizeof *stats);
         stats->bytes_held = st.bytes_held;
         stats->bytes_uncompressed = st.bytes_uncompressed;
@@ -427,11 +422,10 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o
 
 mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
                                                 mnn_h2o_eviction_layer_stats* stats) {
-    return guarded("mnn_h2o_kv_cache_h2o_layer_stats", [&]() -> mnn_h2o_status {
-        const char* where = "mnn_h2o_kv_cache_h2o_layer_stats";
-        if (!cache) return null_arg(where, "cache");
+    const char* where = "mnn_h2o_kv_cache_h2o_layer_stats";
+    return on_cache(where, cache, [&](const KvCache& c) {
         if (!stats) return null_arg(where, "stats");
-        const mnn_h2o::H2oStats st = cache->cache.h2o_stats();
+        const mnn_h2o::H2oStats st = c.h2o_stats();
         if (layer < 0 || static_cast<size_t>(layer) >= st.layers.size())
             return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "layer " + std::to_string(layer) + " out of range");
         const auto& l = st.layers[static_cast<size_t>(layer)];
@@ -450,12 +444,11 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, i
 
 mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
                                            size_t capacity, int32_t* n_blocks) {
-    return guarded("mnn_h2o_kv_cache_h2o_scores", [&]() -> mnn_h2o_status {
-        const char* where = "mnn_h2o_kv_cache_h2o_scores";
-        if (!cache) return null_arg(where, "cache");
+    const char* where = "mnn_h2o_kv_cache_h2o_scores";
+    return on_cache(where, cache, [&](const KvCache& c) {
         if (!n_blocks) return null_arg(where, "n_blocks");
         int nb = 0;
-        const std::vector<float> s = cache->cache.h2o_scores(layer, &nb);
+        const std::vector<float> s = c.h2o_scores(layer, &nb);
         *n_blocks = nb;
         if (!scores || capacity < s.size())
             return fail(MNN_H2O_ERR_OUTPUT_TOO_SMALL, where,
@@ -468,14 +461,7 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_
 // ---- Gear codec --------------------------------------------------------------------------------
 
 void mnn_h2o_codec_options_init(mnn_h2o_codec_options* options) {
-    if (!options) return;
-    const mnn_h2o::gear::EncodeOptions d;
-    options->predictors = d.predictors;
-    options->allow_rle = d.allow_rle ? 1 : 0;
-    options->allow_zstd = d.allow_zstd ? 1 : 0;
-    options->zstd_level = d.zstd_level;
-    options->block_tokens = d.block_tokens;
-    options->dedup = d.dedup ? 1 : 0;
+    if (options) copy_codec_options(mnn_h2o::gear::EncodeOptions{}, *options);
 }
 
 mnn_h2o_status mnn_h2o_codec_create(const mnn_h2o_codec_options* options, mnn_h2o_codec** codec) {
@@ -487,7 +473,9 @@ mnn_h2o_status mnn_h2o_codec_create(const mnn_h2o_codec_options* options, mnn_h2
         if (options) o = *options;
         if (o.predictors & ~MNN_H2O_PREDICT_ALL)
             return fail(MNN_H2O_ERR_INVALID_ARGUMENT, "mnn_h2o_codec_create", "unknown predictor bits");
-        *codec = new mnn_h2o_codec(to_options(o));
+        mnn_h2o::gear::EncodeOptions e;
+        copy_codec_options(o, e);
+        *codec = new mnn_h2o_codec(e);
         return MNN_H2O_OK;
     });
 }

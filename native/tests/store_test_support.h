@@ -24,6 +24,7 @@ inline mnn_h2o::KvCacheConfig cache_config(int layers = 1, int kv_heads = 1) {
     c.dtype = mnn_h2o::KvDtype::F16;
     c.block_tokens = kBt;
     c.max_tokens = 1024;
+    c.threads = 1;
     return c;
 }
 

@@ -46,8 +46,10 @@ static mnn_h2o_kv_config small_config() {
     c.n_kv_heads = 2;
     c.n_heads = 4;
     c.head_dim = 32;
+    c.dtype = MNN_H2O_DTYPE_F16;
     c.block_tokens = 16;
     c.max_tokens = 100;
+    c.threads = 1;
     return c;
 }
 
@@ -63,9 +65,10 @@ static void test_kv_cache_matches_cpp() {
     mnn_h2o_kv_config c = small_config();
     mnn_h2o_kv_config defaults;
     mnn_h2o_kv_config_init(&defaults);
-    const mnn_h2o::KvCacheConfig cpp_defaults;
-    CHECK(defaults.block_tokens == cpp_defaults.block_tokens && defaults.max_tokens == cpp_defaults.max_tokens &&
-              defaults.dtype == MNN_H2O_DTYPE_F16 && defaults.threads == 1,
+    // The schema's defaults (config_schema.h): a C API of its own ones fails here.
+    namespace runtime = mnn_h2o::schema::runtime;
+    CHECK(defaults.dtype == runtime::kv_dtype::kDefaultIndex && defaults.block_tokens == runtime::block_tokens::kDefault &&
+              defaults.threads == runtime::threads::kDefault && defaults.max_tokens == mnn_h2o::KvCacheConfig{}.max_tokens,
           "config defaults");
 
     mnn_h2o_kv_cache* cache = nullptr;
@@ -80,8 +83,10 @@ static void test_kv_cache_matches_cpp() {
     cc.n_kv_heads = c.n_kv_heads;
     cc.n_heads = c.n_heads;
     cc.head_dim = c.head_dim;
+    cc.dtype = static_cast<mnn_h2o::KvDtype>(c.dtype);
     cc.block_tokens = c.block_tokens;
     cc.max_tokens = c.max_tokens;
+    cc.threads = c.threads;
     mnn_h2o::KvCache ref(cc);
     CHECK(mnn_h2o_kv_cache_max_blocks(cache) == ref.max_blocks(), "max_blocks");
 
@@ -422,8 +427,10 @@ static void test_h2o() {
     cc.n_kv_heads = c.n_kv_heads;
     cc.n_heads = c.n_heads;
     cc.head_dim = c.head_dim;
+    cc.dtype = static_cast<mnn_h2o::KvDtype>(c.dtype);
     cc.block_tokens = c.block_tokens;
     cc.max_tokens = c.max_tokens;
+    cc.threads = c.threads;
     mnn_h2o::KvCache ref(cc);
     mnn_h2o::H2oConfig hc;
     hc.sink_tokens = 16;

@@ -36,6 +36,7 @@ static KvCacheConfig small_config(int n_layers, int max_tokens, KvDtype dtype = 
     c.dtype = dtype;
     c.block_tokens = block_tokens;
     c.max_tokens = max_tokens;
+    c.threads = 1;
     return c;
 }
 
@@ -244,6 +245,7 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype, bool deco
     cc.dtype = dtype;
     cc.block_tokens = 16;
     cc.max_tokens = 256;
+    cc.threads = 1;
     KvCache cache(cc);
     H2oConfig c;
     c.policy = policy;
@@ -995,8 +997,10 @@ static void test_memory_released() {
     cc.n_kv_heads = 3;
     cc.head_dim = 64;
     cc.n_heads = 9;
+    cc.dtype = KvDtype::F16;
     cc.block_tokens = 64;
     cc.max_tokens = 4096;
+    cc.threads = 1;
     KvCache cache(cc);
     H2oConfig c;  // adaptive 3x over the whole model, layers [2, 30)
     c.target_lossy_ratio = 3.0;
@@ -1034,8 +1038,10 @@ static void test_policy_time() {
     cc.n_kv_heads = 3;
     cc.head_dim = 64;
     cc.n_heads = 9;
+    cc.dtype = KvDtype::F16;
     cc.block_tokens = 64;
     cc.max_tokens = 8192;
+    cc.threads = 1;
     std::mt19937 rng(12);
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (bool shared : {false, true}) {

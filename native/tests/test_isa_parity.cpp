@@ -195,6 +195,7 @@ static void test_attention_vs_scalar() {
         cfg.dtype = dtype;
         cfg.block_tokens = 32;
         cfg.max_tokens = 512;
+        cfg.threads = 1;
         KvCache cache(cfg);
         const int kv_row = cfg.n_kv_heads * cfg.head_dim, q_row = cfg.n_heads * cfg.head_dim;
         // A prefill of 40 tokens (tile kernels), then 3 decode steps (decode kernel).

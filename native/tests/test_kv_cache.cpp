@@ -97,6 +97,7 @@ static KvCacheConfig model_config(KvDtype dtype, int max_tokens) {
     c.dtype = dtype;
     c.block_tokens = 64;
     c.max_tokens = max_tokens;
+    c.threads = 1;
     return c;
 }
 

@@ -95,19 +95,22 @@ typedef enum mnn_h2o_dtype {
     MNN_H2O_DTYPE_Q8R = 6  /* q8 of Hadamard-rotated rows (head_dim a power of two) */
 } mnn_h2o_dtype;
 
+/* dtype, block_tokens and threads are the config keys runtime.kv_dtype, runtime.block_tokens and
+ * runtime.threads: their defaults (mnn_h2o_kv_config_init) and allowed values are those of
+ * docs/config.md, generated from the one schema (mnn_h2o/config.py). */
 typedef struct mnn_h2o_kv_config {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA), at most 64 per kv head */
     int32_t head_dim;     /* multiple of 16 in [16, 256] */
     int32_t dtype;        /* mnn_h2o_dtype: how keys and values are stored */
-    int32_t block_tokens; /* tokens per memory block, multiple of 16 in [16, 4096] */
+    int32_t block_tokens; /* tokens per memory block */
     int32_t max_tokens;   /* per (layer, kv head), in [1, 2^24] */
-    int32_t threads;      /* attention threads counting the caller, in [1, 256] */
+    int32_t threads;      /* attention threads counting the caller */
 } mnn_h2o_kv_config;
 
-/* Defaults: dtype f16, block_tokens 64, max_tokens 8192, threads 1; the model dimensions are 0
- * and must be set. */
+/* Defaults: the schema's dtype, block_tokens and threads, max_tokens 8192; the model dimensions
+ * are 0 and must be set. */
 MNN_H2O_API void mnn_h2o_kv_config_init(mnn_h2o_kv_config* config);
 
 /* The keys and values of every layer and kv head, in blocks from an mmap pool (memory goes back

@@ -11,7 +11,6 @@ namespace mnn_h2o {
 
 namespace {
 
-constexpr int kMaxThreads = 256;
 constexpr int kMaxHeadDim = 256;
 // Tile kernels compare key positions as float: positions must stay exactly representable.
 constexpr int kMaxTokensLimit = 1 << 24;
@@ -56,13 +55,17 @@ KvCacheConfig validated(const KvCacheConfig& c) {
     require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
     require(c.head_dim >= 16 && c.head_dim <= kMaxHeadDim && c.head_dim % 16 == 0,
             "head_dim must be a multiple of 16 in [16, 256]");
-    require(kv_dtype_valid(static_cast<int>(c.dtype)), "unknown dtype " + std::to_string(static_cast<int>(c.dtype)));
+    require(kv_dtype_valid(static_cast<int>(c.dtype)),
+            "unknown dtype " + std::to_string(static_cast<int>(c.dtype)) + " (known: " + kv_dtype_names() + ")");
     const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
     require(shape_error.empty(), shape_error);
-    require(c.block_tokens >= 16 && c.block_tokens <= 4096 && c.block_tokens % 16 == 0,
-            "block_tokens must be a multiple of 16 in [16, 4096]");
+    using BlockTokens = schema::runtime::block_tokens;
+    using Threads = schema::runtime::threads;
+    require(schema::choice_index<BlockTokens>(c.block_tokens) >= 0,
+            std::string("block_tokens must be ") + BlockTokens::kAllowed + ", got " + std::to_string(c.block_tokens));
     require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
-    require(c.threads >= 1 && c.threads <= kMaxThreads, "threads must be in [1, 256]");
+    require(schema::in_bounds<Threads>(c.threads),
+            std::string("threads must be ") + Threads::kAllowed + ", got " + std::to_string(c.threads));
     return c;
 }
 

@@ -4,14 +4,18 @@
 #include <cstring>
 
 #include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/config_schema.h"
 
 namespace mnn_h2o {
 
 namespace {
 
+// The names are the schema's choices of runtime.kv_dtype, in the enum's order.
+using Names = schema::runtime::kv_dtype;
+static_assert(Names::kChoiceCount == kKvDtypeCount, "one name per KvDtype: runtime.kv_dtype in mnn_h2o/config.py");
+
 struct Traits {
     KvDtype dtype;
-    const char* name;
     int bits;       // per element, scales not included
     bool quantised; // integer codes + fp16 scale per kKvQuantGroup elements
     bool rotated;
@@ -19,14 +23,22 @@ struct Traits {
 };
 
 constexpr Traits kTraits[kKvDtypeCount] = {
-    {KvDtype::F16, "f16", 16, false, false, KvDtype::F16},
-    {KvDtype::BF16, "bf16", 16, false, false, KvDtype::BF16},
-    {KvDtype::F32, "f32", 32, false, false, KvDtype::F32},
-    {KvDtype::Q8, "q8", 8, true, false, KvDtype::Q8},
-    {KvDtype::Q4, "q4", 4, true, false, KvDtype::Q4},
-    {KvDtype::Q4R, "q4r", 4, true, true, KvDtype::Q4},
-    {KvDtype::Q8R, "q8r", 8, true, true, KvDtype::Q8},
+    {KvDtype::F16, 16, false, false, KvDtype::F16},
+    {KvDtype::BF16, 16, false, false, KvDtype::BF16},
+    {KvDtype::F32, 32, false, false, KvDtype::F32},
+    {KvDtype::Q8, 8, true, false, KvDtype::Q8},
+    {KvDtype::Q4, 4, true, false, KvDtype::Q4},
+    {KvDtype::Q4R, 4, true, true, KvDtype::Q4},
+    {KvDtype::Q8R, 8, true, true, KvDtype::Q8},
 };
+
+// traits() and the names index by the enum's value.
+constexpr bool rows_in_enum_order() {
+    for (int i = 0; i < kKvDtypeCount; ++i)
+        if (static_cast<int>(kTraits[i].dtype) != i) return false;
+    return true;
+}
+static_assert(rows_in_enum_order(), "kTraits[i] is KvDtype i");
 
 const Traits& traits(KvDtype dtype) {
     const int i = static_cast<int>(dtype);
@@ -71,21 +83,19 @@ float load_scale(const uint8_t* p) {
 
 }  // namespace
 
-const char* kv_dtype_name(KvDtype dtype) { return kv_dtype_valid(static_cast<int>(dtype)) ? traits(dtype).name : "?"; }
+const char* kv_dtype_name(KvDtype dtype) {
+    return kv_dtype_valid(static_cast<int>(dtype)) ? Names::kChoices[static_cast<int>(dtype)] : "?";
+}
 
 bool kv_dtype_from_name(const std::string& name, KvDtype* dtype) {
-    for (const Traits& t : kTraits) {
-        if (name == t.name) {
-            *dtype = t.dtype;
-            return true;
-        }
-    }
-    return false;
+    const int i = schema::choice_index<Names>(name);
+    if (i >= 0) *dtype = static_cast<KvDtype>(i);
+    return i >= 0;
 }
 
 std::string kv_dtype_names() {
     std::string s;
-    for (const Traits& t : kTraits) s += (s.empty() ? "" : ", ") + std::string(t.name);
+    for (const char* name : Names::kChoices) s += (s.empty() ? "" : ", ") + std::string(name);
     return s;
 }
 
@@ -105,10 +115,11 @@ std::string kv_dtype_shape_error(KvDtype dtype, int head_dim) {
     if (!kv_dtype_valid(static_cast<int>(dtype))) return "unknown dtype " + std::to_string(static_cast<int>(dtype));
     const Traits& t = traits(dtype);
     if (t.quantised && head_dim % kKvQuantGroup != 0)
-        return std::string("dtype ") + t.name + " needs head_dim a multiple of " + std::to_string(kKvQuantGroup) +
-               ", got " + std::to_string(head_dim);
+        return std::string("dtype ") + kv_dtype_name(dtype) + " needs head_dim a multiple of " +
+               std::to_string(kKvQuantGroup) + ", got " + std::to_string(head_dim);
     if (t.rotated && (head_dim & (head_dim - 1)) != 0)
-        return std::string("dtype ") + t.name + " needs head_dim a power of two, got " + std::to_string(head_dim);
+        return std::string("dtype ") + kv_dtype_name(dtype) + " needs head_dim a power of two, got " +
+               std::to_string(head_dim);
     return "";
 }
 

@@ -73,27 +73,20 @@ void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, u
 // CPU has NEON, so no run-time check is needed.
 #if defined(MNN_H2O_GEAR_NEON)
 constexpr const char* kIsaName = "neon";
-using neon::split_planes;
-using neon::merge_planes;
-using scalar::sample_histograms;
-using neon::delta_forward;
-using neon::delta_inverse;
-using neon::centre_references;
-using neon::count_runs;
-using neon::centre_forward;
-using neon::centre_inverse;
+namespace chosen = neon;
 #else
 constexpr const char* kIsaName = "scalar";
-using scalar::split_planes;
-using scalar::merge_planes;
-using scalar::sample_histograms;
-using scalar::delta_forward;
-using scalar::delta_inverse;
-using scalar::centre_references;
-using scalar::count_runs;
-using scalar::centre_forward;
-using scalar::centre_inverse;
+namespace chosen = scalar;
 #endif
+using chosen::split_planes;
+using chosen::merge_planes;
+using scalar::sample_histograms;  // no NEON version
+using chosen::delta_forward;
+using chosen::delta_inverse;
+using chosen::centre_references;
+using chosen::count_runs;
+using chosen::centre_forward;
+using chosen::centre_inverse;
 
 }  // namespace kernels
 }  // namespace gear

@@ -15,32 +15,15 @@ thread_local int t_thread_index = 0;
 
 ThreadPool::ThreadPool(int n_threads) {
     if (n_threads < 1) throw std::invalid_argument("ThreadPool: n_threads must be >= 1");
-    try {
-        workers_.reserve(static_cast<size_t>(n_threads - 1));
-        for (int t = 1; t < n_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
-    } catch (...) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stop_ = true;
-        }
-        wake_.notify_all();
-        for (auto& w : workers_) w.join();
-        throw;
-    }
+    // Thread 0 is the caller's.
+    workers_.start(1, n_threads, [this](int t) { worker_loop(t); });
 }
 
-ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-}
+ThreadPool::~ThreadPool() { workers_.stop(); }
 
 void ThreadPool::run(int n_tasks, TaskFn fn, void* ctx) {
     if (n_tasks <= 0) return;
-    if (workers_.empty() || n_tasks == 1 || t_running_pool == this) {
+    if (workers_.size() == 0 || n_tasks == 1 || t_running_pool == this) {
         const int thread = t_running_pool == this ? t_thread_index : 0;
         for (int i = 0; i < n_tasks; ++i) fn(ctx, i, thread);
         return;

@@ -8,28 +8,15 @@ namespace mnn_h2o {
 WorkQueue::WorkQueue(int n_threads, int capacity) : capacity_(capacity) {
     if (n_threads < 1) throw std::invalid_argument("WorkQueue: n_threads must be >= 1");
     if (capacity < 1) throw std::invalid_argument("WorkQueue: capacity must be >= 1");
-    try {
-        workers_.reserve(static_cast<size_t>(n_threads));
-        for (int t = 0; t < n_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
-    } catch (...) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stop_ = true;
-        }
-        wake_.notify_all();
-        for (auto& w : workers_) w.join();
-        throw;
-    }
+    workers_.start(0, n_threads, [this](int t) { worker_loop(t); });
 }
 
 WorkQueue::~WorkQueue() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
         queued_.clear();
     }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
+    workers_.stop();
 }
 
 bool WorkQueue::try_submit(uint64_t id, Job job) {

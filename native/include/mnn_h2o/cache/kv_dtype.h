@@ -15,7 +15,8 @@
 // while outliers are spread over the whole row before rounding; attention's output is rotated
 // back.
 //
-// Adding a type: its enum value, a row of kTraits in kv_dtype.cpp, its reference conversions
+// Adding a type: its enum value, its name in the choices of runtime.kv_dtype (mnn_h2o/config.py,
+// then regenerate config_schema.h), a row of kTraits in kv_dtype.cpp, its reference conversions
 // there, and its load in the kernels (attention_scalar.cpp, attention_simd.h).
 #pragma once
 
@@ -31,7 +32,8 @@ constexpr int kKvDtypeCount = 7;
 // Elements per scale of the quantised types.
 constexpr int kKvQuantGroup = 32;
 
-// "f16", "bf16", "f32", "q8", "q4", "q4r", "q8r": the one spelling used by config, bindings, C API and docs.
+// "f16", "bf16", ...: the schema's choices of runtime.kv_dtype, the one spelling used by config,
+// bindings, C API and docs.
 const char* kv_dtype_name(KvDtype dtype);
 // The type named `name`; false if there is none.
 bool kv_dtype_from_name(const std::string& name, KvDtype* dtype);

@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
-#include <vector>
+
+#include "mnn_h2o/runtime/worker_threads.h"
 
 namespace mnn_h2o {
 
@@ -28,7 +28,7 @@ public:
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
 
-    int size() const { return static_cast<int>(workers_.size()) + 1; }
+    int size() const { return workers_.size() + 1; }
 
     // Runs fn(task, thread) for every task in [0, n_tasks) and returns when all are done. thread
     // is in [0, size()) and no two tasks run at once with the same thread index, so it can index
@@ -50,7 +50,6 @@ private:
     void worker_loop(int thread);
     void work(int thread);
 
-    std::vector<std::thread> workers_;
     std::mutex call_mutex_;  // one parallel_for at a time
 
     // The current job, published under mutex_ together with a new generation number.
@@ -67,6 +66,7 @@ private:
     std::atomic<int> next_task_{0};
     std::atomic<bool> failed_{false};
     std::exception_ptr error_;  // first task exception, written once under mutex_
+    WorkerThreads workers_{mutex_, wake_, stop_};  // threads 1 .. size() - 1
 };
 
 }  // namespace mnn_h2o

@@ -13,8 +13,9 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "mnn_h2o/runtime/worker_threads.h"
 
 namespace mnn_h2o {
 
@@ -35,7 +36,7 @@ public:
     WorkQueue(const WorkQueue&) = delete;
     WorkQueue& operator=(const WorkQueue&) = delete;
 
-    int threads() const { return static_cast<int>(workers_.size()); }
+    int threads() const { return workers_.size(); }
     int capacity() const { return capacity_; }
 
     // Queues job under id; false (job not taken) when capacity jobs are outstanding: queued,
@@ -59,7 +60,7 @@ private:
     std::vector<Completion> completed_;
     int outstanding_ = 0;
     bool stop_ = false;
-    std::vector<std::thread> workers_;  // last: started once everything above exists
+    WorkerThreads workers_{mutex_, wake_, stop_};  // last: started once everything above exists
 };
 
 }  // namespace mnn_h2o
