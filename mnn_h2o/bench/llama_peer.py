@@ -25,10 +25,13 @@ PIN = "0.3.36"
 INSTALL_HINT = (f"install the optional extra: CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install '.[llama]' "
                 f"(or pip install llama-cpp-python=={PIN}); it builds llama.cpp from source with cmake, "
                 "which takes 15-30 minutes on 2 cores")
-# llama.cpp 0.3.36 built with GGML_NATIVE on a Xeon that reports AMX (Sapphire Rapids) died with
-# SIGSEGV in ggml_backend_amx_mul_mat on its first batch (2026-11-26); without the AMX kernels it runs.
+# llama.cpp 0.3.36 built with GGML_NATIVE on a Xeon that reports AMX (Sapphire Rapids VM) died with
+# SIGSEGV in ggml_backend_amx_mul_mat on its first batch (2026-11-26). Its AMX kernels are compiled
+# whenever the compiler targets AMX, and -march=native does (GGML_AMX_* options do not turn them off);
+# -mno-amx-* does, and then it runs.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 NO_AMX_HINT = ("if the CPU has AMX (lscpu lists amx_tile), rebuild llama.cpp without its AMX kernels: "
-               "CMAKE_ARGS=\"-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" "
+               f"CMAKE_ARGS=\"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='{_NO_AMX}' -DCMAKE_CXX_FLAGS='{_NO_AMX}'\" "
                f"pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python=={PIN}")
 
 # name -> (flash attention, K type, V type); types are ggml type names.
