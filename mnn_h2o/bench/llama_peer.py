@@ -107,12 +107,12 @@ for fa, tk, tv in %r:
 def preflight(gguf: str, threads: int, configs: Sequence[tuple] = tuple(CONFIGS.values()),
               timeout_s: float = 300.0) -> None:
     """Evaluate 8 tokens in each config in a child process; :class:`LlamaUnavailable` (with what
-    to do) if llama.cpp crashes or fails there."""
+    to do) if llama.cpp crashes or fails there. Call :func:`check` first: a missing llama_cpp is
+    its install hint, not a failed test run."""
     import signal
     import subprocess
     import sys
 
-    check()
     try:
         r = subprocess.run([sys.executable, "-c", _PREFLIGHT % (list(configs),), gguf, str(threads)],
                            capture_output=True, text=True, timeout=timeout_s)
