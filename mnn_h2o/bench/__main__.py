@@ -14,12 +14,23 @@ import sys
 import time
 
 from ..cli_numbers import number_list
+from .speed import ENGINES as SPEED_ENGINES, LLAMA_ROWS
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads spin and steal MNN's cores
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 _parse_ints = number_list(int, 1)
+DEFAULT_SPEED_ENGINES = ("ours", "ours_h2o", "stock")
+
+
+def _engine_list(text: str) -> list:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in SPEED_ENGINES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown engine(s) {', '.join(bad) or '(none)'}: use "
+                                         f"{', '.join(SPEED_ENGINES)}")
+    return names
 
 
 def _speed(args, cfg) -> int:
@@ -30,12 +41,13 @@ def _speed(args, cfg) -> int:
     from .speed import format_table, run_speed
 
     llama = None
-    if args.llama:
+    llama_rows = [e for e in args.engines if e in LLAMA_ROWS]
+    if llama_rows:
         from . import llama_peer
 
         llama_peer.check()  # before loading anything: the install hint, exit 2
     gguf = resolve_gguf(cfg["model"]["name"])
-    if args.llama:
+    if llama_rows:
         llama_peer.preflight(gguf, cfg["runtime"]["threads"])
     longest = max(args.contexts) + args.n_decode + 8
     if cfg["runtime"]["max_context"] and cfg["runtime"]["max_context"] < longest:
@@ -45,19 +57,25 @@ def _speed(args, cfg) -> int:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the model's {ours.max_context}")
     # Stock MNN.llm is one module, quantised at one width: the layers' (with a mixed export its
     # lm_head has fewer bits than ours, so it reads fewer bytes per token than we do).
-    stock = StockLlm(ensure_stock(gguf, ours.meta["weight_bits"]), threads=cfg["runtime"]["threads"],
-                     memory=cfg["runtime"]["memory"], config={"dynamic_option": cfg["runtime"]["dynamic_quant"]})
-    if longest > stock.max_context:
-        raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's {stock.max_context}")
-    h2o = cfg["h2o"] if cfg["h2o"]["enabled"] else None
+    stock = None
+    if "stock" in args.engines:
+        stock = StockLlm(ensure_stock(gguf, ours.meta["weight_bits"]), threads=cfg["runtime"]["threads"],
+                         memory=cfg["runtime"]["memory"], config={"dynamic_option": cfg["runtime"]["dynamic_quant"]})
+        if longest > stock.max_context:
+            raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's "
+                             f"{stock.max_context}")
+    h2o = cfg["h2o"] if cfg["h2o"]["enabled"] and "ours_h2o" in args.engines else None
+    if "ours_h2o" in args.engines and not cfg["h2o"]["enabled"]:
+        raise ValueError("engine ours_h2o needs h2o.enabled: true")
     threads = cfg["runtime"]["threads"]
     info = {}
-    if args.llama:
-        llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, threads)
+    if llama_rows:
+        llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, threads, llama_rows)
         info = llama_peer.system_info()
     results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o,
-                        llama=llama)
-    print(f"\nmodel {cfg['model']['name']}, weights {ours.weights} (stock: int{ours.meta['weight_bits']}), "
+                        llama=llama, llama_rows=llama_rows)
+    stock_bits = f" (stock: int{ours.meta['weight_bits']})" if stock is not None else ""
+    print(f"\nmodel {cfg['model']['name']}, weights {ours.weights}{stock_bits}, "
           f"{threads} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
     if info:
         print(f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, {threads} threads, the GGUF file as is "
@@ -269,13 +287,19 @@ def main(argv=None) -> int:
     sp.add_argument("--n-decode", type=int, default=64, help="decode tokens per run (default 64)")
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
+    sp.add_argument("--engines", type=_engine_list, default=list(DEFAULT_SPEED_ENGINES),
+                    help="comma-separated rows to run besides `ours` (our engine, full cache, which always "
+                         f"runs): any of {', '.join(SPEED_ENGINES[1:])} (default "
+                         f"{','.join(DEFAULT_SPEED_ENGINES[1:])}; the llama_* rows need the `llama` extra). "
+                         "Drop rows that would take long at long contexts, e.g. --engines ours_h2o,llama_f16")
     sp.add_argument("--llama", action="store_true",
                     help="also run llama.cpp (llama-cpp-python, the optional `llama` extra: pip install "
                          "'.[llama]') on the same GGUF file, threads and prompt token ids, interleaved with "
                          "the others, in three configs: f16 KV, f16 KV + flash attention, q8_0 K/V + flash "
                          "attention; adds its KV buffer size and, untimed, the quality of each compressing "
                          "row against its own full cache (mean KL, top-1 over --n-decode teacher-forced "
-                         "tokens). Without the extra: an install hint and exit status 2")
+                         "tokens); the same as adding llama_f16,llama_f16_fa,llama_q8_fa to --engines. "
+                         "Without the extra: an install hint and exit status 2")
     args = ap.parse_args(argv)
 
     def body() -> int:
@@ -295,6 +319,8 @@ def main(argv=None) -> int:
                 raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")
             if args.n_decode < 1:
                 raise ValueError("--n-decode must be >= 1")
+            args.engines = ["ours"] + [e for e in args.engines if e != "ours"]
+            args.engines += [e for e in LLAMA_ROWS if args.llama and e not in args.engines]
             return _speed(args, cfg)
         return _round(args, cfg)
 

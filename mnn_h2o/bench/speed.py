@@ -73,11 +73,13 @@ def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[in
 
 def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096),
               n_decode: int = 64, repetitions: int = 3, h2o: dict | None = None,
-              progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None) -> Dict[str, dict]:
+              progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None,
+              llama_rows: Sequence[str] = LLAMA_ROWS) -> Dict[str, dict]:
     """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``h2o`` section it is also run with
-    eviction on (same instance, reconfigured before each run). ``llama(n_ctx)`` makes the llama.cpp
-    peers for one context length ({name: :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join
-    the interleaved rounds and are closed after it."""
+    eviction on (same instance, reconfigured before each run). ``stock`` may be None (no stock
+    row). ``llama(n_ctx)`` makes the llama.cpp peers for one context length ({name:
+    :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join the interleaved rounds and are
+    closed after it; ``llama_rows`` names the peers it makes (for the progress bar)."""
     from tqdm import tqdm
 
     from ..essays import essay_tokens
@@ -87,8 +89,8 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
         ours.configure_h2o(section)
         return time_run(ours, ids, n)
 
-    names = ["ours"] + (["ours_h2o"] if h2o else []) + ["stock"]
-    n_llama = len(LLAMA_ROWS) if llama else 0
+    names = ["ours"] + (["ours_h2o"] if h2o else []) + (["stock"] if stock is not None else [])
+    n_llama = len(llama_rows) if llama else 0
     out: Dict[str, dict] = {}
     bar = tqdm(total=len(contexts) * repetitions * (len(names) + n_llama), desc="speed", unit="run",
                disable=not progress)
@@ -104,8 +106,7 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
                 runners[name] = (lambda p: lambda: time_run(p, ids, n_decode))(peer)
             # One untimed warm-up: first-use resizes of MNN's graphs are not steady state.
             ours_run(ids[:64], 4, None)
-            time_run(stock, ids[:64], 4)
-            for peer in peers.values():
+            for peer in ([stock] if stock is not None else []) + list(peers.values()):
                 time_run(peer, ids[:64], 4)
             runs = interleave(runners, repetitions, on_run=lambda *_: bar.update(1))
             row: Dict[str, dict] = {"context": ctx, "n_decode": n_decode, "repetitions": repetitions}
@@ -123,7 +124,7 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
             for peer in peers.values():
                 peer.close()
         for a, b in (("ours", "stock"), ("ours_h2o", "ours"), ("ours_h2o", "stock")):
-            if a in row:
+            if a in row and b in row:
                 for k in ("prefill_tps", "decode_tps"):
                     row[f"{k[:-4]}_ratio_{a}_vs_{b}"] = row[a][k]["median"] / row[b][k]["median"]
         best = {k: max((n for n in LLAMA_ROWS if n in row), key=lambda n: row[n][k]["median"], default=None)
