@@ -57,7 +57,7 @@ class H2oCountingEngine(CountingEngine):
 
 
 def test_speed_runs_without_the_stock_row(tokenizer):
-    """--engines without stock: no stock run, no ratio against it, the table still prints."""
+    """--engines without stock (or without ours): no such run, no ratio against it, the table still prints."""
     from mnn_h2o.bench.speed import format_table, run_speed
 
     res = run_speed(H2oCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
@@ -67,6 +67,9 @@ def test_speed_runs_without_the_stock_row(tokenizer):
     assert "decode_ratio_ours_h2o_vs_ours" in row
     assert not [k for k in row if k.endswith("_vs_stock")]
     assert "| ours_h2o |" in format_table(res)
+    row = run_speed(H2oCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
+                    h2o={"enabled": True}, progress=False, ours_full=False)["32"]
+    assert "ours_h2o" in row and "ours" not in row and "decode_ratio_ours_h2o_vs_ours" not in row
 
 
 def test_engine_list_names_rows_and_rejects_unknown_ones():

@@ -73,7 +73,7 @@ def _speed(args, cfg) -> int:
         llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, threads, llama_rows)
         info = llama_peer.system_info()
     results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o,
-                        llama=llama, llama_rows=llama_rows)
+                        llama=llama, llama_rows=llama_rows, ours_full="ours" in args.engines)
     stock_bits = f" (stock: int{ours.meta['weight_bits']})" if stock is not None else ""
     print(f"\nmodel {cfg['model']['name']}, weights {ours.weights}{stock_bits}, "
           f"{threads} threads, KV {cfg['runtime']['kv_dtype']}, decode {args.n_decode} tokens")
@@ -288,10 +288,11 @@ def main(argv=None) -> int:
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
     sp.add_argument("--engines", type=_engine_list, default=list(DEFAULT_SPEED_ENGINES),
-                    help="comma-separated rows to run besides `ours` (our engine, full cache, which always "
-                         f"runs): any of {', '.join(SPEED_ENGINES[1:])} (default "
-                         f"{','.join(DEFAULT_SPEED_ENGINES[1:])}; the llama_* rows need the `llama` extra). "
-                         "Drop rows that would take long at long contexts, e.g. --engines ours_h2o,llama_f16")
+                    help="comma-separated rows to run: ours (our engine, full cache), ours_h2o (with the "
+                         "config's eviction), stock, llama_f16, llama_f16_fa, llama_q8_fa (default "
+                         f"{','.join(DEFAULT_SPEED_ENGINES)}; one of ours/ours_h2o at least; the llama_* rows need "
+                         "the `llama` extra). Leave out rows that take long at long contexts, e.g. "
+                         "--engines ours_h2o,llama_f16")
     sp.add_argument("--llama", action="store_true",
                     help="also run llama.cpp (llama-cpp-python, the optional `llama` extra: pip install "
                          "'.[llama]') on the same GGUF file, threads and prompt token ids, interleaved with "
@@ -319,7 +320,8 @@ def main(argv=None) -> int:
                 raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")
             if args.n_decode < 1:
                 raise ValueError("--n-decode must be >= 1")
-            args.engines = ["ours"] + [e for e in args.engines if e != "ours"]
+            if not {"ours", "ours_h2o"} & set(args.engines):
+                raise ValueError("--engines must include ours or ours_h2o")
             args.engines += [e for e in LLAMA_ROWS if args.llama and e not in args.engines]
             return _speed(args, cfg)
         return _round(args, cfg)

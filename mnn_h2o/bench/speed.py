@@ -74,10 +74,11 @@ def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[in
 def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096),
               n_decode: int = 64, repetitions: int = 3, h2o: dict | None = None,
               progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None,
-              llama_rows: Sequence[str] = LLAMA_ROWS) -> Dict[str, dict]:
+              llama_rows: Sequence[str] = LLAMA_ROWS, ours_full: bool = True) -> Dict[str, dict]:
     """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``h2o`` section it is also run with
-    eviction on (same instance, reconfigured before each run). ``stock`` may be None (no stock
-    row). ``llama(n_ctx)`` makes the llama.cpp peers for one context length ({name:
+    eviction on (same instance, reconfigured before each run); ``ours_full`` False leaves out the
+    full-cache row (``ours`` is then only the untimed reference of ``ours_h2o``'s quality).
+    ``stock`` may be None (no stock row). ``llama(n_ctx)`` makes the llama.cpp peers for one context length ({name:
     :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join the interleaved rounds and are
     closed after it; ``llama_rows`` names the peers it makes (for the progress bar)."""
     from tqdm import tqdm
@@ -89,7 +90,7 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
         ours.configure_h2o(section)
         return time_run(ours, ids, n)
 
-    names = ["ours"] + (["ours_h2o"] if h2o else []) + (["stock"] if stock is not None else [])
+    names = (["ours"] if ours_full else []) + (["ours_h2o"] if h2o else []) + (["stock"] if stock is not None else [])
     n_llama = len(llama_rows) if llama else 0
     out: Dict[str, dict] = {}
     bar = tqdm(total=len(contexts) * repetitions * (len(names) + n_llama), desc="speed", unit="run",
