@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from .cli_errors import run
+from .decoder_layer import finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
@@ -39,47 +40,50 @@ QUANT_BLOCK = 32
 
 
 # --- graph building ---------------------------------------------------------------------------
-def _linear(F, x, w, b=None):
-    y = F.matmul(x, F.const(np.ascontiguousarray(w, np.float32), list(w.shape)), False, True)
-    if b is not None:
-        y = y + F.const(b.astype(np.float32), list(b.shape))
-    return y
+class _ModuleOps:
+    """decoder_layer's ops for the engine's modules: [n, width] rows in and out, as the native
+    cache takes q/k/v; RoPE tables are inputs of the module (cos/sin [n, 1, head_dim])."""
 
+    def __init__(self, F, cfg: ModelConfig, cos=None, sin=None):
+        self.F, self.eps, self.head_dim, self.cos, self.sin = F, cfg.rms_eps, cfg.head_dim, cos, sin
 
-def _rms_norm(F, x, w, eps):
-    ms = F.reduce_mean(x * x, [-1], True)
-    return x * F.rsqrt(ms + F.const(np.array([eps], np.float32), [1])) * F.const(w.astype(np.float32), list(w.shape))
+    def linear(self, x, w, b=None):
+        F = self.F
+        y = F.matmul(x, F.const(np.ascontiguousarray(w, np.float32), list(w.shape)), False, True)
+        if b is not None:
+            y = y + F.const(b.astype(np.float32), list(b.shape))
+        return y
 
+    def rms_norm(self, x, w):
+        F = self.F
+        ms = F.reduce_mean(x * x, [-1], True)
+        return x * F.rsqrt(ms + F.const(np.array([self.eps], np.float32), [1])) * F.const(w.astype(np.float32), list(w.shape))
 
-def _rope(F, x, n_heads, head_dim, cos, sin):
-    x = F.reshape(x, [-1, n_heads, head_dim])
-    x1, x2 = F.split(x, [head_dim // 2, head_dim // 2], -1)
-    rot = F.concat([F.negative(x2), x1], -1)
-    return F.reshape(x * cos + rot * sin, [-1, n_heads * head_dim])
+    def rope(self, x, n_heads):
+        F, hd = self.F, self.head_dim
+        x = F.reshape(x, [-1, n_heads, hd])
+        x1, x2 = F.split(x, [hd // 2, hd // 2], -1)
+        rot = F.concat([F.negative(x2), x1], -1)
+        return F.reshape(x * self.cos + rot * self.sin, [-1, n_heads * hd])
 
+    def heads(self, x, n_heads):
+        return x
 
-def _finish_layer(F, cfg: ModelConfig, h, attn, w):
-    """Residual + o_proj, then RMSNorm + SwiGLU MLP + residual, of one decoder layer."""
-    h = h + _linear(F, attn, w["wo"])
-    x = _rms_norm(F, h, w["ffn_norm"], cfg.rms_eps)
-    g = _linear(F, x, w["w_gate"])
-    u = _linear(F, x, w["w_up"])
-    return h + _linear(F, g * F.sigmoid(g) * u, w["w_down"])
+    def silu(self, x):
+        return x * self.F.sigmoid(x)
 
 
 def build_layer(F, cfg: ModelConfig, prev_w, w):
-    """Graph of module layer{i}; ``prev_w`` is None for layer 0."""
+    """Graph of module layer{i}: finish layer i-1 (``prev_w``, None for layer 0), start layer i."""
     H, hd = cfg.hidden, cfg.head_dim
     h = F.placeholder([-1, H]); h.name = "h"
     cos = F.placeholder([-1, 1, hd]); cos.name = "cos"
     sin = F.placeholder([-1, 1, hd]); sin.name = "sin"
+    ops = _ModuleOps(F, cfg, cos, sin)
     if prev_w is not None:
         attn = F.placeholder([-1, H]); attn.name = "attn"
-        h = _finish_layer(F, cfg, h, attn, prev_w)
-    x = _rms_norm(F, h, w["attn_norm"], cfg.rms_eps)
-    q = _rope(F, _linear(F, x, w["wq"], w.get("bq")), cfg.n_heads, hd, cos, sin)
-    k = _rope(F, _linear(F, x, w["wk"], w.get("bk")), cfg.n_kv_heads, hd, cos, sin)
-    v = _linear(F, x, w["wv"], w.get("bv"))
+        h = finish_layer(ops, prev_w, h, attn)
+    q, k, v = start_layer(ops, cfg, w, h)
     h_out = F.clone(h, True) if prev_w is None else h  # layer 0 passes h through unchanged
     outs = [h_out, q, k, v]
     for var, name in zip(outs, ("h_out", "q", "k", "v")):
@@ -88,16 +92,17 @@ def build_layer(F, cfg: ModelConfig, prev_w, w):
 
 
 def build_tail(F, cfg: ModelConfig, last_w, out_norm):
+    ops = _ModuleOps(F, cfg)
     h = F.placeholder([-1, cfg.hidden]); h.name = "h"
     attn = F.placeholder([-1, cfg.hidden]); attn.name = "attn"
-    y = _rms_norm(F, _finish_layer(F, cfg, h, attn, last_w), out_norm, cfg.rms_eps)
+    y = ops.rms_norm(finish_layer(ops, last_w, h, attn), out_norm)
     y.name = "x"
     return [y]
 
 
 def build_lm_head(F, cfg: ModelConfig, w):
     x = F.placeholder([-1, cfg.hidden]); x.name = "x"
-    y = _linear(F, x, w)
+    y = _ModuleOps(F, cfg).linear(x, w)
     y.name = "logits"
     return [y]
 

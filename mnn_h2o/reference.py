@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .decoder_layer import finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig
 
 
@@ -19,15 +20,45 @@ def rope_tables(cfg: ModelConfig, positions: np.ndarray, dtype=np.float64):
     return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x: [n, heads, hd]; rotate-half RoPE."""
-    half = x.shape[-1] // 2
-    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, None, :] + rot * sin[:, None, :]
+class _NumpyOps:
+    """decoder_layer's ops on numpy arrays: rows [n, width] in, [n, heads, head_dim] to the attention."""
+
+    def __init__(self, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray):
+        self.eps, self.head_dim, self.cos, self.sin = cfg.rms_eps, cfg.head_dim, cos, sin
+
+    def rms_norm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def linear(self, x, w, b=None):
+        y = x @ w.T
+        return y if b is None else y + b
+
+    def heads(self, x, n_heads):
+        return x.reshape(len(x), n_heads, self.head_dim)
+
+    def rope(self, x, n_heads):
+        x = self.heads(x, n_heads)
+        half = self.head_dim // 2
+        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * self.cos[:, None, :] + rot * self.sin[:, None, :]
+
+    def silu(self, x):
+        return x / (1.0 + np.exp(-x))
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Softmax attention of q [n, n_heads, hd] over k, v [n, n_kv_heads, hd]; rows [n, n_heads * hd]."""
+    n, n_heads, hd = q.shape
+    group = n_heads // k.shape[1]
+    mask = np.triu(np.full((n, n), -np.inf, dtype=q.dtype), 1)
+    out = np.empty(q.shape, q.dtype)
+    for hq in range(n_heads):
+        hk = hq // group
+        s = (q[:, hq, :] @ k[:, hk, :].T) / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        s /= s.sum(axis=1, keepdims=True)
+        out[:, hq, :] = s @ v[:, hk, :]
+    return out.reshape(n, -1)
 
 
 class ReferenceModel:
@@ -47,36 +78,15 @@ class ReferenceModel:
         """
         c, dt = self.cfg, self.dtype
         ids = np.asarray(ids, dtype=np.int64)
-        n = len(ids)
         x = self.embed[ids].astype(dt)
-        cos, sin = rope_tables(c, np.arange(n), dt)
-        mask = np.triu(np.full((n, n), -np.inf, dtype=dt), 1)
-        group = c.n_heads // c.n_kv_heads
+        ops = _NumpyOps(c, *rope_tables(c, np.arange(len(ids)), dt))
         kv = []
         for w in self.layers:
-            h = rms_norm(x, w["attn_norm"], c.rms_eps)
-            q = h @ w["wq"].T
-            k = h @ w["wk"].T
-            v = h @ w["wv"].T
-            if c.qkv_bias:
-                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
-            q = apply_rope(q.reshape(n, c.n_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.reshape(n, c.n_kv_heads, c.head_dim), cos, sin)
-            v = v.reshape(n, c.n_kv_heads, c.head_dim)
+            q, k, v = start_layer(ops, c, w, x)
             if return_kv:
                 kv.append((k.transpose(1, 0, 2).copy(), v.transpose(1, 0, 2).copy()))
-            out = np.empty((n, c.n_heads, c.head_dim), dtype=dt)
-            for hq in range(c.n_heads):
-                hk = hq // group
-                s = (q[:, hq, :] @ k[:, hk, :].T) / np.sqrt(c.head_dim) + mask
-                s = np.exp(s - s.max(axis=1, keepdims=True))
-                s /= s.sum(axis=1, keepdims=True)
-                out[:, hq, :] = s @ v[:, hk, :]
-            x = x + out.reshape(n, -1) @ w["wo"].T
-            h = rms_norm(x, w["ffn_norm"], c.rms_eps)
-            g = h @ w["w_gate"].T
-            x = x + ((g / (1.0 + np.exp(-g))) * (h @ w["w_up"].T)) @ w["w_down"].T
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, c.rms_eps)
+            x = finish_layer(ops, w, x, causal_attention(q, k, v))
+        x = ops.rms_norm(x if all_logits else x[-1:], self.out_norm)
         logits = (x.astype(np.float32) @ self.lm_head.T).astype(np.float64)
         logits = logits if all_logits else logits[0]
         return (logits, kv) if return_kv else logits

@@ -52,6 +52,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
+from .decoder_layer import finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import cache_root
@@ -139,12 +140,48 @@ def _attention_json(name: str) -> str:
                        "main": {"kv_cache": True}})
 
 
+class _StockOps:
+    """decoder_layer's ops in MNN.llm's layout: rows [S, width] in, [1, S, heads, head_dim] to the
+    Attention op; one epsilon constant and one pair of RoPE tables ([1, S, 1, hd]) for all layers.
+
+    Not shared with export._ModuleOps although the math is the same: the two record different
+    ops for it (square vs x * x, one epsilon vs one per norm, NCHW constants), and one set of
+    primitives would change the bytes of one of the two exports."""
+
+    def __init__(self, F, c: ModelConfig, cos, sin):
+        self.F, self.head_dim, self.cos, self.sin = F, c.head_dim, cos, sin
+        self.eps = _const(np.array(c.rms_eps, dtype=np.float32))
+
+    def rms_norm(self, x, w):
+        F = self.F
+        ms = F.reduce_mean(F.square(x), [-1], True)
+        return F.multiply(F.multiply(x, F.rsqrt(F.add(ms, self.eps))), _const(w))
+
+    def linear(self, x, w, b=None):
+        F = self.F
+        y = F.matmul(x, _const(w), False, True)
+        return y if b is None else F.add(y, _const(b))
+
+    def heads(self, x, n_heads):
+        return self.F.reshape(x, [1, -1, n_heads, self.head_dim], self.F.NCHW)
+
+    def rope(self, x, n_heads):
+        F, hd = self.F, self.head_dim
+        x = self.heads(x, n_heads)
+        lo, hi = F.split(x, [hd // 2, hd // 2], 3)
+        rot = F.concat([F.negative(hi), lo], 3)
+        return F.add(F.multiply(x, self.cos), F.multiply(rot, self.sin))
+
+    def silu(self, x):
+        return self.F.multiply(x, self.F.sigmoid(x))
+
+
 def build_graph(model: GgufModel, progress: Optional[_Progress] = None, n_layers: Optional[int] = None):
     """Build the whole-model MNN.expr graph; returns the ``logits`` Var (inputs are named)."""
     from MNN.expr import _F
 
     c: ModelConfig = model.config
-    H, nh, nkv, hd = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim
+    H, nh, hd = c.hidden, c.n_heads, c.head_dim
     n_layers = c.n_layers if n_layers is None else n_layers
 
     input_ids = _F.placeholder([-1, 1, H], _F.NCHW, _F.float)
@@ -156,16 +193,6 @@ def build_graph(model: GgufModel, progress: Optional[_Progress] = None, n_layers
     logits_index = _F.placeholder([1], _F.NCHW, _F.int)
     logits_index.name = "logits_index"
 
-    eps = _const(np.array(c.rms_eps, dtype=np.float32))
-
-    def rms_norm(x, w):
-        ms = _F.reduce_mean(_F.square(x), [-1], True)
-        return _F.multiply(_F.multiply(x, _F.rsqrt(_F.add(ms, eps))), _const(w))
-
-    def linear(x, w, b=None):
-        y = _F.matmul(x, _const(w), False, True)
-        return y if b is None else _F.add(y, _const(b))
-
     # RoPE tables from position_ids (shared by all layers): [1, S, 1, hd]
     inv_freq = 1.0 / (c.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     pos = _F.cast(_F.reshape(position_ids, [-1, 1], _F.NCHW), _F.float)
@@ -173,29 +200,14 @@ def build_graph(model: GgufModel, progress: Optional[_Progress] = None, n_layers
     emb = _F.concat([freqs, freqs], 1)
     cos = _F.reshape(_F.cos(emb), [1, -1, 1, hd], _F.NCHW)
     sin = _F.reshape(_F.sin(emb), [1, -1, 1, hd], _F.NCHW)
-
-    def rope(x):
-        lo, hi = _F.split(x, [hd // 2, hd // 2], 3)
-        rot = _F.concat([_F.negative(hi), lo], 3)
-        return _F.add(_F.multiply(x, cos), _F.multiply(rot, sin))
+    ops = _StockOps(_F, c, cos, sin)
 
     x = _F.reshape(input_ids, [-1, H], _F.NCHW)
     for i in range(n_layers):
         w = model.layer(i)
-        h = rms_norm(x, w["attn_norm"])
-        q = linear(h, w["wq"], w.get("bq"))
-        k = linear(h, w["wk"], w.get("bk"))
-        v = linear(h, w["wv"], w.get("bv"))
-        q = rope(_F.reshape(q, [1, -1, nh, hd], _F.NCHW))
-        k = rope(_F.reshape(k, [1, -1, nkv, hd], _F.NCHW))
-        v = _F.reshape(v, [1, -1, nkv, hd], _F.NCHW)
+        q, k, v = start_layer(ops, c, w, x)
         a = _F.jsonop([q, k, v, attention_mask], _attention_json(f"/layers.{i}/self_attn/attn"), 1)[0]
-        a = _F.reshape(a, [-1, nh * hd], _F.NCHW)
-        x = _F.add(x, linear(a, w["wo"]))
-        h = rms_norm(x, w["ffn_norm"])
-        g = linear(h, w["w_gate"])
-        u = linear(h, w["w_up"])
-        x = _F.add(x, linear(_F.multiply(_F.multiply(g, _F.sigmoid(g)), u), w["w_down"]))
+        x = finish_layer(ops, w, x, _F.reshape(a, [-1, nh * hd], _F.NCHW))
         del w
         if progress is not None:
             progress.step(f"layer {i}")
@@ -207,8 +219,8 @@ def build_graph(model: GgufModel, progress: Optional[_Progress] = None, n_layers
     x = _F.strided_slice(x, begin, _const(np.array([1, 0, 0], np.int32)),
                          _const(np.array([1, 1, 1], np.int32)), 0, 6, 0, 0, 0)
     x = _F.reshape(x, [-1, H], _F.NCHW)
-    x = rms_norm(x, model.output_norm())
-    logits = _F.reshape(linear(x, model.lm_head()), [1, -1, c.vocab], _F.NCHW)
+    x = ops.rms_norm(x, model.output_norm())
+    logits = _F.reshape(ops.linear(x, model.lm_head()), [1, -1, c.vocab], _F.NCHW)
     logits.name = "logits"
     return logits
 
