@@ -287,10 +287,10 @@ def main(argv=None) -> int:
     sp.add_argument("--n-decode", type=int, default=64, help="decode tokens per run (default 64)")
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
-    sp.add_argument("--engines", type=_engine_list, default=list(DEFAULT_SPEED_ENGINES),
+    sp.add_argument("--engines", type=_engine_list, default=None,
                     help="comma-separated rows to run: ours (our engine, full cache), ours_h2o (with the "
                          "config's eviction), stock, llama_f16, llama_f16_fa, llama_q8_fa (default "
-                         f"{','.join(DEFAULT_SPEED_ENGINES)}; one of ours/ours_h2o at least; the llama_* rows need "
+                         f"{','.join(DEFAULT_SPEED_ENGINES)}, without ours_h2o when h2o.enabled is false; one of ours/ours_h2o at least; the llama_* rows need "
                          "the `llama` extra). Leave out rows that take long at long contexts, e.g. "
                          "--engines ours_h2o,llama_f16")
     sp.add_argument("--llama", action="store_true",
@@ -320,6 +320,8 @@ def main(argv=None) -> int:
                 raise ValueError("--repetitions must be >= 3 (medians of fewer runs mean little on a noisy machine)")
             if args.n_decode < 1:
                 raise ValueError("--n-decode must be >= 1")
+            if args.engines is None:
+                args.engines = [e for e in DEFAULT_SPEED_ENGINES if e != "ours_h2o" or cfg["h2o"]["enabled"]]
             if not {"ours", "ours_h2o"} & set(args.engines):
                 raise ValueError("--engines must include ours or ours_h2o")
             args.engines += [e for e in LLAMA_ROWS if args.llama and e not in args.engines]
