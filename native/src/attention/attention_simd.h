@@ -200,14 +200,6 @@ void pv_rows_n(int rc, const float* p, size_t p_stride, const void* vblk, int nk
     }
 }
 
-// Blocks sit anywhere in the pool, so the hardware prefetchers lose the stream at every block
-// boundary; the decode loops ask for the next block's rows while working on this one.
-template <class V>
-void prefetch_rows(const void* blk, int n, size_t row_bytes) {
-    const uint8_t* p = static_cast<const uint8_t*>(blk);
-    for (const uint8_t* end = p + n * row_bytes; p < end; p += 64) __builtin_prefetch(p, 0, 3);
-}
-
 template <class V>
 size_t decode_scratch_floats(const Shape& s, int n_rows, int n_keys) {
     return static_cast<size_t>(n_rows) * (s.head_dim + round_up_w<V>(static_cast<size_t>(n_keys)));
@@ -229,8 +221,6 @@ void decode_impl(const DecodeArgs& a) {
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* kblk = a.kv->k_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        if (k0 + bt < a.key_end)
-            prefetch_rows<V>(a.kv->k_blocks[k0 / bt + 1], imin<V>(bt, a.key_end - k0 - bt), kv_row_bytes(DT, hd));
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             qk_rows<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
                            scores + r0 * stride + (k0 - a.key_begin), stride);
@@ -266,8 +256,6 @@ void decode_impl(const DecodeArgs& a) {
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* vblk = a.kv->v_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        if (k0 + bt < a.key_end)
-            prefetch_rows<V>(a.kv->v_blocks[k0 / bt + 1], imin<V>(bt, a.key_end - k0 - bt), kv_row_bytes(DT, hd));
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             pv_rows_n<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
                              vblk, nk, hd, a.o + static_cast<size_t>(r0) * hd);
