@@ -248,3 +248,22 @@ def test_quantised_attention_is_close_to_exact(isa):
         err[dtype] = max(float(np.abs(out - exact).mean()), float(np.abs(last - exact_last).mean()))
     assert err["q8"] < 0.01 and err["q4r"] < 0.7 * err["q4"] and err["q4"] < 0.2, err
     assert err["q8r"] < 0.7 * err["q8"], err
+
+
+def test_q8_estimate_tool_quantises_as_the_cache():
+    """tools/q8_lossless_estimate measures the cache's own q8 codes: its numpy quantiser gives
+    exactly the values the native cache reads back (same scales, same round-half-even codes)."""
+    from mnn_h2o.tools.q8_lossless_estimate import quantise_q8
+
+    rng = np.random.default_rng(3)
+    k, v = rand(rng, 40, 3 * 64), rand(rng, 40, 3 * 64)
+    k[:, 7] = 25.0
+    k[3, :32] = 0.0  # an all-zero group: scale 0, codes 0
+    cache = make_cache(dtype="q8", block_tokens=16)
+    cache.append(0, k, v)
+    for head in range(3):
+        rk, rv = cache.read(0, head)
+        for ours, x in ((rk, k), (rv, v)):
+            codes, scales = quantise_q8(x[:, head * 64:(head + 1) * 64])
+            deq = codes.astype(np.float32).reshape(40, 2, 32) * scales.astype(np.float32)[..., None]
+            np.testing.assert_array_equal(ours, deq.reshape(40, 64))
