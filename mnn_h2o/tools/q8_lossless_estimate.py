@@ -29,7 +29,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from .kv_codec_eval import collect_kv, default_model_path, zstd_size
+from .kv_codec_eval import collect_kv, default_model_path, order0_bits, zstd_size
 
 GROUP = 32
 
@@ -46,36 +46,33 @@ def quantise_q8(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return codes.reshape(x.shape), scale
 
 
-def entropy_bits(values: np.ndarray) -> float:
-    """Total order-0 bits of ``values`` (int8) under their own histogram."""
-    counts = np.bincount(values.reshape(-1).astype(np.int16) + 128, minlength=256).astype(np.float64)
-    p = counts[counts > 0] / values.size
-    return float(-(counts[counts > 0] * np.log2(p)).sum())
+def entropy_bytes(codes: np.ndarray) -> float:
+    """Order-0 size in bytes of int8 ``codes`` under their own histogram (kv_codec_eval's measure,
+    on the codes' bytes)."""
+    return order0_bits(codes.view(np.uint8)) * codes.size / 8
 
 
 ESTIMATES = ("zstd3_chunks", "order0_chunks", "order0_per_channel_chunks", "order0_per_channel_static")
 
 
 def coded_bytes(arrays: List[np.ndarray], chunk_tokens: int) -> Dict[str, float]:
-    """Raw q8 bytes and the bytes of each estimate over ``arrays`` [heads, T, D]."""
-    raw = zstd = chunk_h0 = chunk_ch = static_ch = 0.0
+    """Raw q8 bytes and the bytes of each estimate over ``arrays`` [heads, T, D]; the scales are
+    raw in all of them."""
+    codes_only = dict.fromkeys(ESTIMATES, 0.0)
+    raw_codes = scale_bytes = 0
     for a in arrays:
         codes, scales = quantise_q8(a)
         heads, tokens, dim = codes.shape
-        scale_bytes = scales.size * 2
-        raw += codes.size + scale_bytes
-        zstd += scale_bytes
-        chunk_h0 += scale_bytes
-        chunk_ch += scale_bytes
-        static_ch += scale_bytes
+        raw_codes += codes.size
+        scale_bytes += scales.size * 2
         for h in range(heads):
             for t0 in range(0, tokens, chunk_tokens):
                 c = codes[h, t0:t0 + chunk_tokens]
-                zstd += zstd_size(np.ascontiguousarray(c.T).tobytes(), 3)
-                chunk_h0 += entropy_bits(c) / 8
-                chunk_ch += sum(entropy_bits(c[:, d]) for d in range(dim)) / 8
-            static_ch += sum(entropy_bits(codes[h, :, d]) for d in range(dim)) / 8
-    return dict(zip(("raw",) + ESTIMATES, (raw, zstd, chunk_h0, chunk_ch, static_ch)))
+                codes_only["zstd3_chunks"] += zstd_size(np.ascontiguousarray(c.T).tobytes(), 3)
+                codes_only["order0_chunks"] += entropy_bytes(c)
+                codes_only["order0_per_channel_chunks"] += sum(entropy_bytes(c[:, d]) for d in range(dim))
+            codes_only["order0_per_channel_static"] += sum(entropy_bytes(codes[h, :, d]) for d in range(dim))
+    return {"raw": raw_codes + scale_bytes, **{k: v + scale_bytes for k, v in codes_only.items()}}
 
 
 def ratios(*parts: Dict[str, float]) -> Dict[str, float]:
@@ -101,13 +98,12 @@ def main(argv=None) -> int:
     v_bytes = coded_bytes([v for _, v in kv], args.chunk_tokens)
     result = {"tokens": args.tokens, "chunk_tokens": args.chunk_tokens,
               "K": ratios(k_bytes), "V": ratios(v_bytes), "KV": ratios(k_bytes, v_bytes)}
-    keys = ESTIMATES
     print(f"q8 rows of SmolLM2 on {args.tokens} essay tokens, {args.chunk_tokens}-token chunks; "
           "raw q8 bytes / coded bytes (scales raw):")
-    print("| | " + " | ".join(keys) + " |")
-    print("|---|" + "---:|" * len(keys))
+    print("| | " + " | ".join(ESTIMATES) + " |")
+    print("|---|" + "---:|" * len(ESTIMATES))
     for part in ("K", "V", "KV"):
-        print(f"| {part} | " + " | ".join(f"{result[part][k]:.3f}" for k in keys) + " |")
+        print(f"| {part} | " + " | ".join(f"{result[part][k]:.3f}" for k in ESTIMATES) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
