@@ -350,6 +350,22 @@ void bind_kv_cache(py::module_& m) {
             return mnn_h2o::kv_row_bytes(dt, head_dim);
         },
         py::arg("dtype"), py::arg("head_dim"), "Bytes of one cached K or V row of head_dim elements, scales included.");
+    m.def(
+        "kv_rows_encode",
+        [](const std::string& dtype, const py::array_t<float, py::array::c_style | py::array::forcecast>& rows) {
+            const KvDtype dt = parse_dtype(dtype);
+            if (rows.ndim() != 2) throw py::value_error("kv_rows_encode: rows must be 2-D [n, head_dim]");
+            const int head_dim = static_cast<int>(rows.shape(1));
+            const std::string error = mnn_h2o::kv_dtype_shape_error(dt, head_dim);
+            if (!error.empty()) throw py::value_error(error);
+            const py::ssize_t row_bytes = static_cast<py::ssize_t>(mnn_h2o::kv_row_bytes(dt, head_dim));
+            py::array_t<uint8_t> out({rows.shape(0), row_bytes});
+            mnn_h2o::kv_rows_from_f32(dt, rows.data(), out.mutable_data(), static_cast<size_t>(rows.shape(0)), head_dim);
+            return out;
+        },
+        py::arg("dtype"), py::arg("rows"),
+        "float32 rows [n, head_dim] in the cache's row format of dtype (docs/kv_cache.md \"Row formats\"; "
+        "the rotation of the r types not applied), as uint8 [n, kv_row_bytes(dtype, head_dim)].");
 
     py::class_<PyKvCache>(m, "KvCache", R"doc(
 Block-structured KV cache of all layers with its attention op.

@@ -250,9 +250,18 @@ def test_quantised_attention_is_close_to_exact(isa):
     assert err["q8r"] < 0.7 * err["q8"], err
 
 
+def test_kv_rows_encode_checks_its_input():
+    with pytest.raises(ValueError, match="2-D"):
+        core.kv_rows_encode("q8", np.zeros(64, np.float32))
+    with pytest.raises(ValueError):
+        core.kv_rows_encode("q8", np.zeros((2, 48), np.float32))  # not whole 32-value groups
+    assert core.kv_rows_encode("q8", np.zeros((3, 64), np.float32)).shape == (3, core.kv_row_bytes("q8", 64))
+
+
 def test_q8_estimate_tool_quantises_as_the_cache():
-    """tools/q8_lossless_estimate measures the cache's own q8 codes: its numpy quantiser gives
-    exactly the values the native cache reads back (same scales, same round-half-even codes)."""
+    """tools/q8_lossless_estimate measures the cache's own q8 codes: its split of
+    _core.kv_rows_encode's rows into codes and scales gives exactly the values the cache reads
+    back (the row layout of docs/kv_cache.md)."""
     from mnn_h2o.tools.q8_lossless_estimate import quantise_q8
 
     rng = np.random.default_rng(3)

@@ -6,8 +6,8 @@ The lossless store takes float rows only (Gear's byte planes split sign/exponent
 which int8 codes do not have), so a q8 cache with `lossless.mode` other than off is refused.
 This tool measures whether that refusal leaves much on the table: it takes SmolLM2's real K
 (after RoPE) and V on essay text (the numpy reference, as `kv_codec_eval`), quantises every row
-to the q8 format of docs/kv_cache.md (int8 codes + a binary16 scale per 32 values, round half
-even) and reports, for K and V over all layers and heads, raw q8 bytes / coded bytes for:
+with the cache's own q8 encoder (docs/kv_cache.md: int8 codes + a binary16 scale per 32
+values) and reports, for K and V over all layers and heads, raw q8 bytes / coded bytes for:
 
 - zstd-3 on each chunk of `--chunk-tokens` tokens of one head, codes channel-major (the layout
   that groups a channel's similar values), scales appended raw;
@@ -31,19 +31,16 @@ import numpy as np
 
 from .kv_codec_eval import collect_kv, default_model_path, order0_bits, zstd_size
 
-GROUP = 32
-
-
 def quantise_q8(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """int8 codes and binary16 scales of rows ``x`` [..., D] (docs/kv_cache.md, q8)."""
-    x = x.astype(np.float32)
-    g = x.reshape(x.shape[:-1] + (x.shape[-1] // GROUP, GROUP))
-    amax = np.abs(g).max(axis=-1)
-    scale = np.minimum(amax / 127.0, 65504.0).astype(np.float16)
-    s32 = scale.astype(np.float32)[..., None]
-    inv = np.divide(1.0, s32, out=np.zeros_like(s32), where=s32 > 0)
-    codes = np.clip(np.rint(g * inv), -127, 127).astype(np.int8)
-    return codes.reshape(x.shape), scale
+    """int8 codes [..., D] and binary16 scales [..., D/32] of rows ``x`` [..., D], from the
+    cache's own encoder (``_core.kv_rows_encode``), split as docs/kv_cache.md's q8 row: D codes,
+    then the scales."""
+    from .. import _core
+    dim = x.shape[-1]
+    rows = _core.kv_rows_encode("q8", np.ascontiguousarray(x, dtype=np.float32).reshape(-1, dim))
+    codes = rows[:, :dim].view(np.int8).reshape(x.shape)
+    scales = np.ascontiguousarray(rows[:, dim:]).view("<f2").reshape(x.shape[:-1] + (dim // 32,))
+    return codes, scales
 
 
 def entropy_bytes(codes: np.ndarray) -> float:
