@@ -3,10 +3,10 @@
 # dependencies and its bench and test extras, and a developer build of the native core next to
 # the sources (so that `python -m mnn_h2o...` and the tests run from the checkout).
 #
-# Everything goes into the first python3 on PATH (or $PYTHON), pinned dependencies included, so
-# it can change versions of packages other projects there use. For an isolated set-up, make and
-# activate a virtual environment first (python3 -m venv .venv && . .venv/bin/activate); this
-# script does not make one itself.
+# Everything goes into the python3 that runs this script: $PYTHON, else the active virtual
+# environment's, else the first python3 on PATH. Pinned dependencies included, so it can change
+# versions of packages other projects there use; for an isolated set-up, make and activate a
+# virtual environment first (python3 -m venv .venv && . .venv/bin/activate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -30,7 +30,7 @@ sources=$( { "$PY" -c 'import sys; print(sys.executable)'
 if [[ -f $stamp && "$(cat "$stamp")" == "$sources" ]] && "$PY" -m pip show -q mnn_h2o >/dev/null 2>&1; then
   echo "setup: mnn_h2o is already installed from these sources (delete $stamp to reinstall)"
 else
-  "$PY" -m pip install -q --no-warn-conflicts ".[bench,test]"
+  "$PY" -m pip install -q --no-warn-conflicts ".[bench,test,dev]"
   mkdir -p build
   printf '%s\n' "$sources" > "$stamp"
 fi

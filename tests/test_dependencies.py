@@ -69,3 +69,14 @@ def test_runtime_modules_do_not_import_bench_eval_or_tools():
                 continue
             for name in names:
                 assert not name.startswith(("mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools")), f"{f} imports {name}"
+
+
+def test_developer_build_installs_the_build_requirements_pin():
+    """scripts/setup.sh compiles the module with CMake outside pip's build isolation, so the dev
+    extra must carry the same pybind11 as [build-system] (a fresh venv has none of its own)."""
+    data = _pyproject()
+    build = {_name(r): r for r in data["build-system"]["requires"]}
+    dev = {_name(r): r for r in data["project"]["optional-dependencies"]["dev"]}
+    assert dev["pybind11"] == build["pybind11"]
+    with open(os.path.join(ROOT, "scripts", "setup.sh"), encoding="utf-8") as f:
+        assert ".[bench,test,dev]" in f.read()

@@ -14,7 +14,7 @@ case "$*" in
   "-c "*) echo /fake/python3 ;;
   "-m pybind11 --cmakedir") echo /fake/pybind11 ;;
   "-m pip show -q mnn_h2o") [[ -f "$INSTALLED" ]] ;;
-  *"pip install"*".[bench,test]"*) touch "$INSTALLED" ;;
+  *"pip install"*".[bench,test,dev]"*) touch "$INSTALLED" ;;
 esac
 """
 
@@ -52,7 +52,7 @@ def test_setup_is_quiet_and_does_not_reinstall_unchanged_sources(tmp_path):
         installs = [c for c in calls if c.startswith("python -m pip install")]
         assert installs and all("--no-warn-conflicts" in c for c in installs), installs
         assert any(c.startswith("cmake --build build") for c in calls)
-        return [c for c in installs if ".[bench,test]" in c]
+        return [c for c in installs if ".[bench,test,dev]" in c]
 
     assert len(setup()) == 1
     assert setup() == []                                 # nothing changed: no wheel build
