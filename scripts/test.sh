@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
-# The test suite: native tests (ctest) then the Python tests, including the real-model ones.
+# The tests, in two tiers.
+#   bash scripts/test.sh           default tier: the native tests (ctest) and the Python tests, the
+#                                  real model included, except those marked slow
+#   bash scripts/test.sh --full    adds the slow tests, aarch64 under qemu and the sanitizer builds
+#                                  (ASan+UBSan, TSan); what CI runs
+# Other arguments go to pytest (e.g. -k kv_cache, -x). Run scripts/setup.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+tier=default
+if [[ ${1:-} == --full ]]; then tier=full; shift; fi
 export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+start=$SECONDS
+if [[ ! -d build ]]; then
+  echo "test.sh: no build/ directory; run bash scripts/setup.sh first" >&2
+  exit 2
+fi
 (cd build && ctest --output-on-failure)
-bash scripts/test_aarch64.sh
-# ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),
-# in their own build directories; 5.5 minutes on 2 cores from scratch (most of it
-# test_attention and test_kv_store under TSan), less when incremental.
-bash scripts/test_sanitizers.sh
-python3 -m pytest -q "$@"
+if [[ $tier == full ]]; then
+  "$PY" -m pytest -q "$@"
+  bash scripts/test_aarch64.sh
+  # ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),
+  # in their own build directories.
+  bash scripts/test_sanitizers.sh
+else
+  "$PY" -m pytest -q -m "not slow" "$@"
+fi
+echo "test.sh: $tier tier passed in $((SECONDS - start)) s"

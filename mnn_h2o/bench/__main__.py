@@ -2,6 +2,7 @@
 
     python -m mnn_h2o.bench [--config h2o.yaml] [--quick] [--compare RUN]   # a round with gates
     python -m mnn_h2o.bench selftest                     # every gate can fail
+    python -m mnn_h2o.bench reference RUN                # RUN becomes the reference round
     python -m mnn_h2o.bench speed [--json FILE]          # ours vs stock MNN.llm, interleaved
     python -m mnn_h2o.bench speed --llama                # ... and llama.cpp (the `llama` extra)
 """
@@ -98,7 +99,7 @@ def _round(args, cfg) -> int:
     from tqdm import tqdm
 
     from ..engine import Llm
-    from . import cases, gates, plots, report
+    from . import cases, gates, plots, reference, report
     from .environment import environment
 
     plots.check_available()
@@ -108,6 +109,7 @@ def _round(args, cfg) -> int:
     if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
         raise ValueError(f"run folder {folder} already exists; pick another --out")
     prev = report.load(args.compare) if args.compare else None  # fail early on a bad --compare
+    ref, ref_note = reference.select(cfg, bool(args.quick), args.reference)  # and on a bad --reference
     llm = Llm.load(None, cfg)
     need = max(max(b["prompt_lengths"]) + b["decode_tokens"], max(b["demo_buckets"]) + b["demo_new_tokens"] + 64)
     if need > llm.max_context:
@@ -123,20 +125,33 @@ def _round(args, cfg) -> int:
             bar.update(1)
         rows = cases.run_cases(llm, llm.tokenizer, cfg, tick)
         demo = cases.run_demos(llm, llm.tokenizer, cfg, tick)
-    gate_rows = gates.evaluate(rows, demo, cfg["gates"])
-    overall = gates.outcome(gate_rows)
+    env = environment()
+    speed_comparable = ref is not None and ref["cpu"] == env["cpu"]
+    if ref is not None and not speed_comparable:
+        ref_note += f"; its CPU differs from this one ({env['cpu']}): speed guards skipped"
+    gate_rows = gates.evaluate(rows, demo, cfg["gates"], ref, compare_speed=speed_comparable)
+    overall = gates.outcome(gate_rows, strict=args.strict)
     summary = {"schema_version": report.SCHEMA_VERSION, "overall": overall, "overall_pass": overall == "pass",
+               "strict": bool(args.strict), "reference": ref_note,
                "gates": gate_rows, "cases": rows, "demo": demo, "model": cfg["model"]["name"],
                "weights": llm.weights,
                "started": started, "duration_s": time.perf_counter() - t0, "config": cfg,
-               "environment": environment(), "quick": bool(args.quick)}
+               "environment": env, "quick": bool(args.quick)}
     _write_run_folder(folder, summary, rows, cfg)
     print(report.markdown(summary))
     if prev is not None:
         print(f"\n## Compared with {args.compare}\n\n" + report.compare(prev, summary, cfg["gates"]["max_speed_noise"]))
     print(f"\nrun folder: {folder} (summary.json, summary.md, plots, config.yaml)")
-    failed = [g["name"] for g in gate_rows if g["status"] == "fail"]
-    unsure = [g["name"] for g in gate_rows if g["status"] == "inconclusive"]
+    print(f"guards: {ref_note}")
+    targets = [g for g in gate_rows if gates.kind_of(g) == gates.TARGET]
+    missed = [g for g in targets if g["status"] != "pass"]
+    print(f"targets: {len(targets) - len(missed)} of {len(targets)} met" +
+          "".join(f"\n  {g['status'].upper() if g['status'] == 'inconclusive' else 'MISSED'}: {g['name']} = "
+                  f"{report.value_text(g['value'])} (target {g['op']} {g['threshold']})" for g in missed) +
+          ("" if args.strict or not missed else "\n  (targets decide the exit status only with --strict)"))
+    deciding = gates.deciding(gate_rows, args.strict)
+    failed = [g["name"] for g in deciding if g["status"] == "fail"]
+    unsure = [g["name"] for g in deciding if g["status"] == "inconclusive"]
     if failed:
         print(f"FAIL: {len(failed)} gate(s): " + "; ".join(failed), file=sys.stderr)
     if unsure:
@@ -144,7 +159,7 @@ def _round(args, cfg) -> int:
               f"gates.max_speed_noise ({cfg['gates']['max_speed_noise']:.0%}), too noisy to judge (a busy "
               "machine?): " + "; ".join(unsure), file=sys.stderr)
     if overall == "pass":
-        print("PASS: all gates")
+        print("PASS: every guard" + (" and every target" if args.strict else ""))
     return gates.EXIT_STATUS[overall]
 
 
@@ -223,6 +238,19 @@ def _cache_sweep(args, cfg) -> int:
     return 0
 
 
+def _make_reference(args) -> int:
+    from . import reference, report
+
+    summary = report.load(args.run, what="reference")
+    if summary.get("overall") == "fail" and any(g["status"] == "fail" and g.get("kind", "guard") == "guard"
+                                                for g in summary["gates"]):
+        raise ValueError(f"{args.run}: a guard failed in that round; a reference must be a healthy round")
+    path = reference.write(summary, args.to or reference.default_path(summary["model"], bool(summary["quick"])))
+    print(f"wrote {path} (commit {summary['environment'].get('commit', '-')}, {summary['environment'].get('cpu')}); "
+          "commit it with the change that moved the figures")
+    return 0
+
+
 def _selftest(cfg) -> int:
     from .gates import self_test
 
@@ -247,9 +275,13 @@ def main(argv=None) -> int:
                     "cache, h2o = H2O eviction alone, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
                     "interleaved A B A B for bench.repetitions, teacher-forced on essay text; then the "
                     "demo cases on real prompts per bucket. Quality (KL, top-1 vs baseline), memory "
-                    "(bytes held, RSS) and speed come from the same runs. Gates (config section "
-                    "`gates`) decide the exit status: 0 all pass, 1 a gate failed, 2 an error, 3 inconclusive (no gate "
-                    "failed, but a speed gate measured more spread than gates.max_speed_noise). "
+                    "(bytes held, RSS) and speed come from the same runs. Two kinds of gates (config "
+                    "section `gates`): guards (invariants such as bit-identical lossless modes, and "
+                    "regressions against the committed reference round of the same model and settings) "
+                    "decide the exit status; targets (the product's goals: ratios, top-1, speed) are "
+                    "reported met or missed, and decide it too only with --strict. Exit status: 0 pass, "
+                    "1 a guard failed (or a target was missed, with --strict), 2 an error, 3 inconclusive "
+                    "(nothing failed, but a speed gate measured more spread than gates.max_speed_noise). "
                     "Writes a run folder: summary.json (docs/summary_schema.md), summary.md, PNG plots, "
                     "config.yaml.",
         epilog="examples:\n"
@@ -258,6 +290,7 @@ def main(argv=None) -> int:
                "  python -m mnn_h2o.bench --compare bench_runs/OLD\n"
                "  python -m mnn_h2o.bench --model qwen2.5-0.5b\n"
                "  python -m mnn_h2o.bench selftest\n"
+               "  python -m mnn_h2o.bench reference bench_runs/NEW   # make NEW the reference round\n"
                "  python -m mnn_h2o.bench speed --contexts 512,4096")
     ap.add_argument("--config", help="YAML config (every key: docs/config.md); default: h2o.yaml's values, "
                                      "which are the built-in defaults")
@@ -267,10 +300,21 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", metavar="PREVIOUS_RUN", help="run folder (or summary.json) of an earlier "
                                                                "round: print the regression table against it")
     ap.add_argument("--out", help="run folder (default: bench.output_dir/<timestamp>)")
+    ap.add_argument("--strict", action="store_true",
+                    help="targets (gates.min_*, speed_cases, max_store_slowdown) decide the exit status too, "
+                         "not only the guards")
+    ap.add_argument("--reference", metavar="FILE",
+                    help="reference round for the regression guards (default: the committed one of the "
+                         "model and kind, mnn_h2o/bench/references/<model>-<round|quick>.json, used when "
+                         "the settings match it)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config key (repeatable), e.g. --set lossless.decode_cache_bytes=4194304")
     sub = ap.add_subparsers(dest="command")
     sub.add_parser("selftest", help="feed every gate a failing input and check that it fails")
+    rp = sub.add_parser("reference", help="make a run folder's round the reference of its model and kind "
+                                          "(writes mnn_h2o/bench/references/<model>-<round|quick>.json, or --to)")
+    rp.add_argument("run", metavar="RUN", help="run folder (or its summary.json)")
+    rp.add_argument("--to", metavar="FILE", help="write the reference here instead")
     cs = sub.add_parser("cache-sweep", help="store mode: decode tokens/s and bytes held against the decode "
                                             "cache budget (lossless.decode_cache_bytes), interleaved with the "
                                             "baseline and H2O alone")
@@ -311,6 +355,8 @@ def main(argv=None) -> int:
         cfg = config_mod.load(args.config, overrides)
         if args.command == "selftest":
             return _selftest(cfg)
+        if args.command == "reference":
+            return _make_reference(args)
         if args.command == "cache-sweep":
             if args.repetitions < 3:
                 raise ValueError("--repetitions must be >= 3")

@@ -76,17 +76,22 @@ def demo_table(demo: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-_STATUS = {"pass": "PASS", "fail": "**FAIL**", "inconclusive": "*inconclusive*"}
+_STATUS = {"guard": {"pass": "PASS", "fail": "**FAIL**", "inconclusive": "*inconclusive*"},
+           "target": {"pass": "met", "fail": "**missed**", "inconclusive": "*inconclusive*"}}
 
 
-def gates_table(gates: Sequence[dict]) -> str:
-    from .gates import status_of
+def value_text(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def gates_table(gates: Sequence[dict], kind: str) -> str:
+    from .gates import kind_of, status_of
 
     lines = ["| gate | value | rule | status |", "|---|---:|---|---|"]
     for g in gates:
-        v = g["value"]
-        v = f"{v:.4g}" if isinstance(v, float) else str(v)
-        lines.append(f"| {g['name']} | {v} | {g['op']} {g['threshold']} | {_STATUS[status_of(g)]} |")
+        if kind_of(g) == kind:
+            lines.append(f"| {g['name']} | {value_text(g['value'])} | {g['op']} {g['threshold']} | "
+                         f"{_STATUS[kind][status_of(g)]} |")
     return "\n".join(lines)
 
 
@@ -97,7 +102,11 @@ def markdown(summary: dict) -> str:
            f"{summary['config']['runtime']['threads']} threads, KV {summary['config']['runtime']['kv_dtype']}; "
            f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores, ISA {env.get('isa', '?')}); "
            f"{summary['duration_s'] / 60:.1f} min. **Overall: {summary['overall'].upper()}**", "",
-           "## Gates", "", gates_table(summary["gates"]), "",
+           "## Guards", "", "Invariants, and regressions against the reference round; they decide the exit "
+           f"status. Reference: {summary.get('reference', '-')}.", "", gates_table(summary["gates"], "guard"), "",
+           "## Targets", "", "The product's goals, reported met or missed; they decide the exit status only with "
+           f"--strict{' (this round ran with --strict)' if summary.get('strict') else ''}.", "",
+           gates_table(summary["gates"], "target"), "",
            "## Runtime cases", "",
            f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
            "after each prompt; speed medians over interleaved repetitions (min-max); memory and quality from the "
@@ -126,17 +135,17 @@ def write(folder: str, summary: dict) -> None:
         f.write(markdown(summary))
 
 
-def load(path: str) -> dict:
+def load(path: str, what: str = "--compare") -> dict:
     p = os.path.join(path, "summary.json") if os.path.isdir(path) else path
     try:
         with open(p) as f:
             s = json.load(f)
     except OSError as e:
-        raise ValueError(f"--compare: cannot read {p}: {e.strerror}") from None
+        raise ValueError(f"{what}: cannot read {p}: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--compare: {p} is not valid JSON: {e}") from None
+        raise ValueError(f"{what}: {p} is not valid JSON: {e}") from None
     if not isinstance(s, dict) or s.get("schema_version") != SCHEMA_VERSION or "cases" not in s:
-        raise ValueError(f"--compare: {p} is not a summary.json of schema version {SCHEMA_VERSION}")
+        raise ValueError(f"{what}: {p} is not a summary.json of schema version {SCHEMA_VERSION}")
     return s
 
 
