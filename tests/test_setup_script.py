@@ -62,3 +62,37 @@ def test_setup_is_quiet_and_does_not_reinstall_unchanged_sources(tmp_path):
     assert len(setup()) == 1
     os.remove(tmp_path / "installed")                    # uninstalled meanwhile
     assert len(setup()) == 1
+
+
+def test_test_tiers_and_ci(tmp_path):
+    """scripts/test.sh: the default tier runs ctest and pytest without the slow tests; --full adds
+    them, aarch64 and the sanitizers; CI runs --full after setup in a venv of its own."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "build").mkdir()
+    shutil.copy(os.path.join(ROOT, "scripts", "test.sh"), repo / "scripts")
+    for name in ("test_aarch64.sh", "test_sanitizers.sh"):
+        (repo / "scripts" / name).write_text(f'echo "{name}" >> "$LOG"\n')
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    _tool(bin_, "python3", '#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
+    _tool(bin_, "ctest", '#!/usr/bin/env bash\necho "ctest" >> "$LOG"\n')
+    log = tmp_path / "log"
+    env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
+    env.pop("PYTHON", None)
+
+    def tier(*args):
+        log.write_text("")
+        p = subprocess.run(["bash", str(repo / "scripts" / "test.sh"), *args], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return log.read_text().splitlines()
+
+    assert tier("-x") == ["ctest", "python -m pytest -q -m not slow -x"]
+    assert tier("--full") == ["ctest", "python -m pytest -q", "test_aarch64.sh", "test_sanitizers.sh"]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [line for line in f.read().splitlines() if line and not line.startswith("#")]
+    assert any("-m venv" in line for line in ci)
+    assert ci[-1] == "bash scripts/setup.sh && bash scripts/test.sh --full"
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert "bash scripts/setup.sh && bash scripts/test.sh " in f.read()
