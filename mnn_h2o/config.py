@@ -250,11 +250,11 @@ SCHEMA: Tuple[Key, ...] = (
         "spread makes the gate inconclusive (exit status 3), never a pass", range=(0.0, 1.0)),
     # Regression guards against the reference round: they fail a round (exit status 1).
     Key("gates", "guard_tolerance", float, 0.05, "fraction", "regression guards: KV bytes held, lossy "
-        "and lossless ratios and the KL divergence may be this much worse than the reference round's (relative) "
+        "and lossless ratios and the divergence from the baseline (kl) may be this much worse than the reference round's (relative) "
         "before the round fails; the figures are deterministic on one machine, so this is what "
         "another CPU's kernels may change", range=(0.0, 1.0)),
-    Key("gates", "guard_kl_slack", float, 0.0005, "nats", "regression guards: absolute allowance on the "
-        "KL divergence, added to guard_tolerance's (a small divergence moves by more than a fraction "
+    Key("gates", "guard_kl_slack", float, 0.0005, "nats", "regression guards: absolute allowance on the divergence "
+        "(kl), added to guard_tolerance's (a small divergence moves by more than a fraction "
         "across CPUs)",
         range=(0.0, None)),
     Key("gates", "guard_top1_drop", float, 0.02, "fraction", "regression guards: top-1 agreement may "
