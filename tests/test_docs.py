@@ -161,3 +161,16 @@ def test_file_table_names_every_file(folder):
             continue
         assert any(fnmatch.fnmatch(entry, n) or fnmatch.fnmatch(entry, n + ".*") for n in names), \
             f"{folder}{entry} is not named in docs/architecture.md's Files table"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/results.md"])
+def test_in_page_links_resolve(path):
+    text = _read(path)
+    anchors = {_slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    for target in re.findall(r"\]\(#([^)]+)\)", text):
+        assert target in anchors, f"{path} links #{target}, which no heading makes"
