@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-# Idle BLAS/OpenMP threads spin and steal MNN's cores (README, Developers).
+# Idle BLAS/OpenMP threads spin and steal MNN's cores (docs/building.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
