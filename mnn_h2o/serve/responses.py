@@ -27,7 +27,7 @@ class Head:
 
 
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def usage(o: Outcome) -> dict:
