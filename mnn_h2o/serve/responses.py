@@ -1,6 +1,8 @@
 """Response bodies out, in OpenAI's shapes: ``chat.completion``, ``chat.completion.chunk``,
-``text_completion`` and server-sent events. ``usage`` carries two extra fields: the
-conversation's ``kv_bytes_held`` and its ``whole_model_ratio`` (docs/serve.md)."""
+``text_completion`` and server-sent events. ``usage`` carries extra fields: the
+conversation's ``kv_bytes_held`` and its ``whole_model_ratio``, and for a chat turn ``session``:
+whether the conversation's cache was new, continued in memory or restored from disk
+(docs/serve.md)."""
 from __future__ import annotations
 
 import json
@@ -31,10 +33,13 @@ def sse(obj: dict) -> str:
 
 
 def usage(o: Outcome) -> dict:
-    return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
-            "total_tokens": o.prompt_tokens + o.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
-            "kv_bytes_held": o.kv_bytes_held, "whole_model_ratio": round(o.whole_model_ratio, 4)}
+    u = {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+         "total_tokens": o.prompt_tokens + o.completion_tokens,
+         "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+         "kv_bytes_held": o.kv_bytes_held, "whole_model_ratio": round(o.whole_model_ratio, 4)}
+    if o.session is not None:
+        u["session"] = o.session
+    return u
 
 
 def chat_completion(h: Head, o: Outcome) -> dict:

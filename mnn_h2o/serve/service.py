@@ -26,6 +26,7 @@ class Outcome:
     cached_tokens: int       # tokens of the conversation already in the cache, not prefilled again
     kv_bytes_held: int       # the conversation's KV cache after the answer
     whole_model_ratio: float
+    session: Optional[str] = None  # chat: "new", "continued" (was in memory) or "restored" (from disk)
 
 
 class _Cancelled(Exception):
@@ -60,8 +61,9 @@ class Service:
                                      stop=req.stop, on_text=emit, cancel=cancel)
         except ContextOverflowError as e:
             raise context_error(e, "messages") from None
+        how = "restored" if co.restored else "continued" if co.reused_messages else "new"
         return Outcome(r.text, _FINISH[r.finish_reason], r.prompt_tokens, r.completion_tokens, cached,
-                       r.stats["kv_bytes_held"], r.stats["whole_model_ratio"])
+                       r.stats["kv_bytes_held"], r.stats["whole_model_ratio"], how)
 
     def _room(self, messages: List[dict]) -> int:
         """max_tokens when a chat request gives none: serve.max_tokens_limit, or what the
