@@ -24,7 +24,16 @@ from typing import Callable, Iterable, List, Optional, Sequence
 import numpy as np
 
 from . import config as config_mod
-from .engine import ContextOverflowError, Llm, Sampling, stream_safe_len
+from . import session_file
+from .engine import ContextOverflowError, Llm, Sampling, Stats, stream_safe_len
+from .session_file import SessionFileError
+
+# The model identity a saved session must match (docs/session_format.md, META "model").
+_MODEL_KEYS = ("n_layers", "n_kv_heads", "n_heads", "head_dim", "vocab")
+# The Stats counters a saved session keeps; the byte counters are recomputed from the cache.
+_SAVED_STATS = ("prompt_tokens", "generated_tokens", "prefill_s", "decode_s", "decode_steps", "mnn_s",
+                "attention_s", "evictions", "kv_bytes_peak", "decode_bytes_uncompressed_sum",
+                "decode_bytes_held_sum")
 
 ROLES = ("system", "user", "assistant")
 
@@ -136,6 +145,84 @@ class Session:
                 "kv_bytes_f16": st.kv_bytes_f16,
                 "whole_model_ratio": st.whole_model_ratio}
 
+    # --- snapshots ---------------------------------------------------------------------------
+    def fork(self) -> "Session":
+        """An independent copy of this session (cache included) that can diverge from it."""
+        blob = self._snapshot()
+        twin = Session(self.llm, self.cfg, self._system)
+        twin._install(blob, self._state(), {k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
+        return twin
+
+    def save(self, path: str) -> None:
+        """Writes the session (conversation and cache as held) to ``path`` atomically
+        (docs/session_format.md). ValueError when the lossless store is on."""
+        meta = dict(self._state(), model=_model_identity(self.llm),
+                    cache={"block_tokens": self._ctx.cache.block_tokens, "max_tokens": self._ctx.cache.max_tokens},
+                    config={"runtime": {"kv_dtype": self.cfg["runtime"]["kv_dtype"]},
+                            "h2o": self.cfg["h2o"], "lossless": self.cfg["lossless"]},
+                    stats={k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
+        session_file.write(path, meta, self._snapshot())
+
+    @classmethod
+    def load(cls, path: str, llm: Llm) -> "Session":
+        """The session saved in ``path``, over ``llm``'s model, with the cache settings it was
+        saved with. SessionFileError (a ValueError) for a file that is not a session, damaged,
+        truncated, newer, or from another model or incompatible settings."""
+        meta, blob = session_file.read(path)
+        where = f"session file {path}"
+        saved_model, model = meta.get("model"), _model_identity(llm)
+        if saved_model != model:
+            raise SessionFileError(f"{where} was saved with another model ({_describe(saved_model)}); "
+                                   f"this one is {_describe(model)}")
+        cache = meta.get("cache") or {}
+        for key, mine in (("block_tokens", llm.cfg["runtime"]["block_tokens"]), ("max_tokens", llm.max_context)):
+            if cache.get(key) != mine:
+                raise SessionFileError(f"{where} holds a cache with {key} {cache.get(key)}; this model is "
+                                       f"loaded with {mine} (runtime.block_tokens / runtime.max_context)")
+        try:
+            cfg = config_mod.validate(meta.get("config"), llm.cfg)
+        except ValueError as e:
+            raise SessionFileError(f"{where}: its settings are not valid here: {e}") from None
+        try:
+            state = _checked_state(meta, llm)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SessionFileError(f"{where} is damaged: its META section is malformed ({e})") from None
+        s = cls(llm, cfg, state["system"])
+        try:
+            s._install(blob, state, meta.get("stats"))
+        except ValueError as e:
+            s.close()
+            raise SessionFileError(f"{where}: its cache does not load: {e}") from None
+        return s
+
+    def _snapshot(self) -> bytes:
+        if self.cfg["lossless"]["mode"] != "off":
+            raise ValueError(f"a session with lossless.mode {self.cfg['lossless']['mode']} cannot be saved or "
+                             f"forked (the lossless store is not part of the session format); use "
+                             f"lossless.mode off")
+        with self._using() as llm:
+            return llm.cache.snapshot()
+
+    def _state(self) -> dict:
+        return {"system": self._system, "messages": self.messages, "rendered": [dict(m) for m in self._rendered],
+                "token_ids": list(self._token_ids), "fed_text": self._fed_text}
+
+    def _install(self, blob: bytes, state: dict, stats: Optional[dict] = None) -> None:
+        """Restores the cache from ``blob`` and the conversation from ``state`` (already checked)."""
+        with self._using() as llm:
+            llm.cache.restore(blob)
+            seen = llm.cache.h2o_stats()["layers"][0]["tokens_seen"]
+            if seen != len(state["token_ids"]):
+                llm.reset()
+                raise ValueError(f"the cache has seen {seen} tokens, the conversation {len(state['token_ids'])}")
+            llm.pos = seen
+            llm.stats = Stats(**{k: v for k, v in (stats or {}).items() if k in _SAVED_STATS})
+            llm.refresh_kv_stats()
+        self._messages = [dict(m) for m in state["messages"]]
+        self._rendered = [dict(m) for m in state["rendered"]]
+        self._token_ids = list(state["token_ids"])
+        self._fed_text = state["fed_text"]
+
     # --- turns -------------------------------------------------------------------------------
     def say(self, text: str, **kw) -> Reply:
         """reply() to the conversation so far plus one user message."""
@@ -239,3 +326,37 @@ class Session:
         if on_text and len(text) > len(emitted):
             on_text(text[len(emitted):])
         return text, out, fed, reason
+
+
+def _model_identity(llm: Llm) -> dict:
+    meta = llm.meta
+    return dict({k: getattr(llm.config, k) for k in _MODEL_KEYS}, name=llm.config.name,
+                source_sha256=meta["source_sha256"], weight_bits=meta["weight_bits"],
+                head_bits=meta.get("head_bits", meta["weight_bits"]), export_version=meta["export_version"])
+
+
+def _describe(model) -> str:
+    if not isinstance(model, dict):
+        return "unknown"
+    sha = str(model.get("source_sha256", "?"))[:12]
+    return f"{model.get('name', '?')}, GGUF sha256 {sha}..., weights int{model.get('weight_bits', '?')}"
+
+
+def _checked_state(meta: dict, llm: Llm) -> dict:
+    """The conversation fields of a saved META, type-checked (ValueError/TypeError/KeyError)."""
+    system, fed = meta["system"], meta["fed_text"]
+    if system is not None and not isinstance(system, str):
+        raise TypeError("system is not a string")
+    if fed is not None and not isinstance(fed, str):
+        raise TypeError("fed_text is not a string")
+    ids = meta["token_ids"]
+    vocab = llm.config.vocab
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab for t in ids):
+        raise ValueError(f"token_ids must be a list of ints in [0, {vocab})")
+    if len(ids) > llm.max_context:
+        raise ValueError(f"{len(ids)} token ids exceed the context limit {llm.max_context}")
+    stats = meta.get("stats")
+    if not isinstance(stats, dict) or not all(isinstance(v, (int, float)) for v in stats.values()):
+        raise TypeError("stats is not a mapping of numbers")
+    return {"system": system, "messages": check_messages(meta["messages"]),
+            "rendered": check_messages(meta["rendered"]), "token_ids": ids, "fed_text": fed}
