@@ -265,11 +265,11 @@ def test_broken_saved_sessions_are_set_aside_and_the_conversation_prefills_again
     assert name not in os.listdir(tmp_path)
     pool.close()
     # Leftovers of an interrupted save and indexes without their cache are removed at start.
-    (tmp_path / "x.session.tmp").write_text("partial")
+    (tmp_path / "x.session.tmp1234").write_text("partial")
     (tmp_path / "y.json").write_text(json.dumps({"format": "mnn_h2o.serve.session_index", "version": 1,
                                                  "messages": [user("y")], "kv_bytes": 0}))
     (tmp_path / "z.json").write_text("{not json")
     (tmp_path / "w.session").write_text("a cache whose index was never written")
     pool = make_pool(tmp_path)
-    assert not {"x.session.tmp", "y.json", "z.json", "w.session"} & set(os.listdir(tmp_path))
+    assert not {"x.session.tmp1234", "y.json", "z.json", "w.session"} & set(os.listdir(tmp_path))
     assert pool.stats()["sessions_saved"] == 2

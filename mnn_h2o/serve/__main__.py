@@ -73,6 +73,11 @@ def main(argv=None) -> int:
         llm = Llm.load(None, cfg)
         if not llm.tokenizer.chat_template:
             raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")
+        if cfg["lossless"]["mode"] != "off":
+            logging.getLogger("mnn_h2o.serve").warning(
+                "lossless.mode %s: sessions cannot be saved (the session format holds no lossless store), so "
+                "conversations over serve.kv_budget_bytes are dropped, not offloaded, and prefill their "
+                "history again on their next request", cfg["lossless"]["mode"])
         temporary = not sc["session_dir"]
         session_dir = tempfile.mkdtemp(prefix="mnn_h2o-sessions-") if temporary else sc["session_dir"]
         try:

@@ -130,10 +130,8 @@ class SessionPool:
 
     def _offload(self, e: _Entry) -> None:
         """Save and close an idle session; on failure drop it (memory comes first)."""
-        path = self._path(e.id, ".session")
         try:
-            e.session.save(path + ".tmp")
-            os.replace(path + ".tmp", path)
+            e.session.save(self._path(e.id, ".session"))  # atomic: a complete file or none
             _write_json(self._path(e.id, ".json"), {"format": INDEX_FORMAT, "version": INDEX_VERSION,
                                                     "messages": e.messages, "kv_bytes": e.kv_bytes})
         except (OSError, ValueError) as err:
@@ -185,9 +183,10 @@ class SessionPool:
         return os.path.join(self.dir, sid + ext)
 
     def _remove_files(self, sid: str) -> None:
-        for ext in (".json", ".session", ".session.tmp", ".json.tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._path(sid, ext))
+        for name in os.listdir(self.dir):
+            if name.startswith(sid + "."):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.dir, name))
 
     def _index_saved(self) -> None:
         """The saved sessions of an earlier server, oldest first; leftovers of an interrupted save
@@ -195,7 +194,7 @@ class SessionPool:
         found = []
         for name in os.listdir(self.dir):
             sid, ext = os.path.splitext(name)
-            if ext == ".tmp":
+            if ext.startswith(".tmp"):  # a save cut short (ours: .json.tmp; the session's: .session.tmpPID)
                 os.remove(os.path.join(self.dir, name))
                 continue
             if ext != ".json":
