@@ -43,7 +43,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(str(workdir), f"server-{self.port}-{time.monotonic_ns()}.log")
         self.args = [sys.executable, "-m", "mnn_h2o.serve", "--port", str(self.port), "--log-level", "warning"]
-        for k, v in (settings or {}).items():
+        # The server's own temporary directory would outlive a kill -9: keep it under workdir.
+        settings = {"serve.session_dir": os.path.join(str(workdir), f"sessions-{self.port}"), **(settings or {})}
+        for k, v in settings.items():
             self.args += ["--set", f"{k}={v}"]
         self.proc = None
 

@@ -82,5 +82,7 @@ def test_eight_conversations_five_turns_under_a_budget_that_forces_offloading(tm
     # offloaded; the serialised bytes of a save or a load in flight) plus slack. Holding all 8
     # would take about 8 conversations over the warm-up's one.
     bound_kib = warm["VmHWM"] + (BUDGET + 3 * largest + SLACK) // 1024
+    print(f"peak RSS {mem['VmHWM'] / 1024:.0f} MiB (after warm-up {warm['VmHWM'] / 1024:.0f} MiB, bound "
+          f"{bound_kib / 1024:.0f} MiB); largest conversation {largest / 2**20:.1f} MiB; {health}")
     assert mem["VmHWM"] <= bound_kib, (mem, warm, largest)
     assert (CONVERSATIONS - 1) * largest // 1024 > bound_kib - warm["VmHWM"], "the bound would not catch 8 in memory"

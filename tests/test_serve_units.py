@@ -234,6 +234,8 @@ def test_a_clean_stop_saves_every_session_and_a_restart_continues_them(tmp_path)
     assert pool.stats()["sessions_saved"] == 2
     for conv in (a, b):
         assert turn(pool, conv + [user("next")])[1:] == (2, True)
+    pool.close(save=False)  # a temporary directory: nothing worth writing
+    assert [f for f in os.listdir(tmp_path) if f != ".lock"] == []
 
 
 def test_after_a_crash_the_sessions_on_disk_continue(tmp_path):

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         try:
             new, load = Service.session_factories(llm)
             pool = SessionPool(new, load, session_dir, sc["kv_budget_bytes"], sc["max_sessions"])
-            app = create_app(Service(llm, pool, sc["max_tokens_limit"]), model_id(cfg["model"]["name"]), sc,
+            app = create_app(Service(llm, pool, sc["max_tokens_limit"], keep_sessions=not temporary), model_id(cfg["model"]["name"]), sc,
                              int(time.time()))
             uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
         finally:

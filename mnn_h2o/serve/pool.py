@@ -226,11 +226,14 @@ class SessionPool:
                     "kv_budget_bytes": self.budget,
                     **self.counters}
 
-    def close(self) -> None:
-        """Save every session in memory, then let the directory go."""
+    def close(self, save: bool = True) -> None:
+        """Save (or just close) every session in memory, then let the directory go."""
         for e in list(self._entries.values()):
             if e.session is not None:
-                self._offload(e)
+                if save:
+                    self._offload(e)
+                else:
+                    e.session.close()
         fcntl.flock(self._dir_lock, fcntl.LOCK_UN)
         self._dir_lock.close()
 

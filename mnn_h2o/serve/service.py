@@ -42,8 +42,10 @@ def context_error(e: ContextOverflowError, param: str) -> ApiError:
 
 
 class Service:
-    def __init__(self, llm: Llm, pool: SessionPool, max_tokens_limit: int):
+    def __init__(self, llm: Llm, pool: SessionPool, max_tokens_limit: int, keep_sessions: bool):
+        """``keep_sessions``: save the sessions in memory at close (their directory outlives the server)."""
         self.llm, self.pool, self.max_tokens_limit = llm, pool, max_tokens_limit
+        self.keep_sessions = keep_sessions
 
     @staticmethod
     def session_factories(llm: Llm):
@@ -109,4 +111,4 @@ class Service:
         return self.pool.stats()
 
     def close(self) -> None:
-        self.pool.close()
+        self.pool.close(save=self.keep_sessions)
