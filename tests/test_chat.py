@@ -8,6 +8,10 @@ import sys
 import threading
 import time
 
+import pytest
+
+pytestmark = pytest.mark.model
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -12,6 +12,8 @@ from mnn_h2o.engine import ContextOverflowError, Llm
 from mnn_h2o.session import Session
 from mnn_h2o.session_file import SessionFileError
 
+pytestmark = pytest.mark.model
+
 # Evicts within a short conversation: a layer is cut once it has seen 64 tokens.
 EVICTING = {"h2o": {"trigger_min_tokens": 64, "sink_tokens": 16, "recent_tokens": 32, "update_interval": 8}}
 STORY = "Tell me a story about a cat named Tom who lived in Paris and ate fish every day."
