@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mnn_h2o/attention/attention.h"
@@ -615,6 +616,24 @@ docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', '
             "cache_bytes + scratch_bytes = bytes_held; total_ratio = bytes_uncompressed / bytes_held.")
         .def("drain_store", locked(&KvCache::drain_store),
              "Wait for every store job under way and install it.")
+        .def(
+            "snapshot",
+            [](PyKvCache& self) {
+                std::vector<uint8_t> bytes = locked(&KvCache::snapshot)(self);
+                return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+            },
+            "The cache as it is held, as bytes (docs/session_format.md \"KVCS\"). ValueError with the "
+            "lossless store on.")
+        .def(
+            "restore",
+            [](PyKvCache& self, const py::bytes& data) {
+                const std::string_view view(data);  // the bytes object stays alive for the call
+                NativeCall call(self);
+                self.cache.restore(reinterpret_cast<const uint8_t*>(view.data()), view.size());
+            },
+            py::arg("data"),
+            "Replace the contents by a snapshot() of a cache of the same shape, dtype and H2O config "
+            "(store off). ValueError naming what does not match or decode; the cache is unchanged then.")
         .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })
         .def_property_readonly("head_dim", [](const PyKvCache& s) { return s.cache.config().head_dim; })

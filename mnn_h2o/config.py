@@ -212,6 +212,21 @@ SCHEMA: Tuple[Key, ...] = (
     Key("lossless", "zstd_level", int, 1, "-", "zstd level of the Gear backend", range=(1, 19)),
     Key("lossless", "probe_every", int, 8, "chunks", "probe mode: encode and verify one chunk in "
         "every this many", range=(1, 1 << 20)),
+    Key("serve", "kv_budget_bytes", int, 268435456, "bytes", "python -m mnn_h2o.serve: KV memory "
+        "of all conversations held in memory together; over it, the least recently used idle "
+        "conversation is saved to serve.session_dir and freed, and restored on its next request (the "
+        "conversation just answered stays in memory even alone over it)", range=(1, 1 << 50)),
+    Key("serve", "max_sessions", int, 64, "sessions", "conversations kept, in memory or saved; "
+        "beyond it the least recently used is dropped (its next request prefills its history again)",
+        range=(1, 1 << 16)),
+    Key("serve", "session_dir", str, "", "-", "directory of the saved conversations (created if "
+        "missing; one server at a time); a restart with the same directory continues them; empty = "
+        "a temporary directory removed when the server stops"),
+    Key("serve", "max_body_bytes", int, 4194304, "bytes", "largest request body accepted; a larger "
+        "one is refused with HTTP 400", range=(1024, 1 << 30)),
+    Key("serve", "max_tokens_limit", int, 2048, "tokens", "largest max_tokens a request may ask "
+        "(a larger one is refused with HTTP 400); a chat request without max_tokens generates up to "
+        "this or to the end of the context, whichever comes first", range=(1, 1 << 20)),
     Key("bench", "prompt_lengths", list, [512, 1024, 4096], "tokens", "runtime cases: prompt lengths "
         "of essay text", range=(16, 1 << 20), item=int),
     Key("bench", "decode_tokens", int, 128, "tokens", "runtime cases: teacher-forced decode tokens "

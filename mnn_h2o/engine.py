@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -111,12 +113,29 @@ class Generation:
 _MEMORY_MODE = {"normal": 0, "low": 2}
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
+# What one context is: the Llm attributes a forward pass reads and writes besides the model.
+_CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes")
+
+
+class KvContext:
+    """One context of an :class:`Llm`: its native KV cache as configured (element type, eviction,
+    lossless store), the position of the next token and the counters. The Llm's own attributes
+    (``llm.cache``, ``llm.pos``, ``llm.stats``, ...) are its current context; ``Llm.new_context``
+    makes another and ``Llm.using`` runs the model against it (mnn_h2o/session.py)."""
+    __slots__ = _CONTEXT_FIELDS
+
 
 class Llm:
-    """A loaded model with its native KV cache. Not thread-safe: one instance per thread."""
+    """A loaded model: MNN modules, tokenizer, and a current context (native KV cache).
+
+    Threads: ``lock`` (re-entrant) serialises uses of one Llm. ``generate``, ``using`` and
+    ``new_context`` hold it; a thread calling ``prefill``/``decode`` directly on an Llm shared with
+    other threads holds it around everything that must not interleave."""
 
     def __init__(self, export_dir: str, cfg: Optional[dict] = None):
         cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
+        self.cfg = cfg
+        self.lock = threading.RLock()
         rt = cfg["runtime"]
         with open(os.path.join(export_dir, "model.json")) as f:
             meta = json.load(f)
@@ -169,6 +188,43 @@ class Llm:
                           head_bits=cfg["model"]["head_bits"]), cfg)
 
     # --- state -------------------------------------------------------------------------------
+    def new_context(self, cfg: Optional[dict] = None) -> KvContext:
+        """A new, empty context configured by the runtime.kv_dtype, h2o and lossless sections of
+        ``cfg`` (default: this Llm's config); the current context is left as it is. The other
+        settings (block_tokens, max_context, threads, prefill_chunk) are the Llm's."""
+        cfg = self.cfg if cfg is None else config_mod.validate(None, cfg)
+        with self.lock:
+            saved = self._swap_context(None)
+            try:
+                self.configure_kv_dtype(cfg["runtime"]["kv_dtype"])
+                self.configure_h2o(cfg["h2o"])
+                self.configure_lossless(cfg["lossless"])
+            finally:
+                made = self._swap_context(saved)
+        return made
+
+    @contextmanager
+    def using(self, ctx: KvContext):
+        """Within the with-block the Llm runs against ``ctx`` (prefill, decode, generate with
+        keep_context=True, reset, configure_*), holding the lock; its own context is back after."""
+        with self.lock:
+            saved = self._swap_context(ctx)
+            try:
+                yield self
+            finally:
+                inner = self._swap_context(saved)
+                for f in _CONTEXT_FIELDS:
+                    setattr(ctx, f, getattr(inner, f))
+
+    def _swap_context(self, ctx: Optional[KvContext]) -> KvContext:
+        """Installs ctx's fields (None: none, the caller configures a new one) and returns the
+        context that was current."""
+        old = KvContext()
+        for f in _CONTEXT_FIELDS:
+            setattr(old, f, getattr(self, f, None))
+            setattr(self, f, getattr(ctx, f) if ctx is not None else None)
+        return old
+
     def configure_kv_dtype(self, kv_dtype: str) -> None:
         """A new, empty cache whose K and V rows are of element type ``kv_dtype`` (see the key
         runtime.kv_dtype), with eviction and the lossless store off: configure them after."""
@@ -291,14 +347,19 @@ class Llm:
         self.stats.mnn_s += t_mnn + perf() - t0
         self.stats.attention_s += t_att
         self.pos += n
-        st = self.stats
+        self.refresh_kv_stats()
+        return logits
+
+    def refresh_kv_stats(self) -> None:
+        """The byte counters of ``stats`` from the cache as it is now (after every forward, and
+        after a cache was restored from a saved session)."""
+        st, cache = self.stats, self.cache
         st.kv_bytes_held = held = cache.bytes_held()
         st.kv_bytes_pool = cache.pool_bytes_held()
         st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         st.kv_bytes_f16 = self.pos * self._f16_token_bytes
-        return logits
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -372,6 +433,10 @@ class Llm:
                  keep_context: bool = False) -> Generation:
         """Generate a continuation of ``prompt`` (text, wrapped in the chat template when the
         model has one and ``chat``; or token ids, used as they are)."""
+        with self.lock:
+            return self._generate(prompt, max_new_tokens, sampling, stop, stream, chat, keep_context)
+
+    def _generate(self, prompt, max_new_tokens, sampling, stop, stream, chat, keep_context) -> Generation:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
@@ -405,7 +470,7 @@ class Llm:
             if hit >= 0:
                 text, reason = text[:hit], "stop_string"
             # Hold back an incomplete UTF-8 sequence or a possible stop-string prefix.
-            safe = len(text) if reason == "stop_string" else _stream_safe_len(text, stops)
+            safe = len(text) if reason == "stop_string" else stream_safe_len(text, stops)
             if stream and safe > len(emitted):
                 stream(text[len(emitted):safe])
                 emitted = text[:safe]
@@ -420,7 +485,9 @@ class Llm:
         return Generation(text, out, reason, self.stats)
 
 
-def _stream_safe_len(text: str, stops: List[str]) -> int:
+def stream_safe_len(text: str, stops: List[str]) -> int:
+    """How much of ``text`` can be streamed: not an incomplete UTF-8 sequence at its end (shown
+    as U+FFFD) nor a prefix of a stop string that the next tokens may complete."""
     n = len(text.rstrip("\ufffd"))
     for s in stops:
         for k in range(min(len(s) - 1, n), 0, -1):

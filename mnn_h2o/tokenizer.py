@@ -77,9 +77,16 @@ class Tokenizer:
             return user_text
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user_text}]
+        return self.render_chat(messages)
+
+    def render_chat(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
+        """A conversation ({"role", "content"} dicts) through the model's chat template, ready for
+        the assistant's next turn with ``add_generation_prompt``. The model must have a template."""
+        if not self.chat_template:
+            raise ModelFileError("the model has no chat template (tokenizer.chat_template in its GGUF)")
         try:
             return self._template().render(
-                messages=messages, add_generation_prompt=True,
+                messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=self.meta["tokens"][self.bos_token_id] if self.bos_token_id >= 0 else "",
                 eos_token=self.meta["tokens"][self.eos_token_id] if self.eos_token_id >= 0 else "")
         except Exception as e:  # the template is code from the model file: any failure is the file's

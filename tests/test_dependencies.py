@@ -49,8 +49,9 @@ def test_wheel_exclusions_name_real_files():
         assert os.path.isfile(os.path.join(ROOT, path)), f"pyproject.toml excludes {path}, which does not exist"
 
 
-def test_runtime_modules_do_not_import_bench_eval_or_tools():
-    """docs/architecture.md: the top-level modules are the runtime; bench/, eval/ and tools/ sit on it."""
+def test_runtime_modules_do_not_import_bench_eval_tools_or_serve():
+    """docs/architecture.md: the top-level modules are the runtime; bench/, eval/, tools/ and
+    serve/ (whose FastAPI and uvicorn are an extra) sit on it."""
     import ast
 
     pkg = os.path.join(ROOT, "mnn_h2o")
@@ -68,7 +69,8 @@ def test_runtime_modules_do_not_import_bench_eval_or_tools():
             else:
                 continue
             for name in names:
-                assert not name.startswith(("mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools")), f"{f} imports {name}"
+                assert not name.startswith(("mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools", "mnn_h2o.serve")), \
+                    f"{f} imports {name}"
 
 
 def test_developer_build_installs_the_build_requirements_pin():
@@ -80,3 +82,14 @@ def test_developer_build_installs_the_build_requirements_pin():
     assert dev["pybind11"] == build["pybind11"]
     with open(os.path.join(ROOT, "scripts", "setup.sh"), encoding="utf-8") as f:
         assert ".[bench,test,dev]" in f.read()
+
+
+def test_the_server_says_which_extra_it_needs():
+    """python -m mnn_h2o.serve without FastAPI/uvicorn: one clear line, exit status 2."""
+    code = ("import sys\n"
+            "sys.modules['fastapi'] = None\n"
+            "from mnn_h2o.serve.__main__ import main\n"
+            "sys.exit(main([]))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "pip install 'mnn_h2o[serve]'" in p.stderr, p.stderr

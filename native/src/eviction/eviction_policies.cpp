@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 
 #include "mnn_h2o/eviction/eviction_policy.h"
@@ -203,6 +204,19 @@ public:
         for (int b = 0; b < head.n_blocks; ++b) priority[b] = static_cast<float>(rng_() >> 40);
     }
     void reset() override { rng_.seed(seed_); }
+    // The generator's state as the standard's text form: exact and portable.
+    std::string state() const override {
+        std::ostringstream os;
+        os << rng_;
+        return os.str();
+    }
+    void set_state(const std::string& state) override {
+        std::istringstream is(state);
+        std::mt19937_64 rng;
+        is >> rng;
+        if (is.fail()) throw std::invalid_argument("random policy: its saved generator state does not parse");
+        rng_ = rng;
+    }
 
 private:
     uint64_t seed_;

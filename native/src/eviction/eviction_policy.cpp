@@ -102,4 +102,9 @@ void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64
     }
 }
 
+void EvictionPolicy::set_state(const std::string& state) {
+    if (!state.empty())
+        throw std::invalid_argument("this eviction policy keeps no state, got " + std::to_string(state.size()) + " bytes");
+}
+
 }  // namespace mnn_h2o

@@ -134,6 +134,16 @@ public:
     // Waits for every store job under way and installs it (deterministic tests and benches).
     void drain_store();
 
+    // --- Saved sessions (docs/session_format.md "KVCS"; kv_snapshot.cpp) ---------------------
+    // The cache as it is held: per-layer counters, every head's rows in the cache dtype, the H2O
+    // state. Throws std::invalid_argument when the lossless store is on (not part of the format).
+    std::vector<uint8_t> snapshot() const;
+    // Replaces the cache's contents by a snapshot's. The cache must have the snapshot's shape and
+    // dtype, eviction on or off as it was (with the same H2O config) and the store off. Throws
+    // SnapshotError (an std::invalid_argument) naming what does not match or decode: the cache is
+    // unchanged then; std::bad_alloc when memory runs out (the cache is left empty).
+    void restore(const uint8_t* data, size_t size);
+
     // The block list of one head, for compaction and inspection: block i holds tokens
     // [i*block_tokens, (i+1)*block_tokens) of which the first length() are valid. Blocks the
     // store holds compressed are nullptr.

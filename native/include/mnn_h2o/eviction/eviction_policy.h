@@ -84,6 +84,11 @@ public:
     virtual int window_queries(int observation_window) const { return observation_window; }
     // Back to the state right after construction (the random policy reseeds).
     virtual void reset() {}
+    // The state a policy carries between updates, as bytes (the saved-session snapshot), and back.
+    // Stateless policies: empty. set_state throws std::invalid_argument for bytes state() of the
+    // same policy did not write (nothing changes then).
+    virtual std::string state() const { return {}; }
+    virtual void set_state(const std::string& state);
 };
 
 // The registry: every policy's name, in a fixed order, is what config, bindings, the C API and

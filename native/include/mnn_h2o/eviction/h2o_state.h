@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "mnn_h2o/cache/snapshot_io.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
 #include "mnn_h2o/eviction/h2o_config.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
@@ -142,6 +143,14 @@ public:
 
     // EMA of block b of a head; NaN if the block has not been through an update yet.
     float score(int layer, int head, int block) const;
+
+    // The saved-session snapshot of this state (docs/session_format.md "KVCS", H2o): config,
+    // schedule, policy state and every evicting layer's scores (h2o_snapshot.cpp). load() reads
+    // one into a fresh state made with the same config and cache shape; throws SnapshotError for
+    // bytes that do not decode or a config that differs. Callers load into a new state and keep
+    // it only on success.
+    void save(SnapshotWriter& w) const;
+    void load(SnapshotReader& r);
 
 private:
     struct HeadScores {

@@ -1,0 +1,120 @@
+"""The interactive chat of ``python -m mnn_h2o.demo`` (without --prompt): lines from stdin (a
+terminal or a pipe), one Session whose history stays in the compressed cache, streamed answers.
+
+Ctrl-C during an answer stops that answer; at the prompt, or twice within a second during an
+answer, it leaves the chat (exit status 130).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Optional, TextIO
+
+from .engine import ContextOverflowError, Llm, Sampling
+from .session import Session
+
+HELP = """commands:
+  /reset        forget the conversation (the system message stays)
+  /stats        tokens, KV bytes held and the whole-model ratio
+  /save FILE    save the conversation with its cache (docs/session_format.md)
+  /load FILE    continue a saved conversation
+  /quit         leave (so does end of input, Ctrl-D)
+  /help         this list
+Ctrl-C stops an answer; at the prompt (or twice quickly) it leaves."""
+
+_DOUBLE_INTERRUPT_S = 1.0
+
+
+class _Interrupts:
+    """SIGINT while answering: cancel the answer (a second one within a second: leave); while
+    reading: leave. Leaving is a KeyboardInterrupt, which the demo turns into status 130."""
+
+    def __init__(self):
+        self.cancel: Optional[threading.Event] = None
+        self.last = 0.0
+
+    def __call__(self, signum, frame):
+        now = time.monotonic()
+        if self.cancel is None or (self.cancel.is_set() and now - self.last < _DOUBLE_INTERRUPT_S):
+            raise KeyboardInterrupt
+        self.cancel.set()
+        self.last = now
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def stats_line(session: Session) -> str:
+    st = session.stats()
+    return (f"{st['tokens']} tokens in the conversation, {st['tokens_held']} held per layer and kv head; "
+            f"KV held {_mib(st['kv_bytes_held'])} (an f16 cache of every token: {_mib(st['kv_bytes_f16'])}), "
+            f"whole-model ratio {st['whole_model_ratio']:.2f}x")
+
+
+def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, system: Optional[str] = None,
+         stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+    session = Session(llm, cfg, system=system)
+    tty = stdin.isatty()
+    interrupts = _Interrupts()
+    previous = signal.signal(signal.SIGINT, interrupts)
+    say: Callable[[str], None] = lambda s: print(s, file=out, flush=True)
+    say(f"chatting with {llm.config.name} (KV {cfg['runtime']['kv_dtype']}, "
+        f"h2o {'on' if cfg['h2o']['enabled'] else 'off'}); /help lists the commands")
+    try:
+        while True:
+            if tty:
+                out.write("> ")
+                out.flush()
+            line = stdin.readline()
+            if not line:
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                cmd, _, arg = line.partition(" ")
+                arg = arg.strip()
+                if cmd == "/quit":
+                    return 0
+                if cmd == "/help":
+                    say(HELP)
+                elif cmd == "/reset":
+                    session.reset()
+                    say("(conversation cleared)")
+                elif cmd == "/stats":
+                    say(stats_line(session))
+                elif cmd in ("/save", "/load") and not arg:
+                    say(f"error: {cmd} needs a file name")
+                elif cmd == "/save":
+                    try:
+                        session.save(arg)
+                        say(f"(saved {len(session.messages)} messages, {len(session.token_ids)} tokens to {arg})")
+                    except (ValueError, OSError) as e:
+                        say(f"error: {e}")
+                elif cmd == "/load":
+                    try:
+                        loaded = Session.load(arg, llm)
+                    except ValueError as e:
+                        say(f"error: {e}")
+                    else:
+                        session.close()
+                        session = loaded
+                        say(f"(loaded {arg}: {len(session.messages)} messages, {len(session.token_ids)} tokens)")
+                else:
+                    say(f"error: unknown command {cmd}; /help lists the commands")
+                continue
+            interrupts.cancel = threading.Event()
+            try:
+                r = session.say(line, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop,
+                                on_text=lambda s: (out.write(s), out.flush()), cancel=interrupts.cancel)
+                say(" [stopped]" if r.finish_reason == "cancelled" else "")
+            except ContextOverflowError as e:
+                say(f"error: {e}")
+            finally:
+                interrupts.cancel = None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        session.close()

@@ -1,0 +1,114 @@
+"""What a request does to the model (on the model thread): a chat turn continues a session of the
+pool; a plain completion runs on a cache of its own, freed after the answer.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from ..engine import ContextOverflowError, Llm, Sampling
+from ..session import Session
+from .pool import SessionPool
+from .validation import ApiError, ChatRequest, CompletionRequest, SamplingParams
+
+# Session/engine finish reasons -> OpenAI's.
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "cancelled",
+           "stop_token": "stop", "stop_string": "stop", "max_new_tokens": "length"}
+
+
+@dataclass
+class Outcome:
+    text: str
+    finish_reason: str       # stop | length | cancelled
+    prompt_tokens: int       # tokens prefilled for this request
+    completion_tokens: int
+    cached_tokens: int       # tokens of the conversation already in the cache, not prefilled again
+    kv_bytes_held: int       # the conversation's KV cache after the answer
+    whole_model_ratio: float
+    session: Optional[str] = None  # chat: "new", "continued" (was in memory) or "restored" (from disk)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _sampling(p: SamplingParams) -> Sampling:
+    return Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
+
+
+def context_error(e: ContextOverflowError, param: str) -> ApiError:
+    return ApiError(str(e), param, "context_length_exceeded")
+
+
+class Service:
+    def __init__(self, llm: Llm, pool: SessionPool, max_tokens_limit: int, keep_sessions: bool):
+        """``keep_sessions``: save the sessions in memory at close (their directory outlives the server)."""
+        self.llm, self.pool, self.max_tokens_limit = llm, pool, max_tokens_limit
+        self.keep_sessions = keep_sessions
+
+    @staticmethod
+    def session_factories(llm: Llm):
+        """The pool's ways to make a session and to load a saved one."""
+        return (lambda: Session(llm)), (lambda path: Session.load(path, llm))
+
+    def chat(self, req: ChatRequest, emit: Callable[[str], None], cancel: threading.Event) -> Outcome:
+        if cancel.is_set():  # the client left while the request waited
+            return Outcome("", "cancelled", 0, 0, 0, 0, 0.0)
+        max_new = req.max_tokens if req.max_tokens is not None else self._room(req.messages)
+        try:
+            with self.pool.checkout(req.messages) as co:
+                cached = len(co.session.token_ids) if co.reused_messages else 0
+                r = co.session.reply(req.messages, max_new_tokens=max_new, sampling=_sampling(req.sampling),
+                                     stop=req.stop, on_text=emit, cancel=cancel)
+        except ContextOverflowError as e:
+            raise context_error(e, "messages") from None
+        how = "restored" if co.restored else "continued" if co.reused_messages else "new"
+        return Outcome(r.text, _FINISH[r.finish_reason], r.prompt_tokens, r.completion_tokens, cached,
+                       r.stats["kv_bytes_held"], r.stats["whole_model_ratio"], how)
+
+    def _room(self, messages: List[dict]) -> int:
+        """max_tokens when a chat request gives none: serve.max_tokens_limit, or what the
+        context leaves after the conversation, whichever is less."""
+        tok = self.llm.tokenizer
+        used = len(tok.encode(tok.render_chat(messages, add_generation_prompt=True)))
+        room = min(self.max_tokens_limit, self.llm.max_context - used)
+        if room < 1:
+            raise ApiError(f"the conversation takes {used} tokens, which leaves no room for an answer in "
+                           f"the context of {self.llm.max_context} tokens", "messages", "context_length_exceeded")
+        return room
+
+    def complete(self, req: CompletionRequest, emit: Callable[[str], None], cancel: threading.Event) -> Outcome:
+        if cancel.is_set():
+            return Outcome("", "cancelled", 0, 0, 0, 0, 0.0)
+        llm = self.llm
+        ctx = llm.new_context()
+        sent: List[str] = []
+
+        def stream(piece: str) -> None:
+            if cancel.is_set():
+                raise _Cancelled
+            sent.append(piece)
+            emit(piece)
+
+        try:
+            with llm.using(ctx):
+                try:
+                    g = llm.generate(req.prompt, req.max_tokens, _sampling(req.sampling), stop=req.stop,
+                                     stream=stream, chat=False)
+                    text, reason, done = g.text, _FINISH[g.stop_reason], g.stats.generated_tokens
+                except _Cancelled:
+                    text, reason, done = "".join(sent), "cancelled", llm.stats.generated_tokens
+                st = llm.stats
+                return Outcome(text, reason, st.prompt_tokens, done, 0, st.kv_bytes_held, st.whole_model_ratio)
+        except ContextOverflowError as e:
+            raise context_error(e, "prompt") from None
+        finally:
+            with llm.lock:
+                ctx.cache.reset()
+
+    def stats(self) -> dict:
+        return self.pool.stats()
+
+    def close(self) -> None:
+        self.pool.close(save=self.keep_sessions)

@@ -1,0 +1,124 @@
+// H2oState's part of the cache snapshot (docs/session_format.md "KVCS", H2o). Only what decides
+// later results is saved: the schedule, the policy's state and each head's scores over the blocks
+// it may hold; the scratch buffers are rewritten before they are read.
+#include <algorithm>
+#include <string>
+
+#include "mnn_h2o/eviction/h2o_state.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+// The resolved config as bytes: a restore compares them with its own, byte for byte.
+std::string config_bytes(const H2oConfig& c) {
+    std::vector<uint8_t> out;
+    SnapshotWriter w(&out);
+    w.string(c.policy);
+    w.value<int32_t>(c.sink_tokens);
+    w.value<int32_t>(c.recent_tokens);
+    w.value<double>(c.max_floor_share);
+    w.value<double>(c.target_keep_ratio);
+    w.value<double>(c.target_lossy_ratio);
+    w.value<int64_t>(c.kv_budget_bytes);
+    w.value<double>(c.ema_alpha);
+    w.value<int32_t>(c.layer_start);
+    w.value<int32_t>(c.layer_end);
+    w.value<int32_t>(c.trigger_min_tokens);
+    w.value<int32_t>(c.update_interval);
+    w.value<uint8_t>(c.per_head_budget ? 1 : 0);
+    w.value<uint64_t>(c.seed);
+    w.value<int32_t>(c.observation_window);
+    w.value<double>(c.head_floor_share);
+    w.string(c.layer_budget);
+    return std::string(out.begin(), out.end());
+}
+
+}  // namespace
+
+void H2oState::save(SnapshotWriter& w) const {
+    w.string(config_bytes(cfg_));
+    w.value<int64_t>(decode_tokens_);
+    w.value<int64_t>(updates_);
+    w.string(policy_->state());
+    for (const LayerScores& ls : layers_) {
+        w.value<int32_t>(ls.window_count);
+        w.value<int32_t>(ls.step_window);
+        w.value<uint8_t>(ls.window_restart ? 1 : 0);
+        if (signals_.queries) {
+            w.array(ls.qsum.data(), ls.qsum.size());
+            w.array(ls.qsq.data(), ls.qsq.size());
+        }
+        for (size_t h = 0; h < ls.heads.size(); ++h) {
+            const HeadScores& hs = ls.heads[h];
+            // Every entry that may be non-zero: the blocks scored, positioned or windowed, and
+            // those the interval's masses and counts reach (the head's blocks, at most stride_).
+            size_t blocks = static_cast<size_t>(std::max({hs.n_scored, hs.n_pos, hs.window_blocks}));
+            const float* acc = ls.acc.data() + h * stride_;
+            for (size_t b = blocks; b < stride_; ++b)
+                if (acc[b] != 0.f || hs.seen[b] != 0.0) blocks = b + 1;
+            w.value<uint32_t>(static_cast<uint32_t>(blocks));
+            w.value<int32_t>(hs.n_scored);
+            w.value<int32_t>(hs.n_pos);
+            w.value<int32_t>(hs.window_blocks);
+            w.array(acc, blocks);
+            w.array(hs.seen.data(), blocks);
+            w.array(hs.ema.data(), blocks);
+            w.array(hs.pos.data(), blocks);
+            if (signals_.window) {
+                w.array(ls.wacc.data() + h * stride_, blocks);
+                w.array(hs.wseen.data(), blocks);
+            }
+        }
+    }
+}
+
+void H2oState::load(SnapshotReader& r) {
+    r.require(r.string("h2o config") == config_bytes(cfg_),
+              "the saved H2O config differs from this cache's (h2o section of the config)");
+    decode_tokens_ = r.value<int64_t>("h2o decode_tokens");
+    updates_ = r.value<int64_t>("h2o updates");
+    r.require(decode_tokens_ >= 0 && updates_ >= 0, "negative h2o schedule counters");
+    try {
+        policy_->set_state(r.string("h2o policy state"));
+    } catch (const SnapshotError&) {
+        throw;
+    } catch (const std::invalid_argument& e) {
+        r.require(false, e.what());
+    }
+    for (LayerScores& ls : layers_) {
+        ls.window_count = r.value<int32_t>("h2o window_count");
+        ls.step_window = r.value<int32_t>("h2o step_window");
+        const uint8_t restart = r.value<uint8_t>("h2o window_restart");
+        r.require(restart <= 1, "window_restart must be 0 or 1");
+        ls.window_restart = restart == 1;
+        r.require(ls.window_count >= 0 && ls.window_count <= window_size_ && ls.step_window >= 0 &&
+                      ls.step_window <= ls.window_count,
+                  "observation window counts out of range");
+        if (signals_.queries) {
+            r.array(ls.qsum.data(), ls.qsum.size(), "h2o query sums");
+            r.array(ls.qsq.data(), ls.qsq.size(), "h2o query squares");
+        }
+        for (size_t h = 0; h < ls.heads.size(); ++h) {
+            HeadScores& hs = ls.heads[h];
+            const uint32_t blocks = r.value<uint32_t>("h2o head blocks");
+            r.require(blocks <= stride_, "a head's score blocks exceed the cache's blocks per head");
+            hs.n_scored = r.value<int32_t>("h2o n_scored");
+            hs.n_pos = r.value<int32_t>("h2o n_pos");
+            hs.window_blocks = r.value<int32_t>("h2o window_blocks");
+            const auto in_range = [&](int v) { return v >= 0 && static_cast<uint32_t>(v) <= blocks; };
+            r.require(in_range(hs.n_scored) && in_range(hs.n_pos) && in_range(hs.window_blocks),
+                      "a head's scored, positioned or window blocks exceed its stored blocks");
+            r.array(ls.acc.data() + h * stride_, blocks, "h2o masses");
+            r.array(hs.seen.data(), blocks, "h2o visibility counts");
+            r.array(hs.ema.data(), blocks, "h2o EMA scores");
+            r.array(hs.pos.data(), blocks, "h2o block positions");
+            if (signals_.window) {
+                r.array(ls.wacc.data() + h * stride_, blocks, "h2o window masses");
+                r.array(hs.wseen.data(), blocks, "h2o window counts");
+            }
+        }
+    }
+}
+
+}  // namespace mnn_h2o

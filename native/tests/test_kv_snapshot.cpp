@@ -1,0 +1,233 @@
+// One file: one ctest program for KvCache::snapshot / restore (docs/session_format.md "KVCS").
+// A restored cache continues bit-exactly like the one saved (q8 and f16, eviction on and off,
+// policies with state, an observation window and query statistics); a snapshot of the restored
+// cache equals the saved one; a mismatching cache is refused naming the field; a truncated
+// snapshot is refused at every length and leaves the cache as it was; flipped bytes either are
+// refused or restore a cache that keeps working (run under ASan/UBSan by scripts/test_sanitizers.sh).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/cache/snapshot_io.h"
+#include "mnn_h2o/eviction/h2o_config.h"
+
+#include "test_support.h"
+
+using namespace mnn_h2o;
+
+static KvCacheConfig small_config(KvDtype dtype) {
+    KvCacheConfig c;
+    c.n_layers = 2;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.n_heads = 4;
+    c.dtype = dtype;
+    c.block_tokens = 16;
+    c.max_tokens = 512;
+    c.threads = 1;
+    return c;
+}
+
+// Evicts early and often: a 1/2 budget once 64 tokens were seen, an update every 8 decode tokens.
+static H2oConfig evicting(const std::string& policy) {
+    H2oConfig c;
+    c.policy = policy;
+    c.target_keep_ratio = 0.5;
+    c.target_lossy_ratio = 0.0;
+    c.sink_tokens = 16;
+    c.recent_tokens = 16;
+    c.trigger_min_tokens = 64;
+    c.update_interval = 8;
+    c.observation_window = 8;
+    return c;
+}
+
+static std::unique_ptr<KvCache> make_cache(KvDtype dtype, const std::string& policy) {
+    auto cache = std::make_unique<KvCache>(small_config(dtype));
+    if (!policy.empty()) cache->enable_h2o(evicting(policy));
+    return cache;
+}
+
+// One forward of n tokens over every layer (random q/k/v from rng), then end_step; the
+// attention outputs appended to *outs.
+static void forward(KvCache& cache, int n, bool prefill, std::mt19937& rng, std::vector<float>* outs) {
+    const KvCacheConfig& c = cache.config();
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+        const std::vector<float> q = random_vec(rng, static_cast<size_t>(n) * c.n_heads * c.head_dim, 2.f);
+        const std::vector<float> k = random_vec(rng, static_cast<size_t>(n) * c.n_kv_heads * c.head_dim);
+        const std::vector<float> v = random_vec(rng, k.size());
+        std::vector<float> o(q.size());
+        cache.step(layer, q.data(), k.data(), v.data(), n, o.data());
+        if (outs) outs->insert(outs->end(), o.begin(), o.end());
+    }
+    cache.end_step(n, prefill);
+}
+
+static int64_t evictions(const KvCache& cache) {
+    int64_t n = 0;
+    for (const auto& l : cache.h2o_stats().layers) n += l.counters.evictions;
+    return n;
+}
+
+// A cache that has prefilled and decoded past several evictions.
+static void fill(KvCache& cache, std::mt19937& rng) {
+    forward(cache, 100, true, rng, nullptr);
+    for (int t = 0; t < 29; ++t) forward(cache, 1, false, rng, nullptr);
+}
+
+// The snapshot with the per-layer timings (policy_us, compact_us: measured, not state) zeroed.
+static std::vector<uint8_t> state_of(const KvCache& cache) {
+    std::vector<uint8_t> s = cache.snapshot();
+    constexpr size_t kHeader = 40, kCounters = 80, kTimings = 32;
+    for (int layer = 0; layer < cache.config().n_layers; ++layer)
+        std::memset(s.data() + kHeader + layer * kCounters + kTimings, 0, 16);
+    return s;
+}
+
+static bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+static void test_round_trip(KvDtype dtype, const std::string& policy) {
+    const char* dt = kv_dtype_name(dtype);
+    std::mt19937 rng(7);
+    auto saved = make_cache(dtype, policy);
+    fill(*saved, rng);
+    if (!policy.empty()) CHECK(evictions(*saved) > 0, "%s %s: the filled cache evicted nothing", dt, policy.c_str());
+    const std::vector<uint8_t> bytes = saved->snapshot();
+
+    auto loaded = make_cache(dtype, policy);
+    std::mt19937 other(99);
+    forward(*loaded, 20, true, other, nullptr);  // restore replaces whatever the cache held
+    loaded->restore(bytes.data(), bytes.size());
+    CHECK(loaded->snapshot() == bytes, "%s %s: the restored cache's snapshot differs", dt, policy.c_str());
+    CHECK(loaded->bytes_held() == saved->bytes_held(), "%s %s: bytes held %zu vs %zu", dt, policy.c_str(),
+          loaded->bytes_held(), saved->bytes_held());
+
+    // Both continue with the same inputs through further prefill, decode and evictions.
+    std::mt19937 rng_a(3), rng_b(3);
+    std::vector<float> out_a, out_b;
+    forward(*saved, 40, true, rng_a, &out_a);
+    forward(*loaded, 40, true, rng_b, &out_b);
+    for (int t = 0; t < 40; ++t) {
+        forward(*saved, 1, false, rng_a, &out_a);
+        forward(*loaded, 1, false, rng_b, &out_b);
+    }
+    CHECK(bit_equal(out_a, out_b), "%s %s: outputs after the restore differ", dt, policy.c_str());
+    const std::vector<uint8_t> a = state_of(*saved), b = state_of(*loaded);
+    size_t first = 0;
+    while (first < a.size() && first < b.size() && a[first] == b[first]) ++first;
+    CHECK(a == b, "%s %s: the states diverged at byte %zu of %zu", dt, policy.c_str(), first, a.size());
+}
+
+static void test_mismatch_refused() {
+    std::mt19937 rng(1);
+    auto q8 = make_cache(KvDtype::Q8, "h2o");
+    fill(*q8, rng);
+    const std::vector<uint8_t> bytes = q8->snapshot();
+    const auto refused = [&](KvCache& cache, const char* needle) {
+        try {
+            cache.restore(bytes.data(), bytes.size());
+        } catch (const SnapshotError& e) {
+            CHECK(std::string(e.what()).find(needle) != std::string::npos, "'%s' does not name %s", e.what(), needle);
+            return;
+        }
+        CHECK(false, "a cache differing in %s restored the snapshot", needle);
+    };
+    auto f16 = make_cache(KvDtype::F16, "h2o");
+    refused(*f16, "dtype");
+    auto off = make_cache(KvDtype::Q8, "");
+    refused(*off, "this cache has it off");
+    auto other_policy = make_cache(KvDtype::Q8, "snapkv");
+    refused(*other_policy, "H2O config");
+    KvCacheConfig c = small_config(KvDtype::Q8);
+    c.max_tokens = 1024;
+    KvCache longer(c);
+    longer.enable_h2o(evicting("h2o"));
+    refused(longer, "max_tokens");
+
+    StoreConfig store;
+    store.mode = StoreMode::Full;
+    auto f16_store = make_cache(KvDtype::F16, "h2o");
+    f16_store->enable_store(store);
+    CHECK(throws<std::invalid_argument>([&] { f16_store->snapshot(); }), "snapshot with the store on");
+    CHECK(throws<SnapshotError>([&] { f16_store->restore(bytes.data(), bytes.size()); }), "restore with the store on");
+}
+
+// Truncated at every length: refused, and the cache holds what it held.
+static void test_truncation_refused() {
+    std::mt19937 rng(2);
+    auto src = make_cache(KvDtype::Q8, "snapkv");
+    fill(*src, rng);
+    const std::vector<uint8_t> bytes = src->snapshot();
+    auto cache = make_cache(KvDtype::Q8, "snapkv");
+    forward(*cache, 30, true, rng, nullptr);
+    const std::vector<uint8_t> before = cache->snapshot();
+    int accepted = 0;
+    for (size_t n = 0; n < bytes.size(); ++n) {
+        try {
+            cache->restore(bytes.data(), n);
+            ++accepted;
+        } catch (const SnapshotError&) {
+        }
+    }
+    CHECK(accepted == 0, "%d truncated snapshots were accepted", accepted);
+    CHECK(cache->snapshot() == before, "a refused restore changed the cache");
+    std::vector<uint8_t> longer = bytes;
+    longer.push_back(0);
+    CHECK(throws<SnapshotError>([&] { cache->restore(longer.data(), longer.size()); }), "a trailing byte was accepted");
+}
+
+// Any byte flipped: refused, or restored into a cache that still steps, evicts and snapshots.
+// The container's CRC refuses these in a saved file; here the decoder must stay in bounds alone.
+static void test_flipped_bytes() {
+    for (const char* policy : {"h2o", "snapkv", "random"}) {
+        std::mt19937 rng(5);
+        auto src = make_cache(KvDtype::Q8, policy);
+        fill(*src, rng);
+        const std::vector<uint8_t> bytes = src->snapshot();
+        auto cache = make_cache(KvDtype::Q8, policy);
+        const size_t step = bytes.size() / 1500 + 1;  // about 1500 offsets per policy
+        int refused = 0, restored = 0;
+        for (size_t i = 0; i < bytes.size(); i += step) {
+            std::vector<uint8_t> bad = bytes;
+            bad[i] ^= static_cast<uint8_t>(1u << (i % 8));
+            try {
+                cache->restore(bad.data(), bad.size());
+            } catch (const SnapshotError&) {
+                ++refused;
+                continue;
+            }
+            ++restored;
+            if (restored % 50 == 0) {  // a few of them also keep running
+                std::mt19937 r(11);
+                try {
+                    for (int t = 0; t < 9; ++t) forward(*cache, 1, false, r, nullptr);
+                } catch (const std::exception&) {
+                }
+                cache->snapshot();
+            }
+        }
+        CHECK(refused > 0 && restored > 0, "%s: flips refused %d, restored %d", policy, refused, restored);
+    }
+}
+
+int main() {
+    for (KvDtype dtype : {KvDtype::Q8, KvDtype::F16, KvDtype::Q4R})
+        for (const char* policy : {"", "h2o", "snapkv", "expected_attention", "random"}) test_round_trip(dtype, policy);
+    test_mismatch_refused();
+    test_truncation_refused();
+    test_flipped_bytes();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all kv snapshot tests passed\n");
+    return 0;
+}
