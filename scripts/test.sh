@@ -18,6 +18,11 @@ if [[ ! -d build ]]; then
 fi
 (cd build && ctest --output-on-failure)
 if [[ $tier == full ]]; then
+  # Headless Chromium drives the server's chat page (tests/test_serve_page.py; the default tier
+  # skips that test where it is missing).
+  if ! command -v chromium >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq chromium
+  fi
   "$PY" -m pytest -q "$@"
   bash scripts/test_aarch64.sh
   # ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),

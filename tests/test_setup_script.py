@@ -77,6 +77,7 @@ def test_test_tiers_and_ci(tmp_path):
     bin_.mkdir()
     _tool(bin_, "python3", '#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
     _tool(bin_, "ctest", '#!/usr/bin/env bash\necho "ctest" >> "$LOG"\n')
+    _tool(bin_, "chromium", "#!/usr/bin/env bash\n")
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
     env.pop("PYTHON", None)
