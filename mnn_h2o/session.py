@@ -240,18 +240,18 @@ class Session:
         Raises ValueError for messages that do not extend the session's, ContextOverflowError
         when the turn plus max_new_tokens exceeds the context (the session is left as it was)."""
         messages = check_messages(messages)
-        n = self.common_prefix(messages)
-        if n < len(self._messages):
-            raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
-                             f"message {n} differs")
-        new = messages[n:]
-        if not new:
-            raise ValueError(f"no new message after the session's {len(self._messages)}")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
         stops = [s for s in stop if s]
-        with self._using() as llm:
+        with self._using() as llm:  # the lock: another thread's turn cannot come in between
+            n = self.common_prefix(messages)
+            if n < len(self._messages):
+                raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
+                                 f"message {n} differs")
+            new = messages[n:]
+            if not new:
+                raise ValueError(f"no new message after the session's {len(self._messages)}")
             tok = llm.tokenizer
             rendered = self._rendered + new
             text = tok.render_chat(rendered, add_generation_prompt=True)
