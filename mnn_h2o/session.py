@@ -358,5 +358,7 @@ def _checked_state(meta: dict, llm: Llm) -> dict:
     stats = meta.get("stats")
     if not isinstance(stats, dict) or not all(isinstance(v, (int, float)) for v in stats.values()):
         raise TypeError("stats is not a mapping of numbers")
-    return {"system": system, "messages": check_messages(meta["messages"]),
-            "rendered": check_messages(meta["rendered"]), "token_ids": ids, "fed_text": fed}
+    messages, rendered = check_messages(meta["messages"]), check_messages(meta["rendered"])
+    if len(rendered) != len(messages):
+        raise ValueError(f"{len(messages)} messages but {len(rendered)} rendered")
+    return {"system": system, "messages": messages, "rendered": rendered, "token_ids": ids, "fed_text": fed}
