@@ -240,18 +240,18 @@ class Session:
         Raises ValueError for messages that do not extend the session's, ContextOverflowError
         when the turn plus max_new_tokens exceeds the context (the session is left as it was)."""
         messages = check_messages(messages)
-        n = self.common_prefix(messages)
-        if n < len(self._messages):
-            raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
-                             f"message {n} differs")
-        new = messages[n:]
-        if not new:
-            raise ValueError(f"no new message after the session's {len(self._messages)}")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
         stops = [s for s in stop if s]
-        with self._using() as llm:
+        with self._using() as llm:  # the lock: another thread's turn cannot come in between
+            n = self.common_prefix(messages)
+            if n < len(self._messages):
+                raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
+                                 f"message {n} differs")
+            new = messages[n:]
+            if not new:
+                raise ValueError(f"no new message after the session's {len(self._messages)}")
             tok = llm.tokenizer
             rendered = self._rendered + new
             text = tok.render_chat(rendered, add_generation_prompt=True)
@@ -358,5 +358,7 @@ def _checked_state(meta: dict, llm: Llm) -> dict:
     stats = meta.get("stats")
     if not isinstance(stats, dict) or not all(isinstance(v, (int, float)) for v in stats.values()):
         raise TypeError("stats is not a mapping of numbers")
-    return {"system": system, "messages": check_messages(meta["messages"]),
-            "rendered": check_messages(meta["rendered"]), "token_ids": ids, "fed_text": fed}
+    messages, rendered = check_messages(meta["messages"]), check_messages(meta["rendered"])
+    if len(rendered) != len(messages):
+        raise ValueError(f"{len(messages)} messages but {len(rendered)} rendered")
+    return {"system": system, "messages": messages, "rendered": rendered, "token_ids": ids, "fed_text": fed}

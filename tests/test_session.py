@@ -68,19 +68,33 @@ def test_turns_reuse_the_cached_prefix(llm):
 def test_sessions_over_one_llm_do_not_interfere(llm):
     generated = llm.generate("Say hi.", 4).text
     pos = llm.pos
-    a, b, alone = Session(llm), Session(llm), Session(llm)
-    a.say("Name a color.", max_new_tokens=6)
-    b.say("Name an animal.", max_new_tokens=6)
-    ra = a.say("Another one?", max_new_tokens=6)
-    alone.say("Name a color.", max_new_tokens=6)
-    assert alone.say("Another one?", max_new_tokens=6).text == ra.text
-    assert alone.token_ids == a.token_ids
+    questions = {"a": ["Name a color.", "Another one?"], "b": ["Name an animal.", "Another one?"]}
+    sessions = {k: Session(llm) for k in questions}
+    errors = []
+
+    def talk(k):
+        try:
+            for q in questions[k]:
+                sessions[k].say(q, max_new_tokens=6)
+        except Exception as e:  # reported below: an exception in a thread would pass silently
+            errors.append(e)
+
+    threads = [threading.Thread(target=talk, args=(k,)) for k in questions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    alone = Session(llm)
+    for q in questions["a"]:
+        alone.say(q, max_new_tokens=6)
+    assert alone.messages == sessions["a"].messages and alone.token_ids == sessions["a"].token_ids
     assert llm.pos == pos  # the Llm's own context was not touched
     assert llm.generate("Say hi.", 4).text == generated
-    for s in (a, b, alone):
+    for s in (*sessions.values(), alone):
         s.close()
     with pytest.raises(ValueError, match="closed"):
-        a.say("hello")
+        alone.say("hello")
 
 
 @pytest.mark.parametrize("kv_dtype", ["q8", "f16"])
