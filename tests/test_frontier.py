@@ -117,6 +117,7 @@ def test_aggregate_rows():
 
 
 @pytest.mark.model
+@pytest.mark.slow  # every policy over three domains: minutes on 2 cores
 def test_frontier_quick_runs(tmp_path):
     from mnn_h2o.eval.__main__ import main
 
@@ -152,6 +153,7 @@ def test_frontier_quick_runs(tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_frontier_quick_with_the_kvpress_peer(tmp_path):
     """Both engines side by side: each against its own full cache, a comparison table written."""
     from mnn_h2o.eval import kvpress_peer

@@ -65,6 +65,7 @@ def _kvpress_own(peer, prompt, cont, press_name, cr):
 
 
 # adakv_expected first: on a fresh model, before kvpress's own path has set anything up.
+@pytest.mark.slow
 @pytest.mark.parametrize("press", ["adakv_expected", "snapkv", "observed"])
 def test_shared_prefill_equals_kvpress_own_path(peer, press):
     rng = np.random.default_rng(0)
@@ -83,6 +84,7 @@ def test_shared_prefill_equals_kvpress_own_path(peer, press):
     assert np.abs(full["logp"] - ours["logp"]).max() > 1e-3  # compression changed something
 
 
+@pytest.mark.slow
 def test_generate_places_the_question_inside_or_after(peer):
     rng = np.random.default_rng(1)
     ctx = [int(x) for x in rng.integers(200, 20000, 300)]
