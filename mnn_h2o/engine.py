@@ -103,6 +103,17 @@ class Stats(SpeedCounters):
 
 
 @dataclass
+class Sampled:
+    """What :meth:`Llm.sample_tokens` produced: the text (a stop string cut off), every sampled
+    token id, how many of them were fed to the cache (a prefix of ``token_ids``) and why it
+    stopped."""
+    text: str
+    token_ids: List[int]
+    fed: int
+    stop_reason: str  # "stop_token" | "stop_string" | "max_new_tokens" | "cancelled"
+
+
+@dataclass
 class Generation:
     text: str
     token_ids: List[int]
@@ -440,7 +451,6 @@ class Llm:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
-        rng = np.random.default_rng(sampling.seed)
         tok = self.tokenizer
         if isinstance(prompt, str):
             text = tok.apply_chat_template(prompt) if chat else prompt
@@ -453,12 +463,28 @@ class Llm:
             raise ContextOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"context limit of {self.max_context - self.pos} tokens")
-        stops = [s for s in stop if s]
         logits = self.prefill(ids)
+        d = self.sample_tokens(logits, max_new_tokens, sampling, [s for s in stop if s], stream)
+        return Generation(d.text, d.token_ids, d.stop_reason, self.stats)
+
+    def sample_tokens(self, logits: np.ndarray, max_new_tokens: int, sampling: Sampling, stops: List[str],
+                      on_text: Optional[Callable[[str], None]] = None, cancel=None,
+                      feed_last: bool = True) -> "Sampled":
+        """The decode loop after a prefill whose last logits are ``logits``: sample, feed, stream
+        (never an incomplete UTF-8 sequence or a possible stop-string prefix), until
+        ``max_new_tokens``, an end-of-turn token (never fed), a stop string (cut from the text;
+        its token is not fed) or ``cancel.is_set()``. The last token of a turn that ran to
+        ``max_new_tokens`` is fed only with ``feed_last`` (a conversation's next render writes
+        the turn's end instead)."""
+        tok = self.tokenizer
+        rng = np.random.default_rng(sampling.seed)
         out: List[int] = []
-        emitted = ""
-        reason = "max_new_tokens"
-        for _ in range(max_new_tokens):
+        fed = 0
+        emitted, text, reason = "", "", "max_new_tokens"
+        for i in range(max_new_tokens):
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
             t = self.sample(logits, sampling, rng)
             if t in tok.stop_token_ids:
                 reason = "stop_token"
@@ -469,20 +495,18 @@ class Llm:
             hit = min((text.find(s) for s in stops if s in text), default=-1)
             if hit >= 0:
                 text, reason = text[:hit], "stop_string"
-            # Hold back an incomplete UTF-8 sequence or a possible stop-string prefix.
-            safe = len(text) if reason == "stop_string" else stream_safe_len(text, stops)
-            if stream and safe > len(emitted):
-                stream(text[len(emitted):safe])
+                break
+            safe = stream_safe_len(text, stops)
+            if on_text and safe > len(emitted):
+                on_text(text[len(emitted):safe])
                 emitted = text[:safe]
-            if reason == "stop_string":
+            if i + 1 == max_new_tokens and not feed_last:
                 break
             logits = self.decode(t)
-        text = tok.decode(out)
-        if reason == "stop_string":
-            text = text[:min(text.find(s) for s in stops if s in text)]
-        if stream and len(text) > len(emitted):
-            stream(text[len(emitted):])
-        return Generation(text, out, reason, self.stats)
+            fed += 1
+        if on_text and len(text) > len(emitted):
+            on_text(text[len(emitted):])
+        return Sampled(text, out, fed, reason)
 
 
 def stream_safe_len(text: str, stops: List[str]) -> int:

@@ -21,11 +21,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence
 
-import numpy as np
-
 from . import config as config_mod
 from . import session_file
-from .engine import ContextOverflowError, Llm, Sampling, Stats, stream_safe_len
+from .engine import ContextOverflowError, Llm, Sampling, Stats
 from .session_file import SessionFileError
 
 # The model identity a saved session must match (docs/session_format.md, META "model").
@@ -273,8 +271,12 @@ class Session:
                 logits = llm.prefill(ids)
                 self._token_ids += ids
                 self._fed_text += suffix
-                answer, out, fed, reason = self._generate(llm, logits, max_new_tokens, sampling, stops,
-                                                          on_text, cancel)
+                # Every token but the last is fed (its logits give the next); the last only when
+                # the turn ended at the end-of-turn token, which itself is never fed: the next
+                # render writes it.
+                d = llm.sample_tokens(logits, max_new_tokens, sampling, stops, on_text, cancel, feed_last=False)
+                answer, out, fed, reason = d.text, d.token_ids, d.fed, _FINISH[d.stop_reason]
+                self._token_ids += out[:fed]
             except BaseException:
                 # The cache no longer matches token_ids: forget it, keep the conversation; the
                 # next turn prefills the conversation again.
@@ -288,44 +290,8 @@ class Session:
                                       "content": answer if answer.startswith(fed_text) else fed_text}]
         return Reply(answer, reason, len(ids), len(out), self.stats())
 
-    def _generate(self, llm: Llm, logits: np.ndarray, max_new_tokens: int, sampling: Sampling,
-                  stops: List[str], on_text, cancel):
-        """Samples the answer after the prefill; returns (text, token ids, how many of them were
-        fed to the cache, finish reason). Every token but the last is fed (its logits give the
-        next); the last is fed only when the turn ended at the end-of-turn token, which itself
-        is never fed: the next render writes it."""
-        tok = llm.tokenizer
-        rng = np.random.default_rng(sampling.seed)
-        out: List[int] = []
-        fed = 0
-        emitted, text, reason = "", "", "length"
-        for i in range(max_new_tokens):
-            if cancel is not None and cancel.is_set():
-                reason = "cancelled"
-                break
-            t = llm.sample(logits, sampling, rng)
-            if t in tok.stop_token_ids:
-                reason = "stop"
-                break
-            out.append(t)
-            llm.stats.generated_tokens += 1
-            text = tok.decode(out)
-            hit = min((text.find(s) for s in stops if s in text), default=-1)
-            if hit >= 0:
-                text, reason = text[:hit], "stop"
-                break
-            safe = stream_safe_len(text, stops)
-            if on_text and safe > len(emitted):
-                on_text(text[len(emitted):safe])
-                emitted = text[:safe]
-            if i + 1 == max_new_tokens:
-                break  # nothing reads the logits after the last token
-            logits = llm.decode(t)
-            self._token_ids.append(t)
-            fed += 1
-        if on_text and len(text) > len(emitted):
-            on_text(text[len(emitted):])
-        return text, out, fed, reason
+# OpenAI's finish reasons for the engine's stop reasons.
+_FINISH = {"max_new_tokens": "length", "stop_token": "stop", "stop_string": "stop", "cancelled": "cancelled"}
 
 
 def _model_identity(llm: Llm) -> dict:
