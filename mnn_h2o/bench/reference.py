@@ -68,13 +68,9 @@ def write(summary: dict, path: str) -> str:
 
 
 def read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            ref = json.load(f)
-    except OSError as e:
-        raise ValueError(f"reference round {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"reference round {path} is not valid JSON: {e}") from None
+    from .report import read_json
+
+    ref = read_json(path, "reference round")
     if not isinstance(ref, dict) or ref.get("reference_version") != REFERENCE_VERSION or \
             not isinstance(ref.get("cases"), list) or not isinstance(ref.get("config"), dict):
         raise ValueError(f"{path} is not a reference round of version {REFERENCE_VERSION} "

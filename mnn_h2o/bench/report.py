@@ -135,15 +135,20 @@ def write(folder: str, summary: dict) -> None:
         f.write(markdown(summary))
 
 
+def read_json(path: str, what: str):
+    """The JSON document in ``path``; a ValueError that names ``what`` and the file otherwise."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what}: {path} is not valid JSON: {e}") from None
+
+
 def load(path: str, what: str = "--compare") -> dict:
     p = os.path.join(path, "summary.json") if os.path.isdir(path) else path
-    try:
-        with open(p) as f:
-            s = json.load(f)
-    except OSError as e:
-        raise ValueError(f"{what}: cannot read {p}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what}: {p} is not valid JSON: {e}") from None
+    s = read_json(p, what)
     if not isinstance(s, dict) or s.get("schema_version") != SCHEMA_VERSION or "cases" not in s:
         raise ValueError(f"{what}: {p} is not a summary.json of schema version {SCHEMA_VERSION}")
     return s
