@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.model
 
-PROMPT, DECODE = 600, 24
+PROMPT, DECODE = 400, 16
 
 
 @pytest.fixture(scope="module")
