@@ -1,9 +1,10 @@
 // Gear: a lossless codec for KV-cache tensors (FP16, BF16, FP32, and the cache's quantised q8 / q4
 // rows), frame format in docs/gear_format.md.
 //
-// Values are split into byte planes (a quantised row: its codes, its scales' low and high bytes); per plane the codec picks a predictor along tokens (raw,
-// xor, delta, or a per-channel exponent model on the sign/exponent plane) and a backend (stored,
-// RLE, rANS, or zstd when libzstd.so.1 can be loaded) and keeps the smallest. Every frame carries
+// Values are split into byte planes (a quantised row: its codes, its scales' low and high bytes);
+// per plane the codec picks a predictor along tokens (raw, xor, delta, or a per-channel exponent
+// model on the sign/exponent plane) and a backend (stored, RLE, rANS, or zstd when libzstd.so.1
+// can be loaded) and keeps the smallest. Every frame carries
 // an XXH64 of the data, checked by every decode: a damaged frame is an error, never wrong data.
 //
 // The unit of work is a [tokens][channels] array. The cache compresses one block of
