@@ -82,7 +82,12 @@ void bind_codec(py::module_& m) {
                 const Shape shape = to_shape(dims);
                 const auto type = static_cast<ElementType>(element_type);
                 const py::buffer_info in = contiguous(data);
-                if (static_cast<uint64_t>(in.size * in.itemsize) != shape.elements() * element_size(type))
+                const uint64_t channels = shape.ndim == 1 ? 1 : shape.dims[shape.ndim - 1];
+                uint64_t row = 0;
+                if (!row_bytes(type, channels, &row))
+                    throw py::value_error("unknown element type, or channels not a multiple of its group");
+                const uint64_t bytes = channels ? shape.elements() / channels * row : 0;  // rows x row bytes
+                if (static_cast<uint64_t>(in.size * in.itemsize) != bytes)
                     throw py::value_error("buffer size does not match shape and element type");
                 std::vector<uint8_t> out;
                 Status s;

@@ -1,4 +1,4 @@
-"""Gear: lossless compression of KV-cache arrays (FP16, BF16, FP32).
+"""Gear: lossless compression of KV-cache arrays (FP16, BF16, FP32, and the cache's q8 / q4 rows).
 
 Frame format: ``docs/gear_format.md``. The array's last axis is channels, the one before it
 tokens; leading axes (KV heads, ...) are independent slices. ::
@@ -8,7 +8,10 @@ tokens; leading axes (KV heads, ...) are independent slices. ::
     inspect(frame)["summary"]        # modes chosen, sizes
 
 BF16 has no numpy dtype: pass the bit patterns as ``uint16`` with ``element_type="bf16"``;
-:func:`decode` returns BF16 data as ``uint16``. Round trips are bit-exact for every value
+:func:`decode` returns BF16 data as ``uint16``. Quantised rows (``element_type="q8"`` or ``"q4"``,
+the KV cache's row formats: codes, then a binary16 scale per 32 values) are ``uint8`` arrays whose
+last axis is the bytes of a row (34 per 32 values for q8, 18 for q4); the frame's shape, as
+:func:`inspect` reports it, counts values instead. Round trips are bit-exact for every value
 (NaN payloads, infinities, subnormals, -0). A damaged frame raises :class:`GearError`; it never
 decodes to wrong data.
 """
@@ -26,8 +29,11 @@ GearError = _core.GearError
 
 PREDICTORS = ("raw", "xor", "delta", "centre")
 BACKENDS = ("stored", "rle", "zstd", "rans")
-ELEMENT_TYPES = {"fp16": 1, "bf16": 2, "fp32": 3}
-_NUMPY_DTYPE = {1: np.float16, 2: np.uint16, 3: np.float32}
+ELEMENT_TYPES = {"fp16": 1, "bf16": 2, "fp32": 3, "q8": 4, "q4": 5}
+_NUMPY_DTYPE = {1: np.float16, 2: np.uint16, 3: np.float32, 4: np.uint8, 5: np.uint8}
+QUANT_GROUP = 32
+# Bytes of a quantised row per QUANT_GROUP values: the codes, then one binary16 scale.
+_GROUP_BYTES = {4: QUANT_GROUP + 2, 5: QUANT_GROUP // 2 + 2}
 
 
 def zstd_available() -> bool:
@@ -35,11 +41,32 @@ def zstd_available() -> bool:
     return _core.gear_zstd_available()
 
 
+def _frame_shape(shape, t: int) -> list:
+    """The frame's dims of an array of element type t: a quantised row's bytes become its values."""
+    if t not in _GROUP_BYTES:
+        return list(shape)
+    if len(shape) < 2 or shape[-1] % _GROUP_BYTES[t]:
+        raise ValueError(f"quantised rows need an array [..., tokens, row bytes] with row bytes a multiple of "
+                         f"{_GROUP_BYTES[t]}, got shape {tuple(shape)}")
+    return list(shape[:-1]) + [shape[-1] // _GROUP_BYTES[t] * QUANT_GROUP]
+
+
+def _array_shape(dims, t: int) -> tuple:
+    """The decoded array's shape of a frame's dims (the inverse of _frame_shape)."""
+    if t not in _GROUP_BYTES:
+        return tuple(dims)
+    return tuple(dims[:-1]) + (dims[-1] // QUANT_GROUP * _GROUP_BYTES[t],)
+
+
 def _element_type(array: np.ndarray, element_type: Optional[str]) -> int:
     if element_type is not None:
         if element_type not in ELEMENT_TYPES:
             raise ValueError(f"element_type must be one of {sorted(ELEMENT_TYPES)}, not {element_type!r}")
         t = ELEMENT_TYPES[element_type]
+        if t in _GROUP_BYTES:
+            if array.dtype != np.uint8:
+                raise ValueError(f"{element_type} rows are uint8 bytes, got {array.dtype}")
+            return t
         if array.dtype.itemsize != (4 if t == 3 else 2):
             raise ValueError(f"{element_type} needs {4 if t == 3 else 2}-byte elements, got {array.dtype}")
         return t
@@ -87,13 +114,15 @@ class Codec:
         a = np.ascontiguousarray(array)
         if a.ndim < 1 or a.ndim > 8:
             raise ValueError("Gear arrays have 1 to 8 dimensions")
-        return self._c.encode(a.view(np.uint8).reshape(-1), _element_type(a, element_type), list(a.shape))
+        t = _element_type(a, element_type)
+        return self._c.encode(a.view(np.uint8).reshape(-1), t, _frame_shape(a.shape, t))
 
     def decode(self, data) -> np.ndarray:
         # inspect() walks the whole structure first, so a damaged frame is refused before any
         # output is allocated from the sizes it claims.
         info = self._c.inspect(data)
-        out = np.empty(info["shape"], dtype=_NUMPY_DTYPE[info["element_type"]])
+        t = info["element_type"]
+        out = np.empty(_array_shape(info["shape"], t), dtype=_NUMPY_DTYPE[t])
         self._c.decode_into(data, out.reshape(-1).view(np.uint8))
         return out
 
@@ -151,7 +180,8 @@ def _codec(**options) -> Codec:
 def encode(array, *, element_type: Optional[str] = None, predictors: Iterable[str] = PREDICTORS,
            zstd_level: int = 1, block_tokens: int = 0, dedup: bool = True,
            allow_rle: bool = True, allow_zstd: bool = True, allow_rans: bool = True) -> bytes:
-    """Compress ``array`` (float16, float32, or uint16 with ``element_type="bf16"``) to a frame.
+    """Compress ``array`` (float16, float32, uint16 with ``element_type="bf16"``, or uint8 rows with
+    ``element_type="q8"`` / ``"q4"``) to a frame.
 
     Options as for :class:`Codec`.
     """

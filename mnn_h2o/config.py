@@ -112,7 +112,7 @@ SCHEMA: Tuple[Key, ...] = (
     Key("runtime", "kv_dtype", str, "q8", "-", "element type of the cached K and V: f16, bf16, "
         "f32, q8 (int8 + an fp16 scale per 32 values, 68 bytes per row of 64), q4 (4-bit, 36 "
         "bytes per row of 64), q4r / q8r (q4 / q8 of Hadamard-rotated rows); docs/kv_cache.md "
-        "'Row formats'. The quantised types cannot be combined with lossless.mode store/probe/full",
+        "'Row formats'. Every type works with every lossless.mode",
         choices=("f16", "bf16", "f32", "q8", "q4", "q4r", "q8r")),
     Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "
         "allocation, eviction and compression); smaller blocks let H2O keep finer-grained heavy "
@@ -182,9 +182,10 @@ SCHEMA: Tuple[Key, ...] = (
         "(the same keep ratio each) or pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
         "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
         "below its sink + recent floors)", choices=("uniform", "pyramid")),
-    Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks: off; probe "
-        "(encode/verify a sample, KV untouched); full (encode and verify every cold chunk, KV stays "
-        "raw); store (cold chunks held only compressed, read through the decode cache)",
+    Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks, in any "
+        "runtime.kv_dtype (quantised rows as Gear's Q8 / Q4 frames): off; probe (encode/verify a "
+        "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "
+        "chunks held only compressed, read through the decode cache)",
         choices=("off", "probe", "full", "store")),
     Key("lossless", "scope", str, "front_n_and_h2o_kept", "-", "layers whose cold blocks are "
         "compressed: the first front_n layers, the H2O layers (the tokens H2O keeps), or both",
@@ -367,10 +368,6 @@ def _check_together(cfg) -> None:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")
     ll, bt = cfg["lossless"], cfg["runtime"]["block_tokens"]
-    dt = cfg["runtime"]["kv_dtype"]
-    if ll["mode"] != "off" and dt in QUANTISED_KV:
-        raise ConfigError(f"lossless.mode {ll['mode']} needs a float runtime.kv_dtype (f16, bf16 or f32), "
-                          f"got {dt}: the Gear codec models float bytes, not integer codes")
     if ll["chunk_tokens"] % bt:
         raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
                           f"runtime.block_tokens ({bt})")

@@ -409,7 +409,7 @@ def fake_demo(case):
 ])
 def test_case_element_types(config_dtype, expect):
     """The reference is always f16; the lossless cases (and h2o, their bit-identical reference)
-    need float rows, so a quantised runtime.kv_dtype leaves them on f16."""
+    measure the store on float rows, so a quantised runtime.kv_dtype leaves them on f16."""
     from mnn_h2o.bench.cases import case_kv_dtype
 
     cfg = {"runtime": {"kv_dtype": config_dtype}}

@@ -257,9 +257,14 @@ def reference_decode(frame: bytes, rans_modes=None) -> bytes:
     etype, ndim = frame[5], frame[6]
     block_tokens = struct.unpack_from("<I", frame, 8)[0]
     dims = struct.unpack_from(f"<{ndim}I", frame, 12)
-    es = 4 if etype == 3 else 2
-    mask = 0x7C if etype == 1 else 0x7F
+    mask = 0x7F if etype in (2, 3) else 0x7C
     C = dims[-1] if ndim > 1 else 1
+    if etype in (4, 5):  # quantised rows: codes, scale low bytes, scale high bytes
+        assert C % 32 == 0
+        widths = [C if etype == 4 else C // 2, C // 32, C // 32]
+    else:
+        widths = [C] * (4 if etype == 3 else 2)
+    row_bytes = sum(widths)
     tokens = dims[-2] if ndim > 1 else dims[0]
     slices = int(np.prod(dims[:-2])) if ndim > 2 else 1
     pos, out = 24 + 4 * ndim, bytearray()
@@ -310,11 +315,17 @@ def reference_decode(frame: bytes, rans_modes=None) -> bytes:
         for b0 in range(0, rows, block_tokens):
             n = min(block_tokens, rows - b0)
             planes = []
-            for _ in range(es):
-                predictor, raw = stream(C)
-                planes.append(_unpredict(raw, predictor, n, C, mask))
-            unique += bytes(planes[k][i] for i in range(n * C) for k in range(es))
-        row_bytes = C * es
+            for w in widths:
+                predictor, raw = stream(w)
+                planes.append(_unpredict(raw, predictor, n, w, mask))
+            if etype in (4, 5):
+                codes, lo, hi = planes
+                K, S = widths[0], widths[1]
+                for t in range(n):
+                    unique += codes[t * K:(t + 1) * K]
+                    unique += bytes(b for g in range(S) for b in (lo[t * S + g], hi[t * S + g]))
+            else:
+                unique += bytes(planes[k][i] for i in range(n * C) for k in range(len(widths)))
         if row_map is None:
             out += unique
         else:
@@ -484,6 +495,53 @@ def test_round_trip_all_bit_patterns(dtype, element_type, shape, block_tokens):
     b = codec.decode(frame)
     assert b.dtype == (np.uint16 if element_type == "bf16" else dtype)
     assert same_bits(a, b)
+
+
+def q8_rows(tokens=128, heads=2, channels=64, seed=0, kind="q8"):
+    """Quantised KV rows [heads, tokens, row bytes] as the cache writes them (outlier channels)."""
+    from mnn_h2o import _core
+
+    x = kv_like(tokens=tokens, channels=channels, heads=heads, seed=seed).astype(np.float32)
+    rows = _core.kv_rows_encode(kind, x.reshape(-1, channels))
+    return rows.reshape(heads, tokens, -1)
+
+
+def test_decodes_the_documented_q8_example():
+    row = bytes((i - 16) & 0xFF for i in range(32)) + b"\x00\x2c"
+    frame = frame_header(4, (1, 32), 1, row) + b"\x00"
+    frame += struct.pack("<BBII", 0, 0, 32, 32) + row[:32]
+    frame += struct.pack("<BBII", 0, 0, 1, 1) + row[32:33]
+    frame += struct.pack("<BBII", 0, 0, 1, 1) + row[33:34]
+    assert codec.decode(frame).tobytes() == row
+    assert codec.decode(frame).shape == (1, 34)
+    info = codec.inspect(frame)
+    assert info["element_type"] == "q8" and info["shape"] == (1, 32) and info["decoded_size"] == 34
+    assert reference_decode(frame) == row
+
+
+@pytest.mark.parametrize("kind,block_tokens", [("q8", 0), ("q4", 0), ("q8", 48)])
+def test_quantised_rows_round_trip_and_match_the_reference_decoder(kind, block_tokens):
+    rows = q8_rows(kind=kind)
+    rows[:, 100:] = rows[:, :28]  # repeated rows: dedup
+    frame = codec.encode(rows, element_type=kind, block_tokens=block_tokens)
+    assert same_bits(codec.decode(frame), rows)
+    assert reference_decode(frame) == rows.tobytes()
+    info = codec.inspect(frame)
+    assert info["shape"] == rows.shape[:2] + (64,) and info["decoded_size"] == rows.nbytes
+    assert info["ratio"] > 1.0 and info["summary"]["dedup_slices"] == 2
+    assert {s["kind"] for s in info["streams"]} == {"map", "shared_map", "plane0", "plane1", "plane2"}
+    # Any bytes at all round-trip (the codec never reads codes or scales as numbers).
+    noise = np.random.default_rng(1).integers(0, 256, size=(3, 17, 2 * rows.shape[-1]), dtype=np.uint8)
+    assert same_bits(codec.decode(codec.encode(noise, element_type=kind)), noise)
+
+
+def test_quantised_rows_bad_arguments():
+    with pytest.raises(ValueError, match="uint8"):
+        codec.encode(np.zeros((4, 68), np.int8), element_type="q8")
+    with pytest.raises(ValueError, match="multiple of 34"):
+        codec.encode(np.zeros((4, 60), np.uint8), element_type="q8")
+    with pytest.raises(ValueError, match="row bytes"):
+        codec.encode(np.zeros(68, np.uint8), element_type="q8")
 
 
 def test_special_values_are_bit_exact():

@@ -32,9 +32,16 @@ def write_seeds(directory: str) -> None:
                     with open(os.path.join(directory, f"frame{n:03d}"), "wb") as f:
                         f.write(b"\x00" + codec.encode(arr, **options))
                     n += 1
-    for i in range(6):
+    for kind in ("q8", "q4"):  # quantised rows (uint8, 34 / 18 bytes per 32 values)
+        rows = rng.integers(0, 256, size=(2, 24, 68 if kind == "q8" else 36), dtype=np.uint8)
+        rows[:, 12:] = rows[:, :12]
+        for options in ({}, {"block_tokens": 5}):
+            with open(os.path.join(directory, f"frame{n:03d}"), "wb") as f:
+                f.write(b"\x00" + codec.encode(rows, element_type=kind, **options))
+            n += 1
+    for i in range(10):  # element types 1 + i % 5: the float ones, then q8 and q4
         with open(os.path.join(directory, f"array{i}"), "wb") as f:
-            f.write(bytes([1, i % 3, 3 + i, i, 0x7F, i % 4]) + rng.bytes(200))
+            f.write(bytes([1, i % 5, 3 + i, i, 0x7F, i % 4]) + rng.bytes(200))
     for i in range(8):
         columns, G, P = 1 + i % 5, 1 + i % 4 if i % 5 else 1, 6 + i
         tables = _random_rans_tables(rng, P, G, 30)

@@ -81,11 +81,11 @@ def test_kv_dtype_choices_are_the_native_names():
     assert list(config.key("runtime.kv_dtype").choices) == core.kv_dtypes()
 
 
-@pytest.mark.parametrize("mode", ["probe", "full", "store"])
-def test_lossless_store_needs_float_kv(mode):
-    with pytest.raises(config.ConfigError, match="needs a float runtime.kv_dtype"):
-        config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": mode}})
-    config.validate({"runtime": {"kv_dtype": "q8"}, "lossless": {"mode": "off"}})
+@pytest.mark.parametrize("mode", ["off", "probe", "full", "store"])
+def test_every_lossless_mode_takes_every_kv_dtype(mode):
+    for dtype in config.key("runtime.kv_dtype").choices:
+        cfg = config.validate({"runtime": {"kv_dtype": dtype}, "lossless": {"mode": mode}})
+        assert (cfg["runtime"]["kv_dtype"], cfg["lossless"]["mode"]) == (dtype, mode)
 
 
 def test_quantised_kv_list_matches_the_native_row_sizes():

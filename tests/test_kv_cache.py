@@ -217,11 +217,28 @@ def test_quantised_rows_size_error_and_accounting():
     assert err["q8r"] < err["q8"] / 2, err
 
 
-def test_store_refuses_quantised_rows():
-    cache = make_cache(dtype="q8", block_tokens=16)
-    with pytest.raises(ValueError, match="does not take the quantised KV dtype q8"):
-        cache.enable_store(mode="store", chunk_tokens=64)
-    cache.enable_store(mode="off")  # off is always fine
+@pytest.mark.parametrize("dtype", ["q8", "q8r", "q4", "q4r"])
+def test_store_takes_quantised_rows(dtype):
+    """The store holds quantised rows as Gear Q8 / Q4 frames: read() and attention see exactly
+    the rows of the same cache without it."""
+    rng = np.random.default_rng(5)
+    k, v = rand(rng, 300, 3 * 64), rand(rng, 300, 3 * 64)
+    q = rand(rng, 1, 9 * 64)
+    raw, cache = (make_cache(n_layers=1, dtype=dtype, block_tokens=16) for _ in range(2))
+    cache.enable_store(mode="store", scope="front_n", front_n=1, hot_sink_tokens=16, hot_recent_tokens=16,
+                       chunk_tokens=64, v_dedup_layers=0, async_threads=0)
+    for c in (raw, cache):
+        c.append(0, k, v)
+        c.end_step(300, True)
+    for head in range(3):
+        for a, b in zip(raw.read(0, head), cache.read(0, head)):
+            assert a.tobytes() == b.tobytes()
+    want, got = np.empty((1, 9 * 64), np.float32), np.empty((1, 9 * 64), np.float32)
+    raw.attend(0, q, want)
+    cache.attend(0, q, got)
+    assert want.tobytes() == got.tobytes()
+    s = cache.store_stats()
+    assert s["chunks_held"] > 0 and s["cache_misses"] > 0 and s["lossless_ratio"] > 1.0  # attention decoded frames
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -5,7 +5,8 @@ Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no
 that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
 ``q8_h2o`` the config's eviction over them (h2o.target_lossy_ratio is whole-model against f16
 rows: q8 pays 32/17 of it). The baseline is always f16; the other cases use runtime.kv_dtype if
-it is a float type, else f16 (see ``case_kv_dtype``). A run
+it is a float type, else f16 (see ``case_kv_dtype``): the lossless figures of the round are those
+of float rows, although the store takes quantised rows too. A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -29,7 +30,9 @@ LOSSLESS_CASES = ("probe", "full", "store")
 H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
 # Cases with an element type of their own. The baseline, the reference of every quality figure,
 # is the f16 full cache whatever the config says; the others use runtime.kv_dtype when it is a
-# float type (the lossless store takes only those, and h2o is its bit-identical reference), else f16.
+# float type, else f16: the round's lossless cases (and h2o, their bit-identical reference)
+# measure the store on float rows, the rows its lossless target was set for. The store takes q8
+# rows too (tests/test_engine_store.py), at a smaller ratio (docs/kv_cache.md "Lossless store").
 KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_h2o": "q8"}
 
 

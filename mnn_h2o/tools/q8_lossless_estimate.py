@@ -1,14 +1,17 @@
-"""What a lossless stage could gain on q8 KV rows (issue 18 item 3), before anyone builds one.
+"""What the lossless stage gains on q8 KV rows, against what coders of the codes could gain.
 
     python -m mnn_h2o.tools.q8_lossless_estimate [--tokens 2048] [--chunk-tokens 128]
 
-The lossless store takes float rows only (Gear's byte planes split sign/exponent from mantissa,
-which int8 codes do not have), so a q8 cache with `lossless.mode` other than off is refused.
-This tool measures whether that refusal leaves much on the table: it takes SmolLM2's real K
-(after RoPE) and V on essay text (the numpy reference, as `kv_codec_eval`), quantises every row
-with the cache's own q8 encoder (docs/kv_cache.md: int8 codes + a binary16 scale per 32
-values) and reports, for K and V over all layers and heads, raw q8 bytes / coded bytes for:
+The lossless store codes a q8 cache's chunks as Gear Q8 frames (docs/gear_format.md
+"Quantised rows": the codes, the scales' low bytes and their high bytes as three planes). This
+tool takes SmolLM2's real K (after RoPE) and V on essay text (the numpy reference, as
+`kv_codec_eval`), quantises every row with the cache's own q8 encoder (docs/kv_cache.md: int8
+codes + a binary16 scale per 32 values) and reports, for K and V over all layers and heads, raw
+q8 bytes / coded bytes for:
 
+- Gear on each chunk of `--chunk-tokens` tokens of one head, as the store codes it: whole Q8
+  frames (headers, codes and scales coded; the store puts K and V of a chunk in one frame, here
+  they are one frame each);
 - zstd-3 on each chunk of `--chunk-tokens` tokens of one head, codes channel-major (the layout
   that groups a channel's similar values), scales appended raw;
 - the order-0 entropy of each chunk's codes (a per-chunk adaptive coder with free tables);
@@ -17,8 +20,8 @@ values) and reports, for K and V over all layers and heads, raw q8 bytes / coded
 - a per-channel order-0 entropy over all tokens of a head (a static per-channel model, the
   ceiling of anything that does not model context).
 
-The scales (1/17 of a q8 row) are counted raw in every figure. Bounds with free tables are upper
-limits, not what a coder reaches.
+The scales (1/17 of a q8 row) are counted raw in every figure but Gear's. Bounds with free tables
+are upper limits, not what a coder reaches.
 """
 from __future__ import annotations
 
@@ -29,18 +32,28 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from .. import codec
 from .kv_codec_eval import collect_kv, default_model_path, order0_bits, zstd_size
 
-def quantise_q8(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """int8 codes [..., D] and binary16 scales [..., D/32] of rows ``x`` [..., D], from the
-    cache's own encoder (``_core.kv_rows_encode``), split as docs/kv_cache.md's q8 row: D codes,
-    then the scales."""
+
+def q8_rows(x: np.ndarray) -> np.ndarray:
+    """The q8 rows [..., D + D/16] (uint8) of rows ``x`` [..., D], from the cache's own encoder
+    (``_core.kv_rows_encode``)."""
     from .. import _core
     dim = x.shape[-1]
     rows = _core.kv_rows_encode("q8", np.ascontiguousarray(x, dtype=np.float32).reshape(-1, dim))
-    codes = rows[:, :dim].view(np.int8).reshape(x.shape)
-    scales = np.ascontiguousarray(rows[:, dim:]).view("<f2").reshape(x.shape[:-1] + (dim // 32,))
-    return codes, scales
+    return rows.reshape(x.shape[:-1] + (rows.shape[-1],))
+
+
+def split_q8(rows: np.ndarray, dim: int) -> Tuple[np.ndarray, np.ndarray]:
+    """int8 codes [..., D] and binary16 scales [..., D/32] of q8 rows, as docs/kv_cache.md's q8
+    row lays them out: D codes, then the scales."""
+    return rows[..., :dim].view(np.int8), np.ascontiguousarray(rows[..., dim:]).view("<f2")
+
+
+def quantise_q8(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The codes and scales of rows ``x`` [..., D] quantised by the cache's encoder."""
+    return split_q8(q8_rows(x), x.shape[-1])
 
 
 def entropy_bytes(codes: np.ndarray) -> float:
@@ -49,27 +62,29 @@ def entropy_bytes(codes: np.ndarray) -> float:
     return order0_bits(codes.view(np.uint8)) * codes.size / 8
 
 
-ESTIMATES = ("zstd3_chunks", "order0_chunks", "order0_per_channel_chunks", "order0_per_channel_static")
+ESTIMATES = ("gear_chunks", "zstd3_chunks", "order0_chunks", "order0_per_channel_chunks", "order0_per_channel_static")
 
 
 def coded_bytes(arrays: List[np.ndarray], chunk_tokens: int) -> Dict[str, float]:
     """Raw q8 bytes and the bytes of each estimate over ``arrays`` [heads, T, D]; the scales are
-    raw in all of them."""
-    codes_only = dict.fromkeys(ESTIMATES, 0.0)
-    raw_codes = scale_bytes = 0
+    raw in all of them but gear_chunks (whole frames)."""
+    codes_only = {k: 0.0 for k in ESTIMATES if k != "gear_chunks"}
+    raw_codes = scale_bytes = gear = 0
     for a in arrays:
-        codes, scales = quantise_q8(a)
+        rows = q8_rows(a)
+        codes, scales = split_q8(rows, a.shape[-1])
         heads, tokens, dim = codes.shape
         raw_codes += codes.size
         scale_bytes += scales.size * 2
         for h in range(heads):
             for t0 in range(0, tokens, chunk_tokens):
+                gear += len(codec.encode(rows[h, t0:t0 + chunk_tokens], element_type="q8"))
                 c = codes[h, t0:t0 + chunk_tokens]
                 codes_only["zstd3_chunks"] += zstd_size(np.ascontiguousarray(c.T).tobytes(), 3)
                 codes_only["order0_chunks"] += entropy_bytes(c)
                 codes_only["order0_per_channel_chunks"] += sum(entropy_bytes(c[:, d]) for d in range(dim))
             codes_only["order0_per_channel_static"] += sum(entropy_bytes(codes[h, :, d]) for d in range(dim))
-    return {"raw": raw_codes + scale_bytes, **{k: v + scale_bytes for k, v in codes_only.items()}}
+    return {"raw": raw_codes + scale_bytes, **{k: v + scale_bytes for k, v in codes_only.items()}, "gear_chunks": gear}
 
 
 def ratios(*parts: Dict[str, float]) -> Dict[str, float]:
@@ -96,7 +111,7 @@ def main(argv=None) -> int:
     result = {"tokens": args.tokens, "chunk_tokens": args.chunk_tokens,
               "K": ratios(k_bytes), "V": ratios(v_bytes), "KV": ratios(k_bytes, v_bytes)}
     print(f"q8 rows of SmolLM2 on {args.tokens} essay tokens, {args.chunk_tokens}-token chunks; "
-          "raw q8 bytes / coded bytes (scales raw):")
+          "raw q8 bytes / coded bytes (scales raw but in gear_chunks):")
     print("| | " + " | ".join(ESTIMATES) + " |")
     print("|---|" + "---:|" * len(ESTIMATES))
     for part in ("K", "V", "KV"):

@@ -5,7 +5,8 @@
 //      header's check field is recomputed first; everything behind it (streams, maps, RLE, zstd
 //      and rANS payloads, checksums) is the fuzzer's. A decode must fail cleanly or, if it
 //      succeeds, re-encode and decode to the same data.
-//   1: an array to round-trip (type, channels, block size and options from the next bytes),
+//   1: an array to round-trip (type (float or quantised rows), channels, block size and options
+//      from the next bytes),
 //      then the encoded frame damaged at fuzzer-chosen places: decoding a damaged frame must
 //      give an error or exactly the original data.
 //   2: an rANS payload (columns and symbol count from the next 3 bytes) for the backend's
@@ -62,8 +63,10 @@ void fuzz_decode(Codec& c, const uint8_t* data, size_t size) {
 
 void fuzz_round_trip(const uint8_t* data, size_t size) {
     if (size < 6) return;
-    const auto type = static_cast<ElementType>(data[0] % 3 + 1);
-    const uint32_t channels = data[1] % 20 + 1;
+    const auto type = static_cast<ElementType>(data[0] % 5 + 1);
+    const bool quantised = type == ElementType::Q8 || type == ElementType::Q4;
+    // Quantised rows hold whole groups of kQuantGroup values.
+    const uint32_t channels = quantised ? (data[1] % 3 + 1) * kQuantGroup : data[1] % 20 + 1;
     EncodeOptions o;
     o.block_tokens = data[2] % 10;  // 0 = whole slice
     o.predictors = data[3] & 0xF;
@@ -75,16 +78,18 @@ void fuzz_round_trip(const uint8_t* data, size_t size) {
     o.allow_rans = !(data[4] & 4);
     data += 5;
     size -= 5;
-    const size_t row_bytes = channels * element_size(type);
+    uint64_t row = 0;
+    require(row_bytes(type, channels, &row), "no row size");
+    const size_t row_size = static_cast<size_t>(row);
     const size_t tail = damage * 3;
     if (size < tail) return;
-    const uint32_t tokens = static_cast<uint32_t>((size - tail) / row_bytes);
+    const uint32_t tokens = static_cast<uint32_t>((size - tail) / row_size);
     const uint8_t* how = data + size - tail;
     // Two slices when there are enough tokens, to cover the slice loop.
     const bool two = tokens >= 2 && tokens % 2 == 0;
     const Shape shape = two ? Shape{3, {2, tokens / 2, channels}} : Shape::matrix(tokens, channels);
     Codec c(o);
-    std::vector<uint8_t> frame, out(size_t{tokens} * row_bytes);
+    std::vector<uint8_t> frame, out(size_t{tokens} * row_size);
     require(c.encode(data, type, shape, &frame) == Status::Ok, "encode failed");
     require(frame.size() <= max_encoded_size(type, shape, o.block_tokens), "frame exceeds max_encoded_size");
     require(c.decode(frame.data(), frame.size(), out.data(), out.size()) == Status::Ok, "decode failed");

@@ -106,8 +106,12 @@ bool make_shape(uint32_t ndim, const uint32_t* dims, mnn_h2o::gear::Shape* shape
     return true;
 }
 
+static_assert(MNN_H2O_ELEM_Q8 == static_cast<int>(mnn_h2o::gear::ElementType::Q8) &&
+                  MNN_H2O_ELEM_Q4 == static_cast<int>(mnn_h2o::gear::ElementType::Q4),
+              "mnn_h2o_elem_type follows gear::ElementType");
 bool valid_elem(mnn_h2o_elem_type t) {
-    return t == MNN_H2O_ELEM_F16 || t == MNN_H2O_ELEM_BF16 || t == MNN_H2O_ELEM_F32;
+    return t == MNN_H2O_ELEM_F16 || t == MNN_H2O_ELEM_BF16 || t == MNN_H2O_ELEM_F32 || t == MNN_H2O_ELEM_Q8 ||
+           t == MNN_H2O_ELEM_Q4;
 }
 
 // The fields mnn_h2o_codec_options shares with EncodeOptions, copied either way (the flags are

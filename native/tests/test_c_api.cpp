@@ -265,6 +265,23 @@ static void test_codec() {
               decoded == data.size() * 2 && back == data,
           "decode");
 
+    // Quantised rows: the same bytes read as 48 rows of 64 q8 values (68 bytes each) and back.
+    const uint32_t q8_dims[2] = {48, 64};
+    std::vector<uint8_t> q8(48 * 68), q8_back(q8.size());
+    std::memcpy(q8.data(), data.data(), q8.size());
+    frame.resize(mnn_h2o_codec_bound(codec, MNN_H2O_ELEM_Q8, 2, q8_dims));
+    CHECK(!frame.empty() && mnn_h2o_codec_encode(codec, q8.data(), MNN_H2O_ELEM_Q8, 2, q8_dims, frame.data(),
+                                                 frame.size(), &written) == MNN_H2O_OK,
+          "q8 encode: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_codec_frame_info(frame.data(), written, &info) == MNN_H2O_OK && info.elem_type == MNN_H2O_ELEM_Q8 &&
+              info.decoded_size == q8.size() &&
+              mnn_h2o_codec_decode(codec, frame.data(), written, q8_back.data(), q8_back.size(), &decoded) == MNN_H2O_OK &&
+              q8_back == q8,
+          "q8 round trip");
+    const uint32_t not_groups[2] = {4, 48};
+    CHECK(mnn_h2o_codec_bound(codec, MNN_H2O_ELEM_Q4, 2, not_groups) == 0, "q4 bound of 48 channels");
+    frame.resize(bound);
+
     // Errors.
     CHECK(mnn_h2o_codec_encode(codec, data.data(), MNN_H2O_ELEM_BF16, 2, dims, frame.data(), 10, &written) ==
               MNN_H2O_ERR_OUTPUT_TOO_SMALL && error_mentions("mnn_h2o_codec_encode"),

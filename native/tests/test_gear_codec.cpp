@@ -1,6 +1,6 @@
 // One file: one ctest program for the codec; its allocation counter replaces operator new.
 // Tests of the Gear codec: hand-built frames from docs/gear_format.md, bit-exact round trips of
-// every kind of value and shape, the rANS backend on its own (round trips of every kind of byte
+// every kind of value and shape (float elements and the cache's quantised rows), the rANS backend on its own (round trips of every kind of byte
 // distribution, malformed payloads), damaged and truncated frames, the no-zstd fallback (in a
 // child process), and no allocation on the hot path.
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../src/codec/gear_rans.h"
+#include "mnn_h2o/cache/kv_dtype.h"
 #include "mnn_h2o/codec/gear_codec.h"
 #include "mnn_h2o/codec/xxhash64.h"
 #include "test_support.h"
@@ -367,9 +368,9 @@ void test_empty_planes() {
 
 uint32_t rnd32(std::mt19937& g) { return g(); }
 
-// Values of every class, as bit patterns of the element type.
+// Values of every class, as bit patterns of the (float) element type.
 Bytes special_values(ElementType t, size_t count, std::mt19937& g) {
-    const size_t es = element_size(t);
+    const size_t es = t == ElementType::F32 ? 4 : 2;
     Bytes b(count * es);
     const uint32_t f16[] = {0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE5A, 0x0001, 0x83FF, 0x3C00, 0x7BFF};
     const uint32_t b16[] = {0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFA5, 0x0001, 0x807F, 0x3F80};
@@ -577,6 +578,149 @@ void test_damage_and_truncation() {
     CHECK(decode(c, bad, &out) != Status::Ok, "in %s", __func__);
 }
 
+// --- quantised rows (docs/gear_format.md "Quantised rows") ---------------------------------------
+
+// The Q8 example of docs/gear_format.md, byte for byte.
+void test_quantised_document_example() {
+    Bytes row;
+    for (int i = 0; i < 32; ++i) row.push_back(uint8_t(i - 16));
+    row.push_back(0x00);
+    row.push_back(0x2C);
+    Bytes f = header(4, {1, 32}, 1, row);
+    f.push_back(0);
+    stream(f, 0, 0, 32, Bytes(row.begin(), row.begin() + 32));
+    stream(f, 0, 0, 1, {0x00});
+    stream(f, 0, 0, 1, {0x2C});
+    Codec c;
+    Bytes out;
+    CHECK(decode(c, f, &out) == Status::Ok && out == row, "in %s", __func__);
+    FrameInfo fi;
+    CHECK(read_frame_info(f.data(), f.size(), &fi) == Status::Ok && fi.element_type == ElementType::Q8 &&
+              fi.decoded_size == 34, "in %s", __func__);
+}
+
+// Q4 [2][64]: the planes' widths (32 code bytes, 2 scales), xor on the codes, centre on the
+// scales' high bytes (FP16's exponent mask); and channels that are not whole groups.
+void test_quantised_hand_built() {
+    Bytes data;
+    const uint16_t scales[2][2] = {{0x3C00, 0x2C10}, {0x3C00, 0x2C20}};
+    for (int t = 0; t < 2; ++t) {
+        for (int c = 0; c < 32; ++c) data.push_back(uint8_t(c + 16 * t));
+        for (uint16_t v : scales[t]) {
+            data.push_back(uint8_t(v));
+            data.push_back(uint8_t(v >> 8));
+        }
+    }
+    Bytes f = header(5, {2, 64}, 2, data);
+    f.push_back(0);
+    Bytes codes(data.begin(), data.begin() + 32);
+    for (int c = 0; c < 32; ++c) codes.push_back(uint8_t((c + 16) ^ c));
+    stream(f, 1, 0, 64, codes);                         // plane 0: xor, stored
+    stream(f, 0, 0, 4, {0x00, 0x10, 0x00, 0x20});       // plane 1: scale low bytes
+    stream(f, 3, 0, 6, {0x3C, 0x2C, 0, 0, 0, 0});       // plane 2: refs 3C 2C, residuals 0
+    Codec c;
+    Bytes out;
+    CHECK(decode(c, f, &out) == Status::Ok && out == data, "in %s", __func__);
+    // Centre on the codes plane (not the top plane) is an error.
+    Bytes bad = header(5, {2, 64}, 2, data);
+    bad.push_back(0);
+    Bytes centre_codes(32, 0);
+    centre_codes.insert(centre_codes.end(), codes.begin(), codes.end());
+    stream(bad, 3, 0, 96, centre_codes);
+    stream(bad, 0, 0, 4, {0x00, 0x10, 0x00, 0x20});
+    stream(bad, 3, 0, 6, {0x3C, 0x2C, 0, 0, 0, 0});
+    CHECK(decode(c, bad, &out) == Status::Corrupt, "in %s", __func__);
+    // 48 values are not whole groups of 32: the header is refused, and the encoder refuses them.
+    bad = header(4, {1, 48}, 1, Bytes(51, 0));
+    CHECK(decode(c, bad, &out) == Status::BadHeader, "in %s", __func__);
+    CHECK(c.encode(data.data(), ElementType::Q8, Shape::matrix(1, 48), &out) == Status::InvalidArgument, "in %s", __func__);
+    CHECK(c.encode(data.data(), ElementType::Q4, Shape{1, {32}}, &out) == Status::InvalidArgument, "in %s", __func__);
+    CHECK(max_encoded_size(ElementType::Q8, Shape::matrix(1, 48), 0) == 0, "in %s", __func__);
+    uint64_t rb = 0;
+    CHECK(row_bytes(ElementType::Q8, 64, &rb) && rb == 68 && row_bytes(ElementType::Q4, 64, &rb) && rb == 36,
+          "in %s", __func__);
+}
+
+// Rows of `type` (Q8 or Q4) of KV-like values, quantised as the cache does; every third row after
+// the fourth repeats an earlier one when repeat_rows.
+Bytes quantised_kv_rows(KvDtype type, size_t rows, size_t channels, std::mt19937& g, bool repeat_rows) {
+    std::normal_distribution<float> nd;
+    std::vector<float> scale(channels), x(rows * channels);
+    for (auto& s : scale) s = std::pow(10.f, std::uniform_real_distribution<float>(-2, 2)(g));
+    for (size_t t = 0; t < rows; ++t) {
+        const size_t src = repeat_rows && t >= 4 && g() % 3 == 0 ? g() % t : t;
+        for (size_t c = 0; c < channels; ++c)
+            x[t * channels + c] = src == t ? nd(g) * scale[c] : x[src * channels + c];
+    }
+    Bytes b(rows * kv_row_bytes(type, int(channels)));
+    kv_rows_from_f32(type, x.data(), b.data(), rows, int(channels));
+    return b;
+}
+
+// Any bytes round-trip in every shape, block size and option set; KV-like rows shrink.
+void test_quantised_round_trips() {
+    std::mt19937 g(4321);
+    const std::vector<std::vector<uint32_t>> shapes = {
+        {1, 32}, {64, 64}, {65, 96}, {3, 100, 64}, {2, 3, 17, 32}, {0, 64}, {64, 0}, {2, 0, 32}, {130, 32}};
+    for (ElementType t : {ElementType::Q8, ElementType::Q4}) {
+        for (const auto& dims : shapes) {
+            Shape shape;
+            shape.ndim = uint32_t(dims.size());
+            for (size_t i = 0; i < dims.size(); ++i) shape.dims[i] = dims[i];
+            uint64_t row = 0;
+            CHECK(row_bytes(t, dims.back(), &row), "in %s", __func__);
+            Bytes data(dims.back() ? size_t(shape.elements() / dims.back() * row) : 0);
+            for (auto& b : data) b = uint8_t(g());
+            for (size_t i = 0; row && i + row <= data.size(); i += 3 * row)  // repeated rows: dedup
+                std::memcpy(&data[i], data.data(), row);
+            for (uint32_t bt : {0u, 1u, 3u, 64u}) {
+                for (int variant = 0; variant < 4; ++variant) {
+                    EncodeOptions o;
+                    o.block_tokens = bt;
+                    o.allow_zstd = variant != 1;
+                    o.allow_rle = variant != 2;
+                    o.dedup = variant != 3;
+                    Codec c(o);
+                    Bytes frame;
+                    const bool ok = round_trip(c, t, shape, data, &frame);
+                    if (!ok) std::fprintf(stderr, "round trip failed: type %d ndim %u bt %u variant %d\n", int(t), shape.ndim, bt, variant);
+                    CHECK(ok, "in %s", __func__);
+                }
+            }
+        }
+    }
+    // K/V-like rows, two heads of 256 tokens, as a store chunk frame [2][tokens][64].
+    for (KvDtype type : {KvDtype::Q8, KvDtype::Q4}) {
+        const ElementType t = type == KvDtype::Q8 ? ElementType::Q8 : ElementType::Q4;
+        const Bytes data = quantised_kv_rows(type, 512, 64, g, true);
+        Codec c;
+        Bytes frame;
+        CHECK(round_trip(c, t, Shape{3, {2, 256, 64}}, data, &frame), "in %s", __func__);
+        CHECK(frame.size() < data.size(), "in %s: %zu >= %zu", __func__, frame.size(), data.size());
+        FrameInfo fi;
+        std::vector<StreamInfo> st;
+        CHECK(c.inspect(frame.data(), frame.size(), &fi, &st) == Status::Ok, "in %s", __func__);
+        size_t planes = 0;
+        for (const auto& s : st) planes += s.block >= 0;
+        CHECK(planes == 2 * 3, "in %s", __func__);  // two slices of one block of 3 planes
+    }
+}
+
+// Damaged Q8 and Q4 frames (dedup, several blocks): an error or the original data.
+void test_quantised_damage() {
+    std::mt19937 g(77);
+    EncodeOptions o;
+    o.block_tokens = 16;
+    Codec c(o);
+    for (KvDtype type : {KvDtype::Q8, KvDtype::Q4}) {
+        const ElementType t = type == KvDtype::Q8 ? ElementType::Q8 : ElementType::Q4;
+        const Bytes data = quantised_kv_rows(type, 40, 32, g, true);
+        Bytes frame;
+        CHECK(round_trip(c, t, Shape::matrix(40, 32), data, &frame), "in %s", __func__);
+        check_damage(c, frame, data, 0, {0x01, 0x80});
+    }
+}
+
 void test_invalid_arguments() {
     Codec c;
     Bytes frame;
@@ -694,6 +838,10 @@ int main(int argc, char** argv) {
     test_modes_are_used();
     test_rans_damage();
     test_damage_and_truncation();
+    test_quantised_document_example();
+    test_quantised_hand_built();
+    test_quantised_round_trips();
+    test_quantised_damage();
     test_invalid_arguments();
     test_no_allocation_when_warm();
     test_deterministic();

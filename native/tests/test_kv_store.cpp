@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/cache/kv_dtype.h"
 
 #include "test_support.h"
 
@@ -600,6 +601,75 @@ static void test_v_dedup() {
           "alloc failure: layer 0 holds %lld chunks", static_cast<long long>(st.layers[0].chunks_held));
 }
 
+// The quantised dtypes (q8 the default): every mode runs over their rows (codes and scales as
+// Gear's Q8 / Q4 frames), with attention outputs and read() bit-identical to the same cache
+// without the store; store mode holds the chunks compressed (V deduplicated in layer 0), with
+// H2O evicting meanwhile, and re-encodes and dissolves them under explicit plans.
+static void test_quantised_dtypes() {
+    for (KvDtype dtype : {KvDtype::Q8, KvDtype::Q8R, KvDtype::Q4, KvDtype::Q4R}) {
+        KvCache raw(cache_config(1, dtype));
+        raw.enable_h2o(h2o_config(false));
+        std::vector<float> want;
+        run(raw, 7, 40, &want, false, 40);
+        const size_t block_bytes = kv_row_bytes(dtype, kHd) * kBt;
+        for (StoreMode mode : {StoreMode::Store, StoreMode::Full, StoreMode::Probe}) {
+            for (int async : {0, 2}) {
+                if (async && dtype != KvDtype::Q8) continue;  // the threads are dtype-blind
+                KvCache cache(cache_config(1, dtype));
+                cache.enable_h2o(h2o_config(false));
+                StoreConfig sc = store_config(mode, async);
+                sc.v_dedup_layers = 1;
+                sc.chunk_tokens = 64;
+                cache.enable_store(sc);
+                std::vector<float> outs;
+                run(cache, 7, 40, &outs, async > 0, 40);
+                cache.drain_store();
+                const StoreStats st = cache.store_stats();
+                const std::string what = std::string(kv_dtype_name(dtype)) + " " + store_mode_name(mode) + " async " +
+                                         std::to_string(async);
+                CHECK(same_bytes(outs, want), "%s: outputs differ from the cache without the store", what.c_str());
+                CHECK(same_kv(cache, raw), "%s: read() differs", what.c_str());
+                CHECK(st.total.chunks_encoded > 0 && st.total.verify_mismatches == 0, "%s: encoded %lld, mismatches %lld",
+                      what.c_str(), static_cast<long long>(st.total.chunks_encoded),
+                      static_cast<long long>(st.total.verify_mismatches));
+                CHECK(st.lossless_ratio > 1.0, "%s: ratio %.3f", what.c_str(), st.lossless_ratio);
+                CHECK(st.total.raw_bytes % static_cast<int64_t>(block_bytes) == 0, "%s: raw bytes %lld not whole %zu-byte blocks",
+                      what.c_str(), static_cast<long long>(st.total.raw_bytes), block_bytes);
+                if (mode == StoreMode::Store) {
+                    CHECK(st.chunks_held > 0 && st.layers[0].table_bytes > 0, "%s: held %lld chunks, table %zu",
+                          what.c_str(), static_cast<long long>(st.chunks_held), st.layers[0].table_bytes);
+                    CHECK(cache.pool_bytes_held() < raw.pool_bytes_held(), "%s: pool not below the raw cache's", what.c_str());
+                } else {
+                    CHECK(st.chunks_held == 0 && cache.pool_bytes_held() == raw.pool_bytes_held(), "%s: the KV changed",
+                          what.c_str());
+                }
+                if (mode != StoreMode::Store || async) continue;
+                std::printf("%s store: lossless ratio %.3f\n", kv_dtype_name(dtype), st.lossless_ratio);
+                // Chunks trimmed by an aligned plan are re-encoded, one cut by truncate()
+                // dissolved: the rows stay those of the cache without the store.
+                KvCache plain(cache_config(1, dtype));
+                std::vector<float> ignored;
+                plain.enable_h2o(h2o_config(false));
+                run(plain, 7, 40, &ignored, false, 40);
+                const std::vector<TokenRun> plan{{0, 48}, {80, 32}, {144, plain.length(1, 0) - 144}};
+                plain.evict(1, 0, plan);
+                cache.evict(1, 0, plan);
+                plain.truncate(1, 1, 101);
+                cache.truncate(1, 1, 101);
+                const StoreStats after = cache.store_stats();
+                // (The rotated rows of this data trimmed to two blocks do not compress: dissolved.)
+                const bool repacks = !kv_dtype_rotated(dtype);
+                CHECK((after.layers[1].counters.repacked > 0) == repacks && after.layers[1].counters.dissolved > 0,
+                      "%s: repacked %lld, dissolved %lld", what.c_str(),
+                      static_cast<long long>(after.layers[1].counters.repacked),
+                      static_cast<long long>(after.layers[1].counters.dissolved));
+                CHECK(same_kv(cache, plain), "%s: read() differs after evict/truncate", what.c_str());
+                CHECK(same_next_outputs(plain, cache), "%s: outputs differ after evict/truncate", what.c_str());
+            }
+        }
+    }
+}
+
 // Two neighbouring chunks trimmed to half by one plan become one frame.
 static void test_merge_neighbours() {
     KvCache raw(cache_config()), cache(cache_config());
@@ -630,6 +700,7 @@ int main() {
     test_accounting();
     test_explicit_evict_and_truncate();
     test_merge_neighbours();
+    test_quantised_dtypes();
     test_deferral();
     test_faults();
     test_v_dedup();

@@ -276,13 +276,16 @@ MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* c
                                                        size_t capacity, int32_t* n_blocks);
 
 /* ---- Gear codec -------------------------------------------------------------------------- */
-/* Lossless codec for FP16/BF16/FP32 arrays [..., tokens, channels] (docs/gear_format.md). Each
- * frame carries an XXH64 of the data, checked by every decode. */
+/* Lossless codec for FP16/BF16/FP32 arrays [..., tokens, channels], and for the KV cache's q8 /
+ * q4 rows (docs/gear_format.md). Each frame carries an XXH64 of the data, checked by every
+ * decode. */
 
 typedef enum mnn_h2o_elem_type {
     MNN_H2O_ELEM_F16 = 1,
     MNN_H2O_ELEM_BF16 = 2,
-    MNN_H2O_ELEM_F32 = 3
+    MNN_H2O_ELEM_F32 = 3,
+    MNN_H2O_ELEM_Q8 = 4, /* rows of channels int8 codes, then a binary16 scale per 32 (channels % 32 == 0) */
+    MNN_H2O_ELEM_Q4 = 5  /* rows of channels / 2 bytes of 4-bit codes, then the scales */
 } mnn_h2o_elem_type;
 
 #define MNN_H2O_CODEC_MAX_DIMS 8
@@ -318,7 +321,7 @@ MNN_H2O_API void mnn_h2o_codec_destroy(mnn_h2o_codec* codec);
 MNN_H2O_API size_t mnn_h2o_codec_bound(const mnn_h2o_codec* codec, mnn_h2o_elem_type type, uint32_t ndim,
                                        const uint32_t* dims);
 
-/* Encodes data (row-major elements of type, little-endian) into out[0, capacity); *written gets
+/* Encodes data (row-major rows of type, little-endian) into out[0, capacity); *written gets
  * the frame size. capacity >= mnn_h2o_codec_bound() always suffices. */
 MNN_H2O_API mnn_h2o_status mnn_h2o_codec_encode(mnn_h2o_codec* codec, const void* data, mnn_h2o_elem_type type,
                                                 uint32_t ndim, const uint32_t* dims, uint8_t* out,

@@ -62,14 +62,21 @@ constexpr uint64_t kMaxExpansion = 32768;
 
 size_t header_size(uint32_t ndim) { return 24 + 4 * static_cast<size_t>(ndim); }
 
-uint8_t exponent_field_mask(ElementType t) { return t == ElementType::F16 ? 0x7C : 0x7F; }
+bool quantised(ElementType t) { return t == ElementType::Q8 || t == ElementType::Q4; }
 
-bool valid_element_type(uint8_t t) { return t >= 1 && t <= 3; }
+// The top plane's exponent field: FP16's for FP16 and for the binary16 scales of quantised rows.
+uint8_t exponent_field_mask(ElementType t) { return t == ElementType::BF16 || t == ElementType::F32 ? 0x7F : 0x7C; }
 
-// The "Geometry" paragraph of the format: slices of tokens x channels elements.
+bool valid_element_type(uint8_t t) { return t >= 1 && t <= 5; }
+
+constexpr size_t kMaxPlanes = 4;
+
+// The "Geometry" paragraph of the format: slices of tokens x channels elements, and the planes a
+// row is cut into ("Planes").
 struct Geometry {
     ElementType type = ElementType::F16;
-    size_t es = 2;
+    size_t planes = 2;                // streams per block: elem_size for float types, 3 quantised
+    uint64_t width[kMaxPlanes] = {};  // bytes of one row in each plane
     uint64_t slices = 0, tokens = 0, channels = 0;
     uint64_t row_bytes = 0;
     uint64_t slice_bytes = 0;
@@ -92,18 +99,26 @@ uint32_t effective_block_tokens(const Shape& shape, uint32_t requested) {
 bool make_geometry(ElementType type, const Shape& shape, uint32_t block_tokens, Geometry* g) {
     if (shape.ndim < 1 || shape.ndim > kMaxDims || block_tokens < 1) return false;
     g->type = type;
-    g->es = element_size(type);
     const uint32_t n = shape.ndim;
     g->channels = n == 1 ? 1 : shape.dims[n - 1];
     g->tokens = tokens_of(shape);
+    if (!row_bytes(type, g->channels, &g->row_bytes)) return false;
+    if (quantised(type)) {
+        g->planes = 3;
+        g->width[1] = g->width[2] = g->channels / kQuantGroup;
+        g->width[0] = g->row_bytes - 2 * g->width[1];
+    } else {
+        g->planes = type == ElementType::F32 ? 4 : 2;  // one per byte of an element
+        for (size_t k = 0; k < g->planes; ++k) g->width[k] = g->channels;
+    }
     const uint64_t elements = shape.elements();
     if (elements == UINT64_MAX || elements > (UINT64_MAX >> 3)) return false;
     // A prefix of the product elements() computed without overflow, so it cannot overflow.
     g->slices = 1;
     for (uint32_t i = 0; i + 2 < n; ++i) g->slices *= shape.dims[i];
-    g->row_bytes = g->channels * g->es;
     g->slice_bytes = g->tokens * g->row_bytes;
-    g->total_bytes = elements * g->es;
+    // Rows times row_bytes, at most 4 bytes per element, so it fits.
+    g->total_bytes = g->channels ? elements / g->channels * g->row_bytes : 0;
     if (g->total_bytes > SIZE_MAX) return false;
     g->block_tokens = block_tokens;
     // Every block plane (plus the centre references) must fit a u32 raw_len.
@@ -269,6 +284,23 @@ double entropy_bits_per_byte(const uint32_t* hist, uint64_t total) {
 
 }  // namespace
 
+bool row_bytes(ElementType t, uint64_t channels, uint64_t* bytes) {
+    if (channels > (UINT64_MAX >> 3)) return false;
+    switch (t) {
+        case ElementType::F16:
+        case ElementType::BF16: *bytes = 2 * channels; return true;
+        case ElementType::F32: *bytes = 4 * channels; return true;
+        case ElementType::Q8:
+        case ElementType::Q4: {
+            if (channels % kQuantGroup) return false;
+            const uint64_t codes = t == ElementType::Q8 ? channels : channels / 2;
+            *bytes = codes + 2 * (channels / kQuantGroup);
+            return true;
+        }
+    }
+    return false;
+}
+
 size_t max_encoded_size(ElementType type, const Shape& shape, uint32_t block_tokens) {
     Geometry g;
     if (!valid_element_type(static_cast<uint8_t>(type)) ||
@@ -278,7 +310,7 @@ size_t max_encoded_size(ElementType type, const Shape& shape, uint32_t block_tok
     // Every stream is at most its plain bytes (the encoder stores what does not shrink); a dedup
     // slice has a map stream but no more blocks or plane bytes than a plain one.
     const uint64_t map = kStreamHeaderSize + g.tokens * g.map_width;
-    const uint64_t per_slice = 1 + map + blocks_per_slice * g.es * kStreamHeaderSize + g.slice_bytes;
+    const uint64_t per_slice = 1 + map + blocks_per_slice * g.planes * kStreamHeaderSize + g.slice_bytes;
     return static_cast<size_t>(header_size(shape.ndim) + g.slices * per_slice);
 }
 
@@ -289,7 +321,7 @@ struct detail::Scratch {
     zstd::DecompressContext dctx;
     rans::Encoder rans_enc;
     rans::Decoder rans_dec;
-    std::vector<uint8_t> planes[4];  // one block's planes, n x channels each
+    std::vector<uint8_t> planes[kMaxPlanes];  // one block's planes, n x width each
     std::vector<uint8_t> predicted;  // a predictor's output (with centre references)
     std::vector<uint8_t> zstd_out;   // each backend's output (the best so far is kept)
     std::vector<uint8_t> rans_out;
@@ -479,14 +511,18 @@ Predictor choose_predictor(EncodeJob& j, const uint8_t* P, size_t n, size_t C, b
 
 void encode_block(EncodeJob& j, const uint8_t* rows, size_t n) {
     Scratch& s = *j.s;
-    const size_t C = j.g->channels, es = j.g->es, plane_len = n * C;
-    uint8_t* planes[4];
-    for (size_t k = 0; k < es; ++k) planes[k] = sized(s.planes[k], plane_len);
-    kernels::split_planes(rows, plane_len, es, planes);
-    for (size_t k = 0; k < es; ++k) {
+    const Geometry& g = *j.g;
+    uint8_t* planes[kMaxPlanes];
+    for (size_t k = 0; k < g.planes; ++k) planes[k] = sized(s.planes[k], n * g.width[k]);
+    if (quantised(g.type))
+        kernels::split_quant_rows(rows, n, g.width[0], g.width[1], planes);
+    else
+        kernels::split_planes(rows, n * g.channels, g.planes, planes);
+    for (size_t k = 0; k < g.planes; ++k) {
+        const size_t C = g.width[k], plane_len = n * C;
         uint32_t raw_len;
         double bits;
-        const Predictor p = choose_predictor(j, planes[k], n, C, k + 1 == es, &raw_len, &bits);
+        const Predictor p = choose_predictor(j, planes[k], n, C, k + 1 == g.planes, &raw_len, &bits);
         const uint8_t* raw = p == Predictor::Raw ? planes[k] : s.predicted.data();
         write_stream(j, p, raw, raw_len, C, planes[k], static_cast<uint32_t>(plane_len), bits);
     }
@@ -681,11 +717,11 @@ struct DecodeJob {
 Status decode_block(DecodeJob& j, size_t n, int32_t block, uint8_t* dst) {
     Scratch& s = *j.s;
     const Geometry& g = *j.g;
-    const size_t C = g.channels, es = g.es, plane_len = n * C;
-    const uint8_t* planes[4];
-    for (size_t k = 0; k < es; ++k) {
+    const uint8_t* planes[kMaxPlanes];
+    for (size_t k = 0; k < g.planes; ++k) {
+        const size_t C = g.width[k], plane_len = n * C;
         StreamHeader st;
-        const bool top = k + 1 == es;
+        const bool top = k + 1 == g.planes;
         if (Status e = read_stream(*j.r, plane_len, C, top, false, &st); e != Status::Ok) return e;
         if (j.streams) {
             j.streams->push_back({j.slice, block, static_cast<uint32_t>(k), st.predictor, st.backend,
@@ -706,7 +742,11 @@ Status decode_block(DecodeJob& j, size_t n, int32_t block, uint8_t* dst) {
             kernels::delta_inverse(raw, n, C, st.predictor == Predictor::Xor, plane);
         planes[k] = plane;
     }
-    if (!j.streams) kernels::merge_planes(planes, plane_len, es, dst);
+    if (j.streams) return Status::Ok;
+    if (quantised(g.type))
+        kernels::merge_quant_rows(planes, n, g.width[0], g.width[1], dst);
+    else
+        kernels::merge_planes(planes, n * g.channels, g.planes, dst);
     return Status::Ok;
 }
 

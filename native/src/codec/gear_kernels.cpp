@@ -56,6 +56,30 @@ void merge_planes(const uint8_t* const planes[], size_t count, size_t es, uint8_
     }
 }
 
+void split_quant_rows(const uint8_t* rows, size_t n, size_t code_bytes, size_t scales, uint8_t* const planes[]) {
+    const size_t row_bytes = code_bytes + 2 * scales;
+    for (size_t t = 0; t < n; ++t) {
+        const uint8_t* row = rows + t * row_bytes;
+        if (code_bytes) std::memcpy(planes[0] + t * code_bytes, row, code_bytes);  // (planes may be null when empty)
+        for (size_t g = 0; g < scales; ++g) {
+            planes[1][t * scales + g] = row[code_bytes + 2 * g];
+            planes[2][t * scales + g] = row[code_bytes + 2 * g + 1];
+        }
+    }
+}
+
+void merge_quant_rows(const uint8_t* const planes[], size_t n, size_t code_bytes, size_t scales, uint8_t* rows) {
+    const size_t row_bytes = code_bytes + 2 * scales;
+    for (size_t t = 0; t < n; ++t) {
+        uint8_t* row = rows + t * row_bytes;
+        if (code_bytes) std::memcpy(row, planes[0] + t * code_bytes, code_bytes);
+        for (size_t g = 0; g < scales; ++g) {
+            row[code_bytes + 2 * g] = planes[1][t * scales + g];
+            row[code_bytes + 2 * g + 1] = planes[2][t * scales + g];
+        }
+    }
+}
+
 namespace {
 
 inline uint8_t centre(uint8_t v, uint8_t ref, uint8_t mask, uint8_t other) {

@@ -20,6 +20,11 @@ namespace scalar {
 void split_planes(const uint8_t* elements, size_t count, size_t es, uint8_t* const planes[]);
 void merge_planes(const uint8_t* const planes[], size_t count, size_t es, uint8_t* elements);
 
+// Quantised rows (code_bytes of codes, then `scales` binary16 scales) -> the codes plane and the
+// scales' low- and high-byte planes (docs/gear_format.md "Quantised rows"), and back.
+void split_quant_rows(const uint8_t* rows, size_t n, size_t code_bytes, size_t scales, uint8_t* const planes[]);
+void merge_quant_rows(const uint8_t* const planes[], size_t n, size_t code_bytes, size_t scales, uint8_t* rows);
+
 // Byte histograms of plane P's predicted values on the sampled rows t = 1, 5, 9, ... (row 0 when
 // n = 1): hist[0] raw, hist[1] xor, hist[2] delta and, when refs is not null, hist[3] centre
 // (added to the counts). Returns the number of bytes counted per histogram.
@@ -51,7 +56,7 @@ void centre_inverse(const uint8_t* R, size_t n, size_t C, const uint8_t* refs, u
 }  // namespace scalar
 
 // NEON versions of the loops that stream whole planes (gear_kernels_neon.cpp, AArch64 only).
-// The histograms stay scalar. Results are bit-identical to scalar::.
+// The histograms and the quantised rows' split stay scalar. Results are bit-identical to scalar::.
 #if defined(__aarch64__)
 #define MNN_H2O_GEAR_NEON 1
 namespace neon {
@@ -80,6 +85,8 @@ namespace chosen = scalar;
 #endif
 using chosen::split_planes;
 using chosen::merge_planes;
+using scalar::split_quant_rows;  // no NEON version: mostly row copies
+using scalar::merge_quant_rows;
 using scalar::sample_histograms;  // no NEON version
 using chosen::delta_forward;
 using chosen::delta_inverse;

@@ -12,12 +12,15 @@ namespace mnn_h2o::store {
 
 namespace {
 
+// The Gear type of the cache's rows: the rotated types' rows are q8 / q4 rows of rotated values.
 gear::ElementType element_type_of(KvDtype dtype) {
-    switch (dtype) {
+    switch (kv_storage_dtype(dtype)) {
         case KvDtype::F16: return gear::ElementType::F16;
         case KvDtype::BF16: return gear::ElementType::BF16;
         case KvDtype::F32: return gear::ElementType::F32;
-        default: break;  // refused by validate_store_config
+        case KvDtype::Q8: return gear::ElementType::Q8;
+        case KvDtype::Q4: return gear::ElementType::Q4;
+        default: break;
     }
     throw std::invalid_argument(std::string("KvStore: the lossless store does not take dtype ") + kv_dtype_name(dtype));
 }

@@ -38,11 +38,6 @@ void validate_store_config(const StoreConfig& c, const KvCacheConfig& cache) {
             "mode", std::string("must be ") + key::mode::kAllowed);
     require(c.scope == StoreScope::FrontN || c.scope == StoreScope::H2oKept || c.scope == StoreScope::FrontNAndH2oKept,
             "scope", std::string("must be ") + key::scope::kAllowed);
-    // Gear's element types are the float ones: it models the exponent and mantissa bytes of
-    // fp16/bf16/fp32, which integer codes do not have (docs/gear_format.md).
-    if (c.mode != StoreMode::Off && kv_dtype_quantised(cache.dtype))
-        throw std::invalid_argument(std::string("enable_store: the lossless store does not take the quantised KV dtype ") +
-                                    kv_dtype_name(cache.dtype) + " (use f16, bf16 or f32, or mode off)");
     // The bounds of every number are the schema's; then the cache's own.
     require_bounds<key::front_n>(c.front_n);
     require_bounds<key::hot_sink_tokens>(c.hot_sink_tokens);

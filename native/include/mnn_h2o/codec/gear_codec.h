@@ -1,9 +1,10 @@
-// Gear: a lossless codec for KV-cache tensors (FP16, BF16, FP32), frame format in
-// docs/gear_format.md.
+// Gear: a lossless codec for KV-cache tensors (FP16, BF16, FP32, and the cache's quantised q8 / q4
+// rows), frame format in docs/gear_format.md.
 //
-// Values are split into byte planes; per plane the codec picks a predictor along tokens (raw,
-// xor, delta, or a per-channel exponent model on the sign/exponent plane) and a backend (stored,
-// RLE, rANS, or zstd when libzstd.so.1 can be loaded) and keeps the smallest. Every frame carries
+// Values are split into byte planes (a quantised row: its codes, its scales' low and high bytes);
+// per plane the codec picks a predictor along tokens (raw, xor, delta, or a per-channel exponent
+// model on the sign/exponent plane) and a backend (stored, RLE, rANS, or zstd when libzstd.so.1
+// can be loaded) and keeps the smallest. Every frame carries
 // an XXH64 of the data, checked by every decode: a damaged frame is an error, never wrong data.
 //
 // The unit of work is a [tokens][channels] array. The cache compresses one block of
@@ -20,7 +21,10 @@
 namespace mnn_h2o {
 namespace gear {
 
-enum class ElementType : uint8_t { F16 = 1, BF16 = 2, F32 = 3 };
+// Q8 and Q4: rows of int8 / 4-bit codes, then a binary16 scale per kQuantGroup values, as the KV
+// cache lays them out (docs/kv_cache.md "Row formats"); their channels are a multiple of
+// kQuantGroup.
+enum class ElementType : uint8_t { F16 = 1, BF16 = 2, F32 = 3, Q8 = 4, Q4 = 5 };
 enum class Predictor : uint8_t { Raw = 0, Xor = 1, Delta = 2, Centre = 3 };
 enum class Backend : uint8_t { Stored = 0, Rle = 1, Zstd = 2, Rans = 3 };
 
@@ -39,7 +43,7 @@ enum class Status {
 const char* status_name(Status s);
 
 constexpr uint32_t kMaxDims = 8;
-constexpr size_t element_size(ElementType t) { return t == ElementType::F32 ? 4 : 2; }
+constexpr uint32_t kQuantGroup = 32;  // values per scale of Q8 and Q4
 
 struct Shape {
     uint32_t ndim = 0;
@@ -88,6 +92,10 @@ struct StreamInfo {
     uint32_t payload_len = 0;
 };
 
+// Bytes of one row of `channels` values of type t (codes and scales for Q8 and Q4); false when
+// t is not a type or channels is not a whole number of its groups.
+bool row_bytes(ElementType t, uint64_t channels, uint64_t* bytes);
+
 // Bytes enough for any frame encode() can produce for this array (no compression at all, plus
 // every header). 0 when the shape is invalid.
 size_t max_encoded_size(ElementType type, const Shape& shape, uint32_t block_tokens);
@@ -112,7 +120,7 @@ public:
     const EncodeOptions& options() const { return options_; }
     void set_options(const EncodeOptions& options) { options_ = options; }
 
-    // Encodes `data` (row-major elements of `type`, in host = little-endian byte order) into
+    // Encodes `data` (row-major rows of `type`, in host = little-endian byte order) into
     // out[0, capacity); *written gets the frame size. capacity >= max_encoded_size() always
     // suffices.
     [[nodiscard]] Status encode(const void* data, ElementType type, const Shape& shape,

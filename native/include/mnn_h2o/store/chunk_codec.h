@@ -43,8 +43,8 @@ struct Encoded {
 
 class ChunkCodec {
 public:
-    // Throws std::invalid_argument for a dtype the codec does not model (validate_store_config
-    // refuses those first).
+    // Every KV dtype has a Gear element type (the quantised rows as Q8 / Q4); throws
+    // std::invalid_argument for one that would not.
     ChunkCodec(const StoreConfig& store, const KvCacheConfig& cache);
 
     int block_tokens() const { return block_tokens_; }
