@@ -545,18 +545,30 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             "lossy_ratio (= uncompressed / held) and policy time.")
         .def(
             "block_scores",
-            [](PyKvCache& self, int layer) {
+            [](PyKvCache& self, int layer, bool reconstruction) {
                 std::vector<float> scores;
                 int n_blocks = 0;
                 {
                     NativeCall call(self);
-                    scores = self.cache.h2o_scores(layer, &n_blocks);
+                    scores = self.cache.h2o_scores(layer, &n_blocks, reconstruction);
                 }
                 const py::ssize_t rows = self.cache.config().n_kv_heads;
                 return py::array_t<float>({rows, static_cast<py::ssize_t>(n_blocks)}, scores.data());
             },
-            py::arg("layer"),
-            "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet).")
+            py::arg("layer"), py::arg("reconstruction") = false,
+            "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet); "
+            "reconstruction=True: the reconstruction scores (kvzip) instead.")
+        .def_property_readonly("h2o_reconstructs", locked(&KvCache::h2o_reconstructs),
+                               "Whether the eviction policy scores blocks by a context reconstruction pass (kvzip).")
+        .def_property_readonly("reconstructing", locked(&KvCache::reconstructing),
+                               "Whether a reconstruction pass is under way.")
+        .def("begin_reconstruction", locked(&KvCache::begin_reconstruction),
+             "Start a context reconstruction pass: the tokens stepped from now on are the pass's; the evicting "
+             "layers collect each block's peak probability. ValueError unless h2o_reconstructs.")
+        .def("rewind_reconstruction", locked(&KvCache::rewind_reconstruction),
+             "Drop every token stepped since begin_reconstruction (their memory is freed); the pass goes on.")
+        .def("end_reconstruction", locked(&KvCache::end_reconstruction),
+             "Rewind, fold the pass's peaks into the blocks' reconstruction scores (max), end the pass.")
         .def(
             "enable_store",
             [](PyKvCache& self, const std::string& mode, const std::string& scope, long long front_n,

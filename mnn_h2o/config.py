@@ -128,7 +128,9 @@ SCHEMA: Tuple[Key, ...] = (
         "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
         "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
         "of a Gaussian of the recent queries), streaming (sink + most recent, StreamingLLM), random "
-        "(baseline)",
+        "(baseline), kvzip (KVzip: the most attention a block gets while the model repeats the "
+        "prompt, a reconstruction pass after each prompt that about doubles the prefill work; "
+        "query-agnostic; meant with layer_budget global)",
         choices=tuple(_core.policy_names())),  # the native registry: one list of names
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
@@ -179,9 +181,11 @@ SCHEMA: Tuple[Key, ...] = (
         "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",
         range=(0.0, 1.0)),
     Key("h2o", "layer_budget", str, "uniform", "-", "how the evicting layers share the budget: uniform "
-        "(the same keep ratio each) or pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
+        "(the same keep ratio each), pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
         "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
-        "below its sink + recent floors)", choices=("uniform", "pyramid")),
+        "below its sink + recent floors) or global (KVzip: one budget, the uniform total, for every kv "
+        "head of every evicting layer, their blocks ranked together by the policy's scores; the "
+        "floors stay per head; per_head_budget is then implied)", choices=("uniform", "pyramid", "global")),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks, in any "
         "runtime.kv_dtype (quantised rows as Gear's Q8 / Q4 frames): off; probe (encode/verify a "
         "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "
@@ -364,6 +368,10 @@ def _check_together(cfg) -> None:
     if h["target_keep_ratio"] > 0.0 and h["kv_budget_bytes"] > 0:
         raise ConfigError("h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one "
                           f"(got {h['target_keep_ratio']} and {h['kv_budget_bytes']})")
+    if h["enabled"] and h["policy"] == "kvzip" and h["prefill_eviction"] == "chunk":
+        raise ConfigError("h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip: its scores come "
+                          "from a reconstruction pass over the whole prompt, so the prompt is evicted once, "
+                          "after it (prefill_eviction end)")
     if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
         raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
                           f"({h['layer_start']}) or -1")

@@ -68,6 +68,11 @@ class Stats(SpeedCounters):
     kv_bytes_f16: int = 0            # the same tokens as f16 rows: the reference of the
                                      # whole-model ratio, whatever the element type
     evictions: int = 0               # forwards after which the H2O policy evicted something
+    # The context reconstruction pass of h2o.policy kvzip (docs/h2o.md "Reconstruction"): its part
+    # of prefill_s (prefill_s includes it: a user waits for it) and the tokens it ran through the
+    # model (the repeat prompts and the context again).
+    reconstruct_s: float = 0.0
+    reconstruct_tokens: int = 0
     # Sums over decode steps of uncompressed and held bytes: their ratio is the lossy ratio
     # averaged over the decode (weighted by time in tokens), not just its final value.
     decode_bytes_uncompressed_sum: int = 0
@@ -122,6 +127,14 @@ class Generation:
 
 
 _MEMORY_MODE = {"normal": 0, "low": 2}
+
+# The context reconstruction pass (KVzip, as kvpress runs it): the context is repeated in chunks of
+# this many tokens, each after a prompt asking for it; a chunk after the first quotes the last
+# RECONSTRUCTION_QUOTE tokens of the one before. The pass's tokens are dropped after each chunk.
+RECONSTRUCTION_CHUNK = 2048
+RECONSTRUCTION_QUOTE = 8
+REPEAT_FIRST = "\n\nRepeat the previous context exactly."
+REPEAT_LATER = "\n\nRepeat the part of the previous context exactly, starting with"
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
@@ -174,6 +187,7 @@ class Llm:
         self._sin = np.ascontiguousarray(sin[:, None, :])
 
         self._inputs: Dict[int, tuple] = {}
+        self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
         self.configure_kv_dtype(rt["kv_dtype"])
@@ -301,6 +315,7 @@ class Llm:
         self.cache.reset()
         self.pos = 0
         self.stats = Stats()
+        self._unpassed: List[int] = []  # tokens written since the last reconstruction pass
 
     def _input_vars(self, n: int):
         """Placeholders for an n-row step, kept per n so decode steps allocate nothing."""
@@ -315,22 +330,16 @@ class Llm:
         return v
 
     # --- forward -----------------------------------------------------------------------------
-    def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
-                 evict: bool = True) -> Optional[np.ndarray]:
-        """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
-        Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
-        (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last).
-        ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
-        ``end_step``: scores keep accumulating and the next chunk's decides."""
+    def _layers(self, ids: Sequence[int], pos: int):
+        """Run ``ids`` through every layer at positions pos.., caching their K/V. Returns the last
+        hidden state and attention output (the tail's inputs) and the seconds in MNN and in the
+        native cache."""
         n = len(ids)
         c = self.config
-        if self.pos + n > self.max_context:
-            raise ContextOverflowError(
-                f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
         h_in, attn_in, cos_in, sin_in, attn = self._input_vars(n)
         h_in.write(np.asarray(self._embed[np.asarray(ids)], dtype=np.float32))
-        cos_in.write(self._cos[self.pos:self.pos + n])
-        sin_in.write(self._sin[self.pos:self.pos + n])
+        cos_in.write(self._cos[pos:pos + n])
+        sin_in.write(self._sin[pos:pos + n])
         mods, cache, perf = self._modules, self.cache, time.perf_counter
         t_mnn = t_att = 0.0
         h = h_in
@@ -344,22 +353,44 @@ class Llm:
             t2 = perf()
             t_mnn += t1 - t0
             t_att += t2 - t1
-        t0 = perf()
-        if self.h2o is not None and evict and cache.end_step(n, prefill):
-            self.stats.evictions += 1
-        t_att += perf() - t0
+        return h, attn_in, t_mnn, t_att
+
+    def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
+                 evict: bool = True) -> Optional[np.ndarray]:
+        """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
+        Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
+        (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last).
+        ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
+        ``end_step``: scores keep accumulating and the next chunk's decides."""
+        n = len(ids)
+        c = self.config
+        if self.pos + n > self.max_context:
+            raise ContextOverflowError(
+                f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
+        h, attn_in, t_mnn, t_att = self._layers(ids, self.pos)
+        self._unpassed.extend(int(t) for t in ids)
+        if evict:
+            self._end_step(n, prefill)
+        perf = time.perf_counter
         t0 = perf()
         logits = None
         if want is not None:
-            x = mods[-2].forward([h, attn_in])[0]
+            x = self._modules[-2].forward([h, attn_in])[0]
             if want == "last" and n > 1:
                 x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
-            logits = np.array(mods[-1].forward([x])[0].read(), dtype=np.float32, copy=True)
+            logits = np.array(self._modules[-1].forward([x])[0].read(), dtype=np.float32, copy=True)
         self.stats.mnn_s += t_mnn + perf() - t0
         self.stats.attention_s += t_att
         self.pos += n
         self.refresh_kv_stats()
         return logits
+
+    def _end_step(self, n: int, prefill: bool) -> None:
+        """The cache's end of a forward (eviction when due), timed as attention."""
+        t0 = time.perf_counter()
+        if self.h2o is not None and self.cache.end_step(n, prefill):
+            self.stats.evictions += 1
+        self.stats.attention_s += time.perf_counter() - t0
 
     def refresh_kv_stats(self) -> None:
         """The byte counters of ``stats`` from the cache as it is now (after every forward, and
@@ -371,6 +402,60 @@ class Llm:
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         st.kv_bytes_f16 = self.pos * self._f16_token_bytes
+
+    # --- context reconstruction (h2o.policy kvzip) ----------------------------------------------
+    def _repeat_ids(self) -> tuple:
+        """The ids of the reconstruction prompts: the first chunk's, a later chunk's (before its
+        quote of the previous chunk) and what closes the request, i.e. the chat template's text
+        after a user turn (end of turn, assistant header) when the model has one, else a newline
+        (kvpress's choice)."""
+        if self._repeat is None:
+            tok = self.tokenizer
+            suffix = "\n"
+            if tok.chat_template:
+                marker = "\u241e"  # a character no template writes: its end is where the user text ends
+                suffix = tok.apply_chat_template(marker).split(marker, 1)[1]
+            self._repeat = (tok.encode(REPEAT_FIRST), tok.encode(REPEAT_LATER), tok.encode(suffix))
+        return self._repeat
+
+    def _reconstruct(self) -> None:
+        """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
+        repeat them, chunk by chunk, teacher-forced; the evicting layers' kernels keep the largest
+        probability each held block gets from those queries. The pass's own tokens are dropped
+        after each chunk, so afterwards the cache holds exactly what it held before."""
+        ctx = self._unpassed
+        bos = self.tokenizer.bos_token_id
+        if ctx and self.pos == len(ctx) and ctx[0] == bos:
+            ctx = ctx[1:]  # the sequence start is no part of the text to repeat
+        self._unpassed = []
+        if not ctx:
+            return
+        first, later, suffix = self._repeat_ids()
+        prompt_max = max(len(first), len(later) + RECONSTRUCTION_QUOTE) + len(suffix)
+        chunk = min(RECONSTRUCTION_CHUNK, self.max_context - self.pos - prompt_max)
+        if chunk < 1:
+            raise ContextOverflowError(
+                f"the reconstruction pass of h2o.policy kvzip needs {prompt_max + 1} free positions after "
+                f"the {self.pos} tokens in context (limit {self.max_context})")
+        t0 = time.perf_counter()
+        cache, st = self.cache, self.stats
+        cache.begin_reconstruction()
+        try:
+            for s in range(0, len(ctx), chunk):
+                part = ctx[s:s + chunk]
+                head = first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]
+                ids = head + suffix + part
+                for o in range(0, len(ids), self.prefill_chunk):
+                    sub = ids[o:o + self.prefill_chunk]
+                    _, _, t_mnn, t_att = self._layers(sub, self.pos + o)
+                    st.mnn_s += t_mnn
+                    st.attention_s += t_att
+                    st.kv_bytes_peak = max(st.kv_bytes_peak, cache.bytes_held())
+                st.reconstruct_tokens += len(ids)
+                cache.rewind_reconstruction()
+        finally:
+            cache.end_reconstruction()
+        st.reconstruct_s += time.perf_counter() - t0
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -390,16 +475,22 @@ class Llm:
                 f"limit {self.max_context} (runtime.max_context / the model's context)")
         t0 = time.perf_counter()
         outs = []
+        # A reconstructing policy (kvzip) evicts once, after the pass that scores the prompt.
+        reconstructs = self.h2o is not None and self.cache.h2o_reconstructs
         end_only = self.h2o is not None and self.h2o["prefill_eviction"] == "end"
         for s in range(0, ids.size, self.prefill_chunk):
             chunk = ids[s:s + self.prefill_chunk]
             last = s + self.prefill_chunk >= ids.size
             out = self._forward(chunk, "all" if all_logits else "last" if last else None, True,
-                                evict=last or not end_only)
+                                evict=not reconstructs and (last or not end_only))
             if out is not None:
                 outs.append(out)
             if progress is not None:
                 progress(len(chunk))
+        if reconstructs:
+            self._reconstruct()
+            self._end_step(int(ids.size), True)
+            self.refresh_kv_stats()
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += int(ids.size)
         return np.concatenate(outs, 0) if all_logits else outs[-1][-1]

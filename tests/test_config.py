@@ -98,7 +98,8 @@ def test_policy_choices_are_the_native_registry():
     core = pytest.importorskip("mnn_h2o._core")
     names = core.policy_names()
     assert list(config.key("h2o.policy").choices) == names
-    assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random"} == set(names)
+    assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
+            "kvzip"} == set(names)
     with pytest.raises(config.ConfigError) as e:
         config.validate({"h2o": {"policy": "lru"}})
     assert all(n in str(e.value) for n in names)

@@ -144,8 +144,11 @@ class OursEngine:
         return llm
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
-        tr = teacher_forced(self._configure(m, ratio), prompt, cont)
-        return {"logp": tr.logp, "bytes_held": tr.kv_bytes_held, "bytes_full": tr.f16_bytes}
+        llm = self._configure(m, ratio)
+        tr = teacher_forced(llm, prompt, cont)
+        # The prefill's time and the part of it kvzip's reconstruction pass took.
+        return {"logp": tr.logp, "bytes_held": tr.kv_bytes_held, "bytes_full": tr.f16_bytes,
+                "prefill_s": llm.stats.prefill_s, "reconstruct_s": llm.stats.reconstruct_s}
 
     def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
                max_new_tokens: int) -> Tuple[str, int, int]:
@@ -289,6 +292,7 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
                            bytes_held=int(cand["bytes_held"]), bytes_full=int(cand["bytes_full"]),
                            ratio=cand["bytes_full"] / cand["bytes_held"] if cand["bytes_held"] else None,
                            seconds=round(secs, 2))
+                run.update({k: round(cand[k], 2) for k in ("prefill_s", "reconstruct_s") if k in cand})
                 run.update(metrics(ref["logp"], cand["logp"], seg.continuation))
                 results.add(run)
                 tick()

@@ -369,8 +369,8 @@ static void test_h2o() {
         CHECK(error_mentions((std::string("'") + name + "'").c_str()), "the error lists %s: %s", name,
               mnn_h2o_last_error());
     }
-    CHECK(n_policies == 8 && std::string(mnn_h2o_policy_name(0)) == "h2o" && !mnn_h2o_policy_name(-1),
-          "8 policies, h2o first (%d)", n_policies);
+    CHECK(n_policies == 9 && std::string(mnn_h2o_policy_name(0)) == "h2o" && !mnn_h2o_policy_name(-1),
+          "9 policies, h2o first (%d)", n_policies);
     for (int i = 0; i < n_policies; ++i) {
         mnn_h2o_eviction_config_init(&e);
         e.policy = mnn_h2o_policy_name(i);

@@ -55,7 +55,7 @@ struct observation_window { static constexpr const char* kName = "observation_wi
 // h2o.head_floor_share: float, fraction
 struct head_floor_share { static constexpr const char* kName = "head_floor_share"; static constexpr double kDefault = 0.0; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1]"; };
 // h2o.layer_budget: str, -
-struct layer_budget { static constexpr const char* kName = "layer_budget"; static constexpr const char* kDefault = "uniform"; static constexpr const char* kChoices[] = {"uniform", "pyramid"}; static constexpr int kChoiceCount = 2; static constexpr int kDefaultIndex = 0; static constexpr const char* kAllowed = "one of 'uniform', 'pyramid'"; };
+struct layer_budget { static constexpr const char* kName = "layer_budget"; static constexpr const char* kDefault = "uniform"; static constexpr const char* kChoices[] = {"uniform", "pyramid", "global"}; static constexpr int kChoiceCount = 3; static constexpr int kDefaultIndex = 0; static constexpr const char* kAllowed = "one of 'uniform', 'pyramid', 'global'"; };
 }  // namespace h2o
 
 namespace lossless {

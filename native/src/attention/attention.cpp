@@ -77,6 +77,7 @@ void validate(const AttentionProblem& p) {
     if (p.n_q < 1) fail("n_q must be >= 1");
     if (p.split_keys < 0) fail("split_keys must be >= 0");
     if (p.window_scores && !p.block_scores) fail("window_scores needs block_scores");
+    if (p.block_max && !p.block_scores) fail("block_max needs block_scores");
     if (p.window_scores && (p.window_queries < 1 || p.window_queries > p.n_q))
         fail("window_queries must be in [1, n_q], got " + std::to_string(p.window_queries));
     for (int h = 0; h < p.n_kv_heads; ++h) {
@@ -128,6 +129,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
     if (ws.per_thread.size() < slice * n_threads) ws.per_thread.resize(slice * n_threads);
     if (p.block_scores) ws.tile_scores.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
     if (p.window_scores) ws.tile_window.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
+    if (p.block_max) ws.tile_max.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
     // Rows are query-major (row = t * G + g), so the window's rows are the last ones of a head.
     const int window_row = p.window_scores ? (p.n_q - p.window_queries) * G : rows_per_head;
 
@@ -154,7 +156,8 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
                                ws.per_thread.data() + slice * thread,
                                p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr,
                                window ? ws.tile_window.data() + static_cast<size_t>(task) * max_blocks : nullptr,
-                               std::max(0, window_row - r0)};
+                               std::max(0, window_row - r0),
+                               p.block_max ? ws.tile_max.data() + static_cast<size_t>(task) * max_blocks : nullptr};
         ks.tile(args);
     };
     ThreadPool* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
@@ -174,6 +177,11 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
             const float* src = ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks;
             const int h_blocks = (p.heads[task / tiles_per_head].n_keys + p.block_tokens - 1) / p.block_tokens;
             for (int b = 0; b < h_blocks; ++b) dst[b] += src[b];
+            if (p.block_max) {
+                float* mdst = p.block_max + static_cast<size_t>(task / tiles_per_head) * p.scores_stride;
+                const float* msrc = ws.tile_max.data() + static_cast<size_t>(task) * max_blocks;
+                for (int b = 0; b < h_blocks; ++b) mdst[b] = std::max(mdst[b], msrc[b]);
+            }
             if (!p.window_scores) continue;
             float* wdst = p.window_scores + static_cast<size_t>(task / tiles_per_head) * p.scores_stride;
             const float* wsrc = ws.tile_window.data() + static_cast<size_t>(task) * max_blocks;
@@ -198,12 +206,14 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
     // Per (head, split, query, row): m, l and o, laid out as three arrays.
     const size_t n_states = static_cast<size_t>(n_tasks) * p.n_q * G;
     const size_t n_block_rows = static_cast<size_t>(p.n_kv_heads) * p.n_q * G;
-    const size_t need = n_states * (2 + hd) + (p.block_scores ? n_block_rows * max_blocks : 0);
+    const size_t block_floats = n_block_rows * max_blocks;
+    const size_t need = n_states * (2 + hd) + (p.block_scores ? block_floats : 0) + (p.block_max ? block_floats : 0);
     if (ws.partials.size() < need) ws.partials.resize(need);
     float* ms = ws.partials.data();
     float* ls = ms + n_states;
     float* os = ls + n_states;
-    float* block_sums = os + n_states * hd;  // [head][query][row][block]
+    float* block_sums = os + n_states * hd;         // [head][query][row][block]
+    float* block_peaks = block_sums + block_floats;  // the same layout (block_max)
 
     const auto split_keys = [&](int task, int* key_begin, int* key_end) {
         const int nb = (p.heads[task / splits].n_keys + bt - 1) / bt, s = task % splits;
@@ -227,6 +237,7 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                 continue;
             }
             for (int g = 0; g < G; ++g) q_rows[g] = p.q + (static_cast<size_t>(t) * n_heads + h * G + g) * hd;
+            const size_t rows_at = ((static_cast<size_t>(h) * p.n_q + t) * G) * max_blocks + key_begin / bt;
             kernels::DecodeArgs args{shape,
                                      &kv,
                                      q_rows,
@@ -237,10 +248,9 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                                      ms + state,
                                      ls + state,
                                      os + state * hd,
-                                     p.block_scores ? block_sums + ((static_cast<size_t>(h) * p.n_q + t) * G) * max_blocks +
-                                                          key_begin / bt
-                                                    : nullptr,
-                                     static_cast<size_t>(max_blocks)};
+                                     p.block_scores ? block_sums + rows_at : nullptr,
+                                     static_cast<size_t>(max_blocks),
+                                     p.block_max ? block_peaks + rows_at : nullptr};
             ks.decode(args);
         }
     };
@@ -278,6 +288,11 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                     const float* src = block_sums + ((static_cast<size_t>(h) * p.n_q + t) * G + g) * max_blocks;
                     float* dst = p.block_scores + static_cast<size_t>(h) * p.scores_stride;
                     for (int b = split_begin(nb, s); b < b_end; ++b) dst[b] += f * src[b];
+                    if (p.block_max) {
+                        const float* peak = block_peaks + ((static_cast<size_t>(h) * p.n_q + t) * G + g) * max_blocks;
+                        float* mdst = p.block_max + static_cast<size_t>(h) * p.scores_stride;
+                        for (int b = split_begin(nb, s); b < b_end; ++b) mdst[b] = std::max(mdst[b], f * peak[b]);
+                    }
                     if (!p.window_scores || t < p.n_q - p.window_queries) continue;
                     float* wdst = p.window_scores + static_cast<size_t>(h) * p.scores_stride;
                     for (int b = split_begin(nb, s); b < b_end; ++b) wdst[b] += f * src[b];

@@ -24,7 +24,8 @@ struct Shape {
 // key_begin < key_end. Afterwards, for row r and key j of the range with score s_j:
 //   m[r] = max s_j,  l[r] = sum exp(s_j - m[r]),  o[r*head_dim + d] = sum exp(s_j - m[r]) v_j[d]
 // and, if block_sums is set, block_sums[r*block_sums_stride + b] = sum over the keys of the
-// b-th block of the range of exp(s_j - m[r]).
+// b-th block of the range of exp(s_j - m[r]); if block_peaks is set too, block_peaks[r *
+// block_sums_stride + b] = the largest exp(s_j - m[r]) of the b-th block.
 struct DecodeArgs {
     Shape shape;
     const KvHeadView* kv;
@@ -37,12 +38,15 @@ struct DecodeArgs {
     float* o;
     float* block_sums;
     size_t block_sums_stride;
+    float* block_peaks;  // null, or set with block_sums
 };
 
 // Exact attention of up to tile_rows query rows of one kv head; row r sees keys [0, limits[r]),
 // limits[r] >= 1. Writes out_rows[r][0..head_dim) normalised, and if block_scores is set adds to
 // block_scores[b] the probability mass of block b summed over the rows; if window_scores is set
-// too, adds to window_scores[b] the mass of block b summed over the rows r >= window_first_row.
+// too, adds to window_scores[b] the mass of block b summed over the rows r >= window_first_row;
+// if block_max is set (with block_scores), block_max[b] = max(block_max[b], the largest
+// probability of a key of block b in any row).
 struct TileArgs {
     Shape shape;
     const KvHeadView* kv;
@@ -54,6 +58,7 @@ struct TileArgs {
     float* block_scores;
     float* window_scores;  // null, or set with block_scores
     int window_first_row;
+    float* block_max;      // null, or set with block_scores
 };
 
 struct KernelSet {

@@ -21,9 +21,10 @@ void load_row(const Shape& s, const void* const* blocks, int token, float* dst) 
 }
 
 // The unnormalised softmax state of one query row over keys [kb, ke) (see DecodeArgs).
-// scratch holds ke - kb scores and one converted row.
+// scratch holds ke - kb scores and one converted row. block_peaks (with block_sums) gets each
+// block's largest exp(s_j - m).
 void row_partial(const Shape& s, const KvHeadView& kv, const float* q, int kb, int ke, float* scratch, float& m,
-                 float& l, float* o, float* block_sums) {
+                 float& l, float* o, float* block_sums, float* block_peaks) {
     const int hd = s.head_dim, n = ke - kb;
     float* scores = scratch;
     float* row = scratch + n;
@@ -37,13 +38,16 @@ void row_partial(const Shape& s, const KvHeadView& kv, const float* q, int kb, i
     }
     l = 0.f;
     std::memset(o, 0, sizeof(float) * hd);
-    if (block_sums) std::memset(block_sums, 0, sizeof(float) * ((n + s.block_tokens - 1) / s.block_tokens));
+    const size_t n_blocks = static_cast<size_t>((n + s.block_tokens - 1) / s.block_tokens);
+    if (block_sums) std::memset(block_sums, 0, sizeof(float) * n_blocks);
+    if (block_peaks) std::memset(block_peaks, 0, sizeof(float) * n_blocks);
     for (int j = 0; j < n; ++j) {
         const float p = std::exp(scores[j] - m);
         l += p;
         load_row(s, kv.v_blocks, kb + j, row);
         for (int d = 0; d < hd; ++d) o[d] += p * row[d];
         if (block_sums) block_sums[j / s.block_tokens] += p;
+        if (block_peaks && p > block_peaks[j / s.block_tokens]) block_peaks[j / s.block_tokens] = p;
     }
 }
 
@@ -55,12 +59,13 @@ void decode(const DecodeArgs& a) {
     for (int r = 0; r < a.n_rows; ++r) {
         row_partial(a.shape, *a.kv, a.q_rows[r], a.key_begin, a.key_end, a.scratch, a.m[r], a.l[r],
                     a.o + static_cast<size_t>(r) * a.shape.head_dim,
-                    a.block_sums ? a.block_sums + r * a.block_sums_stride : nullptr);
+                    a.block_sums ? a.block_sums + r * a.block_sums_stride : nullptr,
+                    a.block_peaks ? a.block_peaks + r * a.block_sums_stride : nullptr);
     }
 }
 
 size_t tile_scratch_floats(const Shape& s, int n_blocks) {
-    return static_cast<size_t>(n_blocks) * s.block_tokens + 2 * static_cast<size_t>(s.head_dim) + n_blocks;
+    return static_cast<size_t>(n_blocks) * s.block_tokens + 2 * static_cast<size_t>(s.head_dim) + 2 * static_cast<size_t>(n_blocks);
 }
 
 void tile(const TileArgs& a) {
@@ -69,11 +74,13 @@ void tile(const TileArgs& a) {
     int max_limit = 0;
     for (int r = 0; r < a.n_rows; ++r) max_limit = a.limits[r] > max_limit ? a.limits[r] : max_limit;
     const int n_blocks = (max_limit + s.block_tokens - 1) / s.block_tokens;
-    float* o = a.scratch + tile_scratch_floats(s, n_blocks) - hd - n_blocks;
+    float* o = a.scratch + tile_scratch_floats(s, n_blocks) - hd - 2 * n_blocks;
     float* block_sums = o + hd;
+    float* block_peaks = block_sums + n_blocks;
     for (int r = 0; r < a.n_rows; ++r) {
         float m, l;
-        row_partial(s, *a.kv, a.q_rows[r], 0, a.limits[r], a.scratch, m, l, o, a.block_scores ? block_sums : nullptr);
+        row_partial(s, *a.kv, a.q_rows[r], 0, a.limits[r], a.scratch, m, l, o, a.block_scores ? block_sums : nullptr,
+                    a.block_max ? block_peaks : nullptr);
         const float inv_l = 1.f / l;
         for (int d = 0; d < hd; ++d) a.out_rows[r][d] = o[d] * inv_l;
         if (a.block_scores) {
@@ -81,6 +88,9 @@ void tile(const TileArgs& a) {
             for (int b = 0; b < nb; ++b) a.block_scores[b] += block_sums[b] * inv_l;
             if (a.window_scores && r >= a.window_first_row)
                 for (int b = 0; b < nb; ++b) a.window_scores[b] += block_sums[b] * inv_l;
+            if (a.block_max)
+                for (int b = 0; b < nb; ++b)
+                    if (block_peaks[b] * inv_l > a.block_max[b]) a.block_max[b] = block_peaks[b] * inv_l;
         }
     }
 }

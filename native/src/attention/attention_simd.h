@@ -238,13 +238,15 @@ void decode_impl(const DecodeArgs& a) {
         Vec<V> total = V::zero();
         for (size_t b0 = 0; b0 < stride; b0 += bt) {
             const size_t b1 = b0 + bt < stride ? b0 + bt : stride;
-            Vec<V> block = V::zero();
+            Vec<V> block = V::zero(), peak = V::zero();
             for (size_t j = b0; j < b1; j += V::W) {
                 const Vec<V> p = vexp<V>(V::sub(V::load(row + j), mb));
                 V::store(row + j, p);
                 block = V::add(block, p);
+                peak = V::max(peak, p);
             }
             if (a.block_sums) a.block_sums[r * a.block_sums_stride + b0 / bt] = V::hsum(block);
+            if (a.block_peaks) a.block_peaks[r * a.block_sums_stride + b0 / bt] = V::hmax(peak);
             total = V::add(total, block);
         }
         a.m[r] = m;
@@ -275,7 +277,7 @@ template <class V>
 size_t tile_scratch_floats(const Shape& s, int n_blocks) {
     constexpr size_t R = kTileRows<V>;
     const size_t hd = s.head_dim, bt = s.block_tokens;
-    return hd * R + 2 * bt * hd + bt * R + R * hd + 4 * R + 2 * static_cast<size_t>(n_blocks) * R;
+    return hd * R + 2 * bt * hd + bt * R + R * hd + 4 * R + 3 * static_cast<size_t>(n_blocks) * R;
 }
 
 // st[j][0..R) = sum_d kf[j][d] * qt[d][0..R) for j in [0, nk).
@@ -374,6 +376,7 @@ void tile_impl(const TileArgs& a) {
     float* limf = alpha + R;
     float* bsum = limf + R;
     float* bmax = bsum + static_cast<size_t>(n_blocks) * R;
+    float* bpeak = bmax + static_cast<size_t>(n_blocks) * R;  // each block's own largest (masked) score
 
     // Padding rows get zero queries and the widest limit: harmless lanes that are never read.
     for (int r = 0; r < R; ++r) {
@@ -442,6 +445,10 @@ void tile_impl(const TileArgs& a) {
             V::store(bmax + b * R, mn0);
             V::store(bmax + b * R + W, mn1);
         }
+        if (a.block_max) {
+            V::store(bpeak + b * R, mb0);
+            V::store(bpeak + b * R + W, mb1);
+        }
         for (int r0 = 0; r0 < a.n_rows; r0 += PR) tile_pv_rows<V, PR>(st, alpha, vb, nk, hd, r0, o);
     }
 
@@ -464,6 +471,13 @@ void tile_impl(const TileArgs& a) {
                 V::mul(V::mul(V::load(bsum + b * R + W), vexp<V>(V::sub(V::load(bmax + b * R + W), m1))), w1);
             a.block_scores[b] += V::hsum(V::add(f0, f1));
             if (a.window_scores) a.window_scores[b] += V::hsum(V::fmadd(f0, in0, V::mul(f1, in1)));
+            if (!a.block_max) continue;
+            // The block's largest probability per row: exp(peak score - m_final) / l_final (0 for
+            // padding rows, whose weight is 0, and for rows that see none of its keys).
+            const Vec<V> p0 = V::mul(vexp<V>(V::sub(V::load(bpeak + b * R), m0)), w0);
+            const Vec<V> p1 = V::mul(vexp<V>(V::sub(V::load(bpeak + b * R + W), m1)), w1);
+            const float peak = V::hmax(V::max(p0, p1));
+            if (peak > a.block_max[b]) a.block_max[b] = peak;
         }
     }
 }

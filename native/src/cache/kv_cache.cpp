@@ -204,7 +204,8 @@ void KvCache::attend(int layer, const float* q, int n_q, float* out, float* bloc
 }
 
 void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores,
-                             size_t scores_stride, float* window_scores, int window_queries, Isa isa) {
+                             size_t scores_stride, float* window_scores, int window_queries, Isa isa,
+                             float* block_max) {
     for (int h = 0; h < cfg_.n_kv_heads; ++h) views_[h] = view(layer, h);
     AttentionProblem p;
     p.n_kv_heads = cfg_.n_kv_heads;
@@ -220,6 +221,7 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
     p.scores_stride = scores_stride;
     p.window_scores = window_scores;
     p.window_queries = window_queries;
+    p.block_max = block_max;
     // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
     // mix of rotated values, so it is rotated back (H is its own inverse).
     const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
@@ -240,6 +242,10 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     check_attend(layer, q, n_tokens, out, block_scores, scores_stride, n_tokens);
     if (store_) store_->install_finished();
     append(layer, k, v, n_tokens);
+    if (reconstructing_) {
+        step_reconstruction(layer, q, n_tokens, out, block_scores, scores_stride);
+        return;
+    }
     if (!h2o_ || !h2o_->collects(layer)) {
         attend(layer, q, n_tokens, out, block_scores, scores_stride);
         // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
@@ -271,6 +277,60 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     if (h2o_->wants_queries())
         h2o_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
     if (store_) store_->prefetch(layer + 1);
+}
+
+void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float* out, float* block_scores,
+                                  size_t scores_stride) {
+    if (!h2o_->collects(layer)) {
+        attend(layer, q, n_tokens, out, block_scores, scores_stride);
+    } else {
+        // The peaks come out of the same softmax as the masses; the pass keeps only the peaks (the
+        // H2O scores stay those of the real tokens), so the masses go to scratch.
+        const size_t stride = h2o_->stride();
+        scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
+        attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
+                       h2o_->reconstruction_accumulator(layer));
+        for (int h = 0; block_scores && h < cfg_.n_kv_heads; ++h) {
+            const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
+            for (int b = 0; b < n_blocks; ++b)
+                block_scores[static_cast<size_t>(h) * scores_stride + b] += scores_scratch_[static_cast<size_t>(h) * stride + b];
+        }
+    }
+    if (store_) store_->prefetch(layer + 1);
+}
+
+void KvCache::require_no_pass(const char* what) const {
+    if (reconstructing_)
+        throw std::invalid_argument(std::string("KvCache: ") + what +
+                                    ": a reconstruction pass is under way (end_reconstruction first)");
+}
+
+void KvCache::begin_reconstruction() {
+    require(h2o_reconstructs(), "begin_reconstruction: the eviction policy takes no reconstruction scores "
+                                "(enable_h2o with policy 'kvzip')");
+    require_no_pass("begin_reconstruction");
+    pass_lengths_.resize(heads_.size());
+    for (size_t i = 0; i < heads_.size(); ++i) pass_lengths_[i] = heads_[i].length;
+    pass_seen_.resize(stats_.size());
+    for (size_t l = 0; l < stats_.size(); ++l) pass_seen_[l] = stats_[l].tokens_seen;
+    reconstructing_ = true;
+}
+
+void KvCache::rewind_reconstruction() {
+    require(reconstructing_, "rewind_reconstruction: no reconstruction pass is under way");
+    for (int layer = 0; layer < cfg_.n_layers; ++layer) {
+        for (int h = 0; h < cfg_.n_kv_heads; ++h)
+            truncate(layer, h, pass_lengths_[static_cast<size_t>(layer) * cfg_.n_kv_heads + h]);
+        stats_[layer].tokens_seen = pass_seen_[layer];
+    }
+}
+
+void KvCache::end_reconstruction() {
+    rewind_reconstruction();
+    const H2oConfig& c = h2o_->config();
+    for (int layer = c.layer_start; layer < c.layer_end; ++layer)
+        h2o_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
+    reconstructing_ = false;
 }
 
 int KvCache::length(int layer, int h) const { return head(layer, h).length; }
@@ -329,15 +389,24 @@ void KvCache::truncate(int layer, int h, int n_tokens) {
 }
 
 void KvCache::reset() {
+    reconstructing_ = false;
     if (store_) store_->reset();
     for (Head& hs : heads_) release_tail(hs, 0);
     std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});
     if (h2o_) h2o_->reset();
 }
 
-void KvCache::enable_h2o(const H2oConfig& config) { h2o_ = std::make_unique<H2oState>(config, cfg_); }
+void KvCache::enable_h2o(const H2oConfig& config) {
+    require_no_pass("enable_h2o");
+    h2o_ = std::make_unique<H2oState>(config, cfg_);
+    const H2oConfig& c = h2o_->config();
+    if (h2o_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
+}
 
-void KvCache::disable_h2o() { h2o_.reset(); }
+void KvCache::disable_h2o() {
+    require_no_pass("disable_h2o");
+    h2o_.reset();
+}
 
 void KvCache::enable_store(const StoreConfig& config) {
     validate_store_config(config, cfg_);
@@ -369,6 +438,7 @@ StoreStats KvCache::store_stats() const {
 
 bool KvCache::end_step(int n_tokens, bool prefill) {
     require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
+    require_no_pass("end_step");
     if (store_) store_->install_finished();
     const bool evicted = h2o_ && evict_due(n_tokens, prefill);
     // New cold chunks, after eviction has had its say on this step's blocks.
@@ -379,6 +449,7 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
 bool KvCache::evict_due(int n_tokens, bool prefill) {
     // Counted in decode tokens, the same for every layer (not in layer calls).
     const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
+    if (h2o_->global_budget()) return evict_global(decode_due);
     const H2oConfig& c = h2o_->config();
     bool updated = false, evicted = false;
     for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
@@ -400,6 +471,38 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
         }
     }
     if (updated) h2o_->count_update();
+    return evicted;
+}
+
+bool KvCache::evict_global(bool due) {
+    const H2oConfig& c = h2o_->config();
+    const int n = c.layer_end - c.layer_start, H = cfg_.n_kv_heads;
+    seen_.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        seen_[i] = stats_[c.layer_start + i].tokens_seen;
+        for (int h = 0; h < H; ++h) lengths_[static_cast<size_t>(i) * H + h] = head(c.layer_start + i, h).length;
+    }
+    // In a prefill (due is false) only when the model as a whole is over its budget.
+    if (!due && !h2o_->over_budget_global(seen_.data(), lengths_.data())) return false;
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < n; ++i) h2o_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
+    h2o_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_);
+    // One plan for all layers: its time is shared equally among them.
+    const double us = micros_since(t0) / n;
+    bool evicted = false;
+    for (int i = 0; i < n; ++i) {
+        const int layer = c.layer_start + i;
+        stats_[layer].policy_us += us;
+        for (int h = 0; h < H; ++h) {
+            const std::vector<TokenRun>& plan = plans_[static_cast<size_t>(i) * H + h];
+            if (plan.empty()) continue;
+            int sink = 0, recent = 1;
+            h2o_->floor_tokens(seen_[i], lengths_[static_cast<size_t>(i) * H + h], &sink, &recent, layer);
+            evict_with_floors(layer, h, plan, sink, recent);
+            evicted = true;
+        }
+    }
+    h2o_->count_update();
     return evicted;
 }
 
@@ -555,7 +658,7 @@ H2oStats KvCache::h2o_stats() const {
     return s;
 }
 
-std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks) const {
+std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks, bool reconstruction) const {
     if (!h2o_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
     check_layer(layer);
     int n = 0;
@@ -563,7 +666,8 @@ std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks) const {
     std::vector<float> scores(static_cast<size_t>(cfg_.n_kv_heads) * n, std::numeric_limits<float>::quiet_NaN());
     for (int h = 0; h < cfg_.n_kv_heads; ++h)
         for (int b = 0; b < static_cast<int>(head(layer, h).k_blocks.size()); ++b)
-            scores[static_cast<size_t>(h) * n + b] = h2o_->score(layer, h, b);
+            scores[static_cast<size_t>(h) * n + b] =
+                reconstruction ? h2o_->reconstruction_score(layer, h, b) : h2o_->score(layer, h, b);
     *n_blocks = n;
     return scores;
 }

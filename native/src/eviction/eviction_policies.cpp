@@ -187,6 +187,26 @@ private:
     std::vector<float> logit_, mean_, var_;
 };
 
+// KVzip (query-agnostic): after a prompt the engine asks the model to repeat it (a context
+// reconstruction pass through the same kernels); a block's score is the largest probability any
+// reconstruction query gave any of its keys, so what the model needs to reproduce the context
+// stays. Those peaks are probabilities, compared as they are across heads and layers (KVzip's
+// global budget; kvpress does the same). Blocks no pass has scored yet (tokens written since the
+// last pass: the decode) rank above every scored block, so the context pays for the decode.
+class KvzipPolicy final : public EvictionPolicy {
+public:
+    void rank(const ScoreContext& head, float* priority) override {
+        for (int b = 0; b < head.n_blocks; ++b)
+            priority[b] = std::isnan(head.reconstruction[b]) ? std::numeric_limits<float>::infinity()
+                                                              : head.reconstruction[b];
+    }
+    PolicySignals signals() const override {
+        PolicySignals s;
+        s.reconstruction = true;
+        return s;
+    }
+};
+
 // StreamingLLM: no scores; the budget beyond the floors goes to the most recent blocks.
 class StreamingPolicy final : public EvictionPolicy {
 public:
@@ -245,6 +265,7 @@ const Entry kRegistry[] = {
     {"expected_attention", make_plain<ExpectedAttentionPolicy>},
     {"streaming", make_plain<StreamingPolicy>},
     {"random", make_random},
+    {"kvzip", make_plain<KvzipPolicy>},
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // later results is saved: the schedule, the policy's state and each head's scores over the blocks
 // it may hold; the scratch buffers are rewritten before they are read.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "mnn_h2o/eviction/h2o_state.h"
@@ -69,6 +71,13 @@ void H2oState::save(SnapshotWriter& w) const {
                 w.array(ls.wacc.data() + h * stride_, blocks);
                 w.array(hs.wseen.data(), blocks);
             }
+            if (signals_.reconstruction) {
+                // Scored blocks up to the last one (NaN = none); the rest are NaN again on load.
+                uint32_t scored = static_cast<uint32_t>(hs.recon.size());
+                while (scored > 0 && std::isnan(hs.recon[scored - 1])) --scored;
+                w.value<uint32_t>(scored);
+                w.array(hs.recon.data(), scored);
+            }
         }
     }
 }
@@ -116,6 +125,12 @@ void H2oState::load(SnapshotReader& r) {
             if (signals_.window) {
                 r.array(ls.wacc.data() + h * stride_, blocks, "h2o window masses");
                 r.array(hs.wseen.data(), blocks, "h2o window counts");
+            }
+            if (signals_.reconstruction) {
+                const uint32_t scored = r.value<uint32_t>("h2o reconstruction blocks");
+                r.require(scored <= hs.recon.size(), "a head's reconstruction scores exceed its blocks");
+                std::fill(hs.recon.begin(), hs.recon.end(), std::numeric_limits<float>::quiet_NaN());
+                r.array(hs.recon.data(), scored, "h2o reconstruction scores");
             }
         }
     }

@@ -74,6 +74,8 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
       layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
     if (n_kv_heads_ > kMaxSelectHeads || stride_ > (size_t{1} << 20))
         throw std::invalid_argument("enable_h2o: at most 4096 kv heads and 2^20 blocks per head are supported");
+    if (global_budget() && static_cast<int64_t>(n_kv_heads_) * (cfg_.layer_end - cfg_.layer_start) > kMaxSelectHeads)
+        throw std::invalid_argument("enable_h2o: layer_budget 'global' ranks at most 4096 (layer, kv head) pairs together");
     // Everything is sized for max_tokens up front (like the cache's block lists), so steps and
     // updates never allocate.
     for (LayerScores& l : layers_) {
@@ -84,8 +86,10 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
             h.ema.assign(stride_, 0.f);
             h.pos.assign(stride_, 0.0);
             if (signals_.window) h.wseen.assign(stride_, 0.0);
+            if (signals_.reconstruction) h.recon.assign(stride_, std::numeric_limits<float>::quiet_NaN());
         }
         if (signals_.window) l.wacc.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
+        if (signals_.reconstruction) l.rmax.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
         if (signals_.queries) {
             l.qsum.assign(static_cast<size_t>(cache.n_heads) * head_dim_, 0.0);
             l.qsq.assign(l.qsum.size(), 0.0);
@@ -117,6 +121,32 @@ const H2oState::LayerScores& H2oState::layer_scores(int layer) const {
 }
 
 float* H2oState::accumulator(int layer) { return layer_scores(layer).acc.data(); }
+
+float* H2oState::reconstruction_accumulator(int layer) {
+    LayerScores& ls = layer_scores(layer);
+    return signals_.reconstruction ? ls.rmax.data() : nullptr;
+}
+
+void H2oState::finish_reconstruction(int layer, const int* lengths) {
+    LayerScores& ls = layer_scores(layer);
+    if (!signals_.reconstruction) return;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+        float* peak = ls.rmax.data() + static_cast<size_t>(h) * stride_;
+        std::vector<float>& recon = ls.heads[h].recon;
+        // A max over every reconstruction query so far: a later pass (the next prompt of a
+        // conversation) can only raise a block's score.
+        for (int b = 0; b < blocks_of(lengths[h]); ++b)
+            recon[b] = std::isnan(recon[b]) ? peak[b] : std::max(recon[b], peak[b]);
+        std::fill(peak, peak + stride_, 0.f);
+    }
+}
+
+float H2oState::reconstruction_score(int layer, int head, int block) const {
+    const float none = std::numeric_limits<float>::quiet_NaN();
+    if (!collects(layer) || !signals_.reconstruction) return none;
+    const HeadScores& hs = layer_scores(layer).heads[head];
+    return block >= 0 && static_cast<size_t>(block) < hs.recon.size() ? hs.recon[block] : none;
+}
 
 namespace {
 
@@ -320,6 +350,7 @@ ScoreContext H2oState::context(int layer, int h, int length, const HeadRowReader
         c.q_var = q_var_.data();
         c.q_count = ls.window_count;
     }
+    if (signals_.reconstruction) c.reconstruction = hs.recon.data();
     if (signals_.keys || signals_.values) {
         if (!rows) throw std::invalid_argument("H2O: policy '" + cfg_.policy + "' needs the head's rows");
         const size_t n = static_cast<size_t>(length) * head_dim_;
@@ -332,10 +363,10 @@ ScoreContext H2oState::context(int layer, int h, int length, const HeadRowReader
     return c;
 }
 
-SelectHead H2oState::select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const {
+SelectHead H2oState::select_head(int slot, int length, int budget, std::vector<uint8_t>* keep) const {
     SelectHead s;
     s.n_blocks = blocks_of(length);
-    s.priority = const_cast<float*>(priority_.data()) + static_cast<size_t>(h) * stride_;
+    s.priority = const_cast<float*>(priority_.data()) + static_cast<size_t>(slot) * stride_;
     s.sink_blocks = blocks_of(std::min(cfg_.sink_tokens, length));
     s.recent_first = length > cfg_.recent_tokens ? (length - cfg_.recent_tokens) / block_tokens_ : 0;
     s.keep = keep;
@@ -367,14 +398,9 @@ void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, i
     *recent_tokens = std::min(cfg_.recent_tokens, std::max(1, length - s.recent_first * block_tokens_));
 }
 
-void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-                    H2oLayerStats* stats, const HeadRowReader* rows) {
+void H2oState::place_blocks(int layer, int64_t tokens_seen, const int* lengths) {
     LayerScores& ls = layer_scores(layer);
-    plans->resize(n_kv_heads_);
-    for (auto& p : *plans) p.clear();
-    const auto skip = [&](SkipReason r) { ++stats->skipped[static_cast<int>(r)]; };
-    // Positions of the blocks new since the last plan: the tokens a head dropped so far come
-    // before them (exact unless truncate() shortened the head).
+    // Exact unless truncate() shortened the head.
     for (int h = 0; h < n_kv_heads_; ++h) {
         HeadScores& hs = ls.heads[h];
         const int n = blocks_of(lengths[h]);
@@ -382,9 +408,14 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         for (int b = hs.n_pos; b < n; ++b) hs.pos[b] = dropped + static_cast<double>(b) * block_tokens_;
         hs.n_pos = std::max(hs.n_pos, n);
     }
-    const auto rank = [&](int h) {
-        policy_->rank(context(layer, h, lengths[h], rows), priority_.data() + static_cast<size_t>(h) * stride_);
-    };
+}
+
+void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                    H2oLayerStats* stats, const HeadRowReader* rows) {
+    plans->resize(n_kv_heads_);
+    for (auto& p : *plans) p.clear();
+    const auto skip = [&](SkipReason r) { ++stats->skipped[static_cast<int>(r)]; };
+    place_blocks(layer, tokens_seen, lengths);
 
     select_heads_.clear();
     for (int h = 0; h < n_kv_heads_; ++h) {
@@ -407,7 +438,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
             } else if (floors > budget) {
                 skip(SkipReason::FloorsExceedTarget);
             } else {
-                rank(h);
+                policy_->rank(context(layer, h, lengths[h], rows), priority_.data() + static_cast<size_t>(h) * stride_);
                 select_.assign(1, s);
                 select_blocks(select_, budget - floors, &candidates_);
                 plan_from_blocks(keep_[h], lengths[h], block_tokens_, &(*plans)[h]);
@@ -418,25 +449,76 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
 
     // Shared budget: the layer's eligible heads keep n_eligible * budget blocks between them,
     // ranked together, so a head whose attention is concentrated gives blocks to the others.
+    pool_.clear();
+    for (int h : select_heads_) pool_.push_back({layer, h, lengths[h], budget, stats, &(*plans)[h]});
+    plan_pooled(rows);
+}
+
+bool H2oState::over_budget_global(const int64_t* tokens_seen, const int* lengths) const {
+    int64_t total = 0, pooled = 0;
+    for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
+        const int i = layer - cfg_.layer_start;
+        if (tokens_seen[i] < cfg_.trigger_min_tokens || !(keep_ratio(tokens_seen[i]) > 0.0)) continue;
+        const int budget = budget_blocks(tokens_seen[i], layer);
+        for (int h = 0; h < n_kv_heads_; ++h) {
+            total += blocks_of(lengths[i * n_kv_heads_ + h]);
+            pooled += budget;
+        }
+    }
+    return total > pooled;
+}
+
+void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                           H2oLayerStats* stats, const HeadRowReader* rows) {
+    const int n_layers = cfg_.layer_end - cfg_.layer_start;
+    plans->resize(static_cast<size_t>(n_layers) * n_kv_heads_);
+    for (auto& p : *plans) p.clear();
+    pool_.clear();
+    for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
+        const int i = layer - cfg_.layer_start;
+        const int* len = lengths + static_cast<size_t>(i) * n_kv_heads_;
+        H2oLayerStats* st = stats + layer;
+        place_blocks(layer, tokens_seen[i], len);
+        const SkipReason none = tokens_seen[i] < cfg_.trigger_min_tokens ? SkipReason::BelowTrigger
+                                : !(keep_ratio(tokens_seen[i]) > 0.0)     ? SkipReason::TargetUnreachable
+                                                                          : SkipReason::WithinBudget;
+        if (none != SkipReason::WithinBudget) {
+            st->skipped[static_cast<int>(none)] += n_kv_heads_;
+            continue;
+        }
+        const int budget = budget_blocks(tokens_seen[i], layer);
+        for (int h = 0; h < n_kv_heads_; ++h)
+            pool_.push_back({layer, h, len[h], budget, st, &(*plans)[static_cast<size_t>(i) * n_kv_heads_ + h]});
+    }
+    // Sized on first use: only a global budget pools more heads than a layer has.
+    if (priority_.size() < pool_.size() * stride_) priority_.resize(pool_.size() * stride_);
+    if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
+    plan_pooled(rows);
+}
+
+void H2oState::plan_pooled(const HeadRowReader* rows) {
     select_.clear();
-    int64_t total = 0, floors = 0;
-    for (int h : select_heads_) {
-        select_.push_back(select_head(h, lengths[h], budget, &keep_[h]));
+    int64_t total = 0, floors = 0, pooled = 0;
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const PoolHead& e = pool_[i];
+        select_.push_back(select_head(static_cast<int>(i), e.length, e.budget, &keep_[i]));
         total += select_.back().n_blocks;
         floors += floor_blocks(select_.back());
+        pooled += e.budget;
     }
-    const int64_t pooled = static_cast<int64_t>(budget) * static_cast<int64_t>(select_heads_.size());
     if (total <= pooled || floors > pooled) {
         const SkipReason r = total <= pooled ? SkipReason::WithinBudget : SkipReason::FloorsExceedTarget;
-        for (size_t i = 0; i < select_heads_.size(); ++i) skip(r);
+        for (const PoolHead& e : pool_) ++e.stats->skipped[static_cast<int>(r)];
         return;
     }
-    for (int h : select_heads_) rank(h);
+    for (size_t i = 0; i < pool_.size(); ++i)
+        policy_->rank(context(pool_[i].layer, pool_[i].head, pool_[i].length, rows),
+                      priority_.data() + i * stride_);
     if (cfg_.head_floor_share > 0.0) {
         // AdaKV's per-head minimum: each head's own best blocks up to the share of its budget are
         // kept first (priority +inf), so the joint choice below only spends the rest.
-        const int minimum = static_cast<int>(std::floor(cfg_.head_floor_share * budget + 1e-9));
-        for (size_t i = 0; i < select_heads_.size(); ++i) {
+        for (size_t i = 0; i < pool_.size(); ++i) {
+            const int minimum = static_cast<int>(std::floor(cfg_.head_floor_share * pool_[i].budget + 1e-9));
             const int extra = minimum - floor_blocks(select_[i]);
             if (extra <= 0) continue;
             one_.assign(1, select_[i]);
@@ -449,11 +531,10 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         }
     }
     select_blocks(select_, static_cast<int>(pooled - floors), &candidates_);
-    for (size_t i = 0; i < select_heads_.size(); ++i) {
-        const int h = select_heads_[i];
-        const std::vector<uint8_t>& keep = keep_[h];
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const std::vector<uint8_t>& keep = keep_[i];
         if (std::count(keep.begin(), keep.end(), uint8_t{1}) < select_[i].n_blocks)
-            plan_from_blocks(keep, lengths[h], block_tokens_, &(*plans)[h]);
+            plan_from_blocks(keep, pool_[i].length, block_tokens_, pool_[i].plan);
     }
 }
 
@@ -479,6 +560,11 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
     difference_seen(hs.seen, blocks_of(static_cast<int>(kept)));
     hs.n_scored = remap_blocks(runs, block_tokens_, old_blocks, hs.n_scored, hs.ema.data(), &remap_sum_, &remap_count_);
     hs.n_pos = remap_blocks(runs, block_tokens_, old_blocks, hs.n_pos, hs.pos.data(), &remap_sum_, &remap_count_);
+    if (signals_.reconstruction) {
+        // Exact for block plans; a block merged from a scored and an unscored one has none (NaN).
+        const int n = remap_blocks(runs, block_tokens_, old_blocks, old_blocks, hs.recon.data(), &remap_sum_, &remap_count_);
+        std::fill(hs.recon.begin() + n, hs.recon.begin() + std::max(n, old_blocks), std::numeric_limits<float>::quiet_NaN());
+    }
     if (signals_.window) {
         // The window moves like the interval's masses and counts.
         const int wb = std::min(hs.window_blocks, old_blocks);
@@ -504,6 +590,8 @@ void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
     std::fill(hs.ema.begin(), hs.ema.begin() + old_blocks, 0.f);
     hs.n_scored = 0;
     hs.n_pos = 0;
+    if (signals_.reconstruction)
+        std::fill(hs.recon.begin(), hs.recon.begin() + old_blocks, std::numeric_limits<float>::quiet_NaN());
     if (signals_.window) {
         float* w = ls.wacc.data() + static_cast<size_t>(head) * stride_;
         std::fill(w, w + hs.window_blocks, 0.f);
@@ -518,12 +606,14 @@ void H2oState::reset() {
         std::fill(l.wacc.begin(), l.wacc.end(), 0.f);
         std::fill(l.qsum.begin(), l.qsum.end(), 0.0);
         std::fill(l.qsq.begin(), l.qsq.end(), 0.0);
+        std::fill(l.rmax.begin(), l.rmax.end(), 0.f);
         l.window_count = l.step_window = 0;
         l.window_restart = true;
         for (HeadScores& h : l.heads) {
             std::fill(h.seen.begin(), h.seen.end(), 0.0);
             std::fill(h.ema.begin(), h.ema.end(), 0.f);
             std::fill(h.wseen.begin(), h.wseen.end(), 0.0);
+            std::fill(h.recon.begin(), h.recon.end(), std::numeric_limits<float>::quiet_NaN());
             h.n_scored = h.n_pos = h.window_blocks = 0;
         }
     }

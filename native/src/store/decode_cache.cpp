@@ -265,6 +265,7 @@ void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPo
         one.out = out_head_.data();
         one.block_scores = p.block_scores ? p.block_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.window_scores = p.window_scores ? p.window_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
+        one.block_max = p.block_max ? p.block_max + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.split_keys = split_keys;
         attention(one, isa, pool, ws, &source);
         for (int t = 0; t < p.n_q; ++t)

@@ -57,6 +57,11 @@ struct AttentionProblem {
     // computed in the same pass (SnapKV / TOVA signals). window_queries in [1, n_q].
     float* window_scores = nullptr;
     int window_queries = 0;
+    // Optional peak (needs block_scores): block_max[h * scores_stride + b] = max(itself, the
+    // largest probability any of the n_q queries, from any query head of the group, gave any key
+    // of block b of kv head h). KVzip's score: the most attention a key receives from the
+    // queries of a context reconstruction. Computed in the same pass from the same softmax.
+    float* block_max = nullptr;
 
     // Keys the work split is planned for; 0 = the longest head's. A caller that runs the heads of
     // one problem in separate calls (the KV store, one head's memory at a time) passes the longest
@@ -72,6 +77,7 @@ public:
     std::vector<float> partials;     // decode: per-split softmax state, merged afterwards
     std::vector<float> tile_scores;  // prefill: per-tile block scores, summed afterwards
     std::vector<float> tile_window;  // and the observation window's part of them
+    std::vector<float> tile_max;     // prefill: per-tile block peaks (block_max), maxed afterwards
 };
 
 // Makes the keys of a kv head readable through the problem's views just before the kernels read

@@ -117,7 +117,25 @@ public:
     // The EMA scores of layer: [n_kv_heads][*n_blocks], *n_blocks the most blocks any of its heads
     // holds; NaN for blocks a head does not hold or that have not been through an update (all
     // NaN outside the evicting layers). Throws std::invalid_argument when eviction is off.
-    std::vector<float> h2o_scores(int layer, int* n_blocks) const;
+    // reconstruction: the reconstruction scores instead (NaN: none; docs/h2o.md "Reconstruction").
+    std::vector<float> h2o_scores(int layer, int* n_blocks, bool reconstruction = false) const;
+
+    // --- Context reconstruction (KVzip; docs/h2o.md "Reconstruction") ------------------------
+    // Whether the eviction policy scores blocks by a reconstruction pass (the engine then runs
+    // one after each prompt).
+    bool h2o_reconstructs() const { return h2o_ && h2o_->signals().reconstruction; }
+    // Starts a pass: the tokens stepped from now on (the repeat prompt and the context again) are
+    // the pass's. Their queries attend as usual, but the evicting layers collect the largest
+    // probability each block receives instead of the H2O scores, and tokens_seen ignores them.
+    // Throws std::invalid_argument unless h2o_reconstructs() and no pass is under way.
+    void begin_reconstruction();
+    // Drops every token stepped since begin_reconstruction (their blocks go back to the pool);
+    // the pass goes on (its next chunk).
+    void rewind_reconstruction();
+    // Rewinds, then each held block's reconstruction score becomes the larger of its score and
+    // its peak in the pass, and the pass ends.
+    void end_reconstruction();
+    bool reconstructing() const { return reconstructing_; }
 
     // --- Lossless store (docs/kv_cache.md "Lossless store") -----------------------------------
     // Turns the store on (mode off: turns it off), or replaces its config: what the previous
@@ -161,7 +179,13 @@ private:
     // attend() after its checks, with the observation window's masses (window_scores, of the last
     // window_queries queries; null: none).
     void attend_checked(int layer, const float* q, int n_q, float* out, float* block_scores, size_t scores_stride,
-                        float* window_scores, int window_queries, Isa isa);
+                        float* window_scores, int window_queries, Isa isa, float* block_max = nullptr);
+    // step() of a reconstruction pass's tokens, after the checks and the append.
+    void step_reconstruction(int layer, const float* q, int n_tokens, float* out, float* block_scores,
+                             size_t scores_stride);
+    // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
+    bool evict_global(bool due);
+    void require_no_pass(const char* what) const;
     // read() in the storage space (rotated dtypes stay rotated); k or v may be null.
     void read_stored(int layer, int head, float* k_out, float* v_out) const;
     // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
@@ -195,8 +219,14 @@ private:
     std::unique_ptr<H2oState> h2o_;     // null when eviction is off
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
     std::vector<float> rotated_q_;      // attend() with a rotated dtype
-    std::vector<int> lengths_;          // end_step(): a layer's head lengths
+    std::vector<int> lengths_;          // end_step(): a layer's head lengths (global: every evicting layer's)
+    std::vector<int64_t> seen_;         // evict_global(): tokens_seen of every evicting layer
     std::vector<std::vector<TokenRun>> plans_;
+    // A reconstruction pass: under way, and what it restores (every head's length, every layer's
+    // tokens_seen).
+    bool reconstructing_ = false;
+    std::vector<int> pass_lengths_;
+    std::vector<int64_t> pass_seen_;
     // The policies' view of a head's rows (read_stored).
     struct RowReader final : HeadRowReader {
         const KvCache* cache = nullptr;

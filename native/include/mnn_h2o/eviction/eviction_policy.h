@@ -60,6 +60,10 @@ struct ScoreContext {
     // unless signals().keys or .values; rows are read into k_rows / v_rows then.
     const float* k_rows = nullptr;  // [length][head_dim]
     const float* v_rows = nullptr;
+    // The largest attention probability each block received from the queries of the context
+    // reconstruction passes so far (KVzip); NaN for a block no pass has scored (tokens written
+    // since the last pass). Null unless signals().reconstruction.
+    const float* reconstruction = nullptr;
 };
 
 // The inputs a policy uses beyond the EMA: the state collects or reads only these, so h2o,
@@ -69,6 +73,9 @@ struct PolicySignals {
     bool queries = false;  // mean / variance of the window's queries
     bool keys = false;     // the head's K rows at plan time
     bool values = false;   // the head's V rows at plan time
+    // Peaks of a context reconstruction pass (KvCache::begin_reconstruction): the engine runs the
+    // pass after each prompt for such a policy.
+    bool reconstruction = false;
 };
 
 class EvictionPolicy {

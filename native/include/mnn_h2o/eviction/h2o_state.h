@@ -92,6 +92,18 @@ public:
     void record_queries(int layer, const float* q, int n_q);
     const PolicySignals& signals() const { return signals_; }
 
+    // Context reconstruction (policies whose signals() ask for it; else null / nothing): where the
+    // kernel keeps the largest probability each block of a collecting layer receives from the
+    // pass's queries, [n_kv_heads][stride()]; then, once the pass is over, each held block's
+    // reconstruction score becomes the larger of its score and that peak (blocks [0,
+    // blocks_of(lengths[h])) of each head; a block without a score takes the peak), and the peaks
+    // restart.
+    float* reconstruction_accumulator(int layer);
+    void finish_reconstruction(int layer, const int* lengths);
+    // A head's reconstruction score of block b: NaN if none (no pass has scored it, or the policy
+    // takes none).
+    float reconstruction_score(int layer, int head, int block) const;
+
     // Counts decode tokens; true when an update is due (every update_interval tokens).
     bool count_decode_tokens(int n_tokens);
     void count_update() { ++updates_; }
@@ -122,6 +134,8 @@ public:
     void floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer = -1) const;
     // Whether an update would evict anything from the layer (the prefill trigger).
     bool over_budget(int layer, int64_t tokens_seen, const int* lengths) const;
+    // layer_budget "global": one budget for every kv head of every evicting layer.
+    bool global_budget() const { return cfg_.layer_budget == "global"; }
 
     // Folds the interval's scores of layer into the EMA and starts a new interval. lengths are
     // the tokens each kv head holds.
@@ -132,6 +146,13 @@ public:
     // (std::invalid_argument without).
     void plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
               H2oLayerStats* stats, const HeadRowReader* rows = nullptr);
+    // layer_budget "global" (KVzip): the eligible heads of all evicting layers keep the sum of their
+    // budgets between them; their non-floor blocks are ranked together (floors stay per head). Arrays
+    // over the evicting layers, i = layer - layer_start: tokens_seen[i], lengths[i * n_kv_heads + h],
+    // (*plans)[i * n_kv_heads + h] (empty: head left alone); stats[layer] (indexed by layer).
+    bool over_budget_global(const int64_t* tokens_seen, const int* lengths) const;
+    void plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                     H2oLayerStats* stats, const HeadRowReader* rows = nullptr);
 
     // A head of a collecting layer holding old_length tokens was compacted by runs (a valid
     // plan) or truncated to n_tokens: moves its scores along. A new block made of tokens of
@@ -164,6 +185,7 @@ private:
         int window_blocks = 0;      // blocks the window may have touched (what a restart zeroes)
         std::vector<double> pos;    // position of each block's first token
         int n_pos = 0;              // blocks [0, n_pos) have one
+        std::vector<float> recon;   // reconstruction scores, NaN = none (reconstruction policies)
     };
     struct LayerScores {
         std::vector<float> acc;        // [n_kv_heads][stride_]
@@ -172,15 +194,27 @@ private:
         int window_count = 0;          // queries in the window
         int step_window = 0;           // of them, from the current step
         bool window_restart = true;    // the next step starts a fresh window
+        std::vector<float> rmax;       // a reconstruction pass's block peaks, [n_kv_heads][stride_]
         std::vector<HeadScores> heads;
+    };
+    // One head taking part in a pooled selection (a layer's shared budget, or the global one).
+    struct PoolHead {
+        int layer, head, length, budget;
+        H2oLayerStats* stats;
+        std::vector<TokenRun>* plan;
     };
 
     LayerScores& layer_scores(int layer);
     const LayerScores& layer_scores(int layer) const;
     int blocks_of(int n_tokens) const { return (n_tokens + block_tokens_ - 1) / block_tokens_; }
     // A head's selection with its floors for a budget of `budget` blocks (shrunk if they exceed
-    // max_floor_share of it).
-    SelectHead select_head(int h, int length, int budget, std::vector<uint8_t>* keep) const;
+    // max_floor_share of it); its priorities are row `slot` of priority_.
+    SelectHead select_head(int slot, int length, int budget, std::vector<uint8_t>* keep) const;
+    // Positions of the blocks new since the last plan (the tokens a head dropped come before them).
+    void place_blocks(int layer, int64_t tokens_seen, const int* lengths);
+    // The pooled heads keep the sum of their budgets between them (per_head_budget within a layer,
+    // or the global budget): ranked together, AdaKV's per-head minimum first.
+    void plan_pooled(const HeadRowReader* rows);
     // Visibility counts (seen[] or wseen[] of a head) from suffix-difference form to plain
     // counts and back.
     static void materialise_seen(std::vector<double>& seen, int n_blocks);
@@ -202,8 +236,9 @@ private:
     int64_t updates_ = 0;
 
     // Scratch reused by plan() and compact(), so updates allocate nothing once warm.
-    std::vector<float> priority_;                // [n_kv_heads][stride_]
-    std::vector<std::vector<uint8_t>> keep_;     // [n_kv_heads]
+    std::vector<float> priority_;                // [slot][stride_]: a head, or a pooled head
+    std::vector<std::vector<uint8_t>> keep_;     // [slot]
+    std::vector<PoolHead> pool_;                 // plan_pooled()'s heads, slot = index
     std::vector<int> select_heads_;              // heads taking part in a selection
     std::vector<SelectHead> select_;             // and their floors, in the same order
     std::vector<SelectHead> one_;                // one head's selection (head_floor_share)

@@ -1,0 +1,357 @@
+// Context reconstruction (KVzip, docs/h2o.md "Reconstruction") and the global budget:
+// - the attention kernels' block peaks (block_max) of every available ISA, tiled and decoded, with
+//   and without threads, against a float64 reference and the scalar kernels, the block masses
+//   unchanged beside them, the max taken with what the accumulator held;
+// - a pass through KvCache leaves the cache as it was (lengths, bytes, rows, tokens_seen, the H2O
+//   scores) and gives the kvzip policy the block the reconstruction queries looked at;
+// - layer_budget "global": heads of all evicting layers share one budget (a concentrated head
+//   gives blocks to a spread one), with the same total as uniform.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/runtime/thread_pool.h"
+
+#include "test_support.h"
+
+using namespace mnn_h2o;
+
+static std::vector<Isa> available_isas() {
+    std::vector<Isa> isas;
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+        if (isa_available(isa)) isas.push_back(isa);
+    return isas;
+}
+
+static double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
+    double e = 0, m = 1e-30;
+    for (size_t i = 0; i < a.size(); ++i) {
+        e = std::max(e, std::fabs(a[i] - b[i]));
+        m = std::max(m, std::fabs(b[i]));
+    }
+    return e / m;
+}
+
+// The peaks of every ISA against float64: for each kv head and block, the largest probability
+// any query (any query head of the group) gave a key of the block, maxed with a prior value.
+static void test_block_max() {
+    std::mt19937 rng(5);
+    ThreadPool pool(2);
+    const int G = 3, hd = 64, n_keys = 300;
+    for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
+        KvCacheConfig cfg;
+        cfg.n_layers = 1;
+        cfg.n_kv_heads = 2;
+        cfg.head_dim = hd;
+        cfg.n_heads = 2 * G;
+        cfg.dtype = dt;
+        cfg.block_tokens = 16;
+        cfg.max_tokens = 512;
+        cfg.threads = 1;
+        KvCache cache(cfg);
+        const int mb = cache.max_blocks();
+        auto k = random_vec(rng, static_cast<size_t>(n_keys) * 2 * hd), v = random_vec(rng, k.size());
+        cache.append(0, k.data(), v.data(), n_keys);
+        std::vector<float> kh[2], vh[2];
+        for (int h = 0; h < 2; ++h) {
+            kh[h].resize(static_cast<size_t>(n_keys) * hd);
+            vh[h].resize(kh[h].size());
+            cache.read(0, h, kh[h].data(), vh[h].data());
+        }
+        KvHeadView views[2] = {cache.view(0, 0), cache.view(0, 1)};
+        // 1 and 2 queries take the decode path, 37 and 130 the tiles (on every ISA).
+        for (int n_q : {1, 2, 37, 130}) {
+            auto q = random_vec(rng, static_cast<size_t>(n_q) * 2 * G * hd, 3.f);
+            // A prior peak on block 1 above anything softmax gives there, and one below.
+            std::vector<double> ref(2 * static_cast<size_t>(mb), 0.0);
+            ref[1] = 2.0;
+            ref[mb + 1] = 1e-9;
+            for (int h = 0; h < 2; ++h)
+                for (int t = 0; t < n_q; ++t)
+                    for (int g = 0; g < G; ++g) {
+                        const float* qr = &q[(static_cast<size_t>(t) * 2 * G + h * G + g) * hd];
+                        const int visible = n_keys - n_q + t + 1;
+                        std::vector<double> sc(visible);
+                        double m = -INFINITY, l = 0;
+                        for (int j = 0; j < visible; ++j) {
+                            double dot = 0;
+                            for (int d = 0; d < hd; ++d) dot += static_cast<double>(qr[d]) * kh[h][j * hd + d];
+                            m = std::max(m, sc[j] = dot / 8.0);
+                        }
+                        for (double& x : sc) l += (x = std::exp(x - m));
+                        for (int j = 0; j < visible; ++j) {
+                            double& r = ref[h * mb + j / 16];
+                            r = std::max(r, sc[j] / l);
+                        }
+                    }
+            std::vector<float> scalar_max;
+            for (Isa isa : available_isas()) {
+                for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
+                    AttentionProblem p;
+                    p.n_kv_heads = 2;
+                    p.group = G;
+                    p.head_dim = hd;
+                    p.block_tokens = 16;
+                    p.dtype = dt;
+                    p.heads = views;
+                    p.q = q.data();
+                    p.n_q = n_q;
+                    std::vector<float> out(q.size()), plain(2 * static_cast<size_t>(mb), 0.f), scores(plain), peak(plain);
+                    peak[1] = 2.f;
+                    peak[mb + 1] = 1e-9f;
+                    p.out = out.data();
+                    p.block_scores = plain.data();
+                    p.scores_stride = mb;
+                    AttentionWorkspace ws;
+                    attention(p, isa, tp, ws);
+                    p.block_scores = scores.data();
+                    p.block_max = peak.data();
+                    attention(p, isa, tp, ws);
+                    const std::string what = std::string(isa_name(isa)) + " " + kv_dtype_name(dt) +
+                                             " n_q=" + std::to_string(n_q) + (tp ? " threads" : "");
+                    CHECK(std::memcmp(plain.data(), scores.data(), plain.size() * sizeof(float)) == 0,
+                          "%s: block scores change with block_max", what.c_str());
+                    const double e = max_rel(peak, ref);
+                    CHECK(e < 2e-5, "%s: peak rel err %.3g vs float64", what.c_str(), e);
+                    CHECK(peak[1] == 2.f, "%s: a larger prior peak stays", what.c_str());
+                    if (isa == Isa::Scalar && !tp) {
+                        scalar_max = peak;
+                    } else {
+                        double d = 0;
+                        for (size_t i = 0; i < peak.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(peak[i]) - scalar_max[i]));
+                        CHECK(d < 1e-5, "%s: peaks differ from scalar by %.3g", what.c_str(), d);
+                    }
+                }
+            }
+        }
+    }
+    AttentionProblem p;  // peaks without block scores are malformed
+    AttentionWorkspace ws;
+    KvHeadView view;
+    const void* blocks[1] = {nullptr};
+    view.k_blocks = view.v_blocks = blocks;
+    view.n_keys = 1;
+    std::vector<float> q(16), out(16), peak(1);
+    p.n_kv_heads = p.group = p.n_q = 1;
+    p.head_dim = p.block_tokens = 16;
+    p.heads = &view;
+    p.q = q.data();
+    p.out = out.data();
+    p.block_max = peak.data();
+    p.scores_stride = 1;
+    CHECK(throws<std::invalid_argument>([&] { attention(p, Isa::Scalar, nullptr, ws); }), "block_max needs block scores");
+}
+
+static KvCacheConfig cache_config(int n_layers, int n_kv_heads, int max_tokens) {
+    KvCacheConfig c;
+    c.n_layers = n_layers;
+    c.n_kv_heads = n_kv_heads;
+    c.head_dim = 32;
+    c.n_heads = 2 * n_kv_heads;
+    c.dtype = KvDtype::F32;
+    c.block_tokens = 16;
+    c.max_tokens = max_tokens;
+    c.threads = 1;
+    return c;
+}
+
+static H2oConfig kvzip_config(double keep) {
+    H2oConfig h;
+    h.policy = "kvzip";
+    h.target_keep_ratio = keep;
+    h.sink_tokens = 16;
+    h.recent_tokens = 16;
+    h.trigger_min_tokens = 0;
+    h.update_interval = 1;
+    return h;
+}
+
+// Steps n tokens of keys k / values v (rows [n][n_kv_heads][hd]) with queries q through every layer.
+static void step_all(KvCache& cache, const std::vector<float>& q, const std::vector<float>& k,
+                     const std::vector<float>& v, int n) {
+    const KvCacheConfig& c = cache.config();
+    std::vector<float> out(static_cast<size_t>(n) * c.n_heads * c.head_dim);
+    for (int layer = 0; layer < c.n_layers; ++layer) cache.step(layer, q.data(), k.data(), v.data(), n, out.data());
+}
+
+// A pass leaves the cache as it was; its queries decide what kvzip keeps.
+static void test_pass() {
+    std::mt19937 rng(9);
+    const int L = 2, H = 2, hd = 32, n = 160, n_rep = 40;  // 10 blocks of context
+    const KvCacheConfig cc = cache_config(L, H, 512);
+    KvCache cache(cc), twin(cc);
+    // keep 0.6: 6 of 10 blocks per head (sink 1 + recent 1 + 4 chosen); every layer evicts.
+    cache.enable_h2o(kvzip_config(0.6));
+    H2oConfig ema = kvzip_config(1.0);  // a twin that evicts nothing and gets no pass: the EMA reference
+    twin.enable_h2o(ema);
+    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+    const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
+    step_all(cache, q, k, v, n);
+    step_all(twin, q, k, v, n);
+    const size_t bytes = cache.bytes_held();
+    const int64_t seen = cache.h2o_stats().layers[0].counters.tokens_seen;
+
+    CHECK(throws<std::invalid_argument>([&] { twin.rewind_reconstruction(); }), "rewind without a pass");
+    cache.begin_reconstruction();
+    CHECK(throws<std::invalid_argument>([&] { cache.begin_reconstruction(); }), "one pass at a time");
+    // The reconstruction queries look at block 4 (tokens 64..79) of every head: their query is a
+    // large multiple of the mean key of that block, in both query heads of the group.
+    std::vector<float> rq(static_cast<size_t>(n_rep) * 2 * H * hd), rk = random_vec(rng, static_cast<size_t>(n_rep) * H * hd);
+    for (int t = 0; t < n_rep; ++t)
+        for (int qh = 0; qh < 2 * H; ++qh)
+            for (int d = 0; d < hd; ++d) {
+                float mean = 0;
+                for (int j = 64; j < 80; ++j) mean += k[(static_cast<size_t>(j) * H + qh / 2) * hd + d];
+                rq[(static_cast<size_t>(t) * 2 * H + qh) * hd + d] = mean;
+            }
+    step_all(cache, rq, rk, rk, 25);  // two chunks of one pass, each dropped after
+    CHECK(cache.length(0, 0) == n + 25 && cache.bytes_held() > bytes, "the pass's tokens are held while it runs");
+    CHECK(throws<std::invalid_argument>([&] { cache.end_step(25, true); }), "no end_step during a pass");
+    cache.rewind_reconstruction();
+    CHECK(cache.length(1, 1) == n && cache.bytes_held() == bytes, "rewound");
+    step_all(cache, rq, rk, rk, n_rep);
+    cache.end_reconstruction();
+    CHECK(!cache.reconstructing(), "pass over");
+    for (int layer = 0; layer < L; ++layer)
+        for (int h = 0; h < H; ++h) {
+            CHECK(cache.length(layer, h) == n, "layer %d head %d holds the context only", layer, h);
+            std::vector<float> k1(static_cast<size_t>(n) * hd), v1(k1.size()), k2(k1.size()), v2(k1.size());
+            cache.read(layer, h, k1.data(), v1.data());
+            twin.read(layer, h, k2.data(), v2.data());
+            CHECK(k1 == k2 && v1 == v2, "layer %d head %d: rows unchanged by the pass", layer, h);
+        }
+    CHECK(cache.bytes_held() == bytes && cache.h2o_stats().layers[1].counters.tokens_seen == seen,
+          "bytes and tokens_seen as before the pass");
+    int nb = 0;
+    const std::vector<float> rs = cache.h2o_scores(1, &nb, true);
+    CHECK(nb == 10, "10 blocks scored");
+    for (int h = 0; h < H; ++h) {
+        const float* row = rs.data() + static_cast<size_t>(h) * nb;
+        CHECK(std::max_element(row, row + nb) - row == 4, "head %d: block 4 has the largest peak", h);
+        CHECK(std::all_of(row, row + nb, [](float x) { return x > 0.f && x <= 1.f; }), "peaks are probabilities");
+    }
+
+    // The eviction: kvzip keeps block 4 with the floors; then the H2O scores, folded at the same
+    // update in both caches, are the twin's (the pass added nothing to them).
+    std::vector<float> one_q(static_cast<size_t>(2 * H * hd)), one_k(static_cast<size_t>(H * hd));
+    CHECK(cache.end_step(n, true), "the prompt is cut after the pass");
+    for (int layer = 0; layer < L; ++layer)
+        for (int h = 0; h < H; ++h) {
+            CHECK(cache.length(layer, h) == 96, "layer %d head %d keeps 6 blocks (%d tokens)", layer, h, cache.length(layer, h));
+            std::vector<float> k1(96 * hd), v1(k1.size());
+            cache.read(layer, h, k1.data(), v1.data());
+            bool kept = false;  // the first row of block 4 is among the kept rows
+            const float* want = &k[(static_cast<size_t>(64) * H + h) * hd];
+            for (int r = 0; r < 96; ++r) kept = kept || std::memcmp(&k1[static_cast<size_t>(r) * hd], want, hd * sizeof(float)) == 0;
+            CHECK(kept, "layer %d head %d kept block 4", layer, h);
+        }
+    KvCache plain(cc), plain_twin(cc);  // the EMA: a pass (nothing evicted) changes no H2O score
+    plain.enable_h2o(ema);
+    plain_twin.enable_h2o(ema);
+    step_all(plain, q, k, v, n);
+    step_all(plain_twin, q, k, v, n);
+    plain.begin_reconstruction();
+    step_all(plain, rq, rk, rk, n_rep);
+    plain.end_reconstruction();
+    step_all(plain, one_q, one_k, one_k, 1);
+    step_all(plain_twin, one_q, one_k, one_k, 1);
+    plain.end_step(1, false);  // update_interval 1: an update, nothing evicted (keep 1)
+    plain_twin.end_step(1, false);
+    for (int layer = 0; layer < L; ++layer) {
+        int n1 = 0, n2 = 0;
+        const std::vector<float> a = plain.h2o_scores(layer, &n1), b = plain_twin.h2o_scores(layer, &n2);
+        CHECK(n1 == n2 && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+              "layer %d: the EMA does not see the pass", layer);
+    }
+    KvCache no_policy(cc);
+    H2oConfig h2o = kvzip_config(0.5);
+    h2o.policy = "h2o";
+    no_policy.enable_h2o(h2o);
+    CHECK(!no_policy.h2o_reconstructs() && throws<std::invalid_argument>([&] { no_policy.begin_reconstruction(); }),
+          "only a reconstructing policy takes a pass");
+}
+
+// layer_budget "global": a head whose scores are all high keeps every block, paid for by the
+// others; the total is the uniform total.
+static void test_global_budget() {
+    const int L = 3, H = 2, n = 256;  // 16 blocks per head
+    const KvCacheConfig cc = cache_config(L, H, 512);
+    H2oConfig c;
+    c.policy = "h2o";
+    c.target_keep_ratio = 0.5;  // 8 blocks per head, 48 in all
+    c.sink_tokens = 0;
+    c.recent_tokens = 1;
+    c.trigger_min_tokens = 0;
+    c.layer_start = 1;          // layer 0 keeps everything and is no part of the pool
+    c.layer_budget = "global";
+    H2oState s(c, cc);
+    std::vector<int> lengths(static_cast<size_t>(2 * H), n);
+    std::vector<int64_t> seen(2, n);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> low(0.001f, 0.01f);
+    for (int layer = 1; layer < L; ++layer) {
+        float* acc = s.accumulator(layer);
+        for (int h = 0; h < H; ++h) {
+            for (int b = 0; b < 16; ++b) acc[h * s.stride() + b] = layer == 2 && h == 1 ? 0.5f : low(rng);
+            s.record_step(layer, h, n, 1);
+        }
+        s.update_scores(layer, lengths.data() + (layer - 1) * H);
+    }
+    std::vector<H2oLayerStats> stats(L);
+    std::vector<std::vector<TokenRun>> plans;
+    CHECK(s.over_budget_global(seen.data(), lengths.data()), "64 blocks over a budget of 32");
+    s.plan_global(seen.data(), lengths.data(), &plans, stats.data());
+    CHECK(plans.size() == static_cast<size_t>(2 * H), "a plan slot per evicting (layer, head)");
+    int total = 0;
+    for (size_t i = 0; i < plans.size(); ++i) {
+        int kept = 0;
+        for (const TokenRun& r : plans[i]) kept += static_cast<int>(r.length);
+        if (plans[i].empty()) kept = n;
+        total += kept;
+        if (i == 3) CHECK(kept == n, "the concentrated head keeps all of its 16 blocks (%d tokens)", kept);
+        else CHECK(kept < 8 * 16, "head %zu gives blocks to it (%d tokens)", i, kept);
+    }
+    CHECK(total == 32 * 16, "global total = uniform total (%d tokens)", total);
+
+    // Through the cache: a global budget holds exactly the bytes of the uniform one.
+    std::mt19937 r2(4);
+    const auto k = random_vec(r2, static_cast<size_t>(n) * H * 32), v = random_vec(r2, k.size());
+    const auto q = random_vec(r2, static_cast<size_t>(n) * 2 * H * 32, 2.f);
+    size_t held[2];
+    for (int g = 0; g < 2; ++g) {
+        KvCache cache(cc);
+        H2oConfig u = c;
+        u.sink_tokens = 16;
+        u.recent_tokens = 32;
+        u.layer_budget = g ? "global" : "uniform";
+        cache.enable_h2o(u);
+        step_all(cache, q, k, v, n);
+        CHECK(cache.end_step(n, true), "%s evicts", u.layer_budget.c_str());
+        held[g] = cache.bytes_held();
+    }
+    CHECK(held[0] == held[1], "uniform %zu bytes, global %zu", held[0], held[1]);
+    H2oConfig too_many = c;  // more (layer, head) pairs than one selection ranks
+    CHECK(throws<std::invalid_argument>([&] { H2oState(too_many, cache_config(3, 4096, 64)); }),
+          "global budget: at most 4096 pairs");
+}
+
+int main() {
+    test_block_max();
+    test_pass();
+    test_global_budget();
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all reconstruction tests passed\n");
+    return 0;
+}
