@@ -75,9 +75,27 @@ static int64_t evictions(const KvCache& cache) {
     return n;
 }
 
-// A cache that has prefilled and decoded past several evictions.
-static void fill(KvCache& cache, std::mt19937& rng) {
+// A context reconstruction pass of n tokens (what the engine runs for kvzip after a prompt): their
+// K/V are dropped again, the peaks they gave the held blocks become reconstruction scores.
+static void reconstruct(KvCache& cache, int n, std::mt19937& rng) {
+    const KvCacheConfig& c = cache.config();
+    cache.begin_reconstruction();
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+        const std::vector<float> q = random_vec(rng, static_cast<size_t>(n) * c.n_heads * c.head_dim, 2.f);
+        const std::vector<float> k = random_vec(rng, static_cast<size_t>(n) * c.n_kv_heads * c.head_dim);
+        const std::vector<float> v = random_vec(rng, k.size());
+        std::vector<float> o(q.size());
+        cache.step(layer, q.data(), k.data(), v.data(), n, o.data());
+    }
+    cache.rewind_reconstruction();
+    cache.end_reconstruction();
+}
+
+// A cache that has prefilled and decoded past several evictions (kvzip: ranked by the scores of a
+// reconstruction pass after the prompt).
+static void fill(KvCache& cache, std::mt19937& rng, bool reconstructs = false) {
     forward(cache, 100, true, rng, nullptr);
+    if (reconstructs) reconstruct(cache, 60, rng);
     for (int t = 0; t < 29; ++t) forward(cache, 1, false, rng, nullptr);
 }
 
@@ -98,7 +116,7 @@ static void test_round_trip(KvDtype dtype, const std::string& policy) {
     const char* dt = kv_dtype_name(dtype);
     std::mt19937 rng(7);
     auto saved = make_cache(dtype, policy);
-    fill(*saved, rng);
+    fill(*saved, rng, policy == "kvzip");
     if (!policy.empty()) CHECK(evictions(*saved) > 0, "%s %s: the filled cache evicted nothing", dt, policy.c_str());
     const std::vector<uint8_t> bytes = saved->snapshot();
 
@@ -220,7 +238,8 @@ static void test_flipped_bytes() {
 
 int main() {
     for (KvDtype dtype : {KvDtype::Q8, KvDtype::F16, KvDtype::Q4R})
-        for (const char* policy : {"", "h2o", "snapkv", "expected_attention", "random"}) test_round_trip(dtype, policy);
+        for (const char* policy : {"", "h2o", "snapkv", "expected_attention", "random", "kvzip"})
+            test_round_trip(dtype, policy);
     test_mismatch_refused();
     test_truncation_refused();
     test_flipped_bytes();
