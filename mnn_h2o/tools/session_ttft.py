@@ -1,0 +1,110 @@
+"""Time to first token of a follow-up turn: a conversation that continues its cache (what the
+server's prefix reuse does) against a cold prefill of the same history, interleaved A B / B A.
+
+The history is one user turn holding an essay excerpt of about --history tokens and the model's
+short answer; the follow-up is a question. "continued": a fork of the session that already
+holds the history answers it (only the question is prefilled). "cold": a new session is given
+the whole conversation (history and question are prefilled). Each run generates one token, so
+its time is the prefill plus the first token's sampling. Prints medians with (min-max) per
+history length, and the ratio continued / cold.
+
+    python -m mnn_h2o.tools.session_ttft [--history 2048,4096] [--repetitions 5] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..cli_numbers import number_list
+
+QUESTION = "In one sentence: what was the main point of the text I gave you?"
+
+
+def _history(llm, n_tokens: int):
+    from ..essays import essay_tokens
+    from ..session import Session
+
+    text = llm.tokenizer.decode(essay_tokens(llm.tokenizer, n_tokens))
+    warm = Session(llm)
+    warm.say("Read this text; I will ask about it.\n\n" + text, max_new_tokens=16)
+    return warm
+
+
+def measure(llm, n_tokens: int, repetitions: int) -> dict:
+    from ..bench.measure import interleave, summarize
+    from ..session import Session
+
+    warm = _history(llm, n_tokens)
+    history = warm.messages
+    follow = history + [{"role": "user", "content": QUESTION}]
+
+    def continued():
+        s = warm.fork()
+        t0 = time.perf_counter()
+        r = s.reply(follow, max_new_tokens=1)
+        dt = time.perf_counter() - t0
+        s.close()
+        return {"s": dt, "prefilled": r.prompt_tokens}
+
+    def cold():
+        s = Session(llm)
+        t0 = time.perf_counter()
+        r = s.reply(follow, max_new_tokens=1)
+        dt = time.perf_counter() - t0
+        s.close()
+        return {"s": dt, "prefilled": r.prompt_tokens}
+
+    runs = interleave({"continued": continued, "cold": cold}, repetitions)
+    out = {"history_tokens": len(warm.token_ids), "kv_bytes_held": warm.stats()["kv_bytes_held"]}
+    for name, rs in runs.items():
+        out[name] = {"ttft_s": summarize([r["s"] for r in rs]), "prefilled_tokens": rs[0]["prefilled"]}
+    out["ratio"] = out["continued"]["ttft_s"]["median"] / out["cold"]["ttft_s"]["median"]
+    warm.close()
+    return out
+
+
+def main(argv=None) -> int:
+    from .. import config as config_mod
+    from ..cli_errors import run
+
+    ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.session_ttft", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--history", type=number_list(int, 64), default=[2048, 4096],
+                    help="history lengths in tokens (default 2048,4096)")
+    ap.add_argument("--repetitions", type=int, default=5, help="interleaved rounds (default 5, minimum 3)")
+    ap.add_argument("--config", help="YAML config (default: the built-in defaults)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+
+    def body() -> int:
+        from ..engine import Llm
+
+        if args.repetitions < 3:
+            raise ValueError("--repetitions must be >= 3")
+        cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
+        llm = Llm.load(None, cfg)
+        rows = []
+        print("| history tokens | continued: prefilled, TTFT s median (min-max) | cold: prefilled, TTFT s | "
+              "continued / cold |")
+        print("|---:|---|---|---:|")
+        for n in args.history:
+            r = measure(llm, n, args.repetitions)
+            rows.append(r)
+            c, k = r["continued"], r["cold"]
+            print(f"| {r['history_tokens']} | {c['prefilled_tokens']}, {c['ttft_s']['median']:.3f} "
+                  f"({c['ttft_s']['min']:.3f}-{c['ttft_s']['max']:.3f}) | {k['prefilled_tokens']}, "
+                  f"{k['ttft_s']['median']:.3f} ({k['ttft_s']['min']:.3f}-{k['ttft_s']['max']:.3f}) | "
+                  f"{r['ratio']:.3f} |", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"config": cfg, "rows": rows}, f, indent=1)
+        return 0
+
+    return run(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
