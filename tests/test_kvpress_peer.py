@@ -179,7 +179,11 @@ def test_q8_is_press_then_quantise(peer):
             rows.append(model(input_ids=torch.tensor([[t]]), past_key_values=q8,
                               position_ids=torch.tensor([[len(prompt) + i]])).logits[0, -1])
     ref = torch.log_softmax(torch.stack(rows).float(), -1).numpy()
-    assert np.abs(ours["logp"] - ref).max() < 1e-3
+    # One batch and token by token compute the continuation's K/V with another float order
+    # (~1e-6 apart): now and then a value crosses a q8_0 rounding boundary, a one-code step
+    # (measured: max |d logp| 0.01 but KL < 3e-6; without q8 the two agree to 3e-5).
+    kl = np.sum(np.exp(ref) * (ref - ours["logp"]), -1)
+    assert np.abs(ours["logp"][0] - ref[0]).max() < 1e-3 and kl.max() < 1e-4
     # Bytes at q8_0 size: 68 bytes per 64-value row, K and V; whole-model ratio ~3.2 against f16.
     # (+ 1: the last continuation token, written at the end but not fed here)
     entries = sum(q8.layers[i].keys.shape[1] * (q8.layers[i].keys.shape[2] + 1) for i in range(len(q8.layers)))
@@ -188,7 +192,8 @@ def test_q8_is_press_then_quantise(peer):
     f16 = peer.teacher_forced(prompt, cont, "snapkv", 3.2 / q8_0.gain(), kv_dtype="f16",
                               grid_ratios=(3.2,), grid_methods=[("snapkv", "q8"), ("snapkv", "f16")])
     assert f16["bytes_held"] == pytest.approx(ours["bytes_held"] * 64 / 34, rel=1e-9)  # same entries kept
-    assert np.abs(f16["logp"] - ours["logp"]).max() > 1e-4  # and quantising them changed something
+    kl_q8 = np.sum(np.exp(f16["logp"]) * (f16["logp"] - ours["logp"]), -1)
+    assert kl_q8.mean() > 10 * kl.max()  # and quantising them changed more than float order does
     full_q8 = peer.teacher_forced(prompt, cont, None, 1.0, kv_dtype="q8")
     assert full_q8["bytes_full"] / full_q8["bytes_held"] == pytest.approx(64 / 34)
 
