@@ -205,7 +205,10 @@ def _frontier(args, config_mod) -> int:
                     config={s: cfg[s] for s in ("model", "runtime", "h2o")})
     meta = {"settings": settings, "domains": D.describe(tok, doms),
             "needles": [n.__dict__ | {"values": len(n.values)} for n in N.NEEDLES[:args.needles]],
-            "needle_seed": N.SEED}
+            "needle_seed": N.SEED,
+            # What kl_exact is measured against, per engine (docs/evaluation.md).
+            "exact_model": {"ours": "mnn_h2o.reference.ReferenceModel, float32, GGUF weights dequantised",
+                            "kvpress": "the peer's full cache: transformers, float32, GGUF weights dequantised"}}
     results = F.Results(args.json, meta, args.resume)
     total = F.sweep_size(methods, args.ratios, len(segs), len(trials), placements)
     bar = tqdm(total=total, desc="frontier", unit="run")
