@@ -323,7 +323,9 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
             t0 = time.perf_counter()
             ref = eng.teacher_forced(Method(eng_name, "none"), None, seg.prompt, seg.continuation)
             ref_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
             exact = eng.exact_logp(seg.prompt, seg.continuation, ref["logp"])
+            exact_s = time.perf_counter() - t0
             for m, t in todo:
                 t0 = time.perf_counter()
                 cand = ref if m.is_reference else eng.teacher_forced(m, t, seg.prompt, seg.continuation)
@@ -333,7 +335,7 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
                            continuation_tokens=len(seg.continuation),
                            bytes_held=int(cand["bytes_held"]), bytes_full=int(cand["bytes_full"]),
                            ratio=cand["bytes_full"] / cand["bytes_held"] if cand["bytes_held"] else None,
-                           seconds=round(secs, 2))
+                           seconds=round(secs, 2), exact_seconds=round(exact_s, 2))
                 run.update(metrics(ref["logp"], cand["logp"], seg.continuation))
                 run["kl_exact"] = metrics(exact, cand["logp"], seg.continuation)["kl"]
                 results.add(run)
