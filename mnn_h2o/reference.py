@@ -70,8 +70,9 @@ class ReferenceModel:
         self.out_norm = gguf.output_norm().astype(dtype)
         self.lm_head = self.embed if self.cfg.tied_embeddings else gguf.lm_head().astype(np.float32)
 
-    def forward(self, ids, return_kv: bool = False, all_logits: bool = False):
-        """Logits of the last position (or of all positions) for token ids ``ids``.
+    def forward(self, ids, return_kv: bool = False, all_logits: bool = False, last_rows: int = 0):
+        """Logits of the last position (or of all positions, or with ``last_rows`` > 0 of the
+        last ``last_rows`` positions as ``[last_rows, vocab]``) for token ids ``ids``.
 
         With ``return_kv`` also returns the per-layer K (after RoPE) and V as
         ``[n_kv_heads, n, head_dim]`` arrays, the layout of the native cache.
@@ -86,7 +87,8 @@ class ReferenceModel:
             if return_kv:
                 kv.append((k.transpose(1, 0, 2).copy(), v.transpose(1, 0, 2).copy()))
             x = finish_layer(ops, w, x, causal_attention(q, k, v))
-        x = ops.rms_norm(x if all_logits else x[-1:], self.out_norm)
+        rows = len(ids) if all_logits else max(1, last_rows)
+        x = ops.rms_norm(x[-rows:], self.out_norm)
         logits = (x.astype(np.float32) @ self.lm_head.T).astype(np.float64)
-        logits = logits if all_logits else logits[0]
+        logits = logits if all_logits or last_rows else logits[0]
         return (logits, kv) if return_kv else logits

@@ -83,7 +83,9 @@ def test_method_names_come_from_the_config_schema():
     ms = F.parse_methods("ours", ["snapkv"])
     assert [m.name for m in ms] == ["ours:none"] + [f"ours:{p}" for p in F.our_policies()]
     assert F.parse_methods("kvpress:snapkv,ours:none@f32", ["snapkv"])[1].name == "ours:none@f32"
-    for bad, msg in (("ours:lru", "unknown policy"), ("kvpress:foo", "unknown press"),
+    assert [m.name for m in F.parse_methods("kvpress@q8,kvpress:kvzip", ["snapkv", "kvzip"])] == [
+        "kvpress:none@q8", "kvpress:snapkv@q8", "kvpress:kvzip@q8", "kvpress:kvzip"]
+    for bad, msg in (("ours:lru", "unknown policy"), ("kvpress:foo", "unknown press"), ("kvpress:snapkv@q4", "f16, q8"),
                      ("vllm:h2o", "unknown engine"), ("ours:h2o@q3", "unknown kv dtype"), ("", "no methods")):
         with pytest.raises(ValueError, match=msg):
             F.parse_methods(bad, ["snapkv"])
@@ -94,7 +96,7 @@ def test_aggregate_rows():
         return {"kind": "kl", "method": method, "engine": engine, "kv_dtype": "f16", "policy": policy,
                 "target_ratio": target, "split": "test", "domain": "prose", "segment": seg,
                 "prompt_tokens": 4096, "bytes_held": 100 + seg, "ratio": 2.0 + seg, "kl": kl,
-                "top1": 0.5, "ppl_delta": 1.0}
+                "kl_exact": 2 * kl, "top1": 0.5, "ppl_delta": 1.0}
 
     def trial(method, policy, i, hit, target=2.0):
         return {"kind": "needle", "method": method, "engine": "ours", "kv_dtype": "f16", "policy": policy,
@@ -108,6 +110,7 @@ def test_aggregate_rows():
     rows = F.aggregate(runs)
     kl = [r for r in rows if r["kind"] == "kl"]
     assert len(kl) == 1 and kl[0]["kl"] == pytest.approx(0.2) and kl[0]["segments"] == 2
+    assert kl[0]["kl_exact"] == pytest.approx(0.4)
     assert kl[0]["ratio"] == pytest.approx(2.5) and kl[0]["bytes_held"] == pytest.approx(100.5)
     nd = {r["method"]: r for r in rows if r["kind"] == "needle"}
     assert (nd["ours:h2o"]["needle_hits"], nd["ours:h2o"]["needle_trials"]) == (1, 2)
@@ -212,3 +215,80 @@ def test_factor_variants_and_keep_for_end():
                  ratio=3.1) for d, n, kl in [("essays", 4096, 0.01), ("code", 4096, 0.03)]]
     t = factors.table(runs)
     assert "| base | 3.2 | 0.0300 | 0.0100 | 0.0200 | 0.0200 | 0.900 | 3.10 |" in t
+
+
+def test_q8_split_is_one_rule_for_ours_and_the_peer():
+    """A whole-model target on q8: the type pays 64/34 (ours and llama.cpp's q8_0 count the same
+    bytes), eviction the rest; tests/test_h2o.py checks the native cache keeps what this says."""
+    from mnn_h2o.eval.quality import eviction_target
+
+    assert F.dtype_gain("ours", "q8") == F.dtype_gain("kvpress", "q8") == 64 / 34
+    assert eviction_target(3.2, F.dtype_gain("kvpress", "q8")) == pytest.approx(1.7)
+    assert eviction_target(1.5, F.dtype_gain("ours", "q8")) == 1.0
+    assert F._targets(F.Method("kvpress", "snapkv", "q8"), [1.5, 3.2]) == [3.2]
+    assert F._targets(F.Method("ours", "h2o", "q8"), [1.5, 3.2]) == [3.2]
+
+
+@pytest.fixture(scope="module")
+def exact_model(smollm2_path):
+    from mnn_h2o.gguf_model import GgufModel
+    from mnn_h2o.reference import ReferenceModel
+
+    return ReferenceModel(GgufModel(smollm2_path), np.float32)
+
+
+@pytest.mark.model
+def test_exact_model_in_float32_is_float64s(smollm2_path, exact_model, tokenizer):
+    from mnn_h2o.gguf_model import GgufModel
+    from mnn_h2o.reference import ReferenceModel
+
+    seg = D.segments(tokenizer, "essays", "dev", 40, 8, 1)[0]
+    f32 = F.exact_logp(exact_model, seg.prompt, seg.continuation)
+    f64 = F.exact_logp(ReferenceModel(GgufModel(smollm2_path), np.float64), seg.prompt, seg.continuation)
+    assert f32.shape == (8, exact_model.cfg.vocab)
+    m = metrics(f64, f32, seg.continuation)
+    assert m["kl"] < 1e-6 and m["top1"] == 1.0
+    # Row i predicts continuation[i]: the exact model puts far more than chance mass on it.
+    assert m["ppl"] < 1000
+
+
+@pytest.mark.model
+def test_kl_exact_is_computed_once_per_segment(tokenizer, exact_model, monkeypatch):
+    """ours:none is our full cache (KL 0) but not the exact model (kl_exact > 0, small); q8 moves
+    it further; the exact model runs once for the segment, whatever the number of methods."""
+    from mnn_h2o import config
+
+    seg = D.segments(tokenizer, "prose", "dev", 160, 12, 1)[0]
+    eng = F.OursEngine(config.load(None, {}))
+    eng._exact = exact_model
+    calls = []
+    real = F.exact_logp
+    monkeypatch.setattr(F, "exact_logp", lambda *a: calls.append(1) or real(*a))
+    res = F.Results(None, {"settings": {}}, resume=False)
+    methods = [F.Method("ours", "none"), F.Method("ours", "none", "q8"), F.Method("ours", "none", "f32")]
+    F.kl_sweep({"ours": eng}, methods, [2.0], [seg], res, lambda: None)
+    assert len(calls) == 1
+    runs = {r["method"]: r for r in res.runs}
+    assert runs["ours:none"]["kl"] == 0 and 0 < runs["ours:none"]["kl_exact"] < 0.1
+    assert runs["ours:none@q8"]["kl"] > 0 and runs["ours:none@q8"]["kl_exact"] > 0
+    rows = F.aggregate(res.runs)
+    assert all(r["kl_exact"] == runs[r["method"]]["kl_exact"] for r in rows)
+    assert "| KL exact |" in F.table(rows)
+
+
+@pytest.mark.model
+def test_both_engines_exact_models_agree(tokenizer, exact_model, smollm2_path):
+    """The peer's exact model (its float32 full cache) and ours (the numpy reference) are the
+    same model: KL ~0 between them; the peer's full cache has kl_exact 0 by construction."""
+    from mnn_h2o.eval import kvpress_peer
+
+    try:
+        kvpress_peer.check()
+    except kvpress_peer.PeerUnavailable as e:
+        pytest.skip(str(e))
+    seg = D.segments(tokenizer, "code", "dev", 160, 12, 1)[0]
+    peer = F.PeerEngine(smollm2_path, 2, tokenizer, [], [2.0])
+    full = peer.teacher_forced(F.Method("kvpress", "none"), None, seg.prompt, seg.continuation)["logp"]
+    assert peer.exact_logp(seg.prompt, seg.continuation, full) is full
+    m = metrics(F.exact_logp(exact_model, seg.prompt, seg.continuation), full, seg.continuation)
+    assert m["kl"] < 1e-5 and m["top1"] == 1.0

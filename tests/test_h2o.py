@@ -374,8 +374,11 @@ def test_unreachable_target_is_reported():
 def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
     """target_lossy_ratio is whole-model against f16 rows: a q8 cache at 6x keeps the tokens an
     f16 cache keeps at 6 * 17/32, holds 1/6 of f16's bytes, and q8 at 1.5x evicts nothing."""
-    held = {}
-    for dtype, target in (("f16", 6.0 * 17 / 32), ("q8", 6.0), ("q8r", 1.5)):
+    from mnn_h2o.eval.frontier import dtype_gain
+    from mnn_h2o.eval.quality import eviction_target
+
+    held = {}  # f16 at the eviction target the frontier's one rule gives (6 * 17/32)
+    for dtype, target in (("f16", eviction_target(6.0, dtype_gain("ours", "q8"))), ("q8", 6.0), ("q8r", 1.5)):
         cache = make_cache(n_layers=10, dtype=dtype)
         cache.enable_h2o(target_lossy_ratio=target, sink_tokens=16, recent_tokens=32, layer_start=2,
                          trigger_min_tokens=512)

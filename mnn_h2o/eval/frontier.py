@@ -6,7 +6,10 @@ whole-model ratio, on the segments of each domain's split (see ``domains``):
 - teacher-forced quality: the prompt is prefilled, then the true continuation is fed token by
   token through the decode path, and every position's next-token distribution is compared with
   the same engine's own full cache: mean KL(full || compressed), top-1 agreement, perplexity
-  of the true continuation (and its difference from the full cache's);
+  of the true continuation (and its difference from the full cache's); and ``kl_exact``, KL
+  against the exact model (ours: ``mnn_h2o.reference`` in float32 on the GGUF's weights; the
+  peer: transformers in float32 with a full cache, which is its own full cache), each computed
+  once per segment and shared by every method;
 - memory: bytes the cache holds at the end of the continuation, measured by the engine
   (every layer; for ours, the allocated raw blocks plus anything the lossless store holds),
   and the whole-model ratio = f16 bytes of every token written / bytes held;
@@ -29,13 +32,14 @@ import numpy as np
 
 from .domains import Segment
 from .needle import PLACEMENTS, Trial, is_hit
-from .quality import f16_bytes, metrics, teacher_forced
+from .quality import eviction_target, f16_bytes, log_softmax, metrics, teacher_forced
 
 
 @dataclass(frozen=True)
 class Method:
     """``engine:policy[@kv_dtype]``: ``ours:h2o``, ``ours:none@q8`` (quantisation alone),
-    ``kvpress:snapkv``. Policy ``none`` is the engine's cache without eviction."""
+    ``kvpress:snapkv``, ``kvpress:snapkv@q8``. Policy ``none`` is the engine's cache without
+    eviction."""
     engine: str
     policy: str
     kv_dtype: str = "f16"
@@ -66,13 +70,20 @@ def our_dtypes() -> Tuple[str, ...]:
 
 
 def parse_methods(spec: str, peer_presses: Sequence[str]) -> List[Method]:
-    """Comma-separated method names; ``ours`` and ``kvpress`` alone mean every policy/press."""
+    """Comma-separated method names; ``ours`` and ``kvpress`` alone mean every policy/press
+    (``kvpress@q8``: every press, and the full cache, at q8)."""
+    from .kvpress_peer import DTYPES as PEER_DTYPES
+
     out: List[Method] = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
         engine, _, rest = item.partition(":")
-        policy, _, dtype = rest.partition("@")
+        if "@" in engine:
+            engine, _, dtype = engine.partition("@")
+            policy = ""
+        else:
+            policy, _, dtype = rest.partition("@")
         if engine == "ours":
             names = ("none",) + our_policies() if not policy else (policy,)
             allowed = ("none",) + our_policies()
@@ -82,9 +93,10 @@ def parse_methods(spec: str, peer_presses: Sequence[str]) -> List[Method]:
         elif engine == "kvpress":
             names = ("none",) + tuple(peer_presses) if not policy else (policy,)
             allowed = ("none",) + tuple(peer_presses)
-            if dtype and dtype != "f16":
-                raise ValueError(f"{item}: the kvpress peer runs its cache in float only")
-            dtype = "f16"
+            dtype = dtype or "f16"
+            if dtype not in PEER_DTYPES:
+                raise ValueError(f"{item}: unknown kv dtype {dtype!r} for the kvpress peer "
+                                 f"(allowed: {', '.join(PEER_DTYPES)})")
         else:
             raise ValueError(f"{item}: unknown engine {engine!r} (allowed: ours, kvpress)")
         for p in names:
@@ -102,9 +114,11 @@ def parse_methods(spec: str, peer_presses: Sequence[str]) -> List[Method]:
 # --- the engines -----------------------------------------------------------------------------
 def dtype_gain(engine: str, kv_dtype: str) -> float:
     """Bytes of an f16 row / bytes of a ``kv_dtype`` row: what the element type alone saves
-    (32/17 for q8, 32/9 for q4, whatever head_dim). 1 for the peer, whose cache is float."""
+    (32/17 for q8, ours or the peer's q8_0; 32/9 for our q4; whatever head_dim)."""
     if engine != "ours":
-        return 1.0
+        from .kvpress_peer import dtype_gain as peer_gain
+
+        return peer_gain(kv_dtype)
     from .. import _core
 
     return _core.kv_row_bytes("f16", 32) / _core.kv_row_bytes(kv_dtype, 32)
@@ -117,6 +131,7 @@ class OursEngine:
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self._llm_obj = None
+        self._exact = None
 
     def _llm(self, kv_dtype: str):
         if self._llm_obj is None:
@@ -150,6 +165,20 @@ class OursEngine:
         return {"logp": tr.logp, "bytes_held": tr.kv_bytes_held, "bytes_full": tr.f16_bytes,
                 "prefill_s": llm.stats.prefill_s, "reconstruct_s": llm.stats.reconstruct_s}
 
+    def exact_logp(self, prompt, cont, full_logp: np.ndarray) -> np.ndarray:
+        """The exact model's log-probabilities, rows as :meth:`teacher_forced`'s: the numpy
+        reference forward (``mnn_h2o.reference``) on the GGUF's own dequantised weights, in
+        float32, the whole sequence at once. It is the model our engine approximates without
+        MNN's int8 weights and activations; float32 moves its KL by < 1e-6 from float64's
+        (tests/test_frontier.py) at half the time and memory."""
+        if self._exact is None:
+            from ..gguf_model import GgufModel
+            from ..model_source import resolve_gguf
+            from ..reference import ReferenceModel
+
+            self._exact = ReferenceModel(GgufModel(resolve_gguf(self.cfg["model"]["name"])), np.float32)
+        return exact_logp(self._exact, prompt, cont)
+
     def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
                max_new_tokens: int) -> Tuple[str, int, int]:
         llm = self._configure(m, ratio)
@@ -161,28 +190,43 @@ class OursEngine:
         return g.text, llm.stats.kv_bytes_held, f16_bytes(llm)
 
 
+def exact_logp(model, prompt, cont) -> np.ndarray:
+    """Log-probabilities [len(cont), vocab] of a :class:`~mnn_h2o.reference.ReferenceModel`,
+    row i that of cont[i] after prompt + cont[:i]: one forward over prompt + cont[:-1], only the
+    last len(cont) positions projected to the vocabulary."""
+    ids = list(prompt) + list(cont[:-1])
+    return log_softmax(model.forward(ids, last_rows=len(cont))).astype(np.float32)
+
+
 class PeerEngine:
     """The kvpress peer (optional extra): the same GGUF in transformers. It is told the grid of
-    presses and ratios so that one prefill per prompt serves all of them (see kvpress_peer)."""
+    presses, ratios and element types so that one prefill per prompt serves all of them (see
+    kvpress_peer)."""
     name = "kvpress"
 
-    def __init__(self, gguf_path: str, threads: int, tokenizer, presses: Sequence[str], ratios: Sequence[float]):
+    def __init__(self, gguf_path: str, threads: int, tokenizer, methods: Sequence[Method], ratios: Sequence[float]):
         from .kvpress_peer import KvpressPeer
 
-        self.peer = KvpressPeer(gguf_path, threads=threads)
+        self.peer = KvpressPeer(gguf_path, threads=threads, tokenizer=tokenizer)
         self.tokenizer = tokenizer
-        self.grid = dict(grid_presses=tuple(presses), grid_ratios=tuple(ratios))
+        self.grid = dict(grid_methods=tuple((m.policy, m.kv_dtype) for m in methods if m.evicts),
+                         grid_ratios=tuple(ratios))
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:
         r = self.peer.teacher_forced(list(prompt), list(cont), m.policy if m.evicts else None,
-                                     ratio if m.evicts else 1.0, **self.grid)
+                                     ratio if m.evicts else 1.0, kv_dtype=m.kv_dtype, **self.grid)
         return {"logp": r["logp"], "bytes_held": r["bytes_held"], "bytes_full": r["bytes_full"]}
+
+    def exact_logp(self, prompt, cont, full_logp: np.ndarray) -> np.ndarray:
+        """The peer's full cache is the exact model already: the GGUF's weights dequantised to
+        float32 in transformers, every entry kept in float32."""
+        return full_logp
 
     def answer(self, m: Method, ratio: Optional[float], trial: Trial, placement: str,
                max_new_tokens: int) -> Tuple[str, int, int]:
         ids, held, full = self.peer.generate(list(trial.context), list(trial.question),
                                              m.policy if m.evicts else None, ratio if m.evicts else 1.0,
-                                             question_inside=placement == "inside",
+                                             question_inside=placement == "inside", kv_dtype=m.kv_dtype,
                                              max_new_tokens=max_new_tokens, **self.grid)
         return self.tokenizer.decode(list(ids)), held, full
 
@@ -262,14 +306,14 @@ def _targets(m: Method, ratios: Sequence[float]) -> List[Optional[float]]:
     if not m.evicts:
         return [None]
     gain = dtype_gain(m.engine, m.kv_dtype)
-    return [t for t in ratios if t / gain > 1.0]
+    return [t for t in ratios if eviction_target(t, gain) > 1.0]
 
 
 def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
              segs: Sequence[Segment], results: Results, tick: Callable[[], None]) -> None:
     """Teacher-forced runs of every method and ratio on every segment; each engine's full
-    cache once per segment (and only when a candidate of that segment is still to run).
-    ``tick`` is called once per grid point, done before or now."""
+    cache and exact model once per segment (and only when a candidate of that segment is still
+    to run). ``tick`` is called once per grid point, done before or now."""
     for seg in segs:
         for eng_name, eng in engines.items():
             grid = [(m, t) for m in methods if m.engine == eng_name for t in _targets(m, ratios)]
@@ -282,6 +326,9 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
             t0 = time.perf_counter()
             ref = eng.teacher_forced(Method(eng_name, "none"), None, seg.prompt, seg.continuation)
             ref_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            exact = eng.exact_logp(seg.prompt, seg.continuation, ref["logp"])
+            exact_s = time.perf_counter() - t0
             for m, t in todo:
                 t0 = time.perf_counter()
                 cand = ref if m.is_reference else eng.teacher_forced(m, t, seg.prompt, seg.continuation)
@@ -291,9 +338,10 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
                            continuation_tokens=len(seg.continuation),
                            bytes_held=int(cand["bytes_held"]), bytes_full=int(cand["bytes_full"]),
                            ratio=cand["bytes_full"] / cand["bytes_held"] if cand["bytes_held"] else None,
-                           seconds=round(secs, 2))
+                           seconds=round(secs, 2), exact_seconds=round(exact_s, 2))
                 run.update({k: round(cand[k], 2) for k in ("prefill_s", "reconstruct_s") if k in cand})
                 run.update(metrics(ref["logp"], cand["logp"], seg.continuation))
+                run["kl_exact"] = metrics(exact, cand["logp"], seg.continuation)["kl"]
                 results.add(run)
                 tick()
 
@@ -333,7 +381,7 @@ def sweep_size(methods: Sequence[Method], ratios: Sequence[float], n_segments: i
 
 
 # --- aggregation -----------------------------------------------------------------------------
-ROW_KEYS = ("method", "engine", "kv_dtype", "policy", "ratio", "domain", "split", "kl", "top1",
+ROW_KEYS = ("method", "engine", "kv_dtype", "policy", "ratio", "domain", "split", "kl", "kl_exact", "top1",
             "ppl_delta", "needle_hits", "needle_trials", "bytes_held")
 
 
@@ -365,12 +413,13 @@ def aggregate(runs: Sequence[dict]) -> List[dict]:
         row["ratio"] = _mean(r["ratio"] for r in rs)
         if key[0] == "kl":
             row.update(domain=r0["domain"], prompt_tokens=r0["prompt_tokens"], segments=len(rs),
-                       kl=_mean(r["kl"] for r in rs), top1=_mean(r["top1"] for r in rs),
+                       kl=_mean(r["kl"] for r in rs), kl_exact=_mean(r.get("kl_exact") for r in rs),
+                       top1=_mean(r["top1"] for r in rs),
                        ppl_delta=_mean(r["ppl_delta"] for r in rs),
                        needle_hits=None, needle_trials=None)
         else:
             row.update(domain="+".join(sorted({r["domain"] for r in rs})), placement=r0["placement"],
-                       kl=None, top1=None, ppl_delta=None, needle_hits=sum(r["hit"] for r in rs),
+                       kl=None, kl_exact=None, top1=None, ppl_delta=None, needle_hits=sum(r["hit"] for r in rs),
                        needle_trials=len(rs),
                        needle_hits_full=full_hits.get((r0["engine"], r0["split"])))
         rows.append(row)
@@ -387,16 +436,18 @@ def _fmt(v) -> str:
 
 
 def table(rows: Sequence[dict]) -> str:
-    """Markdown: KL / top-1 per domain and prompt length, then needles."""
+    """Markdown: KL (against the engine's full cache and the exact model) / top-1 per domain and
+    prompt length, then needles."""
     out = []
     kl = sorted((r for r in rows if r["kind"] == "kl"),
                 key=lambda r: (r["domain"], r["prompt_tokens"], r["engine"], r["method"], r["target_ratio"] or 0))
     if kl:
-        out += ["| domain | prompt | method | target | ratio | KL | top-1 | ppl delta | MiB held | segments |",
-                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += ["| domain | prompt | method | target | ratio | KL | KL exact | top-1 | ppl delta | MiB held | segments |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in kl:
             out.append(f"| {r['domain']} | {r['prompt_tokens']} | {r['method']} | {_fmt(r['target_ratio'])} | "
-                       f"{_fmt(r['ratio'])} | {_fmt(r['kl'])} | {_fmt(r['top1'])} | {_fmt(r['ppl_delta'])} | "
+                       f"{_fmt(r['ratio'])} | {_fmt(r['kl'])} | {_fmt(r.get('kl_exact'))} | {_fmt(r['top1'])} | "
+                       f"{_fmt(r['ppl_delta'])} | "
                        f"{_fmt(r['bytes_held'] / 2**20 if r['bytes_held'] else None)} | {r['segments']} |")
     nd = sorted((r for r in rows if r["kind"] == "needle"),
                 key=lambda r: (r["placement"], r["engine"], r["method"], r["target_ratio"] or 0))
@@ -424,31 +475,35 @@ def _ours_at(curves: Dict[str, List[Tuple[float, float]]], x: float) -> Optional
 
 
 def peer_comparison(rows: Sequence[dict]) -> str:
-    """Each kvpress press against our best policy at equal memory (the press's measured
-    whole-model ratio; ours interpolated between its measured ratios, ``random`` excluded as a
-    control), per domain and prompt length; then a summary per press; then needles per target."""
-    kl = [r for r in rows if r["kind"] == "kl" and r["kv_dtype"] == "f16"]
+    """Each kvpress press against our best policy at equal memory and the same element type
+    (the press's measured whole-model ratio; ours interpolated between its measured ratios from
+    our cache without eviction in that type, ``random`` excluded as a control), per domain and
+    prompt length; then a summary per press; then needles per target. A q8 press is named
+    ``press@q8`` and compared with our q8 policies."""
+    kl = [r for r in rows if r["kind"] == "kl"]
     out = ["| domain | prompt | press | press ratio | press KL | our best at that ratio | our KL | press KL / ours |",
            "|---|---:|---|---:|---:|---|---:|---:|"]
     per_press: Dict[str, List[float]] = {}
     beyond: Dict[str, int] = {}
-    for d, n in sorted({(r["domain"], r["prompt_tokens"]) for r in kl}):
-        same = [r for r in kl if (r["domain"], r["prompt_tokens"]) == (d, n)]
-        full = [r for r in same if r["engine"] == "ours" and r["policy"] == "none"]
+    for d, n, dt in sorted({(r["domain"], r["prompt_tokens"], r["kv_dtype"]) for r in kl}):
+        same = [r for r in kl if (r["domain"], r["prompt_tokens"], r["kv_dtype"]) == (d, n, dt)]
+        sfx = "" if dt == "f16" else f"@{dt}"
+        start = [(f["ratio"], f["kl"]) for f in same if f["engine"] == "ours" and f["policy"] == "none"]
         curves: Dict[str, List[Tuple[float, float]]] = {}
         for r in same:
             if r["engine"] == "ours" and r["policy"] not in ("none", "random") and r["ratio"]:
-                curves.setdefault(r["policy"], [(f["ratio"], 0.0) for f in full]).append((r["ratio"], r["kl"]))
+                curves.setdefault(r["policy"] + sfx, list(start)).append((r["ratio"], r["kl"]))
         for p in sorted((r for r in same if r["engine"] == "kvpress" and r["policy"] != "none"),
                         key=lambda r: (r["policy"], r["ratio"])):
+            name = p["policy"] + sfx
             o = _ours_at(curves, p["ratio"])
             if o is None:
-                beyond[p["policy"]] = beyond.get(p["policy"], 0) + 1
-                out.append(f"| {d} | {n} | {p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | beyond our reach | - | - |")
+                beyond[name] = beyond.get(name, 0) + 1
+                out.append(f"| {d} | {n} | {name} | {p['ratio']:.2f} | {p['kl']:.4g} | beyond our reach | - | - |")
                 continue
             rel = p["kl"] / o[1] if o[1] > 0 else float("inf")
-            per_press.setdefault(p["policy"], []).append(rel)
-            out.append(f"| {d} | {n} | {p['policy']} | {p['ratio']:.2f} | {p['kl']:.4g} | {o[0]} | {o[1]:.4g} | {rel:.2f} |")
+            per_press.setdefault(name, []).append(rel)
+            out.append(f"| {d} | {n} | {name} | {p['ratio']:.2f} | {p['kl']:.4g} | {o[0]} | {o[1]:.4g} | {rel:.2f} |")
     if not per_press and not beyond:
         return ""
     out += ["", "| press | points | press better (KL / ours < 1) | median KL / ours | range | beyond our reach |",
@@ -459,14 +514,15 @@ def peer_comparison(rows: Sequence[dict]) -> str:
         rng = f"{min(v):.2f}-{max(v):.2f}" if v else "-"
         out.append(f"| {press} | {len(v)} | {sum(x < 1 for x in v)} | {med} | {rng} | {beyond.get(press, 0)} |")
     nd = [r for r in rows if r["kind"] == "needle" and r["policy"] != "none"]
-    keys = sorted({(r["target_ratio"], r["placement"]) for r in nd})
+    keys = sorted({(r["target_ratio"], r["placement"], r["kv_dtype"]) for r in nd})
     if any(r["engine"] == "kvpress" for r in nd):
         out += ["", "| target | placement | our best (hits) | press | press hits | trials |", "|---:|---|---|---|---:|---:|"]
-        for t, pl in keys:
-            same = [r for r in nd if (r["target_ratio"], r["placement"]) == (t, pl)]
+        for t, pl, dt in keys:
+            sfx = "" if dt == "f16" else f"@{dt}"
+            same = [r for r in nd if (r["target_ratio"], r["placement"], r["kv_dtype"]) == (t, pl, dt)]
             ours = [r for r in same if r["engine"] == "ours" and r["policy"] != "random"]
             best = max(ours, key=lambda r: r["needle_hits"]) if ours else None
             for p in sorted((r for r in same if r["engine"] == "kvpress"), key=lambda r: -r["needle_hits"]):
-                ob = f"{best['policy']} ({best['needle_hits']})" if best else "-"
-                out.append(f"| {t:g} | {pl} | {ob} | {p['policy']} | {p['needle_hits']} | {p['needle_trials']} |")
+                ob = f"{best['policy']}{sfx} ({best['needle_hits']})" if best else "-"
+                out.append(f"| {t:g} | {pl} | {ob} | {p['policy']}{sfx} | {p['needle_hits']} | {p['needle_trials']} |")
     return "\n".join(out)
