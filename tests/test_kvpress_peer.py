@@ -156,6 +156,7 @@ class _DecodeQ8Cache:
         return Q8()
 
 
+@pytest.mark.slow
 def test_q8_is_press_then_quantise(peer):
     """snapkv@q8 = kvpress's own snapkv prefill, every kept entry then stored as q8_0, the
     continuation decoded token by token with its entries quantised as written."""
@@ -200,6 +201,7 @@ def test_q8_is_press_then_quantise(peer):
     assert full_q8["bytes_full"] / full_q8["bytes_held"] == pytest.approx(64 / 34)
 
 
+@pytest.mark.slow
 def test_kvzip_equals_kvpress_own_path(peer):
     """KVzip at two ratios from one reconstruction equals kvpress's own ``with press(model)``
     run at each (same pruned entries, same log-probabilities); and its @q8 is the same cut."""
