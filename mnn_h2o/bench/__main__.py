@@ -89,9 +89,9 @@ def _speed(args, cfg) -> int:
     return 0
 
 
-# --quick: a smoke round (2048 tokens is the shortest prompt at which the default H2O target is
-# reachable, so the gates stay meaningful).
-QUICK = {"bench.prompt_lengths": [2048], "bench.decode_tokens": 32, "bench.repetitions": 3,
+# --quick: a smoke round. Its prompt passes the default eviction trigger (h2o.trigger_min_tokens,
+# 3072) by a few blocks, so the H2O cases really evict and their guards and targets mean something.
+QUICK = {"bench.prompt_lengths": [3328], "bench.decode_tokens": 64, "bench.repetitions": 3,
          "bench.demo_buckets": [128], "bench.demo_new_tokens": 16}
 
 
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", help="YAML config (every key: docs/config.md); default: h2o.yaml's values, "
                                      "which are the built-in defaults")
     ap.add_argument("--model", help="named model (smollm2, qwen2.5-0.5b) or GGUF path; overrides model.name")
-    ap.add_argument("--quick", action="store_true", help="smoke round: one 2048-token prompt, 32 decode "
+    ap.add_argument("--quick", action="store_true", help="smoke round: one 3328-token prompt, 64 decode "
                                                          "tokens, one 128-token demo bucket")
     ap.add_argument("--compare", metavar="PREVIOUS_RUN", help="run folder (or summary.json) of an earlier "
                                                                "round: print the regression table against it")
