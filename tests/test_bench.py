@@ -268,6 +268,20 @@ def test_reference_round_guards_regressions(fake_round, tmp_path, capsys):
     assert "a guard failed" in capsys.readouterr().err
 
 
+def test_no_speed_guard_against_a_loosely_measured_reference():
+    g = config.defaults()["gates"]
+    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 0.05)]
+    loose = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 2 * g["max_speed_noise"])]
+    slower = [quiet[0], dict(quiet[1], decode_tps=_stats(70.0, 0.05))]
+    speed = [x for x in gates.evaluate(slower, [], g, {"cases": quiet}) if "vs reference" in x["name"]
+             and x["name"].startswith("decode_speed")]
+    assert [x["status"] for x in speed] == ["fail"]
+    speed = [x for x in gates.evaluate(slower, [], g, {"cases": loose}) if "vs reference" in x["name"]
+             and x["name"].startswith("decode_speed")]
+    assert speed == []  # it could only ever be inconclusive: the reference must be remade
+    assert gates.loose_reference_speeds({"cases": loose}, g["max_speed_noise"]) == ["h2o @512"]
+
+
 def test_reference_files_are_refused_when_unreadable(tmp_path):
     from mnn_h2o.bench import reference
 

@@ -129,6 +129,11 @@ def _round(args, cfg) -> int:
     speed_comparable = ref is not None and ref["cpu"] == env["cpu"]
     if ref is not None and not speed_comparable:
         ref_note += f"; its CPU differs from this one ({env['cpu']}): speed guards skipped"
+    elif ref is not None:
+        loose = gates.loose_reference_speeds(ref, cfg["gates"]["max_speed_noise"])
+        if loose:
+            ref_note += (f"; no speed guard for {', '.join(loose)} (the reference's spread there exceeds "
+                         "gates.max_speed_noise)")
     gate_rows = gates.evaluate(rows, demo, cfg["gates"], ref, compare_speed=speed_comparable)
     overall = gates.outcome(gate_rows, strict=args.strict)
     summary = {"schema_version": report.SCHEMA_VERSION, "overall": overall, "overall_pass": overall == "pass",

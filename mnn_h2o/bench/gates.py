@@ -184,12 +184,27 @@ def _regressions(by, ref, g, compare_speed: bool) -> List[dict]:
         base_now, base_ref = by.get(("baseline", n)), ref.get(("baseline", n))
         if not compare_speed or c == "baseline" or base_now is None or base_ref is None:
             continue
-        noise = max(_noise(base_now["decode_tps"], r["decode_tps"]), _noise(base_ref["decode_tps"], f["decode_tps"]))
+        ref_noise = _noise(base_ref["decode_tps"], f["decode_tps"])
+        if ref_noise > cap:
+            # The reference itself measured this ratio too loosely to judge any round against
+            # it: no guard (the round could only ever be inconclusive); a quieter reference
+            # round brings it back.
+            continue
+        noise = max(_noise(base_now["decode_tps"], r["decode_tps"]), ref_noise)
         now = r["decode_tps"]["median"] / base_now["decode_tps"]["median"]
         then = f["decode_tps"]["median"] / base_ref["decode_tps"]["median"]
         out.append(gate(f"decode_speed {c}/baseline @{n} vs reference (noise {noise:.1%})", round(now / then, 4),
                         ">=", round(1.0 - min(noise, cap), 4), inconclusive=noise > cap))
     return out
+
+
+def loose_reference_speeds(reference: dict, cap: float) -> List[str]:
+    """The ``case @n`` whose decode speed relative to the baseline the reference measured with
+    more spread than ``cap``: no speed guard compares with them."""
+    ref = _by(reference["cases"])
+    return [f"{c} @{n}" for (c, n), f in ref.items()
+            if c != "baseline" and ("baseline", n) in ref and "decode_tps" in f
+            and _noise(ref["baseline", n]["decode_tps"], f["decode_tps"]) > cap]
 
 
 def _noise(a: dict, b: dict) -> float:
