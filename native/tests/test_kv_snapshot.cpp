@@ -54,9 +54,8 @@ static std::unique_ptr<KvCache> make_cache(KvDtype dtype, const std::string& pol
     return cache;
 }
 
-// One forward of n tokens over every layer (random q/k/v from rng), then end_step; the
-// attention outputs appended to *outs.
-static void forward(KvCache& cache, int n, bool prefill, std::mt19937& rng, std::vector<float>* outs) {
+// n tokens through every layer (random q/k/v from rng); the attention outputs appended to *outs.
+static void step_layers(KvCache& cache, int n, std::mt19937& rng, std::vector<float>* outs) {
     const KvCacheConfig& c = cache.config();
     for (int layer = 0; layer < c.n_layers; ++layer) {
         const std::vector<float> q = random_vec(rng, static_cast<size_t>(n) * c.n_heads * c.head_dim, 2.f);
@@ -66,6 +65,11 @@ static void forward(KvCache& cache, int n, bool prefill, std::mt19937& rng, std:
         cache.step(layer, q.data(), k.data(), v.data(), n, o.data());
         if (outs) outs->insert(outs->end(), o.begin(), o.end());
     }
+}
+
+// One forward of n tokens, then end_step.
+static void forward(KvCache& cache, int n, bool prefill, std::mt19937& rng, std::vector<float>* outs) {
+    step_layers(cache, n, rng, outs);
     cache.end_step(n, prefill);
 }
 
@@ -78,15 +82,8 @@ static int64_t evictions(const KvCache& cache) {
 // A context reconstruction pass of n tokens (what the engine runs for kvzip after a prompt): their
 // K/V are dropped again, the peaks they gave the held blocks become reconstruction scores.
 static void reconstruct(KvCache& cache, int n, std::mt19937& rng) {
-    const KvCacheConfig& c = cache.config();
     cache.begin_reconstruction();
-    for (int layer = 0; layer < c.n_layers; ++layer) {
-        const std::vector<float> q = random_vec(rng, static_cast<size_t>(n) * c.n_heads * c.head_dim, 2.f);
-        const std::vector<float> k = random_vec(rng, static_cast<size_t>(n) * c.n_kv_heads * c.head_dim);
-        const std::vector<float> v = random_vec(rng, k.size());
-        std::vector<float> o(q.size());
-        cache.step(layer, q.data(), k.data(), v.data(), n, o.data());
-    }
+    step_layers(cache, n, rng, nullptr);
     cache.rewind_reconstruction();
     cache.end_reconstruction();
 }
