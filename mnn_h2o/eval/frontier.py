@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .domains import Segment
-from .needle import PLACEMENTS, Trial, is_hit
+from .needle import Trial, is_hit
 from .quality import eviction_target, f16_bytes, log_softmax, metrics, teacher_forced
 
 
