@@ -190,10 +190,12 @@ def test_peer_comparison_is_at_equal_measured_memory():
             kl_row("ours", "random", 2.0, 0.001),  # a control, never "our best"
             kl_row("kvpress", "none", 1.0, 0.0),
             kl_row("kvpress", "snapkv", 2 ** 1.5, 0.02),  # halfway in log ratio between 2 and 4: ours 0.04
-            kl_row("kvpress", "snapkv", 6.0, 0.01)]       # past our last point: not compared
+            kl_row("kvpress", "snapkv", 6.0, 0.01),       # past our last point: not compared
+            kl_row("kvpress", "tova", 4.04, 0.03)]        # 1% past it: the same target, compared there
     text = F.peer_comparison(rows)
     assert "| prose | 4096 | snapkv | 2.83 | 0.02 | h2o | 0.04 | 0.50 |" in text
     assert "| snapkv | 1 | 1 | 0.50 | 0.50-0.50 | 1 |" in text
+    assert "| prose | 4096 | tova | 4.04 | 0.03 | h2o | 0.06 | 0.50 |" in text
     assert F.peer_comparison([r for r in rows if r["engine"] == "ours"]) == ""
 
 

@@ -48,6 +48,8 @@ VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("float", "float weights and activations (model.weight_bits 0, runtime.memory normal) "
             "instead of int8: is the int8 engine's noise part of the loss?",
             {"model.weight_bits": 0, "runtime.memory": "normal"}),
+    Variant("normal", "float activations with the same int8 weights (runtime.memory normal): the "
+            "int8 engine's activation noise alone", {"runtime.memory": "normal"}),
     Variant("prefill_end", "evict once after the whole prompt, not after every prefill chunk",
             {"h2o.prefill_eviction": "end"}),
     Variant("no_decode", "no eviction during the continuation; the prompt is cut so that the end "

@@ -459,16 +459,23 @@ def table(rows: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+# Relative distance in measured ratio within which a press and our last point count as equal
+# memory (our block rounding lands ours up to ~1% below the target).
+RATIO_TOLERANCE = 0.02
+
+
 def _ours_at(curves: Dict[str, List[Tuple[float, float]]], x: float) -> Optional[Tuple[str, float]]:
     """Our best policy's KL at measured ratio ``x``: each policy's (ratio, KL) points, the full
     cache's (ratio ~1, KL 0) among them, interpolated linearly in KL against log ratio; a policy
-    whose points do not reach ``x`` is not a candidate (no extrapolation)."""
+    whose points do not reach ``x`` is not a candidate (no extrapolation), except that a press
+    measured within ``RATIO_TOLERANCE`` past our last point meets that point: both aimed at the
+    same target and landed a block's rounding apart."""
     best = None
     for policy, pts in curves.items():
         pts = sorted(pts)
-        if len(pts) < 2 or not pts[0][0] <= x <= pts[-1][0]:
+        if len(pts) < 2 or not pts[0][0] <= x <= pts[-1][0] * (1 + RATIO_TOLERANCE):
             continue
-        kl = float(np.interp(np.log(x), [np.log(r) for r, _ in pts], [k for _, k in pts]))
+        kl = float(np.interp(np.log(min(x, pts[-1][0])), [np.log(r) for r, _ in pts], [k for _, k in pts]))
         if best is None or kl < best[1]:
             best = (policy, kl)
     return best
