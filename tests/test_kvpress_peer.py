@@ -235,3 +235,18 @@ def test_kvzip_equals_kvpress_own_path(peer):
         assert all(torch.equal(torch.stack(a), torch.stack(b)) for (_, _, a), b in zip(mine, masked))
     q8 = peer.teacher_forced(prompt, cont, "kvzip", 3.0, kv_dtype="q8", **grid)
     assert q8["ratio"] == pytest.approx(3.0, rel=0.02)
+
+
+def test_kvzip_structure_cuts_scores_like_our_cache():
+    torch = pytest.importorskip("torch")
+    from mnn_h2o.eval.kvzip_structure import cut_scores
+
+    s = torch.arange(40, dtype=torch.float32).reshape(1, 1, 1, 40) % 7  # [layers, batch, heads, tokens]
+    assert torch.equal(cut_scores(s, "token", 40, 16, 4, 8), s)
+    blocks = cut_scores(s, "block", 40, 16, 4, 8)[0, 0, 0]
+    for b0 in (0, 16, 32):  # every token carries its block's peak; the last block is partial
+        assert torch.all(blocks[b0:b0 + 16] == s[0, 0, 0, b0:b0 + 16].max())
+    floors = cut_scores(s, "token_floors", 40, 16, 4, 8)[0, 0, 0]
+    top = floors.max()
+    assert torch.all(floors[:4] == top) and torch.all(floors[-8:] == top) and top > s.max()
+    assert torch.equal(floors[4:32], s[0, 0, 0, 4:32])

@@ -93,6 +93,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-lens", type=_ints, default=[4096, 7936])
     g.add_argument("--continuation", type=int, default=256)
     g.add_argument("--segments", type=int, default=1, help="segments per domain and length (default 1)")
+    z = sub.add_parser("kvzip-structure", help="KVzip's own scores cut by token or by our blocks and floors",
+                       description=_module_doc("kvzip_structure"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    z.add_argument("--json", default="kvzip_structure.json", help="output file; a .md table beside it")
+    z.add_argument("--config", help="YAML config: runtime.block_tokens and the h2o floors it applies")
+    z.add_argument("--ratio", type=float, default=3.2, help="target whole-model ratio (default 3.2)")
+    z.add_argument("--split", choices=("test", "dev"), default="dev", help="default dev")
+    z.add_argument("--domains", default="essays,prose,code")
+    z.add_argument("--prompt-len", type=int, default=4096)
+    z.add_argument("--continuation", type=int, default=256)
+    z.add_argument("--segments", type=int, default=1, help="segments per domain (default 1)")
     w = sub.add_parser("weights", help="weight precision (layers / lm_head bits) vs the exact model, and speed",
                        description=_weights_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("--json", default="weights.json", help="output file (default weights.json); a .md table beside it")
@@ -108,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--repetitions", type=int, default=3, help="speed: interleaved rounds (default 3)")
     w.add_argument("--no-speed", action="store_true", help="quality only")
     return ap
+
+
+def _module_doc(name: str) -> str:
+    import importlib
+
+    return importlib.import_module(f".{name}", __package__).__doc__
 
 
 def _weights_doc() -> str:
@@ -133,6 +149,10 @@ def main(argv=None) -> int:
         if args.tokens < 2 or args.decode < 1 or args.repetitions < 1:
             raise SystemExit("error: --tokens must be >= 2, --decode and --repetitions >= 1")
         return run(lambda: weights.sweep(args, config_mod))
+    if args.command == "kvzip-structure":
+        from . import kvzip_structure
+
+        return run(lambda: kvzip_structure.sweep(args, config_mod))
     if args.command == "factors":
         from . import factors
 
