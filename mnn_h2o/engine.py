@@ -22,6 +22,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from . import config as config_mod
+from .errors import ContextOverflowError
 from .export import export
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
@@ -29,10 +30,6 @@ from .model_source import resolve_gguf
 from .reference import rope_tables
 from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
-
-
-class ContextOverflowError(ValueError):
-    """The prompt plus the requested generation does not fit the context limit."""
 
 
 @dataclass
@@ -253,17 +250,17 @@ class Llm:
     def configure_kv_dtype(self, kv_dtype: str) -> None:
         """A new, empty cache whose K and V rows are of element type ``kv_dtype`` (see the key
         runtime.kv_dtype), with eviction and the lossless store off: configure them after."""
-        from . import _core
+        from . import native
 
         config_mod.validate({"runtime": {"kv_dtype": kv_dtype}})
         c = self.config
-        self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
-                                   dtype=kv_dtype, block_tokens=self._block_tokens,
-                                   max_tokens=self.max_context, threads=self._threads)
+        self.cache = native.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
+                                    dtype=kv_dtype, block_tokens=self._block_tokens,
+                                    max_tokens=self.max_context, threads=self._threads)
         self.kv_dtype = kv_dtype
         # K and V rows of every layer and kv head: bytes per token written.
-        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes(kv_dtype, c.head_dim)
-        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes("f16", c.head_dim)
+        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
+        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
         self.h2o: Optional[dict] = None
         self.lossless: Optional[dict] = None
         self.reset()

@@ -119,9 +119,9 @@ def dtype_gain(engine: str, kv_dtype: str) -> float:
         from .kvpress_peer import dtype_gain as peer_gain
 
         return peer_gain(kv_dtype)
-    from .. import _core
+    from .. import native
 
-    return _core.kv_row_bytes("f16", 32) / _core.kv_row_bytes(kv_dtype, 32)
+    return native.kv_row_bytes("f16", 32) / native.kv_row_bytes(kv_dtype, 32)
 
 
 class OursEngine:

@@ -91,8 +91,8 @@ def check(samples, ends, cfg, head_dim: int, warmup: int, leak_mib: float) -> li
     # The store holds at most what H2O's kept tokens take raw, plus its bounded working memory:
     # copies of the chunks in flight to the workers (max_queue of them) and the decode cache.
     ll = cfg["lossless"]
-    from .. import _core
-    chunk_raw = 2 * ll["chunk_tokens"] * _core.kv_row_bytes(cfg["runtime"]["kv_dtype"], head_dim)
+    from .. import native
+    chunk_raw = 2 * ll["chunk_tokens"] * native.kv_row_bytes(cfg["runtime"]["kv_dtype"], head_dim)
     slack = ll["max_queue"] * chunk_raw + ll["decode_cache_bytes"]
     worst = max(s["bytes_held"] - s["scratch_bytes"] - s["kept_bytes"] for s in samples)
     checks.append({"check": "bytes held - scratch <= kept tokens at raw size + max_queue chunks + decode cache",
@@ -153,8 +153,8 @@ def plot(samples, path: str) -> None:
 
 def main(argv=None) -> int:
     from .. import config as config_mod
-    from ..engine import ContextOverflowError, Llm
-    from ..gguf_model import ModelFileError
+    from ..engine import Llm
+    from ..errors import ContextOverflowError, ModelFileError
 
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.store_soak", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
