@@ -202,7 +202,7 @@ def _cache_sweep(args, cfg) -> int:
     from ..engine import Llm
     from ..essays import essay_tokens
     from .cases import configure, run_case
-    from .measure import interleave, summarize
+    from ..measure import interleave, summarize
 
     llm = Llm.load(None, cfg)
     n_dec = cfg["bench"]["decode_tokens"]

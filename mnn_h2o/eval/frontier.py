@@ -32,7 +32,8 @@ import numpy as np
 
 from .domains import Segment
 from .needle import Trial, is_hit
-from .quality import eviction_target, f16_bytes, log_softmax, metrics, teacher_forced
+from ..measure import log_softmax
+from .quality import eviction_target, f16_bytes, metrics, teacher_forced
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def _history(llm, n_tokens: int):
 
 
 def measure(llm, n_tokens: int, repetitions: int) -> dict:
-    from ..bench.measure import interleave, summarize
+    from ..measure import interleave, summarize
     from ..session import Session
 
     warm = _history(llm, n_tokens)
