@@ -23,10 +23,9 @@ import numpy as np
 
 from . import config as config_mod
 from .errors import ContextOverflowError
-from .export import export
+from .export import ensure_exported
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
-from .model_source import resolve_gguf
 from .reference import rope_tables
 from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
@@ -201,13 +200,14 @@ class Llm:
 
     @classmethod
     def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
-        """Export (first time only, then cached) and load a named model or GGUF path."""
+        """A named model or GGUF path (``model``; None: the config's model.name), exported the
+        first time, the cached export after, then loaded: the two steps ``ensure_exported`` and
+        ``Llm(export_dir, cfg)``."""
         cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
         if model is not None:
             cfg["model"]["name"] = model
-        path = resolve_gguf(cfg["model"]["name"])
-        return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress,
-                          head_bits=cfg["model"]["head_bits"]), cfg)
+        export_dir = ensure_exported(cfg["model"], progress)
+        return cls(export_dir, cfg)
 
     # --- state -------------------------------------------------------------------------------
     def new_context(self, cfg: Optional[dict] = None) -> KvContext:

@@ -137,11 +137,12 @@ class OursEngine:
     def _llm(self, kv_dtype: str):
         if self._llm_obj is None:
             from ..engine import Llm
+            from ..export import ensure_exported
 
             cfg = {s: dict(v) for s, v in self.cfg.items()}
             cfg["lossless"]["mode"] = "off"
             cfg["runtime"]["kv_dtype"] = kv_dtype
-            self._llm_obj = Llm.load(None, cfg, progress=False)
+            self._llm_obj = Llm(ensure_exported(cfg["model"], progress=False), cfg)
         if self._llm_obj.kv_dtype != kv_dtype:
             self._llm_obj.configure_kv_dtype(kv_dtype)
         return self._llm_obj

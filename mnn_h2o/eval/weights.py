@@ -80,7 +80,7 @@ def sweep(args, config_mod) -> int:
 
     from ..engine import Llm
     from ..essays import essay_tokens
-    from ..export import WEIGHT_BITS
+    from ..export import WEIGHT_BITS, ensure_exported
     from ..gguf_model import GgufModel
     from ..measure import interleave, summarize, time_run
     from ..model_source import resolve_gguf
@@ -95,7 +95,7 @@ def sweep(args, config_mod) -> int:
     for bits in variants:
         cfg = config_mod.load(args.config, {"model.name": base["model"]["name"], "model.weight_bits": bits[0],
                                             "model.head_bits": bits[1]})
-        llms[name_of(bits)] = Llm.load(None, cfg)
+        llms[name_of(bits)] = Llm(ensure_exported(cfg["model"]), cfg)
     tok = next(iter(llms.values())).tokenizer
 
     result = {"settings": {"variants": list(llms), "split": args.split, "domains": doms, "tokens": args.tokens,

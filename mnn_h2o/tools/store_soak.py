@@ -154,6 +154,7 @@ def plot(samples, path: str) -> None:
 def main(argv=None) -> int:
     from .. import config as config_mod
     from ..engine import Llm
+    from ..export import ensure_exported
     from ..errors import ContextOverflowError, ModelFileError
 
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.store_soak", description=__doc__.split("\n\n")[0],
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
         overrides = dict(config_mod.parse_assignment(a) for a in args.set)
         overrides.update({"lossless.mode": args.mode, **({"model.name": args.model} if args.model else {})})
         cfg = config_mod.load(args.config, overrides)
-        llm = Llm.load(None, cfg)
+        llm = Llm(ensure_exported(cfg["model"]), cfg)
         if args.prompt + args.tokens > llm.max_context:
             raise ContextOverflowError(f"--prompt + --tokens = {args.prompt + args.tokens} exceeds the model's "
                                        f"context of {llm.max_context}: use more --runs instead")
