@@ -6,7 +6,7 @@ import sys
 from typing import Callable
 
 # A user's mistake: a bad value or file. The project's own errors (mnn_h2o/errors.py, and
-# config.ConfigError) are ValueErrors, so they are among these (tests/test_layers.py checks).
+# config.ConfigError) are ValueErrors, so they are among these (tests/test_cli_errors.py checks).
 USER_ERRORS = (ValueError, OSError)
 
 
