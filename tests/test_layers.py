@@ -1,7 +1,8 @@
 """The Python package in layers (docs/architecture.md "Layers"), read from the source, not run:
 every import of every module under mnn_h2o/ (at the top or inside a function: a lazy import is
 still a dependency) makes one edge of a graph, and that graph has no cycle; one module is the
-door to the native core; bench and eval sit side by side, neither importing the other."""
+door to the native core; bench and eval sit side by side, neither importing the other; imports
+go down the layers docs/architecture.md lists, and that list is the one tested here."""
 from __future__ import annotations
 
 import ast
@@ -222,3 +223,32 @@ def test_a_missing_build_is_one_clear_error():
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: mnn_h2o's native core (mnn_h2o._core) is not built"), p.stderr
     assert "docs/building.md" in last and "scripts/setup.sh" in last
+
+
+def _documented_layers() -> Dict[str, List[str]]:
+    """Layer name -> the names listed for it in docs/architecture.md "Layers"."""
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text[text.index("## Layers"):].split("```")[1]
+    layers: Dict[str, List[str]] = {}
+    label = None
+    for line in block.strip("\n").splitlines():
+        if line[:20].strip():
+            label = line[:20].strip()
+            layers[label] = []
+        layers[label] += [n.strip() for n in line[20:].split(",") if n.strip()]
+    return layers
+
+
+def test_the_documented_layers_are_the_tested_ones(graph):
+    documented = _documented_layers()
+    assert list(documented) == [name for name, _ in reversed(LAYERS)]
+    named = set()
+    for label, names in documented.items():
+        for n in names:
+            module = n if n.startswith(PACKAGE + ".") else f"{PACKAGE}.{n.rstrip('/')}"
+            assert LAYERS[layer_of(module)][0] == label, f"docs/architecture.md Layers puts {n} in {label}"
+            named.add(module)
+    # Every module at the top of the package, and every subpackage, is in the list.
+    tops = {".".join(m.split(".")[:2]) for m in graph if m != PACKAGE}
+    assert tops <= named, f"docs/architecture.md Layers leaves out {sorted(tops - named)}"
