@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Callable, Optional, TextIO
 
-from .engine import ContextOverflowError, Llm, Sampling
+from .engine import Llm, Sampling
+from .errors import ContextOverflowError
 from .session import Session
 
 HELP = """commands:

@@ -23,9 +23,9 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from . import _core
+from . import native
 
-GearError = _core.GearError
+GearError = native.GearError
 
 PREDICTORS = ("raw", "xor", "delta", "centre")
 BACKENDS = ("stored", "rle", "zstd", "rans")
@@ -38,7 +38,7 @@ _GROUP_BYTES = {4: QUANT_GROUP + 2, 5: QUANT_GROUP // 2 + 2}
 
 def zstd_available() -> bool:
     """True when libzstd.so.1 could be loaded (otherwise the RLE and rANS backends remain)."""
-    return _core.gear_zstd_available()
+    return native.gear_zstd_available()
 
 
 def _frame_shape(shape, t: int) -> list:
@@ -106,7 +106,7 @@ class Codec:
         self.options = dict(predictors=tuple(predictors), zstd_level=zstd_level,
                             block_tokens=block_tokens, dedup=dedup, allow_rle=allow_rle,
                             allow_zstd=allow_zstd, allow_rans=allow_rans)
-        self._c = _core.GearCodec(predictors=mask, allow_rle=allow_rle, allow_zstd=allow_zstd,
+        self._c = native.GearCodec(predictors=mask, allow_rle=allow_rle, allow_zstd=allow_zstd,
                                   allow_rans=allow_rans, zstd_level=zstd_level,
                                   block_tokens=block_tokens, dedup=dedup)
 

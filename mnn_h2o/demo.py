@@ -13,6 +13,7 @@ from . import config as config_mod
 from .chat import chat
 from .cli_errors import run
 from .engine import Llm, Sampling
+from .export import ensure_exported
 
 
 CHAT_HELP = """\
@@ -59,8 +60,8 @@ def main(argv=None) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
         if args.prompt is None and args.prompt_file is None:
             cfg = load_config()
-            return chat(Llm.load(None, cfg, progress=sys.stderr.isatty()), cfg, sampling, args.max_new_tokens,
-                        args.stop, system=args.system)
+            llm = Llm(ensure_exported(cfg["model"], progress=sys.stderr.isatty()), cfg)
+            return chat(llm, cfg, sampling, args.max_new_tokens, args.stop, system=args.system)
         if args.prompt_file:
             source = "standard input" if args.prompt_file == "-" else f"--prompt-file {args.prompt_file}"
             try:
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
         if not prompt.strip():
             raise ValueError(f"the prompt ({source}) is empty")
         cfg = load_config()
-        llm = Llm.load(None, cfg)
+        llm = Llm(ensure_exported(cfg["model"]), cfg)
         g = llm.generate(prompt, args.max_new_tokens, sampling, stop=args.stop,
                          stream=lambda s: print(s, end="", flush=True), chat=not args.no_chat)
         s = g.stats

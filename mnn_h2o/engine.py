@@ -22,17 +22,13 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from . import config as config_mod
-from .export import export
+from .errors import ContextOverflowError
+from .export import ensure_exported
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
-from .model_source import resolve_gguf
 from .reference import rope_tables
 from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
-
-
-class ContextOverflowError(ValueError):
-    """The prompt plus the requested generation does not fit the context limit."""
 
 
 @dataclass
@@ -204,13 +200,14 @@ class Llm:
 
     @classmethod
     def load(cls, model: str = "smollm2", cfg: Optional[dict] = None, progress: bool = True) -> "Llm":
-        """Export (first time only, then cached) and load a named model or GGUF path."""
+        """A named model or GGUF path (``model``; None: the config's model.name), exported the
+        first time, the cached export after, then loaded: the two steps ``ensure_exported`` and
+        ``Llm(export_dir, cfg)``."""
         cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
         if model is not None:
             cfg["model"]["name"] = model
-        path = resolve_gguf(cfg["model"]["name"])
-        return cls(export(path, weight_bits=cfg["model"]["weight_bits"], progress=progress,
-                          head_bits=cfg["model"]["head_bits"]), cfg)
+        export_dir = ensure_exported(cfg["model"], progress)
+        return cls(export_dir, cfg)
 
     # --- state -------------------------------------------------------------------------------
     def new_context(self, cfg: Optional[dict] = None) -> KvContext:
@@ -253,17 +250,17 @@ class Llm:
     def configure_kv_dtype(self, kv_dtype: str) -> None:
         """A new, empty cache whose K and V rows are of element type ``kv_dtype`` (see the key
         runtime.kv_dtype), with eviction and the lossless store off: configure them after."""
-        from . import _core
+        from . import native
 
         config_mod.validate({"runtime": {"kv_dtype": kv_dtype}})
         c = self.config
-        self.cache = _core.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
-                                   dtype=kv_dtype, block_tokens=self._block_tokens,
-                                   max_tokens=self.max_context, threads=self._threads)
+        self.cache = native.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
+                                    dtype=kv_dtype, block_tokens=self._block_tokens,
+                                    max_tokens=self.max_context, threads=self._threads)
         self.kv_dtype = kv_dtype
         # K and V rows of every layer and kv head: bytes per token written.
-        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes(kv_dtype, c.head_dim)
-        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * _core.kv_row_bytes("f16", c.head_dim)
+        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
+        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
         self.h2o: Optional[dict] = None
         self.lossless: Optional[dict] = None
         self.reset()

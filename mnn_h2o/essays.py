@@ -7,7 +7,7 @@ import importlib.util
 import os
 from typing import List
 
-from .gguf_model import ModelFileError
+from .errors import ModelFileError
 
 
 def essay_files() -> List[str]:

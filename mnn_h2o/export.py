@@ -239,6 +239,13 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     return out_dir
 
 
+def ensure_exported(model: dict, progress: bool = True) -> str:
+    """The export folder of a config's ``model`` section (name: a named model or a GGUF path;
+    weight_bits, head_bits): exported the first time, the cached export after (export_dir_for)."""
+    return export(resolve_gguf(model["name"]), weight_bits=model["weight_bits"], progress=progress,
+                  head_bits=model["head_bits"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mnn_h2o.export",

@@ -16,6 +16,8 @@ from typing import Dict, Iterator, Tuple
 
 import numpy as np
 
+from .errors import ModelFileError
+
 SUPPORTED_ARCHS = ("llama", "qwen2")
 
 # Bounds on what a model file may claim. Far above any model we run, low enough that a damaged
@@ -37,10 +39,6 @@ def _kinds() -> dict:
     return {"int": {(t,) for t in ints}, "float": {(t,) for t in floats + ints},
             "str": {(T.STRING,)}, "str_array": {(T.ARRAY, T.STRING)},
             "int_array": {(T.ARRAY, t) for t in ints}}
-
-
-class ModelFileError(ValueError):
-    """A model file that is missing, unreadable, corrupt or of an unsupported architecture."""
 
 
 @dataclasses.dataclass(frozen=True)

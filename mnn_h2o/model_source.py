@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable, Dict
 
-from .gguf_model import ModelFileError
+from .errors import ModelFileError
 
 
 @dataclass(frozen=True)

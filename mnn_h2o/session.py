@@ -23,8 +23,8 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 from . import config as config_mod
 from . import session_file
-from .engine import ContextOverflowError, Llm, Sampling, Stats
-from .session_file import SessionFileError
+from .engine import Llm, Sampling, Stats
+from .errors import ContextOverflowError, SessionClosedError, SessionFileError
 
 # The model identity a saved session must match (docs/session_format.md, META "model").
 _MODEL_KEYS = ("n_layers", "n_kv_heads", "n_heads", "head_dim", "vocab")
@@ -34,10 +34,6 @@ _SAVED_STATS = ("prompt_tokens", "generated_tokens", "prefill_s", "decode_s", "d
                 "decode_bytes_held_sum")
 
 ROLES = ("system", "user", "assistant")
-
-
-class SessionClosedError(ValueError):
-    """The session was closed: its cache is gone."""
 
 
 @dataclass

@@ -11,15 +11,13 @@ import struct
 import zlib
 from typing import Tuple
 
+from .errors import SessionFileError
+
 MAGIC = b"MNH2OSES"
 VERSION = 1
 SECTIONS = (b"META", b"KVCS")
 _HEADER = struct.Struct("<8sII")   # magic, version, section_count; then the header's CRC-32
 _SECTION = struct.Struct("<4sQI")  # tag, length, CRC-32 of the payload
-
-
-class SessionFileError(ValueError):
-    """A file that is not a saved session this build can load (the message says why)."""
 
 
 def _crc(data: bytes) -> int:

@@ -53,7 +53,8 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .decoder_layer import finish_layer, start_layer
-from .gguf_model import GgufModel, ModelConfig, ModelFileError, file_digest
+from .errors import ModelFileError
+from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from .model_source import cache_root
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, List
 
-from .gguf_model import ModelFileError
+from .errors import ModelFileError
 
 # GPT-2 / Llama-3 style split regexes, as llama.cpp uses them per `tokenizer.ggml.pre`.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"

@@ -158,10 +158,11 @@ class FakeLlm:
 @pytest.fixture
 def fake_round(monkeypatch):
     """Runs main() on a round whose cases are ``rows`` (or whose run raises ``error``)."""
+    from mnn_h2o import engine, export
     from mnn_h2o.bench import cases
-    from mnn_h2o.engine import Llm
 
-    monkeypatch.setattr(Llm, "load", classmethod(lambda cls, model, cfg, progress=True: FakeLlm()))
+    monkeypatch.setattr(export, "ensure_exported", lambda model, progress=True: "no export")
+    monkeypatch.setattr(engine, "Llm", lambda export_dir, cfg: FakeLlm())
 
     def run(argv, rows=None, error=None, demo=()):
         def run_cases(llm, tok, cfg, progress=None):

@@ -27,7 +27,7 @@ class CountingEngine:
 
 
 def test_prefill_and_decode_time_are_split_by_phase():
-    from mnn_h2o.bench.speed import time_run
+    from mnn_h2o.measure import time_run
 
     r = time_run(CountingEngine(), list(range(100)), n_decode=10)
     assert np.isclose(r["prefill_ms"]["mnn"], 5.0) and np.isclose(r["prefill_ms"]["attention"], 2.0)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mnn_h2o.demo import main as demo_main
-from mnn_h2o.gguf_model import ModelFileError
+from mnn_h2o.errors import ModelFileError
 from mnn_h2o.model_source import resolve_gguf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +17,40 @@ def _run(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
+
+
+def _project_errors():
+    import inspect
+
+    from mnn_h2o import errors
+    from mnn_h2o.config import ConfigError
+
+    found = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert len(found) >= 4
+    return found + [ConfigError]
+
+
+@pytest.mark.parametrize("error", _project_errors(), ids=lambda c: c.__name__)
+def test_every_project_error_is_a_users_mistake(capsys, error):
+    """cli_errors.run reports each of the project's errors in one line, exit status 2 (a traceback
+    would mean one was left out of cli_errors.USER_ERRORS)."""
+    from mnn_h2o.cli_errors import run
+
+    def body():
+        raise error("what went wrong")
+
+    assert run(body) == 2
+    assert capsys.readouterr().err == "error: what went wrong\n"
+
+
+def test_a_bug_keeps_its_traceback():
+    from mnn_h2o.cli_errors import run
+
+    def body():
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        run(body)
 
 
 @pytest.mark.parametrize("gguf, message", [("/missing/file.gguf", "model file not found: /missing/file.gguf"),

@@ -1,7 +1,7 @@
 """The docs are reference: README.md and docs/results.md carry no history (issue, stop and
 session numbers, earlier machines or rounds: those live in docs/notebook/); the README's picture
 only shows figures docs/results.md records; the file table of docs/architecture.md matches the
-tree, both ways."""
+tree, both ways, and its "How to add ..." names files, commands and code that exist."""
 import fnmatch
 import glob
 import json
@@ -174,3 +174,52 @@ def test_in_page_links_resolve(path):
     anchors = {_slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
     for target in re.findall(r"\]\(#([^)]+)\)", text):
         assert target in anchors, f"{path} links #{target}, which no heading makes"
+
+
+# --- docs/architecture.md "How to add ...": the files and names it sends a reader to ----------
+
+_SOURCE_DIRS = ("mnn_h2o", "native", "bindings")
+
+
+def _how_to_add_names():
+    text = _read("docs/architecture.md")
+    start = text.index("## How to add ...")
+    end = text.find("\n## ", start + 1)
+    return sorted(set(re.findall(r"`([^`]+)`", text[start:end if end > 0 else None])))
+
+
+def _tree_files():
+    files = []
+    for top in _SOURCE_DIRS + ("docs", "tests", "scripts"):
+        for folder, dirs, names in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+            files += [os.path.join(folder, n) for n in names]
+    return files
+
+
+def test_how_to_add_names_real_files_commands_and_symbols():
+    """Each backticked file exists (by its path, or by its name somewhere in the tree), each
+    `python -m mnn_h2o.X` command is a module, and each code name (a class, function, constant,
+    or Class.member) is written somewhere in the sources."""
+    files = _tree_files()
+    basenames = {os.path.basename(f) for f in files}
+    source = "\n".join(_read(os.path.relpath(f, ROOT)) for f in files
+                       if f.endswith((".py", ".cpp", ".h", ".c")) and "/docs/" not in f)
+    checked = 0
+    for name in _how_to_add_names():
+        if re.fullmatch(r"[\w./-]+\.(py|cpp|h|c|md)", name):
+            where = os.path.exists(os.path.join(ROOT, name)) if "/" in name else name in basenames
+            assert where, f"docs/architecture.md How to add: {name} is not in the tree"
+        elif name.startswith("python -m "):
+            module = name.split()[2]
+            path = os.path.join(ROOT, *module.split("."))
+            assert os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__main__.py")), \
+                f"docs/architecture.md How to add: {name} runs no module"
+        elif re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\(.*\))?", name):
+            for part in name.split("(")[0].split("."):
+                assert re.search(rf"\b{re.escape(part)}\b", source), \
+                    f"docs/architecture.md How to add: `{name}` names {part}, which no source file has"
+        else:
+            continue
+        checked += 1
+    assert checked > 50

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from conftest import make_llm
-from mnn_h2o.engine import ContextOverflowError, Sampling
+from mnn_h2o.engine import Sampling
+from mnn_h2o.errors import ContextOverflowError
 
 pytestmark = pytest.mark.model
 

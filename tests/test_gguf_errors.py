@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from mnn_h2o.gguf_model import GgufModel, ModelFileError
+from mnn_h2o.errors import ModelFileError
+from mnn_h2o.gguf_model import GgufModel
 from mnn_h2o.model_source import resolve_gguf
 
 

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from mnn_h2o.gguf_model import GgufModel, ModelFileError
+from mnn_h2o.errors import ModelFileError
+from mnn_h2o.gguf_model import GgufModel
 from mnn_h2o.tokenizer import load_tokenizer
 from mnn_h2o.tools import gguf_mutations as gm
 from mnn_h2o.tools.fuzz_model_loader import ACCEPTED, REJECTED, verdict

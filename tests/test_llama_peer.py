@@ -180,7 +180,7 @@ def test_peer_logits_match_a_plain_llama_cpp_eval(llama_cpp, smollm2_path, token
         assert peer.pos == len(ids) - 1
         # Not bit-equal: llama.cpp's batched and one-token matmuls round differently (KL ~0.003-0.005
         # here, and this position's top 3 logits lie within 0.13 of each other).
-        from mnn_h2o.eval.quality import log_softmax
+        from mnn_h2o.measure import log_softmax
 
         lb, ls = log_softmax(batch).astype(np.float64), log_softmax(step).astype(np.float64)
         assert float(np.sum(np.exp(lb) * (lb - ls))) < 0.02

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mnn_h2o import config, session_file
-from mnn_h2o.engine import ContextOverflowError, Llm
+from mnn_h2o.engine import Llm
+from mnn_h2o.errors import ContextOverflowError, SessionFileError
 from mnn_h2o.session import Session
-from mnn_h2o.session_file import SessionFileError
 
 pytestmark = pytest.mark.model
 

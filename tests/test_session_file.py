@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mnn_h2o import _core, session_file
-from mnn_h2o.session_file import SessionFileError
+from mnn_h2o.errors import SessionFileError
 
 
 @pytest.fixture(scope="module")

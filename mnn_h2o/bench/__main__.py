@@ -36,6 +36,7 @@ def _engine_list(text: str) -> list:
 
 def _speed(args, cfg) -> int:
     from ..engine import Llm
+    from ..export import ensure_exported
     from ..stock_export import ensure_stock
     from ..model_source import resolve_gguf
     from ..stock import StockLlm
@@ -53,7 +54,7 @@ def _speed(args, cfg) -> int:
     longest = max(args.contexts) + args.n_decode + 8
     if cfg["runtime"]["max_context"] and cfg["runtime"]["max_context"] < longest:
         raise ValueError(f"runtime.max_context {cfg['runtime']['max_context']} < longest run {longest}")
-    ours = Llm.load(None, cfg)
+    ours = Llm(ensure_exported(cfg["model"]), cfg)
     if longest > ours.max_context:
         raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the model's {ours.max_context}")
     # Stock MNN.llm is one module, quantised at one width: the layers' (with a mixed export its
@@ -99,6 +100,7 @@ def _round(args, cfg) -> int:
     from tqdm import tqdm
 
     from ..engine import Llm
+    from ..export import ensure_exported
     from . import cases, gates, plots, reference, report
     from .environment import environment
 
@@ -110,7 +112,7 @@ def _round(args, cfg) -> int:
         raise ValueError(f"run folder {folder} already exists; pick another --out")
     prev = report.load(args.compare) if args.compare else None  # fail early on a bad --compare
     ref, ref_note = reference.select(cfg, bool(args.quick), args.reference)  # and on a bad --reference
-    llm = Llm.load(None, cfg)
+    llm = Llm(ensure_exported(cfg["model"]), cfg)
     need = max(max(b["prompt_lengths"]) + b["decode_tokens"], max(b["demo_buckets"]) + b["demo_new_tokens"] + 64)
     if need > llm.max_context:
         raise ValueError(f"the bench plan needs {need} tokens of context; the model has {llm.max_context} "
@@ -200,11 +202,12 @@ def _cache_sweep(args, cfg) -> int:
     from tqdm import tqdm
 
     from ..engine import Llm
+    from ..export import ensure_exported
     from ..essays import essay_tokens
     from .cases import configure, run_case
-    from .measure import interleave, summarize
+    from ..measure import interleave, summarize
 
-    llm = Llm.load(None, cfg)
+    llm = Llm(ensure_exported(cfg["model"]), cfg)
     n_dec = cfg["bench"]["decode_tokens"]
     ids = essay_tokens(llm.tokenizer, args.context + n_dec)
     prompt, cont = ids[:args.context], ids[args.context:]

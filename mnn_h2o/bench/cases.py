@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..eval.quality import log_softmax
+from ..measure import log_softmax
 
 LOSSLESS_CASES = ("probe", "full", "store")
 H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
@@ -189,7 +189,7 @@ def compare_answer(ref: dict, r: dict) -> dict:
 def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
     """Every runtime case at every prompt length, interleaved per prompt length."""
     from ..essays import essay_tokens
-    from .measure import interleave, summarize
+    from ..measure import interleave, summarize
 
     b = cfg["bench"]
     cases = list(dict.fromkeys(["baseline"] + b["cases"]))  # quality needs the baseline

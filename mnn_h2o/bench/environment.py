@@ -37,11 +37,11 @@ def _commit() -> str:
 
 
 def environment() -> dict:
-    from .. import _core
+    from .. import native
 
     return {"cpu": _cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
-            "isa": _core.best_isa(),
-            "zstd": _core.gear_zstd_available(),
+            "isa": native.best_isa(),
+            "zstd": native.gear_zstd_available(),
             "python": sys.version.split()[0], "os": platform.platform(),
             "versions": {p: _version(p) for p in ("MNN", "numpy", "gguf", "tokenizers", "zstandard")},
             "commit": _commit()}

@@ -13,54 +13,17 @@ after the prompt, teacher-forced one token at a time.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Dict, Sequence
 
-from .measure import interleave, summarize
+from ..measure import interleave, log_softmax, summarize, time_run
 
 LLAMA_ROWS = ("llama_f16", "llama_f16_fa", "llama_q8_fa")
-
-
-def _time_split(before, after, seconds: float, n_tokens: int) -> dict:
-    """ms per token of a phase, split into MNN module forwards, the native cache step (append,
-    attention, eviction) and the rest (Python glue, sampling), from the engine's counters
-    (mnn_s, attention_s) at the phase's start and end."""
-    per_tok = 1e3 / n_tokens
-    d = {"total": seconds * per_tok, "mnn": (after[0] - before[0]) * per_tok,
-         "attention": (after[1] - before[1]) * per_tok}
-    d["glue"] = d["total"] - d["mnn"] - d["attention"]
-    return d
-
-
-def time_run(engine, ids: Sequence[int], n_decode: int) -> dict:
-    """One fresh context: prefill ``ids`` then decode ``n_decode`` greedy tokens."""
-    engine.reset()
-    stats = getattr(engine, "stats", None)
-    snap = lambda: (stats.mnn_s, stats.attention_s) if stats is not None else None
-    b0 = snap()
-    t0 = time.perf_counter()
-    logits = engine.prefill(ids)
-    t1 = time.perf_counter()
-    b1 = snap()
-    tok = int(logits.argmax())
-    for _ in range(n_decode):
-        tok = int(engine.decode(tok).argmax())
-    t2 = time.perf_counter()
-    b2 = snap()
-    r = {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": n_decode / (t2 - t1)}
-    if stats is not None:
-        r["prefill_ms"] = _time_split(b0, b1, t1 - t0, len(ids))
-        r["decode_ms"] = _time_split(b1, b2, t2 - t1, n_decode)
-        r["kv_bytes_held"] = stats.kv_bytes_held
-    return r
 
 
 def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[int]):
     """Log-probs [n, vocab] after ``prompt`` and each prefix of ``continuation``, fed one token at a
     time (row i predicts continuation[i]), as the bench's quality cases do."""
     import numpy as np
-
-    from ..eval.quality import log_softmax
 
     engine.reset()
     logits = engine.prefill(prompt)

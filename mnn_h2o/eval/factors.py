@@ -134,8 +134,9 @@ class Grid:
         k = _runtime_key(cfg)
         if k not in self._llms:
             from ..engine import Llm
+            from ..export import ensure_exported
 
-            self._llms[k] = Llm.load(None, cfg, progress=False)
+            self._llms[k] = Llm(ensure_exported(cfg["model"], progress=False), cfg)
         return self._llms[k]
 
     def done(self, key: tuple) -> bool:

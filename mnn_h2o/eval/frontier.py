@@ -32,7 +32,8 @@ import numpy as np
 
 from .domains import Segment
 from .needle import Trial, is_hit
-from .quality import eviction_target, f16_bytes, log_softmax, metrics, teacher_forced
+from ..measure import log_softmax
+from .quality import eviction_target, f16_bytes, metrics, teacher_forced
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,9 @@ def dtype_gain(engine: str, kv_dtype: str) -> float:
         from .kvpress_peer import dtype_gain as peer_gain
 
         return peer_gain(kv_dtype)
-    from .. import _core
+    from .. import native
 
-    return _core.kv_row_bytes("f16", 32) / _core.kv_row_bytes(kv_dtype, 32)
+    return native.kv_row_bytes("f16", 32) / native.kv_row_bytes(kv_dtype, 32)
 
 
 class OursEngine:
@@ -136,11 +137,12 @@ class OursEngine:
     def _llm(self, kv_dtype: str):
         if self._llm_obj is None:
             from ..engine import Llm
+            from ..export import ensure_exported
 
             cfg = {s: dict(v) for s, v in self.cfg.items()}
             cfg["lossless"]["mode"] = "off"
             cfg["runtime"]["kv_dtype"] = kv_dtype
-            self._llm_obj = Llm.load(None, cfg, progress=False)
+            self._llm_obj = Llm(ensure_exported(cfg["model"], progress=False), cfg)
         if self._llm_obj.kv_dtype != kv_dtype:
             self._llm_obj.configure_kv_dtype(kv_dtype)
         return self._llm_obj

@@ -12,11 +12,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+from ..measure import log_softmax
 
 
 @dataclass

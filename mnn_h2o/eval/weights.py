@@ -53,7 +53,8 @@ def name_of(bits: Tuple[int, int]) -> str:
 
 def quality_vs_exact(exact_logits: np.ndarray, logits: np.ndarray, ids: Sequence[int]) -> Dict[str, float]:
     """Rows i of both predict ids[i + 1]; the last row has no target and is dropped."""
-    from .quality import log_softmax, metrics
+    from ..measure import log_softmax
+    from .quality import metrics
 
     return metrics(log_softmax(exact_logits[:-1]), log_softmax(logits[:-1]), list(ids[1:]))
 
@@ -77,12 +78,11 @@ def table(result: dict) -> str:
 def sweep(args, config_mod) -> int:
     from tqdm import tqdm
 
-    from ..bench.measure import interleave, summarize
-    from ..bench.speed import time_run
     from ..engine import Llm
     from ..essays import essay_tokens
-    from ..export import WEIGHT_BITS
+    from ..export import WEIGHT_BITS, ensure_exported
     from ..gguf_model import GgufModel
+    from ..measure import interleave, summarize, time_run
     from ..model_source import resolve_gguf
     from ..reference import ReferenceModel
     from . import domains as D
@@ -95,7 +95,7 @@ def sweep(args, config_mod) -> int:
     for bits in variants:
         cfg = config_mod.load(args.config, {"model.name": base["model"]["name"], "model.weight_bits": bits[0],
                                             "model.head_bits": bits[1]})
-        llms[name_of(bits)] = Llm.load(None, cfg)
+        llms[name_of(bits)] = Llm(ensure_exported(cfg["model"]), cfg)
     tok = next(iter(llms.values())).tokenizer
 
     result = {"settings": {"variants": list(llms), "split": args.split, "domains": doms, "tokens": args.tokens,

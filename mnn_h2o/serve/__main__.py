@@ -59,6 +59,7 @@ def main(argv=None) -> int:
 
     def body() -> int:
         from ..engine import Llm
+        from ..export import ensure_exported
         from .app import create_app
         from .pool import SessionPool
         from .service import Service
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         cfg = config_mod.load(args.config, overrides)
         sc = cfg["serve"]
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
-        llm = Llm.load(None, cfg)
+        llm = Llm(ensure_exported(cfg["model"]), cfg)
         if not llm.tokenizer.chat_template:
             raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")
         if cfg["lossless"]["mode"] != "off":

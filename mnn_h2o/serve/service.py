@@ -7,7 +7,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from ..engine import ContextOverflowError, Llm, Sampling
+from ..engine import Llm, Sampling
+from ..errors import ContextOverflowError
 from ..session import Session
 from .pool import SessionPool
 from .validation import ApiError, ChatRequest, CompletionRequest, SamplingParams

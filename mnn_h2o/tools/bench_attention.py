@@ -1,4 +1,4 @@
-"""Benchmark of the native attention (mnn_h2o._core.KvCache) on the reference model's shape.
+"""Benchmark of the native attention (mnn_h2o.native.KvCache) on the reference model's shape.
 
 Decode: per-layer time of one query token over a context of C cached tokens, cycling through all
 layers (as a real decode step does, so the KV streams from DRAM, not from cache), and the
@@ -18,14 +18,14 @@ import time
 
 import numpy as np
 
-from .. import _core as core
+from .. import native
 
 N_LAYERS, N_KV, HEAD_DIM, N_HEADS = 30, 3, 64, 9
 
 
 def filled_cache(context, dtype, threads, rng, max_tokens=8192):
-    cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype=dtype, block_tokens=64, max_tokens=max_tokens,
-                         threads=threads)
+    cache = native.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype=dtype, block_tokens=64,
+                           max_tokens=max_tokens, threads=threads)
     for layer in range(N_LAYERS):
         for t0 in range(0, context, 512):
             n = min(512, context - t0)
@@ -49,7 +49,7 @@ def bench_decode(context, dtypes, threads, isa, rounds, rng):
             per_layer[dt].append((time.perf_counter() - t0) / N_LAYERS)
     res = {}
     for dt in dtypes:
-        kv_bytes = N_KV * context * core.kv_row_bytes(dt, HEAD_DIM) * 2
+        kv_bytes = N_KV * context * native.kv_row_bytes(dt, HEAD_DIM) * 2
         t = per_layer[dt]
         ratios = [a / b for a, b in zip(per_layer[dtypes[0]], t)]
         res[dt] = (min(t), statistics.median(t), kv_bytes / min(t), ratios)
@@ -74,7 +74,7 @@ def bench_prefill(context, chunk, dtype, threads, isa, rounds, rng):
 def evicted_cache(policy, context, keep_ratio, threads, rng):
     """A cache whose prompt of `context` tokens was cut to `keep_ratio` by `policy` (or, for
     "appended", a cache filled with that many tokens in one go)."""
-    cache = core.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype="f16", block_tokens=16, threads=threads)
+    cache = native.KvCache(N_LAYERS, N_KV, HEAD_DIM, N_HEADS, dtype="f16", block_tokens=16, threads=threads)
     evicting = policy != "appended"
     if not evicting:
         context = int(context * keep_ratio) // 16 * 16
@@ -116,15 +116,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--dtypes", nargs="+", default=["f16", "q8", "q4", "q4r"], choices=core.kv_dtypes(),
+    ap.add_argument("--dtypes", nargs="+", default=["f16", "q8", "q4", "q4r"], choices=native.kv_dtypes(),
                     help="KV element types of the decode table; speed-ups are relative to the first "
                          "(default f16 q8 q4 q4r); prefill uses the first")
-    ap.add_argument("--isa", default=None, help="kernel set (default: best, %s)" % core.best_isa())
+    ap.add_argument("--isa", default=None, help="kernel set (default: best, %s)" % native.best_isa())
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-evicted", action="store_true")
     args = ap.parse_args()
-    isa = args.isa or core.best_isa()
+    isa = args.isa or native.best_isa()
     rng = np.random.default_rng(0)
 
     print(f"decode attention, {isa}, {N_LAYERS} layers x {N_KV} kv heads x {HEAD_DIM}")

@@ -61,11 +61,11 @@ def _decode_attention_ms(cache, a, rng, reps=3):
 
 
 def run(policy, a):
-    from mnn_h2o import _core
+    from mnn_h2o import native
 
     rng = np.random.default_rng(0)
-    cache = _core.KvCache(a.layers, a.kv_heads, a.head_dim, a.heads, dtype=a.dtype, block_tokens=16,
-                          max_tokens=a.tokens + a.interval * (a.updates + 1) + 64, threads=a.threads)
+    cache = native.KvCache(a.layers, a.kv_heads, a.head_dim, a.heads, dtype=a.dtype, block_tokens=16,
+                           max_tokens=a.tokens + a.interval * (a.updates + 1) + 64, threads=a.threads)
     cache.enable_h2o(policy=policy, target_lossy_ratio=a.ratio, layer_start=0, update_interval=a.interval,
                      observation_window=a.window)
     n, w = a.tokens, a.window
@@ -98,9 +98,9 @@ def run(policy, a):
 
 def main(argv=None):
     a = _args(argv)
-    from mnn_h2o import _core
+    from mnn_h2o import native
 
-    policies = [p for p in a.policies.split(",") if p] or _core.policy_names()
+    policies = [p for p in a.policies.split(",") if p] or native.policy_names()
     print(f"{a.layers} layers x {a.kv_heads} kv heads x {a.head_dim}, {a.heads} query heads, {a.dtype}, "
           f"{a.tokens}-token prompt, ratio {a.ratio}, update every {a.interval} decode tokens, "
           f"window {a.window}, {a.threads} thread(s)")

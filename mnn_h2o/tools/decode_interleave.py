@@ -24,6 +24,7 @@ import numpy as np
 from .. import config as config_mod
 from ..config import load
 from ..engine import Llm
+from ..export import ensure_exported
 from ..essays import essay_tokens
 
 
@@ -79,7 +80,7 @@ def main():
         c = copy.deepcopy(cfg)
         c["runtime"]["kv_dtype"] = dtype
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
-        llm = Llm.load(name, c, progress=False)
+        llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)
         engines.append((label, llm))
     ids = essay_tokens(engines[0][1].tokenizer, args.context + args.tokens)

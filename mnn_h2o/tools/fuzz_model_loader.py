@@ -63,7 +63,7 @@ def load_fully(path: str) -> None:
 
 def verdict(path: str) -> Dict[str, str]:
     """Load ``path`` in this process and classify the outcome (never raises)."""
-    from ..gguf_model import ModelFileError
+    from ..errors import ModelFileError
 
     try:
         load_fully(path)

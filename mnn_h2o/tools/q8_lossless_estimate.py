@@ -38,10 +38,10 @@ from .kv_codec_eval import collect_kv, default_model_path, order0_bits, zstd_siz
 
 def q8_rows(x: np.ndarray) -> np.ndarray:
     """The q8 rows [..., D + D/16] (uint8) of rows ``x`` [..., D], from the cache's own encoder
-    (``_core.kv_rows_encode``)."""
-    from .. import _core
+    (``native.kv_rows_encode``)."""
+    from .. import native
     dim = x.shape[-1]
-    rows = _core.kv_rows_encode("q8", np.ascontiguousarray(x, dtype=np.float32).reshape(-1, dim))
+    rows = native.kv_rows_encode("q8", np.ascontiguousarray(x, dtype=np.float32).reshape(-1, dim))
     return rows.reshape(x.shape[:-1] + (rows.shape[-1],))
 
 

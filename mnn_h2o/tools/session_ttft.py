@@ -33,7 +33,7 @@ def _history(llm, n_tokens: int):
 
 
 def measure(llm, n_tokens: int, repetitions: int) -> dict:
-    from ..bench.measure import interleave, summarize
+    from ..measure import interleave, summarize
     from ..session import Session
 
     warm = _history(llm, n_tokens)
@@ -81,11 +81,12 @@ def main(argv=None) -> int:
 
     def body() -> int:
         from ..engine import Llm
+        from ..export import ensure_exported
 
         if args.repetitions < 3:
             raise ValueError("--repetitions must be >= 3")
         cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
-        llm = Llm.load(None, cfg)
+        llm = Llm(ensure_exported(cfg["model"]), cfg)
         rows = []
         print("| history tokens | continued: prefilled, TTFT s median (min-max) | cold: prefilled, TTFT s | "
               "continued / cold |")

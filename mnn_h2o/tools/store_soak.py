@@ -91,8 +91,8 @@ def check(samples, ends, cfg, head_dim: int, warmup: int, leak_mib: float) -> li
     # The store holds at most what H2O's kept tokens take raw, plus its bounded working memory:
     # copies of the chunks in flight to the workers (max_queue of them) and the decode cache.
     ll = cfg["lossless"]
-    from .. import _core
-    chunk_raw = 2 * ll["chunk_tokens"] * _core.kv_row_bytes(cfg["runtime"]["kv_dtype"], head_dim)
+    from .. import native
+    chunk_raw = 2 * ll["chunk_tokens"] * native.kv_row_bytes(cfg["runtime"]["kv_dtype"], head_dim)
     slack = ll["max_queue"] * chunk_raw + ll["decode_cache_bytes"]
     worst = max(s["bytes_held"] - s["scratch_bytes"] - s["kept_bytes"] for s in samples)
     checks.append({"check": "bytes held - scratch <= kept tokens at raw size + max_queue chunks + decode cache",
@@ -153,8 +153,9 @@ def plot(samples, path: str) -> None:
 
 def main(argv=None) -> int:
     from .. import config as config_mod
-    from ..engine import ContextOverflowError, Llm
-    from ..gguf_model import ModelFileError
+    from ..engine import Llm
+    from ..export import ensure_exported
+    from ..errors import ContextOverflowError, ModelFileError
 
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.tools.store_soak", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
         overrides = dict(config_mod.parse_assignment(a) for a in args.set)
         overrides.update({"lossless.mode": args.mode, **({"model.name": args.model} if args.model else {})})
         cfg = config_mod.load(args.config, overrides)
-        llm = Llm.load(None, cfg)
+        llm = Llm(ensure_exported(cfg["model"]), cfg)
         if args.prompt + args.tokens > llm.max_context:
             raise ContextOverflowError(f"--prompt + --tokens = {args.prompt + args.tokens} exceeds the model's "
                                        f"context of {llm.max_context}: use more --runs instead")
