@@ -74,11 +74,11 @@ uint16_t group_scale(const float* x, float max_code, float* inv) {
 // integer; larger ones (and infinities) are clamped whatever their fraction.
 int code_of(float x, float inv, float lo, float hi) {
     constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-    float r = x * inv;
-    if (std::fabs(r) < 4194304.f) r = (r + kRound) - kRound;
-    if (!(r >= lo)) r = lo;
-    if (r > hi) r = hi;
-    return static_cast<int>(r);
+    const float y = x * inv;
+    // Branch-free selects, so the compiler can vectorise the loops over a group.
+    const float r = std::fabs(y) < 4194304.f ? (y + kRound) - kRound : y;
+    const float c = r >= lo ? r : lo;
+    return static_cast<int>(c > hi ? hi : c);
 }
 
 void store_scale(uint8_t* p, uint16_t bits) { std::memcpy(p, &bits, sizeof bits); }
