@@ -146,6 +146,16 @@ _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynami
 _CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes")
 
 
+def runtime_manager(runtime: dict):
+    """The MNN runtime every module of an Llm runs on, from a validated ``runtime`` section
+    (threads, memory mode, dynamic quantisation)."""
+    MNN = import_mnn()
+    manager = MNN.nn.create_runtime_manager(({
+        "backend": "CPU", "numThread": runtime["threads"], "memory": _MEMORY_MODE[runtime["memory"]]},))
+    manager.set_hint(_HINT_DYNAMIC_QUANT_OPTIONS, runtime["dynamic_quant"])
+    return manager
+
+
 class KvContext:
     """One context of an :class:`Llm`: its native KV cache as configured (element type, eviction,
     lossless store), the position of the next token and the counters. The Llm's own attributes
@@ -177,9 +187,7 @@ class Llm:
 
         MNN = import_mnn()
         self._F = MNN.expr
-        manager = MNN.nn.create_runtime_manager(({
-            "backend": "CPU", "numThread": rt["threads"], "memory": _MEMORY_MODE[rt["memory"]]},))
-        manager.set_hint(_HINT_DYNAMIC_QUANT_OPTIONS, rt["dynamic_quant"])
+        manager = runtime_manager(rt)
         self._modules = [None] * (c.n_layers + 2)
         names = [f"layer{i}" for i in range(c.n_layers)] + ["tail", "lm_head"]
         for j, name in enumerate(names):
