@@ -19,7 +19,8 @@ Medians over the repetitions (min-max). The counters read the clock between cons
 their cost per token is measured and printed (and stored in the JSON) as "timer overhead".
 
     python -m mnn_h2o.tools.decode_profile [--contexts 256,512,1024,2048] [--tokens 64]
-        [--repetitions 3] [--llama auto|off|llama_f16,...] [--json decode_profile.json]
+        [--repetitions 3] [--llama auto|off|llama_f16,...] [--set SECTION.KEY=VALUE]
+        [--json decode_profile.json]
 """
 from __future__ import annotations
 
@@ -140,19 +141,26 @@ def main(argv=None) -> int:
     ap.add_argument("--llama", default="auto",
                     help="llama.cpp rows: auto (llama_f16 when the `llama` extra is installed, else none), "
                          "off, or comma-separated configs of bench speed (llama_f16, llama_f16_fa, llama_q8_fa)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config key (repeatable), e.g. --set model.weight_bits=8")
     ap.add_argument("--json", default="decode_profile.json", help="where the figures go (default decode_profile.json)")
     args = ap.parse_args(argv)
     if args.repetitions < 3:
         ap.error("--repetitions must be >= 3")
     if args.tokens < 1:
         ap.error("--tokens must be >= 1")
+    from ..cli_errors import run
 
+    return run(lambda: _profile(ap, args))
+
+
+def _profile(ap, args) -> int:
     from .. import config as config_mod
     from ..bench.speed import run_speed
     from ..engine import Llm
     from ..model_source import resolve_gguf
 
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
     if not cfg["h2o"]["enabled"]:
         ap.error(f"{args.config}: h2o.enabled is false; the profile compares the config's eviction with none")
     llama_rows = _llama_rows(args.llama)

@@ -65,7 +65,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.calls < BLOCK:
         ap.error(f"--calls must be >= {BLOCK}")
+    from ..cli_errors import run
 
+    return run(lambda: _measure(args))
+
+
+def _measure(args) -> int:
     from .. import config as config_mod
     from ..engine import Llm, runtime_manager
     from ..mnn_runtime import import_mnn
