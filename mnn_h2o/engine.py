@@ -388,7 +388,6 @@ class Llm:
         ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
         ``end_step``: scores keep accumulating and the next chunk's decides."""
         n = len(ids)
-        c = self.config
         if self.pos + n > self.max_context:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
