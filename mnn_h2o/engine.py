@@ -421,9 +421,12 @@ class Llm:
         return logits
 
     def _end_step(self, n: int, prefill: bool) -> None:
-        """The cache's end of a forward (eviction when due), timed as policy."""
+        """The cache's end of a forward (eviction when due, the lossless store's new frames), timed
+        as policy; a cache with neither on has nothing to do there."""
+        if self.h2o is None and self.lossless is None:
+            return
         t0 = time.perf_counter()
-        if self.h2o is not None and self.cache.end_step(n, prefill):
+        if self.cache.end_step(n, prefill):
             self.stats.evictions += 1
         self.stats.policy_s += time.perf_counter() - t0
 
