@@ -51,29 +51,29 @@ Isa parse_isa(const py::object& name) {
 }
 
 // obj as a float32, C-contiguous, aligned (and if asked, writeable) numpy array: what the native
-// code may read (and write) as plain floats. kind names what obj may be in the error.
+// code may read (and write) as plain floats. kind names what obj may be in the error. The messages
+// are made only on failure: step() converts four arrays per layer and token.
 py::array float_array(const py::object& obj, const char* name, bool writable, const char* kind = "a numpy.ndarray") {
     if (!py::isinstance<py::array>(obj)) throw py::value_error(std::string(name) + " must be " + kind);
     py::array a = py::reinterpret_borrow<py::array>(obj);
-    const std::string where = std::string(name) + ": ";
-    if (!a.dtype().is(py::dtype::of<float>()))
-        throw py::value_error(where + "dtype must be float32, got " + std::string(py::str(a.dtype())));
-    if (!(a.flags() & py::array::c_style)) throw py::value_error(where + "must be C-contiguous");
-    if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) throw py::value_error(where + "must be aligned");
-    if (writable && !a.writeable()) throw py::value_error(where + "must be writeable");
+    const auto fail = [name](const std::string& what) { throw py::value_error(std::string(name) + ": " + what); };
+    if (!a.dtype().is(py::dtype::of<float>())) fail("dtype must be float32, got " + std::string(py::str(a.dtype())));
+    if (!(a.flags() & py::array::c_style)) fail("must be C-contiguous");
+    if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float)) fail("must be aligned");
+    if (writable && !a.writeable()) fail("must be writeable");
     return a;
 }
 
 // A float_array of [n, heads*dim] or [n, heads, dim]; returns n.
 py::array float_rows(const py::object& obj, const char* name, int heads, int dim, bool writable, int* n_rows) {
     py::array a = float_array(obj, name, writable);
-    const std::string where = std::string(name) + ": ";
-    const std::string want = "[n, " + std::to_string(heads * dim) + "] or [n, " + std::to_string(heads) + ", " +
-                             std::to_string(dim) + "]";
     const bool ok = (a.ndim() == 2 && a.shape(1) == heads * dim) ||
                     (a.ndim() == 3 && a.shape(1) == heads && a.shape(2) == dim);
-    if (!ok) throw py::value_error(where + "shape must be " + want + ", got " + std::string(py::str(a.attr("shape"))));
-    if (a.shape(0) > INT32_MAX) throw py::value_error(where + "too many rows");
+    if (!ok)
+        throw py::value_error(std::string(name) + ": shape must be [n, " + std::to_string(heads * dim) + "] or [n, " +
+                              std::to_string(heads) + ", " + std::to_string(dim) + "], got " +
+                              std::string(py::str(a.attr("shape"))));
+    if (a.shape(0) > INT32_MAX) throw py::value_error(std::string(name) + ": too many rows");
     *n_rows = static_cast<int>(a.shape(0));
     return a;
 }

@@ -51,8 +51,13 @@ class Sampling:
 @dataclass
 class Stats(SpeedCounters):
     """Counters of the current context (since the last ``reset``)."""
-    mnn_s: float = 0.0        # time inside MNN module forwards (prefill + decode)
-    attention_s: float = 0.0  # time inside the native cache step (append + attention)
+    # Where a forward's time goes (prefill + decode, disjoint; decode_s - their sum is Python glue):
+    mnn_s: float = 0.0        # inside MNN Module.forward calls
+    mnn_calls: int = 0        # the number of those calls
+    convert_s: float = 0.0    # copies between numpy and MNN: the inputs written (embedding rows,
+                              # RoPE rows, attention output), the outputs read (q/k/v, logits)
+    attention_s: float = 0.0  # inside the native cache step (append, attention, score collection)
+    policy_s: float = 0.0     # inside the native end of a forward (eviction when due, store jobs)
     kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
                                      # decode cache and scratch (the memory a user pays)
     kv_bytes_pool: int = 0           # of which raw blocks
@@ -137,6 +142,16 @@ _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynami
 _CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes")
 
 
+def runtime_manager(runtime: dict):
+    """The MNN runtime every module of an Llm runs on, from a validated ``runtime`` section
+    (threads, memory mode, dynamic quantisation)."""
+    MNN = import_mnn()
+    manager = MNN.nn.create_runtime_manager(({
+        "backend": "CPU", "numThread": runtime["threads"], "memory": _MEMORY_MODE[runtime["memory"]]},))
+    manager.set_hint(_HINT_DYNAMIC_QUANT_OPTIONS, runtime["dynamic_quant"])
+    return manager
+
+
 class KvContext:
     """One context of an :class:`Llm`: its native KV cache as configured (element type, eviction,
     lossless store), the position of the next token and the counters. The Llm's own attributes
@@ -168,9 +183,7 @@ class Llm:
 
         MNN = import_mnn()
         self._F = MNN.expr
-        manager = MNN.nn.create_runtime_manager(({
-            "backend": "CPU", "numThread": rt["threads"], "memory": _MEMORY_MODE[rt["memory"]]},))
-        manager.set_hint(_HINT_DYNAMIC_QUANT_OPTIONS, rt["dynamic_quant"])
+        manager = runtime_manager(rt)
         self._modules = [None] * (c.n_layers + 2)
         names = [f"layer{i}" for i in range(c.n_layers)] + ["tail", "lm_head"]
         for j, name in enumerate(names):
@@ -328,29 +341,41 @@ class Llm:
 
     # --- forward -----------------------------------------------------------------------------
     def _layers(self, ids: Sequence[int], pos: int):
-        """Run ``ids`` through every layer at positions pos.., caching their K/V. Returns the last
-        hidden state and attention output (the tail's inputs) and the seconds in MNN and in the
-        native cache."""
+        """Run ``ids`` through every layer at positions pos.., caching their K/V; their time goes to
+        the counters of ``stats``. Returns the last hidden state and attention output (the tail's
+        inputs)."""
         n = len(ids)
         c = self.config
+        mods, cache, perf = self._modules, self.cache, time.perf_counter
+        t0 = perf()
         h_in, attn_in, cos_in, sin_in, attn = self._input_vars(n)
         h_in.write(np.asarray(self._embed[np.asarray(ids)], dtype=np.float32))
         cos_in.write(self._cos[pos:pos + n])
         sin_in.write(self._sin[pos:pos + n])
-        mods, cache, perf = self._modules, self.cache, time.perf_counter
         t_mnn = t_att = 0.0
+        t1 = perf()
+        t_conv = t1 - t0
         h = h_in
+        # One clock reading between consecutive parts: 4 per layer (~0.1 us each).
         for i in range(c.n_layers):
-            t0 = perf()
             h, q, k, v = mods[i].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
-            q, k, v = q.read(), k.read(), v.read()
-            t1 = perf()
-            cache.step(i, q, k, v, attn)
-            attn_in.write(attn)
             t2 = perf()
-            t_mnn += t1 - t0
-            t_att += t2 - t1
-        return h, attn_in, t_mnn, t_att
+            q, k, v = q.read(), k.read(), v.read()
+            t3 = perf()
+            cache.step(i, q, k, v, attn)
+            t4 = perf()
+            attn_in.write(attn)
+            t5 = perf()
+            t_mnn += t2 - t1
+            t_conv += (t3 - t2) + (t5 - t4)
+            t_att += t4 - t3
+            t1 = t5
+        st = self.stats
+        st.mnn_s += t_mnn
+        st.mnn_calls += c.n_layers
+        st.convert_s += t_conv
+        st.attention_s += t_att
+        return h, attn_in
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
@@ -360,34 +385,47 @@ class Llm:
         ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
         ``end_step``: scores keep accumulating and the next chunk's decides."""
         n = len(ids)
-        c = self.config
         if self.pos + n > self.max_context:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
-        h, attn_in, t_mnn, t_att = self._layers(ids, self.pos)
+        h, attn_in = self._layers(ids, self.pos)
         self._unpassed.extend(int(t) for t in ids)
         if evict:
             self._end_step(n, prefill)
-        perf = time.perf_counter
-        t0 = perf()
         logits = None
         if want is not None:
-            x = self._modules[-2].forward([h, attn_in])[0]
-            if want == "last" and n > 1:
-                x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
-            logits = np.array(self._modules[-1].forward([x])[0].read(), dtype=np.float32, copy=True)
-        self.stats.mnn_s += t_mnn + perf() - t0
-        self.stats.attention_s += t_att
+            logits = self._head(h, attn_in, n, want)
         self.pos += n
         self.refresh_kv_stats()
         return logits
 
+    def _head(self, h, attn_in, n: int, want: str) -> np.ndarray:
+        """The tail (last layer's end, final norm) and lm_head: logits of the last row or of all."""
+        st, perf, c = self.stats, time.perf_counter, self.config
+        t0 = perf()
+        x = self._modules[-2].forward([h, attn_in])[0]
+        t1 = perf()
+        if want == "last" and n > 1:
+            x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
+        t2 = perf()
+        out = self._modules[-1].forward([x])[0]
+        t3 = perf()
+        logits = np.array(out.read(), dtype=np.float32, copy=True)
+        t4 = perf()
+        st.mnn_s += (t1 - t0) + (t3 - t2)
+        st.mnn_calls += 2
+        st.convert_s += (t2 - t1) + (t4 - t3)
+        return logits
+
     def _end_step(self, n: int, prefill: bool) -> None:
-        """The cache's end of a forward (eviction when due), timed as attention."""
+        """The cache's end of a forward (eviction when due, the lossless store's new frames), timed
+        as policy; a cache with neither on has nothing to do there."""
+        if self.h2o is None and self.lossless is None:
+            return
         t0 = time.perf_counter()
-        if self.h2o is not None and self.cache.end_step(n, prefill):
+        if self.cache.end_step(n, prefill):
             self.stats.evictions += 1
-        self.stats.attention_s += time.perf_counter() - t0
+        self.stats.policy_s += time.perf_counter() - t0
 
     def refresh_kv_stats(self) -> None:
         """The byte counters of ``stats`` from the cache as it is now (after every forward, and
@@ -444,9 +482,7 @@ class Llm:
                 ids = head + suffix + part
                 for o in range(0, len(ids), self.prefill_chunk):
                     sub = ids[o:o + self.prefill_chunk]
-                    _, _, t_mnn, t_att = self._layers(sub, self.pos + o)
-                    st.mnn_s += t_mnn
-                    st.attention_s += t_att
+                    self._layers(sub, self.pos + o)
                     st.kv_bytes_peak = max(st.kv_bytes_peak, cache.bytes_held())
                 st.reconstruct_tokens += len(ids)
                 cache.rewind_reconstruction()

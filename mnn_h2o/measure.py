@@ -34,14 +34,29 @@ def interleave(runners: Dict[str, Callable[[], dict]], repetitions: int,
     return results
 
 
-def _time_split(before, after, seconds: float, n_tokens: int) -> dict:
-    """ms per token of a phase, split into MNN module forwards, the native cache step (append,
-    attention, eviction) and the rest (Python glue, sampling), from the engine's counters
-    (mnn_s, attention_s) at the phase's start and end."""
+# The engine's counters a phase's time is split into (mnn_h2o.engine.Stats; disjoint), and the
+# key of each in the split; an engine without one of them (a test's stand-in) counts 0 there.
+SPLIT_COUNTERS = (("mnn_s", "mnn"), ("convert_s", "convert"), ("attention_s", "attention"), ("policy_s", "policy"))
+SPLIT_KEYS = ("total",) + tuple(k for _, k in SPLIT_COUNTERS) + ("glue", "mnn_calls")
+
+
+def _counters(stats) -> dict:
+    d = {k: getattr(stats, c, 0.0) for c, k in SPLIT_COUNTERS}
+    d["mnn_calls"] = getattr(stats, "mnn_calls", 0)
+    return d
+
+
+def _time_split(before: dict, after: dict, seconds: float, n_tokens: int) -> dict:
+    """ms per token of a phase, split into MNN module forwards, numpy <-> MNN copies, the native
+    cache step (append, attention, score collection), the native end of a forward (eviction
+    policy, store) and the rest (Python glue, sampling), from the engine's counters at the
+    phase's start and end; mnn_calls: Module.forward calls per token."""
     per_tok = 1e3 / n_tokens
-    d = {"total": seconds * per_tok, "mnn": (after[0] - before[0]) * per_tok,
-         "attention": (after[1] - before[1]) * per_tok}
-    d["glue"] = d["total"] - d["mnn"] - d["attention"]
+    d = {"total": seconds * per_tok}
+    for _, k in SPLIT_COUNTERS:
+        d[k] = (after[k] - before[k]) * per_tok
+    d["glue"] = d["total"] - sum(d[k] for _, k in SPLIT_COUNTERS)
+    d["mnn_calls"] = (after["mnn_calls"] - before["mnn_calls"]) / n_tokens
     return d
 
 
@@ -49,7 +64,7 @@ def time_run(engine, ids: Sequence[int], n_decode: int) -> dict:
     """One fresh context: prefill ``ids`` then decode ``n_decode`` greedy tokens."""
     engine.reset()
     stats = getattr(engine, "stats", None)
-    snap = lambda: (stats.mnn_s, stats.attention_s) if stats is not None else None
+    snap = lambda: _counters(stats) if stats is not None else None
     b0 = snap()
     t0 = time.perf_counter()
     logits = engine.prefill(ids)

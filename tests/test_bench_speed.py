@@ -7,10 +7,12 @@ import numpy as np
 
 class CountingEngine:
     """Advances its counters by known amounts: prefill 0.5 s in MNN and 0.2 s in the cache step,
-    each decode step 0.01 s and 0.004 s (no real time passes)."""
+    each decode step 0.01 s and 0.004 s, plus 0.001 s of copies and 0.002 s of policy and one
+    Module.forward call (no real time passes)."""
 
     def __init__(self):
-        self.stats = SimpleNamespace(mnn_s=0.0, attention_s=0.0, kv_bytes_held=123)
+        self.stats = SimpleNamespace(mnn_s=0.0, attention_s=0.0, kv_bytes_held=123, convert_s=0.0, policy_s=0.0,
+                                     mnn_calls=0)
 
     def reset(self):
         pass
@@ -23,6 +25,9 @@ class CountingEngine:
     def decode(self, tok):
         self.stats.mnn_s += 0.01
         self.stats.attention_s += 0.004
+        self.stats.convert_s += 0.001
+        self.stats.policy_s += 0.002
+        self.stats.mnn_calls += 1
         return np.zeros(8, np.float32)
 
 
@@ -32,9 +37,11 @@ def test_prefill_and_decode_time_are_split_by_phase():
     r = time_run(CountingEngine(), list(range(100)), n_decode=10)
     assert np.isclose(r["prefill_ms"]["mnn"], 5.0) and np.isclose(r["prefill_ms"]["attention"], 2.0)
     assert np.isclose(r["decode_ms"]["mnn"], 10.0) and np.isclose(r["decode_ms"]["attention"], 4.0)
+    assert np.isclose(r["decode_ms"]["convert"], 1.0) and np.isclose(r["decode_ms"]["policy"], 2.0)
+    assert r["decode_ms"]["mnn_calls"] == 1 and r["prefill_ms"]["mnn_calls"] == 0
     for phase in ("prefill_ms", "decode_ms"):
         d = r[phase]
-        assert np.isclose(d["total"], d["mnn"] + d["attention"] + d["glue"])
+        assert np.isclose(d["total"], d["mnn"] + d["convert"] + d["attention"] + d["policy"] + d["glue"])
     assert r["kv_bytes_held"] == 123
 
 
@@ -42,12 +49,14 @@ def test_speed_table_shows_the_prefill_split():
     from mnn_h2o.bench.speed import format_table
 
     s = lambda m: {"median": m, "min": m, "max": m, "spread": 0.0}
+    split = lambda total, mnn, att, pol, conv, glue: {"total": total, "mnn": mnn, "attention": att, "policy": pol,
+                                                      "convert": conv, "glue": glue}
     row = {"context": 512, "ours": {"prefill_tps": s(400), "decode_tps": s(80),
-                                    "prefill_ms": {"total": 2.5, "mnn": 2.0, "attention": 0.4, "glue": 0.1},
-                                    "decode_ms": {"total": 12.5, "mnn": 10.0, "attention": 2.0, "glue": 0.5}},
+                                    "prefill_ms": split(2.5, 2.0, 0.3, 0.1, 0.05, 0.05),
+                                    "decode_ms": split(12.5, 10.0, 1.5, 0.5, 0.25, 0.25)},
            "stock": {"prefill_tps": s(450), "decode_tps": s(84)}}
     t = format_table({"512": row}).splitlines()
-    assert "prefill ms/token: mnn / attention / glue" in t[0]
+    assert "prefill ms/token: mnn / cache step / glue" in t[0]
     assert "| 2.00 / 0.40 / 0.10 | 10.00 / 2.00 / 0.50 |" in [x for x in t if "| ours |" in x][0]
 
 

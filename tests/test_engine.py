@@ -58,6 +58,20 @@ def test_generate_stop_string_stream_and_stats(llm8):
     assert s.kv_bytes_held > 0
 
 
+def test_time_counters_are_disjoint_parts_of_a_step(llm8):
+    """A decode step's counters: one Module.forward per layer plus the tail and lm_head, and
+    times that are parts of the step's (each counted once)."""
+    llm8.reset()
+    llm8.prefill(llm8.tokenizer.encode("The capital of France is"))
+    before = dict(vars(llm8.stats))
+    llm8.decode(11)
+    d = {k: v - before[k] for k, v in vars(llm8.stats).items() if isinstance(v, (int, float))}
+    assert d["mnn_calls"] == llm8.config.n_layers + 2
+    parts = [d[k] for k in ("mnn_s", "convert_s", "attention_s", "policy_s")]
+    assert all(p >= 0 for p in parts) and d["mnn_s"] > 0 and d["attention_s"] > 0
+    assert sum(parts) <= d["decode_s"]
+
+
 def test_sampling_is_seeded_and_valid(llm8):
     s = Sampling(temperature=0.8, top_k=40, top_p=0.9, seed=7)
     a = llm8.generate("Once upon a time", max_new_tokens=12, sampling=s, chat=False).token_ids

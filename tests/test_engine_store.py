@@ -48,3 +48,22 @@ def test_every_lossless_mode_is_bit_identical_on_q8_rows(llm, tokenizer):
         print(f"q8 rows, lossless.mode {mode}: lossless ratio {s['lossless_ratio']:.3f} "
               f"({s['chunks_encoded']} chunks encoded)")
     llm.configure_lossless(None)
+
+
+def test_store_without_eviction_compresses(llm, tokenizer):
+    """With eviction off the engine still ends each forward in the cache, where the store makes
+    its frames (the front_n layers are in scope without h2o)."""
+    from mnn_h2o import config
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, PROMPT + DECODE)
+    llm.configure_h2o(None)
+    want, _ = _run(llm, ids)
+    llm.configure_lossless(dict(config.defaults()["lossless"], mode="store"))
+    try:
+        got, s = _run(llm, ids)
+        np.testing.assert_array_equal(got, want)
+        assert s["chunks_stored"] > 0 and s["chunks_held"] > 0, s
+    finally:
+        llm.configure_lossless(None)
+        llm.configure_h2o(llm.cfg["h2o"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Sequence
 
-from ..measure import interleave, log_softmax, summarize, time_run
+from ..measure import SPLIT_KEYS, interleave, log_softmax, summarize, time_run
 
 LLAMA_ROWS = ("llama_f16", "llama_f16_fa", "llama_q8_fa")
 
@@ -37,13 +37,16 @@ def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[in
 def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096),
               n_decode: int = 64, repetitions: int = 3, h2o: dict | None = None,
               progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None,
-              llama_rows: Sequence[str] = LLAMA_ROWS, ours_full: bool = True) -> Dict[str, dict]:
+              llama_rows: Sequence[str] = LLAMA_ROWS, ours_full: bool = True,
+              measure_quality: bool = True) -> Dict[str, dict]:
     """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``h2o`` section it is also run with
     eviction on (same instance, reconfigured before each run); ``ours_full`` False leaves out the
     full-cache row (``ours`` is then only the untimed reference of ``ours_h2o``'s quality).
     ``stock`` may be None (no stock row). ``llama(n_ctx)`` makes the llama.cpp peers for one context length ({name:
     :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join the interleaved rounds and are
-    closed after it; ``llama_rows`` names the peers it makes (for the progress bar)."""
+    closed after it; ``llama_rows`` names the peers it makes (for the progress bar). ``measure_quality``
+    False skips the untimed quality measurements of the llama rows' runs. Our rows keep each
+    run's time split (``runs``: [{prefill_ms, decode_ms}]) beside its medians."""
     from tqdm import tqdm
 
     from ..essays import essay_tokens
@@ -78,11 +81,12 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
                 row[name] = {k: summarize([r[k] for r in rs]) for k in ("prefill_tps", "decode_tps")}
                 if name in ("ours", "ours_h2o"):
                     for phase in ("prefill_ms", "decode_ms"):
-                        row[name][phase] = {k: summarize([r[phase][k] for r in rs])["median"]
-                                            for k in ("total", "mnn", "attention", "glue")}
+                        row[name][phase] = {k: summarize([r[phase][k] for r in rs])["median"] for k in SPLIT_KEYS}
+                    row[name]["runs"] = [{p: r[p] for p in ("prefill_ms", "decode_ms")} for r in rs]
                     row[name]["kv_bytes_held"] = rs[-1]["kv_bytes_held"]
             if peers:
                 _llama_rows(row, peers, ids, ctx)
+            if peers and measure_quality:
                 _quality(row, ours, h2o, peers, essay_tokens(tokenizer, ctx + n_decode), ctx, quality)
         finally:
             for peer in peers.values():
@@ -154,8 +158,8 @@ ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
 def format_table(results: Dict[str, dict]) -> str:
     f = lambda s: f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
     with_llama = any(n in r for r in results.values() for n in LLAMA_ROWS)
-    head = ["context", "engine", "prefill tok/s", "decode tok/s", "prefill ms/token: mnn / attention / glue",
-            "decode ms/token: mnn / attention / glue", "KV MiB held"]
+    head = ["context", "engine", "prefill tok/s", "decode tok/s", "prefill ms/token: mnn / cache step / glue",
+            "decode ms/token: mnn / cache step / glue", "KV MiB held"]
     if with_llama:
         head.append("KL / top-1 vs own full cache")
     head += ["prefill vs stock", "decode vs stock", "decode vs ours full"]
@@ -167,7 +171,8 @@ def format_table(results: Dict[str, dict]) -> str:
             if name not in r:
                 continue
             e = r[name]
-            split = lambda d: f"{d['mnn']:.2f} / {d['attention']:.2f} / {d['glue']:.2f}" if d else ""
+            split = lambda d: (f"{d['mnn']:.2f} / {d['attention'] + d['policy']:.2f} / "
+                               f"{d['convert'] + d['glue']:.2f}") if d else ""
             kv = f"{e['kv_bytes_held'] / 2**20:.1f}" if "kv_bytes_held" in e else ""
             vs = lambda k, b: f"{r[f'{k}_ratio_{name}_vs_{b}']:.2f}x" if f"{k}_ratio_{name}_vs_{b}" in r else ""
             cells = [ctx, name, f(e["prefill_tps"]), f(e["decode_tps"]), split(e.get("prefill_ms")),
@@ -180,7 +185,8 @@ def format_table(results: Dict[str, dict]) -> str:
                 cells += [vs("prefill", "llama_best"), vs("decode", "llama_best")]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines.append("tokens/s: median over the repetitions (min-max). ms/token (ours): medians, split into MNN "
-                 "module forwards / our native cache step (append, attention, eviction) / the rest.")
+                 "module forwards / our native cache step (append, attention, eviction) / the rest (numpy <-> "
+                 "MNN copies, Python); the finer split: python -m mnn_h2o.tools.decode_profile.")
     if with_llama:
         lines.append("llama.cpp best: the llama.cpp config with the highest median (prefill and decode "
                      "separately). llama.cpp KV MiB: its context's KV buffer, allocated whole for n_ctx = "

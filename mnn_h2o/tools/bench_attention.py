@@ -7,7 +7,9 @@ each type's time relative to the first's (median and range of the per-round rati
 the attention throughput in query-key pairs per second. After eviction: decode steps over the
 ~28% of a 4096-token context that H2O (or random) eviction keeps, against the same number of
 tokens appended in one go, interleaved, with a 4.5 MB buffer read between layers as MNN's weights
-would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction).
+would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction). A decode
+step of fewer than 1024 keys (kParallelMinQueryKeys in attention.h) runs on one thread whatever
+--threads says.
 
     python -m mnn_h2o.tools.bench_attention [--contexts 512 2048 4096] [--threads 1 2] [--isa avx512]
         [--dtypes f16 q8 q4 q4r]

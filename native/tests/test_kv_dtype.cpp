@@ -95,6 +95,59 @@ static void test_quantisation_bounds() {
     }
 }
 
+// The codes are round-to-nearest-even of x / scale clamped to the code range, as std::nearbyint
+// computes it, for every element: ties (odd and even halves, both signs), values just beside
+// them, the clamp, zero groups, tiny and huge groups and NaN.
+static void test_codes_round_to_nearest_even() {
+    const int hd = 64;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> unit(-1.f, 1.f);
+    for (KvDtype dt : {KvDtype::Q8, KvDtype::Q4}) {
+        const size_t rb = kv_row_bytes(dt, hd), codes = dt == KvDtype::Q8 ? hd : hd / 2;
+        const float max_code = dt == KvDtype::Q8 ? 127.f : 7.f, lo = dt == KvDtype::Q8 ? -127.f : -8.f;
+        size_t bad = 0, rows = 0, ties = 0;
+        for (int trial = 0; trial < 4000; ++trial) {
+            std::vector<float> x(hd);
+            // A group whose largest element is mag = max_code * 2^e has the scale 2^e exactly (e
+            // down to fp16's smallest subnormal), so half steps of it are exact ties; every third
+            // group has some other scale.
+            const float step = std::ldexp(1.f, trial % 40 - 24) * (trial % 3 == 2 ? 1.f + 0.37f * unit(rng) : 1.f);
+            const float mag = max_code * step;
+            for (int d = 0; d < hd; ++d) {
+                // Half steps inside +-(max_code - 1), exact or one float beside, or anywhere.
+                const float v = std::round(unit(rng) * (max_code - 1.f) * 2.f) * 0.5f * step;
+                switch (d % 4) {
+                    case 0: x[d] = v; break;
+                    case 1: x[d] = std::nextafter(v, 0.f); break;
+                    case 2: x[d] = std::nextafter(v, 2.f * v + 1.f); break;
+                    default: x[d] = unit(rng) * mag;
+                }
+            }
+            x[0] = mag;
+            x[32] = -mag;
+            if (trial % 97 == 0) x[7] = std::numeric_limits<float>::quiet_NaN();
+            std::vector<uint8_t> q(rb);
+            kv_rows_from_f32(dt, x.data(), q.data(), 1, hd);
+            ++rows;
+            for (int g = 0; g < hd / kKvQuantGroup; ++g) {
+                uint16_t bits;
+                std::memcpy(&bits, q.data() + codes + 2 * g, 2);
+                const float scale = fp16_to_fp32(bits), inv = scale > 0.f ? 1.f / scale : 0.f;
+                for (int d = g * kKvQuantGroup; d < (g + 1) * kKvQuantGroup; ++d) {
+                    const int want = static_cast<int>(std::fmin(std::fmax(std::nearbyint(x[d] * inv), lo), max_code));
+                    const int got = dt == KvDtype::Q8 ? static_cast<int8_t>(q[d])
+                                                      : ((q[d / 2] >> (4 * (d % 2))) & 0xF) - 8;
+                    bad += got != want;
+                    const float r = x[d] * inv;
+                    ties += std::fabs(r - std::trunc(r)) == 0.5f;
+                }
+            }
+        }
+        CHECK(bad == 0, "%s: %zu codes differ from nearbyint's over %zu rows", kv_dtype_name(dt), bad, rows);
+        CHECK(ties > 10000, "%s: only %zu exact ties tested", kv_dtype_name(dt), ties);
+    }
+}
+
 // inf, NaN, huge and subnormal inputs: finite outputs, no undefined behaviour (UBSan checks the
 // float -> int conversions).
 static void test_hostile_inputs() {
@@ -188,6 +241,7 @@ static void test_cache_read_back() {
 int main() {
     test_names_and_sizes();
     test_quantisation_bounds();
+    test_codes_round_to_nearest_even();
     test_hostile_inputs();
     test_hadamard();
     test_cache_read_back();

@@ -247,7 +247,7 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         return;
     }
     if (!h2o_ || !h2o_->collects(layer)) {
-        attend(layer, q, n_tokens, out, block_scores, scores_stride);
+        attend_checked(layer, q, n_tokens, out, block_scores, scores_stride, nullptr, 0, best_isa());
         // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
         if (store_) store_->prefetch(layer + 1);
         return;

@@ -67,10 +67,18 @@ uint16_t group_scale(const float* x, float max_code, float* inv) {
     return bits;
 }
 
-// round-to-nearest-even, clamped before the conversion to int (NaN lands on lo, no UB).
+// x * inv rounded to nearest, ties to even (std::nearbyint in the default rounding mode), clamped
+// to [lo, hi] before the conversion to int (NaN lands on lo, no UB). Written without nearbyint,
+// fmin and fmax, which are libm calls per element here (every appended K/V element goes through
+// this): adding and subtracting 1.5 * 2^23 leaves a float of magnitude below 2^22 rounded to an
+// integer; larger ones (and infinities) are clamped whatever their fraction.
 int code_of(float x, float inv, float lo, float hi) {
-    const float r = std::nearbyint(x * inv);
-    return static_cast<int>(std::fmin(std::fmax(r, lo), hi));
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+    const float y = x * inv;
+    // Branch-free selects, so the compiler can vectorise the loops over a group.
+    const float r = std::fabs(y) < 4194304.f ? (y + kRound) - kRound : y;
+    const float c = r >= lo ? r : lo;
+    return static_cast<int>(c > hi ? hi : c);
 }
 
 void store_scale(uint8_t* p, uint16_t bits) { std::memcpy(p, &bits, sizeof bits); }
