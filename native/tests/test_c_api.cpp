@@ -67,7 +67,8 @@ static void test_kv_cache_matches_cpp() {
     mnn_h2o_kv_config_init(&defaults);
     // The schema's defaults (config_schema.h): a C API of its own ones fails here.
     namespace runtime = mnn_h2o::schema::runtime;
-    CHECK(defaults.dtype == runtime::kv_dtype::kDefaultIndex && defaults.block_tokens == runtime::block_tokens::kDefault &&
+    CHECK(std::string(mnn_h2o::kv_dtype_name(static_cast<mnn_h2o::KvDtype>(defaults.dtype))) == runtime::kv_dtype::kDefault &&
+              defaults.block_tokens == runtime::block_tokens::kDefault &&
               defaults.threads == runtime::threads::kDefault && defaults.max_tokens == mnn_h2o::KvCacheConfig{}.max_tokens,
           "config defaults");
 
