@@ -9,8 +9,8 @@ section the X-macro list of its fields, over which ``KvCacheConfig``, ``H2oConfi
 ``StoreConfig``, their validation, the C API's structs and copies, the saved-session config bytes
 and the pybind11 keyword arguments and dicts iterate. Tests fail when a generated file and the
 schema disagree. Unknown keys, wrong types and out-of-range values are errors that name the key
-and what is allowed. This module needs no built native module (``mnn_h2o._core``): the rules over
-several native keys are the native core's, asked through it at ``validate`` time.
+and what is allowed. Importing this module needs no built native module (``mnn_h2o._core``);
+``validate`` does: the rules over several native keys are the native core's, asked through it.
 """
 from __future__ import annotations
 
