@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "mnn_h2o/attention/attention.h"
@@ -37,8 +38,8 @@ namespace {
 
 KvDtype parse_dtype(const std::string& name) {
     KvDtype dtype;
-    if (!mnn_h2o::kv_dtype_from_name(name, &dtype))
-        throw py::value_error("dtype must be one of " + mnn_h2o::kv_dtype_names() + ", got '" + name + "'");
+    if (!mnn_h2o::enum_from_name(name, &dtype))
+        throw py::value_error("dtype must be one of " + mnn_h2o::enum_names_text<KvDtype>() + ", got '" + name + "'");
     return dtype;
 }
 
@@ -149,36 +150,6 @@ py::dict stats_dict(const H2oStats& s) {
     return d;
 }
 
-py::dict config_dict(const H2oConfig& c) {
-    py::dict d;
-    d["policy"] = c.policy;
-    d["sink_tokens"] = c.sink_tokens;
-    d["recent_tokens"] = c.recent_tokens;
-    d["max_floor_share"] = c.max_floor_share;
-    d["target_keep_ratio"] = c.target_keep_ratio;
-    d["target_lossy_ratio"] = c.target_lossy_ratio;
-    d["ema_alpha"] = c.ema_alpha;
-    d["layer_start"] = c.layer_start;
-    d["layer_end"] = c.layer_end;
-    d["trigger_min_tokens"] = c.trigger_min_tokens;
-    d["update_interval"] = c.update_interval;
-    d["per_head_budget"] = c.per_head_budget;
-    d["seed"] = c.seed;
-    d["observation_window"] = c.observation_window;
-    d["head_floor_share"] = c.head_floor_share;
-    d["layer_budget"] = c.layer_budget;
-    d["kv_budget_bytes"] = c.kv_budget_bytes;
-    return d;
-}
-
-// A name of the schema's choices of K (the native enums follow their order) as enum E.
-template <class K, class E>
-E parse_choice(const char* where, const std::string& name) {
-    const int i = mnn_h2o::schema::choice_index<K>(name);
-    if (i < 0) throw py::value_error(std::string(where) + ": " + K::kName + " must be " + K::kAllowed + ", got '" + name + "'");
-    return static_cast<E>(i);
-}
-
 // A Python int as the C++ type of its field; one that does not fit is a ValueError naming the
 // argument (the bounds themselves are the native validation's).
 template <class T>
@@ -187,6 +158,56 @@ T narrow(const char* where, const char* name, long long x) {
                              : std::numeric_limits<T>::is_signed && x >= static_cast<long long>(std::numeric_limits<T>::min());
     if (!fits) throw py::value_error(std::string(where) + ": " + name + " is out of range, got " + std::to_string(x));
     return static_cast<T>(x);
+}
+
+// The config fields (the X-macro lists of config_schema.h) as keyword arguments: the Python type
+// of a field of C++ type T is a name for an enum, an int (long long, narrowed) for an integer,
+// else T itself.
+template <class T>
+using PyArg = std::conditional_t<std::is_enum_v<T>, std::string,
+                                 std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, long long, T>>;
+
+// A keyword argument as its field's value; types only, the values are the native validation's.
+template <class T>
+T from_py(const char* where, const char* field, const PyArg<T>& x) {
+    if constexpr (std::is_enum_v<T>) {
+        T e{};
+        if (!mnn_h2o::enum_from_name(x, &e))
+            throw py::value_error(std::string(where) + ": " + field + " must be one of " + mnn_h2o::enum_names_text<T>() +
+                                  ", got '" + x + "'");
+        return e;
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        return narrow<T>(where, field, x);
+    } else {
+        return x;
+    }
+}
+
+// A field's value for Python: an enum by its name.
+template <class T>
+auto to_py(const T& x) {
+    if constexpr (std::is_enum_v<T>)
+        return std::string(mnn_h2o::enum_name(x));
+    else
+        return x;
+}
+
+// The X-macro rows that make a binding of a config struct: a parameter of the lambda, the line
+// that stores it in the struct `c`, and the line that writes c's field into the dict `d`.
+#define MNN_H2O_PY_PARAM(field, key, CType, CppType) , const PyArg<CppType>& field
+#define MNN_H2O_FROM_PY(field, key, CType, CppType) c.field = from_py<CppType>(where, #field, field);
+#define MNN_H2O_TO_DICT(field, key, CType, CppType) d[#field] = to_py(c.field);
+
+py::dict config_dict(const H2oConfig& c) {
+    py::dict d;
+    MNN_H2O_H2O_FIELDS(MNN_H2O_TO_DICT)
+    return d;
+}
+
+py::dict store_config_dict(const StoreConfig& c) {
+    py::dict d;
+    MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_TO_DICT)
+    return d;
 }
 
 py::dict store_counters_dict(const mnn_h2o::StoreLayerStats& c) {
@@ -243,24 +264,6 @@ py::dict store_stats_dict(const StoreStats& s) {
     d["bytes_held"] = s.bytes_held;
     d["bytes_uncompressed"] = s.bytes_uncompressed;
     d["total_ratio"] = s.total_ratio;
-    return d;
-}
-
-py::dict store_config_dict(const StoreConfig& c) {
-    py::dict d;
-    d["mode"] = mnn_h2o::store_mode_name(c.mode);
-    d["scope"] = mnn_h2o::store_scope_name(c.scope);
-    d["front_n"] = c.front_n;
-    d["hot_sink_tokens"] = c.hot_sink_tokens;
-    d["hot_recent_tokens"] = c.hot_recent_tokens;
-    d["chunk_tokens"] = c.chunk_tokens;
-    d["v_dedup_layers"] = c.v_dedup_layers;
-    d["async_threads"] = c.async_threads;
-    d["max_queue"] = c.max_queue;
-    d["decode_cache_bytes"] = c.decode_cache_bytes;
-    d["prefetch"] = c.prefetch;
-    d["zstd_level"] = c.zstd_level;
-    d["probe_every"] = c.probe_every;
     return d;
 }
 
@@ -342,6 +345,38 @@ void bind_kv_cache(py::module_& m) {
         "Names of the KV element types, in the native order (docs/kv_cache.md \"Row formats\").");
     m.def("policy_names", [] { return mnn_h2o::policy_list(); },
           "Names of the eviction policies, from the native registry (docs/h2o.md \"Policies\").");
+    // The keyword defaults of a config struct's fields: the default-constructed struct's.
+#define MNN_H2O_PY_ARG_CACHE(field, key, CType, CppType) , py::arg(#field) = to_py(kCache.field)
+#define MNN_H2O_PY_ARG_H2O(field, key, CType, CppType) , py::arg(#field) = to_py(kH2o.field)
+#define MNN_H2O_PY_ARG_STORE(field, key, CType, CppType) , py::arg(#field) = to_py(kStore.field)
+    // The native validation of a whole section, for config.validate: one place for the rules over
+    // several keys. n_layers 0 leaves out the model's own bounds.
+    m.def(
+        "h2o_config_error",
+        [](int n_layers MNN_H2O_H2O_FIELDS(MNN_H2O_PY_PARAM)) {
+            const char* where = "h2o_config_error";
+            H2oConfig c;
+            MNN_H2O_H2O_FIELDS(MNN_H2O_FROM_PY)
+            return mnn_h2o::h2o_config_error(c, n_layers);
+        },
+        py::arg("n_layers") = 0, py::kw_only() MNN_H2O_H2O_FIELDS(MNN_H2O_PY_ARG_H2O),
+        "\"\" if the arguments of enable_h2o are valid (for a model of n_layers layers; 0: any), else what is "
+        "wrong, starting with the argument's name.");
+    m.def(
+        "store_config_error",
+        [](int n_layers, int block_tokens MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_PY_PARAM)) {
+            const char* where = "store_config_error";
+            StoreConfig c;
+            MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_FROM_PY)
+            KvCacheConfig cache;
+            cache.n_layers = n_layers;
+            cache.block_tokens = block_tokens;
+            return mnn_h2o::store_config_error(c, cache);
+        },
+        py::arg("n_layers") = 0, py::arg("block_tokens") = kCache.block_tokens,
+        py::kw_only() MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_PY_ARG_STORE),
+        "\"\" if the arguments of enable_store (but faults) are valid for a cache of block_tokens (and "
+        "n_layers layers; 0: any), else what is wrong, starting with the argument's name.");
     m.def(
         "kv_row_bytes",
         [](const std::string& dtype, int head_dim) {
@@ -376,24 +411,22 @@ k/v rows are float32 [n, n_kv_heads*head_dim] (or [n, n_kv_heads, head_dim]); q 
 place. scores, if given, is float32 [n_kv_heads, max_blocks] and accumulates (+=) the softmax
 mass each key block received, summed over the queries and the query heads of each kv head.
 )doc")
-        .def(py::init([](int n_layers, int n_kv_heads, int head_dim, int n_heads, const std::string& dtype,
-                         int block_tokens, int max_tokens, int threads) {
+        .def(py::init([](int n_layers, int n_kv_heads, int head_dim, int n_heads, int max_tokens
+                             MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_PARAM)) {
+                 const char* where = "KvCache";
                  KvCacheConfig c;
                  c.n_layers = n_layers;
                  c.n_kv_heads = n_kv_heads;
                  c.head_dim = head_dim;
                  c.n_heads = n_heads;
-                 c.dtype = parse_dtype(dtype);
-                 c.block_tokens = block_tokens;
                  c.max_tokens = max_tokens;
-                 c.threads = threads;
+                 MNN_H2O_RUNTIME_FIELDS(MNN_H2O_FROM_PY)
                  return new PyKvCache(c);
              }),
-             // The defaults are KvCacheConfig's: dtype, block_tokens and threads the config schema's
-             // (docs/config.md, runtime.kv_dtype, runtime.block_tokens, runtime.threads).
-             py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"),
-             py::arg("dtype") = mnn_h2o::kv_dtype_name(kCache.dtype), py::arg("block_tokens") = kCache.block_tokens,
-             py::arg("max_tokens") = kCache.max_tokens, py::arg("threads") = kCache.threads)
+             // The defaults are KvCacheConfig's: the config keys' the config schema's (docs/config.md,
+             // runtime.*; runtime.kv_dtype is dtype).
+             py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"), py::kw_only(),
+             py::arg("max_tokens") = kCache.max_tokens MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_ARG_CACHE))
         .def(
             "step",
             [](PyKvCache& self, int layer, const py::object& q, const py::object& k, const py::object& v,
@@ -474,44 +507,15 @@ mass each key block received, summed over the queries and the query heads of eac
         .def("reset", locked(&KvCache::reset))
         .def(
             "enable_h2o",
-            [](PyKvCache& self, const std::string& policy, long long sink_tokens, long long recent_tokens,
-               double target_keep_ratio, double target_lossy_ratio, double ema_alpha, long long layer_start,
-               long long layer_end, long long trigger_min_tokens, long long update_interval, bool per_head_budget,
-               long long seed, double max_floor_share, long long observation_window, double head_floor_share,
-               const std::string& layer_budget, long long kv_budget_bytes) {
-                // Types only: the values are checked by the native validation (the schema's bounds).
+            [](PyKvCache& self MNN_H2O_H2O_FIELDS(MNN_H2O_PY_PARAM)) {
                 const char* where = "enable_h2o";
                 H2oConfig c;
-                c.policy = policy;
-                c.sink_tokens = narrow<int>(where, "sink_tokens", sink_tokens);
-                c.recent_tokens = narrow<int>(where, "recent_tokens", recent_tokens);
-                c.target_keep_ratio = target_keep_ratio;
-                c.target_lossy_ratio = target_lossy_ratio;
-                c.ema_alpha = ema_alpha;
-                c.layer_start = narrow<int>(where, "layer_start", layer_start);
-                c.layer_end = narrow<int>(where, "layer_end", layer_end);
-                c.trigger_min_tokens = narrow<int>(where, "trigger_min_tokens", trigger_min_tokens);
-                c.update_interval = narrow<int>(where, "update_interval", update_interval);
-                c.per_head_budget = per_head_budget;
-                c.seed = narrow<uint64_t>(where, "seed", seed);
-                c.max_floor_share = max_floor_share;
-                c.observation_window = narrow<int>(where, "observation_window", observation_window);
-                c.head_floor_share = head_floor_share;
-                c.layer_budget = layer_budget;
-                c.kv_budget_bytes = kv_budget_bytes;
+                MNN_H2O_H2O_FIELDS(MNN_H2O_FROM_PY)
                 NativeCall call(self);
                 self.cache.enable_h2o(c);
             },
             // The defaults are H2oConfig's, i.e. the config schema's (docs/config.md, h2o.*).
-            py::kw_only(), py::arg("policy") = kH2o.policy, py::arg("sink_tokens") = kH2o.sink_tokens,
-            py::arg("recent_tokens") = kH2o.recent_tokens, py::arg("target_keep_ratio") = kH2o.target_keep_ratio,
-            py::arg("target_lossy_ratio") = kH2o.target_lossy_ratio, py::arg("ema_alpha") = kH2o.ema_alpha,
-            py::arg("layer_start") = kH2o.layer_start, py::arg("layer_end") = kH2o.layer_end,
-            py::arg("trigger_min_tokens") = kH2o.trigger_min_tokens, py::arg("update_interval") = kH2o.update_interval,
-            py::arg("per_head_budget") = kH2o.per_head_budget, py::arg("seed") = kH2o.seed,
-            py::arg("max_floor_share") = kH2o.max_floor_share, py::arg("observation_window") = kH2o.observation_window,
-            py::arg("head_floor_share") = kH2o.head_floor_share, py::arg("layer_budget") = kH2o.layer_budget,
-            py::arg("kv_budget_bytes") = kH2o.kv_budget_bytes,
+            py::kw_only() MNN_H2O_H2O_FIELDS(MNN_H2O_PY_ARG_H2O),
             R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
 The arguments, their defaults and allowed values are the config keys h2o.* of docs/config.md
 (target_keep_ratio or kv_budget_bytes > 0, at most one, replaces target_lossy_ratio;
@@ -571,26 +575,10 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
              "Rewind, fold the pass's peaks into the blocks' reconstruction scores (max), end the pass.")
         .def(
             "enable_store",
-            [](PyKvCache& self, const std::string& mode, const std::string& scope, long long front_n,
-               long long hot_sink_tokens, long long hot_recent_tokens, long long chunk_tokens, long long v_dedup_layers,
-               long long async_threads, long long max_queue, long long decode_cache_bytes, bool prefetch,
-               long long zstd_level, long long probe_every, const std::vector<std::string>& faults) {
-                // Types only: the values are checked by the native validation (the schema's bounds).
+            [](PyKvCache& self MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_PY_PARAM), const std::vector<std::string>& faults) {
                 const char* where = "enable_store";
                 StoreConfig c;
-                c.mode = parse_choice<mnn_h2o::schema::lossless::mode, StoreMode>(where, mode);
-                c.scope = parse_choice<mnn_h2o::schema::lossless::scope, mnn_h2o::StoreScope>(where, scope);
-                c.front_n = narrow<int>(where, "front_n", front_n);
-                c.hot_sink_tokens = narrow<int>(where, "hot_sink_tokens", hot_sink_tokens);
-                c.hot_recent_tokens = narrow<int>(where, "hot_recent_tokens", hot_recent_tokens);
-                c.chunk_tokens = narrow<int>(where, "chunk_tokens", chunk_tokens);
-                c.v_dedup_layers = narrow<int>(where, "v_dedup_layers", v_dedup_layers);
-                c.async_threads = narrow<int>(where, "async_threads", async_threads);
-                c.max_queue = narrow<int>(where, "max_queue", max_queue);
-                c.decode_cache_bytes = narrow<size_t>(where, "decode_cache_bytes", decode_cache_bytes);
-                c.prefetch = prefetch;
-                c.zstd_level = narrow<int>(where, "zstd_level", zstd_level);
-                c.probe_every = narrow<int>(where, "probe_every", probe_every);
+                MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_FROM_PY)
                 for (const std::string& f : faults) {
                     if (f == "encode_error") c.faults.encode_error = true;
                     else if (f == "verify_mismatch") c.faults.verify_mismatch = true;
@@ -602,14 +590,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
                 self.cache.enable_store(c);
             },
             // The defaults are StoreConfig's, i.e. the config schema's (docs/config.md, lossless.*).
-            py::kw_only(), py::arg("mode") = mnn_h2o::store_mode_name(kStore.mode),
-            py::arg("scope") = mnn_h2o::store_scope_name(kStore.scope), py::arg("front_n") = kStore.front_n,
-            py::arg("hot_sink_tokens") = kStore.hot_sink_tokens, py::arg("hot_recent_tokens") = kStore.hot_recent_tokens,
-            py::arg("chunk_tokens") = kStore.chunk_tokens, py::arg("v_dedup_layers") = kStore.v_dedup_layers,
-            py::arg("async_threads") = kStore.async_threads, py::arg("max_queue") = kStore.max_queue,
-            py::arg("decode_cache_bytes") = kStore.decode_cache_bytes, py::arg("prefetch") = kStore.prefetch,
-            py::arg("zstd_level") = kStore.zstd_level, py::arg("probe_every") = kStore.probe_every,
-            py::arg("faults") = std::vector<std::string>(),
+            py::kw_only() MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_PY_ARG_STORE), py::arg("faults") = std::vector<std::string>(),
             R"doc(Turn the lossless store on (mode 'probe', 'full' or 'store'; 'off' turns it off), or replace
 its settings (what is compressed is dissolved back to raw first). See docs/kv_cache.md.
 The arguments but faults, their defaults and allowed values are the config keys lossless.* of

@@ -1,22 +1,24 @@
 """The runtime configuration: one schema, strict validation, YAML in and out.
 
 Every key is declared once in :data:`SCHEMA` with its type, default, unit, allowed values and
-meaning; this is the only place a default or a bound is written. ``docs/config.md`` is generated
-from it (``python -m mnn_h2o.config --markdown``), and so is the native core's copy of the defaults
-and bounds of the keys that reach it, ``native/include/mnn_h2o/config_schema.h``
-(``python -m mnn_h2o.config --native-header``): ``KvCacheConfig``, ``H2oConfig``, ``StoreConfig``,
-the C API's defaults, the pybind11 keyword defaults and the native validation all read that
-header, and tests fail when a generated file and the schema disagree. Unknown keys, wrong types and out-of-range values are
-errors that name the key and what is allowed.
+meaning; this is the only place a key, a default, a bound or an allowed name is written.
+``docs/config.md`` is generated from it (``python -m mnn_h2o.config --markdown``), and so is the
+native core's copy of the keys that reach it, ``native/include/mnn_h2o/config_schema.h``
+(``python -m mnn_h2o.config --native-header``): per key its default and bounds, and per native
+section the X-macro list of its fields, over which ``KvCacheConfig``, ``H2oConfig`` and
+``StoreConfig``, their validation, the C API's structs and copies, the saved-session config bytes
+and the pybind11 keyword arguments and dicts iterate. Tests fail when a generated file and the
+schema disagree. Unknown keys, wrong types and out-of-range values are errors that name the key
+and what is allowed. Importing this module needs no built native module (``mnn_h2o._core``);
+``validate`` does: the rules over several native keys are the native core's, asked through it.
 """
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
-
-from . import _core
 
 
 class ConfigError(ValueError):
@@ -131,7 +133,10 @@ SCHEMA: Tuple[Key, ...] = (
         "(baseline), kvzip (KVzip: the most attention a block gets while the model repeats the "
         "prompt, a reconstruction pass after each prompt that about doubles the prefill work; "
         "query-agnostic; meant with layer_budget global)",
-        choices=tuple(_core.policy_names())),  # the native registry: one list of names
+        # The native registry (eviction_policies.cpp) holds one class per name; a static_assert
+        # there and tests/test_config.py check that its names are these.
+        choices=("h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
+                 "kvzip")),
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window; at "
@@ -338,8 +343,9 @@ NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
 ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.prefill_chunk", "runtime.max_context",
                "h2o.enabled", "h2o.prefill_eviction")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
-# Choices the native core owns (the policy registry): read from it above, not written back.
-_NATIVE_OWNED_CHOICES = ("h2o.policy",)
+# Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each
+# enum's table of names, e.g. kv_dtype.h); the C API holds the enum's value as an int32.
+NATIVE_ENUMS = {"runtime.kv_dtype": "KvDtype", "lossless.mode": "StoreMode", "lossless.scope": "StoreScope"}
 
 
 def native_keys(section: str) -> Tuple[Key, ...]:
@@ -358,27 +364,32 @@ QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 
 
 def _check_together(cfg) -> None:
-    """Rules that involve more than one key."""
+    """Rules that involve more than one key. Those among the native keys are the native core's
+    validation (h2o_config.cpp, store_config.cpp), asked through the binding so that each is
+    written once; its messages start with the field they name. The engine's own rule is here."""
     h = cfg["h2o"]
-    if (h["enabled"] and h["target_keep_ratio"] == 0.0 and h["kv_budget_bytes"] == 0
-            and h["target_lossy_ratio"] < LOSSY_RATIO_IN_USE_MIN):
-        raise ConfigError(f"h2o.target_lossy_ratio must be >= {LOSSY_RATIO_IN_USE_MIN:g} when h2o.target_keep_ratio and "
-                          f"h2o.kv_budget_bytes are 0 (got {h['target_lossy_ratio']}, {h['target_keep_ratio']} "
-                          f"and {h['kv_budget_bytes']})")
-    if h["target_keep_ratio"] > 0.0 and h["kv_budget_bytes"] > 0:
-        raise ConfigError("h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one "
-                          f"(got {h['target_keep_ratio']} and {h['kv_budget_bytes']})")
     if h["enabled"] and h["policy"] == "kvzip" and h["prefill_eviction"] == "chunk":
         raise ConfigError("h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip: its scores come "
                           "from a reconstruction pass over the whole prompt, so the prompt is evicted once, "
                           "after it (prefill_eviction end)")
-    if h["layer_end"] != -1 and h["layer_end"] <= h["layer_start"]:
-        raise ConfigError(f"h2o.layer_end ({h['layer_end']}) must be > h2o.layer_start "
-                          f"({h['layer_start']}) or -1")
-    ll, bt = cfg["lossless"], cfg["runtime"]["block_tokens"]
-    if ll["chunk_tokens"] % bt:
-        raise ConfigError(f"lossless.chunk_tokens ({ll['chunk_tokens']}) must be a multiple of "
-                          f"runtime.block_tokens ({bt})")
+    from . import _core  # here, not at the top: importing this module needs no built native module
+
+    ll = cfg["lossless"]
+    for section, error, others in (
+            ("h2o", _core.h2o_config_error(**native_args("h2o", h)), {}),
+            ("lossless", _core.store_config_error(block_tokens=cfg["runtime"]["block_tokens"],
+                                                  **native_args("lossless", ll)),
+             {"block_tokens": "runtime.block_tokens"})):
+        if error:
+            raise ConfigError(_with_paths(error, section, others))
+
+
+def _with_paths(message: str, section: str, others: Dict[str, str]) -> str:
+    """A native validation message (which names fields as the binding's arguments) with each field
+    written as its config path; quoted values stay as they are."""
+    paths = {NATIVE_NAMES.get(k.path, k.name): k.path for k in native_keys(section)}
+    paths.update(others)
+    return re.sub(r"'[^']*'|\w+", lambda m: paths.get(m.group(), m.group()), message)
 
 
 def load(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None):
@@ -448,16 +459,31 @@ def _cpp_value(k: Key, x: Any) -> str:
     return repr(float(x)) if k.type is float else str(int(x))
 
 
+def _native_types(k: Key) -> Tuple[str, str]:
+    """The C and the C++ type of a native key's field: an int is 32 bits when its allowed values
+    fit, else 64."""
+    if k.path in NATIVE_ENUMS:
+        return "int32_t", "mnn_h2o::" + NATIVE_ENUMS[k.path]
+    if k.type is bool:
+        return "int32_t", "bool"
+    if k.type is float:
+        return "double", "double"
+    if k.type is str:
+        return "const char*", "std::string"
+    values = k.choices if k.choices is not None else k.range
+    return ("int32_t", "int") if all(-(1 << 31) <= v < (1 << 31) for v in values) else ("int64_t", "int64_t")
+
+
 def _native_key(k: Key) -> list:
     """One key's struct in the native header: a comment line and a line of members, so that the
     keys read as a table."""
     t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
     members = [f"static constexpr const char* kName = {_cpp_text(k.name)};",
                f"static constexpr {t} kDefault = {_cpp_value(k, k.default)};"]
-    if k.choices is not None and k.path not in _NATIVE_OWNED_CHOICES:
-        members += [f"static constexpr {t} kChoices[] = {{{', '.join(_cpp_value(k, c) for c in k.choices)}}};",
+    if k.choices is not None:
+        members += ["static constexpr Check kCheck = Check::kChoices;",
+                    f"static constexpr {t} kChoices[] = {{{', '.join(_cpp_value(k, c) for c in k.choices)}}};",
                     f"static constexpr int kChoiceCount = {len(k.choices)};",
-                    f"static constexpr int kDefaultIndex = {list(k.choices).index(k.default)};",
                     f"static constexpr const char* kAllowed = {_cpp_text('one of ' + ', '.join(repr(c) for c in k.choices))};"]
     elif k.type in (int, float):
         if k.range is None or None in k.range:
@@ -465,10 +491,13 @@ def _native_key(k: Key) -> list:
         lo, hi = k.range
         show = (lambda x: f"{x:g}") if k.type is float else str
         allowed = f"in [{show(lo)}, {show(hi)}{')' if k.hi_open else ']'}"
-        members += [f"static constexpr {t} kLo = {_cpp_value(k, lo)};",
+        members += ["static constexpr Check kCheck = Check::kBounds;",
+                    f"static constexpr {t} kLo = {_cpp_value(k, lo)};",
                     f"static constexpr {t} kHi = {_cpp_value(k, hi)};",
                     f"static constexpr bool kHiOpen = {'true' if k.hi_open else 'false'};",
                     f"static constexpr const char* kAllowed = {_cpp_text(allowed)};"]
+    else:
+        members.append("static constexpr Check kCheck = Check::kNone;")
     comment = f"// {k.path}: {k.type_name}, {k.unit}"
     if k.path == "h2o.target_lossy_ratio":
         members.append(f"static constexpr double kInUseMin = {_cpp_value(k, LOSSY_RATIO_IN_USE_MIN)};")
@@ -476,18 +505,37 @@ def _native_key(k: Key) -> list:
     return [comment, f"struct {k.name} {{ " + " ".join(members) + " };"]
 
 
+def _native_fields(section: str) -> list:
+    """The X-macro of a native section's fields: X(field, key, CType, CppType) per key."""
+    rows = []
+    for k in native_keys(section):
+        c_type, cpp_type = _native_types(k)
+        rows.append(f"    X({NATIVE_NAMES.get(k.path, k.name)}, {k.name}, {c_type}, {cpp_type})")
+    return [f"#define MNN_H2O_{section.upper()}_FIELDS(X) \\"] + [r + " \\" for r in rows[:-1]] + [rows[-1], ""]
+
+
 NATIVE_HEADER = "native/include/mnn_h2o/config_schema.h"
 
 
 def native_header() -> str:
-    """``native/include/mnn_h2o/config_schema.h``: the defaults and bounds of the native keys."""
+    """``native/include/mnn_h2o/config_schema.h``: the field lists of the native config structs
+    (plain C, for the C API's header too), then each native key's default and bounds (C++)."""
     out = ["// Generated from mnn_h2o/config.py by `python -m mnn_h2o.config --native-header`: do not edit.",
-           "// The defaults and bounds of the config keys that reach the native core (docs/config.md), so",
-           "// KvCacheConfig, H2oConfig, StoreConfig, the C API, the Python binding and the native",
-           "// validation use the schema's values; tests/test_config.py fails when this file and the",
-           "// schema disagree.",
-           "#pragma once", "", "#include <cstdint>", "#include <string_view>", "#include <type_traits>", "",
-           "namespace mnn_h2o {", "namespace schema {", ""]
+           "// The config keys that reach the native core (docs/config.md): the fields of the native",
+           "// config structs, and each key's default and allowed values, so KvCacheConfig, H2oConfig,",
+           "// StoreConfig, their validation, the C API, the saved-session config bytes and the Python",
+           "// binding follow the schema; tests/test_config.py fails when this file and the schema disagree.",
+           "#pragma once", "",
+           "// The fields of each native config struct, one X(field, key, CType, CppType) per config key",
+           "// in the schema's order: field is the member and the Python keyword argument, key the",
+           "// key's struct in namespace schema::<section> below, CType the field's type in the C API's",
+           "// structs, CppType in the C++ ones (config_field.h: what each type means). Plain C.", ""]
+    for section in NATIVE_SECTIONS:
+        out += _native_fields(section)
+    out += ["#ifdef __cplusplus", "", "#include <cstdint>", "#include <string_view>", "#include <type_traits>", "",
+            "namespace mnn_h2o {", "namespace schema {", "",
+            "// How a key's values are checked: against kChoices, against [kLo, kHi], or not at all (a bool).",
+            "enum class Check { kNone, kChoices, kBounds };", ""]
     for section in NATIVE_SECTIONS:
         out.append(f"namespace {section} {{")
         for k in native_keys(section):
@@ -508,7 +556,7 @@ def native_header() -> str:
             "        if (x == K::kChoices[i]) return i;",
             "    return -1;",
             "}", "",
-            "}  // namespace schema", "}  // namespace mnn_h2o"]
+            "}  // namespace schema", "}  // namespace mnn_h2o", "", "#endif  // __cplusplus"]
     return "\n".join(out) + "\n"
 
 

@@ -76,9 +76,37 @@ def test_command_line_assignments():
         config.load(None, dict([config.parse_assignment("lossless.mode=off")]))
 
 
-def test_kv_dtype_choices_are_the_native_names():
+def test_kv_dtype_names_round_trip_by_name_through_the_binding():
+    """The native enum is matched to the schema's names by name (kv_dtype.h's table): every name
+    makes a cache of that type and reads back as itself, whatever the order of either list."""
     core = pytest.importorskip("mnn_h2o._core")
-    assert list(config.key("runtime.kv_dtype").choices) == core.kv_dtypes()
+    names = config.key("runtime.kv_dtype").choices
+    assert sorted(names) == sorted(core.kv_dtypes())
+    for name in names:
+        assert core.KvCache(1, 1, 64, 1, dtype=name).dtype == name
+        assert core.kv_row_bytes(name, 64) > 0
+    with pytest.raises(ValueError, match="dtype must be one of " + ", ".join(core.kv_dtypes())):
+        core.KvCache(1, 1, 64, 1, dtype="q2")
+
+
+def test_config_imports_without_the_native_module(tmp_path):
+    """A source tree with no built _core: the config module (and its generators) still work."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(os.path.join(ROOT, "mnn_h2o"), tmp_path / "mnn_h2o",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    code = ("import importlib.util, sys\n"
+            "import mnn_h2o.config as c\n"
+            "assert importlib.util.find_spec('mnn_h2o._core') is None\n"
+            "assert 'kvzip' in c.key('h2o.policy').choices\n"
+            "sys.stdout.write(c.native_header())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("MNN_H2O_CORE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == config.native_header()
 
 
 @pytest.mark.parametrize("mode", ["off", "probe", "full", "store"])
@@ -94,7 +122,8 @@ def test_quantised_kv_list_matches_the_native_row_sizes():
 
 
 def test_policy_choices_are_the_native_registry():
-    """One list of policy names: the native registry; config, the eval and error messages read it."""
+    """One list of policy names, the schema's: the native registry (checked by a static_assert
+    too) has exactly these, and config, the eval and error messages read them."""
     core = pytest.importorskip("mnn_h2o._core")
     names = core.policy_names()
     assert list(config.key("h2o.policy").choices) == names
@@ -113,6 +142,26 @@ def test_policy_choices_are_the_native_registry():
     assert all(n in str(e.value) for n in names)
     with pytest.raises(config.ConfigError, match="h2o.observation_window"):
         config.validate({"h2o": {"observation_window": 0}})
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"h2o": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}},
+     "h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one, got 0.5 and 1"),
+    ({"h2o": {"target_lossy_ratio": 0.5}},
+     "h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio and h2o.kv_budget_bytes are 0, got 0.5"),
+    ({"h2o": {"layer_start": 5, "layer_end": 3}},
+     "h2o.layer_end must be -1 (all layers) or > h2o.layer_start (5), got 3"),
+    ({"lossless": {"chunk_tokens": 40}}, "lossless.chunk_tokens must be a multiple of runtime.block_tokens (16), got 40"),
+    ({"h2o": {"policy": "kvzip", "prefill_eviction": "chunk"}},
+     "h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip"),
+])
+def test_cross_key_rules_name_every_key_by_its_path(raw, message):
+    """The rules over several native keys are the native validation's (one copy, asked through
+    the binding); config.validate writes the fields its message names as their config paths."""
+    pytest.importorskip("mnn_h2o._core")
+    with pytest.raises(config.ConfigError) as e:
+        config.validate(raw)
+    assert message in str(e.value)
 
 
 def test_byte_budget_is_one_of_the_targets():

@@ -91,6 +91,19 @@ def test_method_names_come_from_the_config_schema():
             F.parse_methods(bad, ["snapkv"])
 
 
+def test_methods_help_lists_every_kv_dtype_of_the_schema():
+    """The --methods help is written from the schema's list, so it names every type there is."""
+    import re
+
+    from mnn_h2o import config
+    from mnn_h2o.eval.__main__ import _parser
+
+    frontier_cli = next(a for a in _parser()._actions if a.dest == "command").choices["frontier"]
+    help_text = next(a for a in frontier_cli._actions if a.dest == "methods").help
+    listed = re.search(r"kv_dtype: ours ([^;]+);", help_text).group(1).split(", ")
+    assert listed == list(config.key("runtime.kv_dtype").choices)
+
+
 def test_aggregate_rows():
     def run(method, policy, seg, kl, target=2.0, engine="ours"):
         return {"kind": "kl", "method": method, "engine": engine, "kv_dtype": "f16", "policy": policy,

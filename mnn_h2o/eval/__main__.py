@@ -45,6 +45,9 @@ _ints = number_list(int, 1)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import frontier  # the names in the help are the config schema's
+    from .kvpress_peer import DTYPES as PEER_DTYPES
+
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -59,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--methods", default="ours,ours:none@q8,ours:h2o@q8,kvpress,kvpress@q8",
                    help="comma-separated engine:policy[@kv_dtype], e.g. ours:h2o,ours:none@q8,"
                         "kvpress:snapkv,kvpress:kvzip@q8; 'ours' / 'kvpress' alone = every policy / "
-                        "press on f16 KV, 'kvpress@q8' every press on q8_0 KV; kv_dtype: ours f16, bf16, "
-                        "f32, q8, q4, q4r; kvpress f16 or q8 (llama.cpp's q8_0 blocks). With a quantised "
+                        "press on f16 KV, 'kvpress@q8' every press on q8_0 KV; kv_dtype: ours "
+                        f"{', '.join(frontier.our_dtypes())}; kvpress {' or '.join(PEER_DTYPES)} (llama.cpp's "
+                        "q8_0 blocks). With a quantised "
                         "type the target stays whole-model: eviction makes up what the type does not "
                         "save, and targets the type alone exceeds are skipped (default "
                         "ours,ours:none@q8,ours:h2o@q8,kvpress,kvpress@q8; kvpress is skipped with a "

@@ -9,6 +9,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "codec/gear_kernels.h"
@@ -136,66 +137,57 @@ mnn_h2o_status on_cache(const char* where, Handle* cache, Fn&& fn) noexcept {
     });
 }
 
-// The fields mnn_h2o_kv_config shares with KvCacheConfig, copied either way (the integer types
-// convert); dtype, an enum on one side, is the callers'.
+// One field between a C API struct and its C++ struct, either way: numbers convert, a bool is 0/1
+// in C, an enum its value (one outside the enum reaches the C++ validation, which names the
+// allowed ones); a C string points into the C++ struct's string (which must outlive it), and a
+// NULL one leaves the C++ default.
 template <class From, class To>
-void copy_kv_config(const From& from, To& to) {
-    to.n_layers = from.n_layers;
-    to.n_kv_heads = from.n_kv_heads;
-    to.n_heads = from.n_heads;
-    to.head_dim = from.head_dim;
-    to.block_tokens = from.block_tokens;
-    to.max_tokens = from.max_tokens;
-    to.threads = from.threads;
+void convert(const From& from, To* to) {
+    if constexpr (std::is_same_v<To, std::string>) {
+        if (from) *to = from;
+    } else if constexpr (std::is_same_v<From, std::string>) {
+        *to = from.c_str();
+    } else if constexpr (std::is_same_v<To, bool>) {
+        *to = from != 0;
+    } else {
+        *to = static_cast<To>(from);
+    }
 }
 
-void to_c(const KvCacheConfig& c, mnn_h2o_kv_config* out) {
-    copy_kv_config(c, *out);
-    out->dtype = static_cast<int32_t>(c.dtype);
+// mnn_h2o_kv_config <-> KvCacheConfig: the shape and capacity, then the config keys (their list:
+// config_schema.h).
+template <class From, class To>
+void copy_kv_config(const From& from, To* to) {
+    to->n_layers = from.n_layers;
+    to->n_kv_heads = from.n_kv_heads;
+    to->n_heads = from.n_heads;
+    to->head_dim = from.head_dim;
+    to->max_tokens = from.max_tokens;
+#define MNN_H2O_COPY(field, key, CType, CppType) convert(from.field, &to->field);
+    MNN_H2O_RUNTIME_FIELDS(MNN_H2O_COPY)
 }
 
-// A dtype outside the enum reaches KvCache's validation, which names the known ones.
+// mnn_h2o_eviction_config <-> H2oConfig: every config key h2o.* of the core.
+template <class From, class To>
+void copy_h2o_config(const From& from, To* to) {
+    MNN_H2O_H2O_FIELDS(MNN_H2O_COPY)
+#undef MNN_H2O_COPY
+}
+
+void to_c(const KvCacheConfig& c, mnn_h2o_kv_config* out) { copy_kv_config(c, out); }
+
 KvCacheConfig from_c(const mnn_h2o_kv_config& in) {
     KvCacheConfig c;
-    copy_kv_config(in, c);
-    c.dtype = static_cast<mnn_h2o::KvDtype>(in.dtype);
+    copy_kv_config(in, &c);
     return c;
 }
 
-// The fields mnn_h2o_eviction_config shares with H2oConfig (the config keys h2o.*), copied either
-// way (per_head_budget is a bool on one side, 0/1 on the other); the strings are the callers'.
-template <class From, class To>
-void copy_h2o_config(const From& from, To& to) {
-    to.sink_tokens = from.sink_tokens;
-    to.recent_tokens = from.recent_tokens;
-    to.target_keep_ratio = from.target_keep_ratio;
-    to.target_lossy_ratio = from.target_lossy_ratio;
-    to.ema_alpha = from.ema_alpha;
-    to.layer_start = from.layer_start;
-    to.layer_end = from.layer_end;
-    to.trigger_min_tokens = from.trigger_min_tokens;
-    to.update_interval = from.update_interval;
-    to.per_head_budget = from.per_head_budget;
-    to.seed = from.seed;
-    to.max_floor_share = from.max_floor_share;
-    to.kv_budget_bytes = from.kv_budget_bytes;
-    to.observation_window = from.observation_window;
-    to.head_floor_share = from.head_floor_share;
-}
+// The C struct's strings point into c's: c must outlive it.
+void to_c(const mnn_h2o::H2oConfig& c, mnn_h2o_eviction_config* out) { copy_h2o_config(c, out); }
 
-// policy and layer_budget must outlive the C struct.
-void to_c(const mnn_h2o::H2oConfig& c, const char* policy, const char* layer_budget, mnn_h2o_eviction_config* out) {
-    copy_h2o_config(c, *out);
-    out->policy = policy;
-    out->layer_budget = layer_budget;
-}
-
-// NULL strings take the defaults.
 mnn_h2o::H2oConfig from_c(const mnn_h2o_eviction_config& in) {
     mnn_h2o::H2oConfig c;
-    copy_h2o_config(in, c);
-    if (in.policy) c.policy = in.policy;
-    if (in.layer_budget) c.layer_budget = in.layer_budget;
+    copy_h2o_config(in, &c);
     return c;
 }
 
@@ -344,9 +336,9 @@ const char* mnn_h2o_policy_name(int32_t i) {
 void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
     if (!config) return;
     static_assert(mnn_h2o::kSkipReasons == 4, "mnn_h2o_eviction_layer_stats.skipped has 4 entries");
-    // H2oConfig's defaults are the config schema's; the strings are its (static) literals.
-    to_c(mnn_h2o::H2oConfig{}, mnn_h2o::schema::h2o::policy::kDefault, mnn_h2o::schema::h2o::layer_budget::kDefault,
-         config);
+    // H2oConfig's defaults are the config schema's; the strings point into this static copy.
+    static const mnn_h2o::H2oConfig kDefaults;
+    to_c(kDefaults, config);
 }
 
 mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
@@ -371,7 +363,7 @@ mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mn
         if (!config) return null_arg(where, "config");
         const mnn_h2o::H2oConfig* c = cc.h2o_config();
         if (!c) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "eviction is off");
-        to_c(*c, c->policy.c_str(), c->layer_budget.c_str(), config);
+        to_c(*c, config);
         return MNN_H2O_OK;
     });
 }

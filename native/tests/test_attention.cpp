@@ -182,7 +182,7 @@ static void test_against_reference() {
 static void test_chunked_prefill() {
     std::mt19937 rng(99);
     for (Isa isa : available_isas()) {
-        KvCacheConfig cfg{1, 3, 64, 9, KvDtype::F16, 64, 1024, 1};
+        KvCacheConfig cfg = kv_config(1, 3, 64, 9, KvDtype::F16, 64, 1024, 1);
         KvCache full(cfg), chunked(cfg);
         const int n = 333, row = 9 * 64, kv_row = 3 * 64;
         auto q = random_vec(rng, static_cast<size_t>(n) * row, 1.5f);
@@ -207,7 +207,7 @@ static void test_chunked_prefill() {
 // Heads of one layer may hold different numbers of tokens; each attends causally to its own.
 static void test_uneven_heads() {
     std::mt19937 rng(7);
-    KvCacheConfig cfg{1, 3, 64, 6, KvDtype::F16, 32, 512, 1};
+    KvCacheConfig cfg = kv_config(1, 3, 64, 6, KvDtype::F16, 32, 512, 1);
     KvCache cache(cfg);
     const int row = 6 * 64, kv_row = 3 * 64;
     auto k = random_vec(rng, 200 * kv_row, 1.f), v = random_vec(rng, 200 * kv_row, 1.f);
@@ -230,7 +230,7 @@ static void test_uneven_heads() {
 }
 
 static void test_errors() {
-    KvCacheConfig cfg{2, 2, 64, 4, KvDtype::F16, 64, 100, 1};
+    KvCacheConfig cfg = kv_config(2, 2, 64, 4, KvDtype::F16, 64, 100, 1);
     KvCache cache(cfg);
     std::vector<float> k(101 * 128, 0.f), q(101 * 256, 0.f), out(q.size());
     CHECK(throws<std::invalid_argument>([&] { cache.attend(0, q.data(), 1, out.data()); }), "attend on empty cache");
@@ -251,9 +251,9 @@ static void test_errors() {
     CHECK(throws<std::invalid_argument>([&] { cache.step(0, q.data(), k.data(), k.data(), 90, out.data(), scores.data(), 1); }),
           "scores stride too small");
     CHECK(cache.length(0, 0) == 10, "failed step must not append");
-    for (auto bad : {KvCacheConfig{0, 1, 64, 1}, KvCacheConfig{1, 2, 64, 3}, KvCacheConfig{1, 1, 72, 1},
-                     KvCacheConfig{1, 1, 512, 1}, KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 24},
-                     KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 64, 0}, KvCacheConfig{1, 1, 64, 1, KvDtype::F16, 64, 8, 0}})
+    for (auto bad : {kv_config(0, 1, 64, 1), kv_config(1, 2, 64, 3), kv_config(1, 1, 72, 1),
+                     kv_config(1, 1, 512, 1), kv_config(1, 1, 64, 1, KvDtype::F16, 24),
+                     kv_config(1, 1, 64, 1, KvDtype::F16, 64, 0), kv_config(1, 1, 64, 1, KvDtype::F16, 64, 8, 0)})
         CHECK(throws<std::invalid_argument>([&] { KvCache c(bad); }), "bad config accepted");
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -67,7 +68,8 @@ static void test_kv_cache_matches_cpp() {
     mnn_h2o_kv_config_init(&defaults);
     // The schema's defaults (config_schema.h): a C API of its own ones fails here.
     namespace runtime = mnn_h2o::schema::runtime;
-    CHECK(defaults.dtype == runtime::kv_dtype::kDefaultIndex && defaults.block_tokens == runtime::block_tokens::kDefault &&
+    CHECK(std::string(mnn_h2o::kv_dtype_name(static_cast<mnn_h2o::KvDtype>(defaults.dtype))) == runtime::kv_dtype::kDefault &&
+              defaults.block_tokens == runtime::block_tokens::kDefault &&
               defaults.threads == runtime::threads::kDefault && defaults.max_tokens == mnn_h2o::KvCacheConfig{}.max_tokens,
           "config defaults");
 
@@ -327,6 +329,17 @@ static void test_codec() {
 
 // H2O eviction through the C API: the same evictions, lengths, bytes and outputs as KvCache with
 // the same config; config errors, explicit plans, statistics and scores.
+// A C API field equals its C++ field: a string by its text, a bool as 0/1, a number by value.
+template <class C, class Cpp>
+static bool same_value(const C& c, const Cpp& cpp) {
+    if constexpr (std::is_same_v<Cpp, std::string>)
+        return c && cpp == c;
+    else if constexpr (std::is_same_v<Cpp, bool>)
+        return (c != 0) == cpp;
+    else
+        return c == static_cast<C>(cpp);
+}
+
 static void test_h2o() {
     mnn_h2o_kv_config c = small_config();
     c.max_tokens = 400;
@@ -337,15 +350,10 @@ static void test_h2o() {
     mnn_h2o_eviction_config e;
     mnn_h2o_eviction_config_init(&e);
     const mnn_h2o::H2oConfig d;
-    CHECK(std::string(e.policy) == d.policy && e.sink_tokens == d.sink_tokens && e.recent_tokens == d.recent_tokens &&
-              e.target_lossy_ratio == d.target_lossy_ratio && e.layer_start == d.layer_start &&
-              e.update_interval == d.update_interval && e.layer_end == d.layer_end &&
-              e.max_floor_share == d.max_floor_share && e.kv_budget_bytes == d.kv_budget_bytes &&
-              e.observation_window == d.observation_window && e.head_floor_share == d.head_floor_share &&
-              std::string(e.layer_budget) == d.layer_budget && e.target_keep_ratio == d.target_keep_ratio &&
-              e.ema_alpha == d.ema_alpha && e.trigger_min_tokens == d.trigger_min_tokens &&
-              (e.per_head_budget != 0) == d.per_head_budget && e.seed == d.seed,
-          "eviction defaults");
+    // Every field of the schema's list (config_schema.h) is H2oConfig's default.
+#define MNN_H2O_SAME(field, key, CType, CppType) CHECK(same_value(e.field, d.field), "eviction default %s", #field);
+    MNN_H2O_H2O_FIELDS(MNN_H2O_SAME)
+#undef MNN_H2O_SAME
     // ... which are the config schema's (config.py through config_schema.h).
     CHECK(e.target_lossy_ratio == mnn_h2o::schema::h2o::target_lossy_ratio::kDefault &&
               e.layer_start == mnn_h2o::schema::h2o::layer_start::kDefault &&

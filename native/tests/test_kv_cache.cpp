@@ -138,7 +138,7 @@ static void test_read_back() {
     std::mt19937 rng(11);
     std::normal_distribution<float> dist(0.f, 3.f);
     for (KvDtype dt : {KvDtype::F16, KvDtype::BF16, KvDtype::F32}) {
-        KvCacheConfig c{2, 2, 80, 4, dt, 16, 200, 1};
+        KvCacheConfig c = kv_config(2, 2, 80, 4, dt, 16, 200, 1);
         KvCache cache(c);
         const int row = 2 * 80;
         std::vector<float> k(static_cast<size_t>(150) * row), v(k.size());

@@ -211,7 +211,7 @@ static void test_cache_read_back() {
     for (int t = 0; t < n; ++t) k[static_cast<size_t>(t) * n_kv * hd + 7] = 40.f;  // an outlier channel, head 0
     double err[kKvDtypeCount] = {};
     for (KvDtype dt : {KvDtype::F16, KvDtype::Q8, KvDtype::Q4, KvDtype::Q4R, KvDtype::Q8R}) {
-        KvCache cache(KvCacheConfig{1, n_kv, hd, n_kv * 2, dt, 16, 256, 1});
+        KvCache cache(kv_config(1, n_kv, hd, n_kv * 2, dt, 16, 256, 1));
         cache.append(0, k.data(), v.data(), n);
         CHECK(cache.bytes_held() == size_t{2} * n_kv * 7 * ((16 * kv_row_bytes(dt, hd) + 63) / 64 * 64),
               "%s: bytes held %zu", kv_dtype_name(dt), cache.bytes_held());

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "mnn_h2o/cache/kv_cache_config.h"
+
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                \
     do {                                                                \
@@ -46,4 +48,23 @@ template <class E, class F>
     std::vector<float> v(n);
     for (float& x : v) x = dist(rng);
     return v;
+}
+
+// A KvCacheConfig from the shape and settings in one call (its config-key fields follow the
+// schema's order, so a braced list would not say which is which); the rest are its defaults.
+[[maybe_unused]] static mnn_h2o::KvCacheConfig kv_config(int n_layers, int n_kv_heads, int head_dim, int n_heads,
+                                                         mnn_h2o::KvDtype dtype = mnn_h2o::KvCacheConfig{}.dtype,
+                                                         int block_tokens = mnn_h2o::KvCacheConfig{}.block_tokens,
+                                                         int max_tokens = mnn_h2o::KvCacheConfig{}.max_tokens,
+                                                         int threads = mnn_h2o::KvCacheConfig{}.threads) {
+    mnn_h2o::KvCacheConfig c;
+    c.n_layers = n_layers;
+    c.n_kv_heads = n_kv_heads;
+    c.head_dim = head_dim;
+    c.n_heads = n_heads;
+    c.dtype = dtype;
+    c.block_tokens = block_tokens;
+    c.max_tokens = max_tokens;
+    c.threads = threads;
+    return c;
 }

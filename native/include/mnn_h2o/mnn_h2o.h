@@ -21,6 +21,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* MNN_H2O_<SECTION>_FIELDS: the config keys of each struct below, generated from the schema. */
+#include "mnn_h2o/config_schema.h"
+
 #if defined(_WIN32)
 #define MNN_H2O_API
 #elif defined(__GNUC__) || defined(__clang__)
@@ -95,18 +98,19 @@ typedef enum mnn_h2o_dtype {
     MNN_H2O_DTYPE_Q8R = 6  /* q8 of Hadamard-rotated rows (head_dim a power of two) */
 } mnn_h2o_dtype;
 
-/* dtype, block_tokens and threads are the config keys runtime.kv_dtype, runtime.block_tokens and
- * runtime.threads: their defaults (mnn_h2o_kv_config_init) and allowed values are those of
- * docs/config.md, generated from the one schema (mnn_h2o/config.py). */
+/* The model's shape and capacity, then one field per config key runtime.* that reaches the core
+ * (threads: attention threads counting the caller; dtype: runtime.kv_dtype, an mnn_h2o_dtype;
+ * block_tokens: tokens per memory block), in the schema's order (config_schema.h): their
+ * defaults (mnn_h2o_kv_config_init) and allowed values are those of docs/config.md, generated
+ * from the one schema (mnn_h2o/config.py). */
+#define MNN_H2O_C_FIELD(field, key, CType, CppType) CType field;
 typedef struct mnn_h2o_kv_config {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA), at most 64 per kv head */
     int32_t head_dim;     /* multiple of 16 in [16, 256] */
-    int32_t dtype;        /* mnn_h2o_dtype: how keys and values are stored */
-    int32_t block_tokens; /* tokens per memory block */
     int32_t max_tokens;   /* per (layer, kv head), in [1, 2^24] */
-    int32_t threads;      /* attention threads counting the caller */
+    MNN_H2O_RUNTIME_FIELDS(MNN_H2O_C_FIELD)
 } mnn_h2o_kv_config;
 
 /* Defaults: the schema's dtype, block_tokens and threads, max_tokens 8192; the model dimensions
@@ -172,33 +176,16 @@ MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
  * mnn_h2o_kv_cache_end_step() (once per forward, after all layers) evicts low-scoring blocks of
  * heads over their budget; their memory goes back to the OS. */
 
-/* Each field is the config key h2o.<field>: its default (mnn_h2o_eviction_config_init) and its
- * allowed values are those of docs/config.md, generated from the one schema (mnn_h2o/config.py). */
+/* One field per config key h2o.* that reaches the core, in the schema's order (config_schema.h):
+ * its default (mnn_h2o_eviction_config_init) and allowed values are those of docs/config.md,
+ * generated from the one schema (mnn_h2o/config.py), which says what each does. A name
+ * (policy, layer_budget) is a C string (NULL: the default); a bool (per_head_budget) is 0 or 1.
+ * Start from mnn_h2o_eviction_config_init and set what you need: that stays right when keys are
+ * added. */
 typedef struct mnn_h2o_eviction_config {
-    const char* policy;         /* a name of mnn_h2o_policy_name() (NULL: the default) */
-    int32_t sink_tokens;        /* blocks covering the first sink_tokens tokens are never evicted */
-    int32_t recent_tokens;      /* nor those covering the last recent_tokens (the newest token stays) */
-    /* Budget: target_keep_ratio > 0 (keep ratio per head) or kv_budget_bytes > 0 (at most one of
-     * the two) replaces target_lossy_ratio (whole-model uncompressed / held bytes), which is
-     * ignored then and otherwise must be a real ratio. */
-    double target_keep_ratio;
-    double target_lossy_ratio;
-    double ema_alpha;           /* weight of the old score at each update */
-    int32_t layer_start;        /* layers [layer_start, layer_end) collect scores and evict */
-    int32_t layer_end;          /* -1: n_layers */
-    int32_t trigger_min_tokens; /* layers that have seen fewer tokens are left alone */
-    int32_t update_interval;    /* decode tokens between policy updates */
-    int32_t per_head_budget;    /* 1: a layer's kv heads share its budget by attention mass
-                                 * (KV-Compress); 0: equal budgets per head */
-    uint64_t seed;              /* for the random policy */
-    /* Added with the policy registry; mnn_h2o_eviction_config_init fills every field, so a caller
-     * that starts from it and sets what it needs is unaffected by fields added later. */
-    double max_floor_share;     /* the sink/recent floors take at most this share of a head's budget */
-    int64_t kv_budget_bytes;    /* third budget: a whole-model byte cap (see target_keep_ratio) */
-    int32_t observation_window; /* queries in the window of the window policies (snapkv, ...) */
-    double head_floor_share;    /* per_head_budget: each head keeps at least this share of its budget */
-    const char* layer_budget;   /* "uniform" or "pyramid" (NULL: the default) */
+    MNN_H2O_H2O_FIELDS(MNN_H2O_C_FIELD)
 } mnn_h2o_eviction_config;
+#undef MNN_H2O_C_FIELD
 
 /* The i-th eviction policy name of the native registry (docs/h2o.md "Policies"), or NULL past
  * the last: the names mnn_h2o_eviction_config.policy accepts. */

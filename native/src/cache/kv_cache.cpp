@@ -47,6 +47,8 @@ void require(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("KvCache: " + what);
 }
 
+void require_empty(const std::string& error) { require(error.empty(), error); }
+
 KvCacheConfig validated(const KvCacheConfig& c) {
     require(c.n_layers >= 1, "n_layers must be >= 1");
     require(c.n_kv_heads >= 1, "n_kv_heads must be >= 1");
@@ -55,17 +57,13 @@ KvCacheConfig validated(const KvCacheConfig& c) {
     require(c.n_heads / c.n_kv_heads <= 64, "at most 64 query heads per kv head");
     require(c.head_dim >= 16 && c.head_dim <= kMaxHeadDim && c.head_dim % 16 == 0,
             "head_dim must be a multiple of 16 in [16, 256]");
-    require(kv_dtype_valid(static_cast<int>(c.dtype)),
-            "unknown dtype " + std::to_string(static_cast<int>(c.dtype)) + " (known: " + kv_dtype_names() + ")");
+    // The config keys: the schema's choices and bounds, in its order (config_schema.h).
+#define MNN_H2O_CHECK(field, key, CType, CppType) require_empty(field_error<schema::runtime::key>(#field, c.field));
+    MNN_H2O_RUNTIME_FIELDS(MNN_H2O_CHECK)
+#undef MNN_H2O_CHECK
     const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
     require(shape_error.empty(), shape_error);
-    using BlockTokens = schema::runtime::block_tokens;
-    using Threads = schema::runtime::threads;
-    require(schema::choice_index<BlockTokens>(c.block_tokens) >= 0,
-            std::string("block_tokens must be ") + BlockTokens::kAllowed + ", got " + std::to_string(c.block_tokens));
     require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
-    require(schema::in_bounds<Threads>(c.threads),
-            std::string("threads must be ") + Threads::kAllowed + ", got " + std::to_string(c.threads));
     return c;
 }
 

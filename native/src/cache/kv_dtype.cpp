@@ -4,15 +4,10 @@
 #include <cstring>
 
 #include "mnn_h2o/cache/fp16.h"
-#include "mnn_h2o/config_schema.h"
 
 namespace mnn_h2o {
 
 namespace {
-
-// The names are the schema's choices of runtime.kv_dtype, in the enum's order.
-using Names = schema::runtime::kv_dtype;
-static_assert(Names::kChoiceCount == kKvDtypeCount, "one name per KvDtype: runtime.kv_dtype in mnn_h2o/config.py");
 
 struct Traits {
     KvDtype dtype;
@@ -92,22 +87,15 @@ float load_scale(const uint8_t* p) {
 }  // namespace
 
 const char* kv_dtype_name(KvDtype dtype) {
-    return kv_dtype_valid(static_cast<int>(dtype)) ? Names::kChoices[static_cast<int>(dtype)] : "?";
+    const char* name = enum_name(dtype);
+    return name ? name : "?";
 }
 
-bool kv_dtype_from_name(const std::string& name, KvDtype* dtype) {
-    const int i = schema::choice_index<Names>(name);
-    if (i >= 0) *dtype = static_cast<KvDtype>(i);
-    return i >= 0;
-}
+bool kv_dtype_from_name(const std::string& name, KvDtype* dtype) { return enum_from_name(name, dtype); }
 
-std::string kv_dtype_names() {
-    std::string s;
-    for (const char* name : Names::kChoices) s += (s.empty() ? "" : ", ") + std::string(name);
-    return s;
-}
+std::string kv_dtype_names() { return enum_names_text<KvDtype>(); }
 
-bool kv_dtype_valid(int value) { return value >= 0 && value < kKvDtypeCount; }
+bool kv_dtype_valid(int value) { return enum_name(static_cast<KvDtype>(value)) != nullptr; }
 
 bool kv_dtype_quantised(KvDtype dtype) { return traits(dtype).quantised; }
 bool kv_dtype_rotated(KvDtype dtype) { return traits(dtype).rotated; }

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
+#include "mnn_h2o/config_schema.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
 
 namespace mnn_h2o {
@@ -255,8 +258,8 @@ std::unique_ptr<EvictionPolicy> make_plain(uint64_t) {
 
 std::unique_ptr<EvictionPolicy> make_random(uint64_t seed) { return std::make_unique<RandomPolicy>(seed); }
 
-// The one list of policies.
-const Entry kRegistry[] = {
+// The one list of policy classes, by name.
+constexpr Entry kRegistry[] = {
     {"h2o", make_plain<H2oPolicy>},
     {"snapkv", make_plain<SnapKvPolicy>},
     {"tova", make_plain<TovaPolicy>},
@@ -267,6 +270,17 @@ const Entry kRegistry[] = {
     {"random", make_random},
     {"kvzip", make_plain<KvzipPolicy>},
 };
+
+// The names are h2o.policy's choices, in their order (mnn_h2o/config.py, config_schema.h): adding a
+// policy is a class and an entry here and its name there.
+constexpr bool registry_is_the_schemas() {
+    using Policy = schema::h2o::policy;
+    if (std::size(kRegistry) != static_cast<size_t>(Policy::kChoiceCount)) return false;
+    for (size_t i = 0; i < std::size(kRegistry); ++i)
+        if (std::string_view(kRegistry[i].name) != Policy::kChoices[i]) return false;
+    return true;
+}
+static_assert(registry_is_the_schemas(), "the policy registry's names are h2o.policy's choices");
 
 }  // namespace
 

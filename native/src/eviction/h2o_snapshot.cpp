@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "mnn_h2o/eviction/h2o_state.h"
 
@@ -12,27 +13,25 @@ namespace mnn_h2o {
 
 namespace {
 
-// The resolved config as bytes: a restore compares them with its own, byte for byte.
+// One field of the config: a name as its length and bytes, a bool as a byte, a number as itself.
+template <class T>
+void write_field(SnapshotWriter& w, const T& x) {
+    if constexpr (std::is_same_v<T, std::string>)
+        w.string(x);
+    else if constexpr (std::is_same_v<T, bool>)
+        w.value<uint8_t>(x ? 1 : 0);
+    else
+        w.value<T>(x);
+}
+
+// The resolved config as bytes, every field in the schema's order (config_schema.h): a restore
+// compares them with its own, byte for byte.
 std::string config_bytes(const H2oConfig& c) {
     std::vector<uint8_t> out;
     SnapshotWriter w(&out);
-    w.string(c.policy);
-    w.value<int32_t>(c.sink_tokens);
-    w.value<int32_t>(c.recent_tokens);
-    w.value<double>(c.max_floor_share);
-    w.value<double>(c.target_keep_ratio);
-    w.value<double>(c.target_lossy_ratio);
-    w.value<int64_t>(c.kv_budget_bytes);
-    w.value<double>(c.ema_alpha);
-    w.value<int32_t>(c.layer_start);
-    w.value<int32_t>(c.layer_end);
-    w.value<int32_t>(c.trigger_min_tokens);
-    w.value<int32_t>(c.update_interval);
-    w.value<uint8_t>(c.per_head_budget ? 1 : 0);
-    w.value<uint64_t>(c.seed);
-    w.value<int32_t>(c.observation_window);
-    w.value<double>(c.head_floor_share);
-    w.string(c.layer_budget);
+#define MNN_H2O_WRITE(field, key, CType, CppType) write_field(w, c.field);
+    MNN_H2O_H2O_FIELDS(MNN_H2O_WRITE)
+#undef MNN_H2O_WRITE
     return std::string(out.begin(), out.end());
 }
 

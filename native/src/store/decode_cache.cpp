@@ -52,7 +52,7 @@ void DecodeCache::prefetch(int layer) {
         for (const auto& c : table_.head(layer, h).chunks) {
             if (c->decoded || c->prefetch) continue;
             const size_t bytes = codec_.raw_bytes(c->n_blocks);
-            if (cache_bytes_ + bytes > cfg_.decode_cache_bytes || jobs_.full()) return;
+            if (cache_bytes_ + bytes > static_cast<size_t>(cfg_.decode_cache_bytes) || jobs_.full()) return;
             auto job = std::make_unique<Job>();
             job->kind = Job::Kind::Prefetch;
             job->layer = layer;
@@ -166,7 +166,7 @@ void DecodeCache::prepare_keys(int layer, int h, int key_begin, int key_end, Thr
                 break;
             }
             ++st.cache_misses;
-            if (cache_bytes_ + bytes <= cfg_.decode_cache_bytes) {
+            if (cache_bytes_ + bytes <= static_cast<size_t>(cfg_.decode_cache_bytes)) {
                 c.decoded = std::make_unique<AlignedBytes>(bytes);
                 cache_bytes_ += bytes;
                 pending_.push_back({&c, c.decoded->data, needed});

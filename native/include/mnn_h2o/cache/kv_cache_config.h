@@ -3,22 +3,24 @@
 #pragma once
 
 #include "mnn_h2o/attention/attention.h"
-#include "mnn_h2o/config_schema.h"
+#include "mnn_h2o/config_field.h"
 
 namespace mnn_h2o {
 
-// dtype, block_tokens and threads are the config keys runtime.kv_dtype, runtime.block_tokens and
-// runtime.threads: their defaults and allowed values are the schema's (docs/config.md).
 struct KvCacheConfig {
+    // The model's shape.
     int n_layers = 0;
     int n_kv_heads = 0;
     int head_dim = 0;      // multiple of 16 in [16, 256]
     int n_heads = 0;       // query heads, a multiple of n_kv_heads (GQA)
-    KvDtype dtype = static_cast<KvDtype>(schema::runtime::kv_dtype::kDefaultIndex);
-    int block_tokens = schema::runtime::block_tokens::kDefault;
     // Not a config key: the engine sizes it from runtime.max_context and the model's own limit.
     int max_tokens = 8192; // per (layer, kv head)
-    int threads = schema::runtime::threads::kDefault;  // attention threads, counting the caller
+    // The config keys runtime.* that reach the core (threads: attention threads counting the
+    // caller; dtype: runtime.kv_dtype; block_tokens), from the schema's list (config_schema.h):
+    // their defaults and allowed values are docs/config.md's.
+#define MNN_H2O_MEMBER(field, key, CType, CppType) CppType field = schema_default<schema::runtime::key, CppType>();
+    MNN_H2O_RUNTIME_FIELDS(MNN_H2O_MEMBER)
+#undef MNN_H2O_MEMBER
 };
 
 }  // namespace mnn_h2o

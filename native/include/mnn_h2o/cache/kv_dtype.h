@@ -15,25 +15,41 @@
 // while outliers are spread over the whole row before rounding; attention's output is rotated
 // back.
 //
-// Adding a type: its enum value, its name in the choices of runtime.kv_dtype (mnn_h2o/config.py,
-// then regenerate config_schema.h), a row of kTraits in kv_dtype.cpp, its reference conversions
-// there, and its load in the kernels (attention_scalar.cpp, attention_simd.h).
+// Adding a type: its enum value (and the C API's MNN_H2O_DTYPE_*), its row of EnumNames below,
+// its name in the choices of runtime.kv_dtype (mnn_h2o/config.py, then regenerate
+// config_schema.h), a row of kTraits in kv_dtype.cpp, its reference conversions there, and its
+// load in the kernels (attention_scalar.cpp, attention_simd.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "mnn_h2o/config_field.h"
+
 namespace mnn_h2o {
 
+// The values are the C API's MNN_H2O_DTYPE_* and what a saved session stores.
 enum class KvDtype { F16 = 0, BF16 = 1, F32 = 2, Q8 = 3, Q4 = 4, Q4R = 5, Q8R = 6 };
 constexpr int kKvDtypeCount = 7;
+
+// The names, matched to runtime.kv_dtype's choices by name (config_field.h).
+template <>
+struct EnumNames<KvDtype> {
+    static constexpr NamedValue<KvDtype> kTable[] = {
+        {KvDtype::F16, "f16"}, {KvDtype::BF16, "bf16"}, {KvDtype::F32, "f32"}, {KvDtype::Q8, "q8"},
+        {KvDtype::Q4, "q4"},   {KvDtype::Q4R, "q4r"},   {KvDtype::Q8R, "q8r"},
+    };
+};
+static_assert(names_are_choices<schema::runtime::kv_dtype, KvDtype>(),
+              "KvDtype's names are runtime.kv_dtype's choices (mnn_h2o/config.py)");
+static_assert(std::size(EnumNames<KvDtype>::kTable) == kKvDtypeCount, "a name per KvDtype");
 
 // Elements per scale of the quantised types.
 constexpr int kKvQuantGroup = 32;
 
 // "f16", "bf16", ...: the schema's choices of runtime.kv_dtype, the one spelling used by config,
-// bindings, C API and docs.
+// bindings, C API and docs ("?" for a value outside the enum).
 const char* kv_dtype_name(KvDtype dtype);
 // The type named `name`; false if there is none.
 bool kv_dtype_from_name(const std::string& name, KvDtype* dtype);

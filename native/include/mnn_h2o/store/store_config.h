@@ -4,8 +4,10 @@
 
 #include <cstddef>
 
+#include <string>
+
 #include "mnn_h2o/cache/kv_cache_config.h"
-#include "mnn_h2o/config_schema.h"
+#include "mnn_h2o/config_field.h"
 
 namespace mnn_h2o {
 
@@ -25,10 +27,20 @@ enum class StoreScope {
 };
 const char* store_scope_name(StoreScope scope);  // "front_n", "h2o_kept", "front_n_and_h2o_kept"
 
-// The enums in the schema's order of lossless.mode and lossless.scope choices (config_schema.h).
-static_assert(static_cast<int>(StoreMode::Store) + 1 == schema::lossless::mode::kChoiceCount, "lossless.mode");
-static_assert(static_cast<int>(StoreScope::FrontNAndH2oKept) + 1 == schema::lossless::scope::kChoiceCount,
-              "lossless.scope");
+// The names, matched to the choices of lossless.mode and lossless.scope by name (config_field.h).
+template <>
+struct EnumNames<StoreMode> {
+    static constexpr NamedValue<StoreMode> kTable[] = {
+        {StoreMode::Off, "off"}, {StoreMode::Probe, "probe"}, {StoreMode::Full, "full"}, {StoreMode::Store, "store"}};
+};
+static_assert(names_are_choices<schema::lossless::mode, StoreMode>(), "StoreMode's names are lossless.mode's choices");
+template <>
+struct EnumNames<StoreScope> {
+    static constexpr NamedValue<StoreScope> kTable[] = {{StoreScope::FrontN, "front_n"},
+                                                        {StoreScope::H2oKept, "h2o_kept"},
+                                                        {StoreScope::FrontNAndH2oKept, "front_n_and_h2o_kept"}};
+};
+static_assert(names_are_choices<schema::lossless::scope, StoreScope>(), "StoreScope's names are lossless.scope's choices");
 
 // Faults to inject, for tests: each must end with the data still valid and the fallback counted.
 struct StoreFaults {
@@ -38,28 +50,14 @@ struct StoreFaults {
     bool worker_exception = false; // every job throws
 };
 
-// Each field but faults is the config key lossless.<field> (docs/config.md): its default here and its
-// bounds in validate_store_config() are the schema's, from the generated config_schema.h.
+// One field per config key lossless.* (docs/config.md says what each does), from the schema's
+// list (config_schema.h), with its C++ type, default and allowed values; then the test faults.
+// chunk_tokens is a multiple of the cache's block_tokens; decode_cache_bytes is the budget of the
+// decode cache (store mode); prefetch needs async_threads >= 1.
 struct StoreConfig {
-    StoreMode mode{static_cast<StoreMode>(schema::lossless::mode::kDefaultIndex)};
-    StoreScope scope{static_cast<StoreScope>(schema::lossless::scope::kDefaultIndex)};
-    int front_n{schema::lossless::front_n::kDefault};  // the front_n scope: layers [0, front_n)
-    // Hot zones, always raw: the first hot_sink_tokens and the last hot_recent_tokens tokens a
-    // head holds.
-    int hot_sink_tokens{schema::lossless::hot_sink_tokens::kDefault};
-    int hot_recent_tokens{schema::lossless::hot_recent_tokens::kDefault};
-    // Tokens of one Gear frame (K and V of one kv head): a multiple of block_tokens.
-    int chunk_tokens{schema::lossless::chunk_tokens::kDefault};
-    // Store mode, layers [0, v_dedup_layers): V rows are held once per distinct row, in a table
-    // per kv head, and chunks refer to them (layer 0's V is a function of the token id alone, so
-    // repeated tokens repeat its rows exactly). The chunk frames hold K only.
-    int v_dedup_layers{schema::lossless::v_dedup_layers::kDefault};
-    int async_threads{schema::lossless::async_threads::kDefault};  // 0: encode on the caller's thread
-    int max_queue{schema::lossless::max_queue::kDefault};  // jobs in flight (submitted, not yet installed); more are deferred
-    size_t decode_cache_bytes{schema::lossless::decode_cache_bytes::kDefault};
-    bool prefetch{schema::lossless::prefetch::kDefault};   // store mode with async_threads >= 1: decode the next layer ahead
-    int zstd_level{schema::lossless::zstd_level::kDefault};
-    int probe_every{schema::lossless::probe_every::kDefault};  // probe mode: one chunk in every probe_every candidates
+#define MNN_H2O_MEMBER(field, key, CType, CppType) CppType field = schema_default<schema::lossless::key, CppType>();
+    MNN_H2O_LOSSLESS_FIELDS(MNN_H2O_MEMBER)
+#undef MNN_H2O_MEMBER
     StoreFaults faults;
 
     // The layer scope holds layers [0, front_n) / H2O's layers.
@@ -67,8 +65,13 @@ struct StoreConfig {
     bool h2o_kept_scope() const { return scope != StoreScope::FrontN; }
 };
 
-// Throws std::invalid_argument "enable_store: <field> ..." for a value that is out of range for
-// this cache.
+// An empty string if config is valid for cache, else a message that starts with the name of the
+// first bad field: each field against the schema, then against the cache (its block_tokens, and
+// its n_layers when above 0: 0 judges the config alone, as config.validate asks through the
+// binding).
+std::string store_config_error(const StoreConfig& config, const KvCacheConfig& cache);
+
+// Throws std::invalid_argument "enable_store: <store_config_error>" for an invalid config.
 void validate_store_config(const StoreConfig& config, const KvCacheConfig& cache);
 
 }  // namespace mnn_h2o
