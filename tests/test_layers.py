@@ -16,8 +16,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "mnn_h2o"
 CORE = "mnn_h2o._core"
-# The modules that may import the native module. config.py imports it for the policy names until
-# they come from the generated table (issue 37, items 1-2); then the set is native.py alone.
+# The modules that may import the native module: the door, and config.py, which sits below it and
+# asks the native core, lazily (importing config needs no build), to check the cross-key rules that
+# live only there.
 CORE_DOORS = {"mnn_h2o.native", "mnn_h2o.config"}
 # docs/architecture.md "Layers", bottom first: a module imports from its own layer or one below.
 # A module's layer is that of the longest name here it is or is inside.
