@@ -363,6 +363,9 @@ void KvCache::end_reconstruction() {
     const H2oConfig& c = h2o_->config();
     for (int layer = c.layer_start; layer < c.layer_end; ++layer)
         h2o_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
+    // The token peaks' scratch is as large as a layer's keys: not held between passes.
+    peak_keys_ = {};
+    peak_ws_ = {};
     reconstructing_ = false;
 }
 
