@@ -288,6 +288,8 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
         attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
                        h2o_->reconstruction_accumulator(layer));
+        // The keys' space: attend() left rotated queries in rotated_q_ for a rotated dtype.
+        add_token_peaks(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
         for (int h = 0; block_scores && h < cfg_.n_kv_heads; ++h) {
             const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
             for (int b = 0; b < n_blocks; ++b)
@@ -295,6 +297,37 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         }
     }
     if (store_) store_->prefetch(layer + 1);
+}
+
+void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
+    const int H = cfg_.n_kv_heads, hd = cfg_.head_dim;
+    peak_n_keys_.resize(static_cast<size_t>(H));
+    peak_n_peak_.resize(static_cast<size_t>(H));
+    peak_k_.resize(static_cast<size_t>(H));
+    size_t rows = 0;
+    for (int h = 0; h < H; ++h) rows += static_cast<size_t>(head(layer, h).length);
+    if (peak_keys_.size() < rows * hd) peak_keys_.resize(rows * hd);
+    rows = 0;
+    for (int h = 0; h < H; ++h) {
+        peak_n_keys_[h] = head(layer, h).length;
+        // Only the keys held before the pass: the pass's own are dropped at its rewind.
+        peak_n_peak_[h] = pass_lengths_[static_cast<size_t>(layer) * H + h];
+        peak_k_[h] = peak_keys_.data() + rows * hd;
+        read_stored(layer, h, peak_keys_.data() + rows * hd, nullptr);
+        rows += static_cast<size_t>(peak_n_keys_[h]);
+    }
+    TokenPeakProblem p;
+    p.n_kv_heads = H;
+    p.group = group();
+    p.head_dim = hd;
+    p.q = q;
+    p.n_q = n_tokens;
+    p.k = peak_k_.data();
+    p.n_keys = peak_n_keys_.data();
+    p.n_peak = peak_n_peak_.data();
+    p.peak = h2o_->token_peak_accumulator(layer);
+    p.peak_stride = h2o_->token_stride();
+    token_peaks(p, best_isa(), threads_.get(), peak_ws_);
 }
 
 void KvCache::require_no_pass(const char* what) const {
@@ -328,6 +361,9 @@ void KvCache::end_reconstruction() {
     const H2oConfig& c = h2o_->config();
     for (int layer = c.layer_start; layer < c.layer_end; ++layer)
         h2o_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
+    // The token peaks' scratch is as large as a layer's keys: not held between passes.
+    peak_keys_ = {};
+    peak_ws_ = {};
     reconstructing_ = false;
 }
 

@@ -18,12 +18,16 @@ namespace {
 constexpr int kHeadBits = 12, kBlockBits = 20;
 static_assert(kMaxSelectHeads == 1 << kHeadBits, "head field width");
 
-uint64_t candidate_key(float priority, int head, int block) {
+// A float's bits, ordered as the floats are (NaN as -inf).
+uint32_t ordered_bits(float priority) {
     if (std::isnan(priority)) priority = -std::numeric_limits<float>::infinity();
     uint32_t bits;
     std::memcpy(&bits, &priority, sizeof bits);
-    const uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
-    return static_cast<uint64_t>(ordered) << 32 | static_cast<uint64_t>(block) << kHeadBits |
+    return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+}
+
+uint64_t candidate_key(float priority, int head, int block) {
+    return static_cast<uint64_t>(ordered_bits(priority)) << 32 | static_cast<uint64_t>(block) << kHeadBits |
            static_cast<uint64_t>(kMaxSelectHeads - 1 - head);
 }
 
@@ -99,6 +103,47 @@ void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64
     for (size_t i = 0; i < n_keep; ++i) {
         const int head = kMaxSelectHeads - 1 - static_cast<int>(cand[i] & head_mask);
         (*heads[head].keep)[(cand[i] >> kHeadBits) & block_mask] = 1;
+    }
+}
+
+void select_tokens(std::vector<SelectTokensHead>& heads, int64_t extra, std::vector<uint64_t>* scratch) {
+    // A candidate is (priority, index among all heads' tokens): heads are laid end to end, so a
+    // larger index is a later token or a later head.
+    int64_t total = 0;
+    for (const SelectTokensHead& s : heads) total += s.length;
+    if (total >= (int64_t{1} << 32)) throw std::invalid_argument("select_tokens: 2^32 tokens or more");
+    std::vector<uint64_t>& cand = *scratch;
+    cand.clear();
+    int64_t base = 0;
+    for (SelectTokensHead& s : heads) {
+        s.keep->assign(s.length, 0);
+        const int recent_first = std::max(0, s.length - s.recent);
+        for (int t = 0; t < s.length; ++t) {
+            if (t < s.sink || t >= recent_first) (*s.keep)[t] = 1;
+            else cand.push_back(static_cast<uint64_t>(ordered_bits(s.priority[t])) << 32 | static_cast<uint64_t>(base + t));
+        }
+        base += s.length;
+    }
+    const size_t n_keep = static_cast<size_t>(std::clamp<int64_t>(extra, 0, static_cast<int64_t>(cand.size())));
+    if (n_keep > 0 && n_keep < cand.size())
+        std::nth_element(cand.begin(), cand.begin() + (n_keep - 1), cand.end(), std::greater<uint64_t>());
+    // Back from a global index to (head, token): the kept indices sorted, heads walked once.
+    std::sort(cand.begin(), cand.begin() + n_keep, [](uint64_t a, uint64_t b) { return (a & 0xffffffffu) < (b & 0xffffffffu); });
+    size_t head = 0;
+    base = 0;
+    for (size_t i = 0; i < n_keep; ++i) {
+        const int64_t index = static_cast<int64_t>(cand[i] & 0xffffffffu);
+        while (index >= base + heads[head].length) base += heads[head++].length;
+        (*heads[head].keep)[index - base] = 1;
+    }
+}
+
+void plan_from_tokens(const std::vector<uint8_t>& keep, std::vector<TokenRun>* runs) {
+    runs->clear();
+    for (size_t t = 0; t < keep.size(); ++t) {
+        if (!keep[t]) continue;
+        if (!runs->empty() && runs->back().offset + runs->back().length == static_cast<int64_t>(t)) ++runs->back().length;
+        else runs->push_back({static_cast<int64_t>(t), 1});
     }
 }
 

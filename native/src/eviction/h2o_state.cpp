@@ -68,6 +68,7 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
                                                   : 1.0),
       block_bytes_((kv_row_bytes(cache.dtype, cache.head_dim) * cache.block_tokens + 63) / 64 * 64),
       stride_(static_cast<size_t>((cache.max_tokens + cache.block_tokens - 1) / cache.block_tokens)),
+      token_stride_(stride_ * static_cast<size_t>(cache.block_tokens)),
       policy_(make_policy(cfg_.policy, cfg_.seed)),
       signals_(policy_->signals()),
       window_size_(std::max(1, policy_->window_queries(cfg_.observation_window))),
@@ -86,10 +87,16 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
             h.ema.assign(stride_, 0.f);
             h.pos.assign(stride_, 0.0);
             if (signals_.window) h.wseen.assign(stride_, 0.0);
-            if (signals_.reconstruction) h.recon.assign(stride_, std::numeric_limits<float>::quiet_NaN());
+            if (signals_.reconstruction) {
+                h.recon.assign(stride_, std::numeric_limits<float>::quiet_NaN());
+                h.recon_prev.assign(stride_, std::numeric_limits<float>::quiet_NaN());
+            }
         }
         if (signals_.window) l.wacc.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
-        if (signals_.reconstruction) l.rmax.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
+        if (signals_.reconstruction) {
+            l.rmax.assign(static_cast<size_t>(n_kv_heads_) * stride_, 0.f);
+            l.tpeak.assign(static_cast<size_t>(n_kv_heads_) * token_stride_, 0.f);
+        }
         if (signals_.queries) {
             l.qsum.assign(static_cast<size_t>(cache.n_heads) * head_dim_, 0.0);
             l.qsq.assign(l.qsum.size(), 0.0);
@@ -132,13 +139,52 @@ void H2oState::finish_reconstruction(int layer, const int* lengths) {
     if (!signals_.reconstruction) return;
     for (int h = 0; h < n_kv_heads_; ++h) {
         float* peak = ls.rmax.data() + static_cast<size_t>(h) * stride_;
-        std::vector<float>& recon = ls.heads[h].recon;
+        HeadScores& hs = ls.heads[h];
+        std::vector<float>& recon = hs.recon;
+        // The token peaks wait for the next update; the block scores they add to are those from
+        // before the first pass since the last update.
+        if (hs.n_tpeak == 0) std::copy(recon.begin(), recon.begin() + blocks_of(lengths[h]), hs.recon_prev.begin());
+        hs.n_tpeak = std::max(hs.n_tpeak, lengths[h]);
         // A max over every reconstruction query so far: a later pass (the next prompt of a
         // conversation) can only raise a block's score.
         for (int b = 0; b < blocks_of(lengths[h]); ++b)
             recon[b] = std::isnan(recon[b]) ? peak[b] : std::max(recon[b], peak[b]);
         std::fill(peak, peak + stride_, 0.f);
     }
+}
+
+float* H2oState::token_peak_accumulator(int layer) {
+    LayerScores& ls = layer_scores(layer);
+    return signals_.reconstruction ? ls.tpeak.data() : nullptr;
+}
+
+bool H2oState::token_peaks_pending(int layer) const {
+    const LayerScores& ls = layer_scores(layer);
+    return std::any_of(ls.heads.begin(), ls.heads.end(), [](const HeadScores& h) { return h.n_tpeak > 0; });
+}
+
+float H2oState::token_score(const LayerScores& ls, const HeadScores& hs, int head, int t) const {
+    if (t >= hs.n_tpeak) return std::numeric_limits<float>::quiet_NaN();
+    const float peak = ls.tpeak[static_cast<size_t>(head) * token_stride_ + t];
+    const float before = hs.recon_prev[t / block_tokens_];
+    return std::isnan(before) ? peak : std::max(before, peak);
+}
+
+float H2oState::token_score(int layer, int head, int t) const {
+    const LayerScores& ls = layer_scores(layer);
+    if (!signals_.reconstruction) return std::numeric_limits<float>::quiet_NaN();
+    return token_score(ls, ls.heads[head], head, t);
+}
+
+void H2oState::drop_token_peaks(int layer, int head) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    if (hs.n_tpeak == 0) return;
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    std::fill(tp, tp + hs.n_tpeak, 0.f);
+    std::fill(hs.recon_prev.begin(), hs.recon_prev.begin() + blocks_of(hs.n_tpeak), std::numeric_limits<float>::quiet_NaN());
+    hs.n_tpeak = 0;
+    hs.token_plan = false;
 }
 
 float H2oState::reconstruction_score(int layer, int head, int block) const {
@@ -422,12 +468,34 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
         if (tokens_seen < cfg_.trigger_min_tokens) skip(SkipReason::BelowTrigger);
         else select_heads_.push_back(h);
     }
-    if (select_heads_.empty()) return;
+    // The first update after a pass consumes its token peaks, whatever it decides.
+    const auto drop_peaks = [&] {
+        if (signals_.reconstruction)
+            for (int h = 0; h < n_kv_heads_; ++h) drop_token_peaks(layer, h);
+    };
+    if (select_heads_.empty()) return drop_peaks();
     if (!(keep_ratio(tokens_seen) > 0.0)) {
         for (size_t i = 0; i < select_heads_.size(); ++i) skip(SkipReason::TargetUnreachable);
-        return;
+        return drop_peaks();
     }
     const int budget = budget_blocks(tokens_seen, layer);
+
+    if (signals_.reconstruction && token_peaks_pending(layer)) {
+        // The first update after a pass: tokens, each head on its own or the layer's heads pooled.
+        if (cfg_.per_head_budget) {
+            pool_.clear();
+            for (int h : select_heads_) pool_.push_back({layer, h, lengths[h], budget, stats, &(*plans)[h]});
+            plan_tokens();
+        } else {
+            for (int h : select_heads_) {
+                pool_.assign(1, {layer, h, lengths[h], budget, stats, &(*plans)[h]});
+                plan_tokens();
+            }
+        }
+        for (int h = 0; h < n_kv_heads_; ++h)
+            if ((*plans)[h].empty()) drop_token_peaks(layer, h);
+        return;
+    }
 
     if (!cfg_.per_head_budget) {
         for (int h : select_heads_) {
@@ -493,7 +561,108 @@ void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::
     // Sized on first use: only a global budget pools more heads than a layer has.
     if (priority_.size() < pool_.size() * stride_) priority_.resize(pool_.size() * stride_);
     if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
-    plan_pooled(rows);
+    bool tokens = false;
+    for (int layer = cfg_.layer_start; layer < cfg_.layer_end && signals_.reconstruction; ++layer)
+        tokens = tokens || token_peaks_pending(layer);
+    if (!tokens) {
+        plan_pooled(rows);
+        return;
+    }
+    plan_tokens();
+    for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer)
+        for (int h = 0; h < n_kv_heads_; ++h)
+            if ((*plans)[static_cast<size_t>(layer - cfg_.layer_start) * n_kv_heads_ + h].empty()) drop_token_peaks(layer, h);
+}
+
+void H2oState::plan_tokens() {
+    select_.clear();
+    int64_t total = 0, floors = 0, pooled = 0, n_tokens = 0;
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const PoolHead& e = pool_[i];
+        select_.push_back(select_head(0, e.length, e.budget, nullptr));
+        total += select_.back().n_blocks;
+        floors += floor_blocks(select_.back());
+        pooled += e.budget;
+        n_tokens += e.length;
+    }
+    // The same decisions as the block plans: in blocks.
+    if (total <= pooled || floors > pooled) {
+        const SkipReason r = total <= pooled ? SkipReason::WithinBudget : SkipReason::FloorsExceedTarget;
+        for (const PoolHead& e : pool_) ++e.stats->skipped[static_cast<int>(r)];
+        return;
+    }
+    if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
+    token_priority_.resize(static_cast<size_t>(n_tokens));
+    token_heads_.clear();
+    int64_t floor_tokens = 0, base = 0;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const PoolHead& e = pool_[i];
+        const LayerScores& ls = layer_scores(e.layer);
+        const HeadScores& hs = ls.heads[e.head];
+        float* prio = token_priority_.data() + base;
+        for (int t = 0; t < e.length; ++t) {
+            const float score = token_score(ls, hs, e.head, t);
+            prio[t] = std::isnan(score) ? inf : score;  // unscored (written since the pass) first
+        }
+        // The floors in tokens, as floor_tokens() gives them (what the plan is validated against).
+        const SelectHead& s = select_[i];
+        SelectTokensHead th;
+        th.length = e.length;
+        th.priority = prio;
+        th.sink = std::min({cfg_.sink_tokens, s.sink_blocks * block_tokens_, e.length});
+        th.recent = std::min({cfg_.recent_tokens, std::max(1, e.length - s.recent_first * block_tokens_), e.length});
+        th.keep = &keep_[i];
+        token_heads_.push_back(th);
+        floor_tokens += std::min(e.length, th.sink + th.recent);
+        base += e.length;
+    }
+    if (cfg_.head_floor_share > 0.0) {
+        // AdaKV's per-head minimum, in tokens: each head's own best first (priority +inf).
+        for (size_t i = 0; i < pool_.size(); ++i) {
+            const int64_t minimum =
+                static_cast<int64_t>(std::floor(cfg_.head_floor_share * pool_[i].budget + 1e-9)) * block_tokens_;
+            const SelectTokensHead& th = token_heads_[i];
+            const int64_t extra = minimum - std::min(th.length, th.sink + th.recent);
+            if (extra <= 0) continue;
+            one_token_head_.assign(1, th);
+            select_tokens(one_token_head_, extra, &candidates_);
+            float* prio = const_cast<float*>(th.priority);
+            for (int t = th.sink; t < th.length - th.recent; ++t)
+                if ((*th.keep)[t]) prio[t] = inf;
+        }
+    }
+    select_tokens(token_heads_, pooled * block_tokens_ - floor_tokens, &candidates_);
+
+    // Partial last blocks: a head keeping k tokens holds ceil(k / B) blocks, so the pool may hold
+    // up to one block per head more than its budget. The heads with the fewest tokens in their
+    // last block give those up (their lowest-scored non-floor tokens) until it does not.
+    int64_t blocks = 0;
+    std::vector<std::pair<int, int>>& partial = partial_;
+    partial.clear();
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const SelectTokensHead& th = token_heads_[i];
+        const int kept = static_cast<int>(std::count(th.keep->begin(), th.keep->end(), uint8_t{1}));
+        blocks += blocks_of(kept);
+        const int rest = kept % block_tokens_;
+        const int chosen = kept - std::min(th.length, th.sink + th.recent);
+        if (rest > 0 && chosen >= rest) partial.push_back({rest, static_cast<int>(i)});
+    }
+    std::sort(partial.begin(), partial.end());
+    for (size_t j = 0; j < partial.size() && blocks > pooled; ++j, --blocks) {
+        const SelectTokensHead& th = token_heads_[partial[j].second];
+        trim_.clear();
+        for (int t = th.sink; t < th.length - th.recent; ++t)
+            if ((*th.keep)[t]) trim_.push_back({th.priority[t], t});
+        std::partial_sort(trim_.begin(), trim_.begin() + partial[j].first, trim_.end());
+        for (int r = 0; r < partial[j].first; ++r) (*th.keep)[trim_[r].second] = 0;
+    }
+    for (size_t i = 0; i < pool_.size(); ++i) {
+        const std::vector<uint8_t>& keep = keep_[i];
+        if (std::count(keep.begin(), keep.end(), uint8_t{1}) == pool_[i].length) continue;
+        plan_from_tokens(keep, pool_[i].plan);
+        layer_scores(pool_[i].layer).heads[pool_[i].head].token_plan = true;
+    }
 }
 
 void H2oState::plan_pooled(const HeadRowReader* rows) {
@@ -564,6 +733,7 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
         // Exact for block plans; a block merged from a scored and an unscored one has none (NaN).
         const int n = remap_blocks(runs, block_tokens_, old_blocks, old_blocks, hs.recon.data(), &remap_sum_, &remap_count_);
         std::fill(hs.recon.begin() + n, hs.recon.begin() + std::max(n, old_blocks), std::numeric_limits<float>::quiet_NaN());
+        if (hs.n_tpeak > 0) move_token_peaks(layer, head, runs, old_length);
     }
     if (signals_.window) {
         // The window moves like the interval's masses and counts.
@@ -574,6 +744,42 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
         hs.window_blocks = remap_blocks(runs, block_tokens_, old_blocks, wb, hs.wseen.data(), &remap_sum_, &remap_count_);
         difference_seen(hs.wseen, hs.window_blocks);
     }
+}
+
+void H2oState::move_token_peaks(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (hs.token_plan) {
+        // The plan made from the token peaks: each new block's score is the largest of its kept
+        // tokens' (NaN if one was unscored: such a block ranks first, like any unscored block).
+        int64_t dst = 0;
+        for (const TokenRun& r : runs)
+            for (int64_t t = r.offset; t < r.offset + r.length; ++t, ++dst) {
+                const float score = token_score(ls, hs, head, static_cast<int>(t));
+                float& block = hs.recon[dst / block_tokens_];
+                if (dst % block_tokens_ == 0 || std::isnan(score)) block = score;
+                else if (!std::isnan(block)) block = std::max(block, score);
+            }
+        drop_token_peaks(layer, head);
+        return;
+    }
+    // Any other compaction (an explicit plan, a rewind): the peaks move with their tokens, and
+    // the scores from before the pass with their blocks. Rows only move down: in place is safe.
+    int64_t dst = 0;
+    int n = 0;
+    for (const TokenRun& r : runs)
+        for (int64_t t = r.offset; t < r.offset + r.length; ++t, ++dst)
+            if (t < hs.n_tpeak) {
+                tp[dst] = tp[t];
+                n = static_cast<int>(dst) + 1;
+            }
+    std::fill(tp + n, tp + std::max(n, hs.n_tpeak), 0.f);
+    hs.n_tpeak = n;
+    const int old_blocks = blocks_of(old_length);
+    const int m = remap_blocks(runs, block_tokens_, old_blocks, old_blocks, hs.recon_prev.data(), &remap_sum_, &remap_count_);
+    std::fill(hs.recon_prev.begin() + m, hs.recon_prev.begin() + std::max(m, old_blocks), nan);
 }
 
 void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
@@ -590,8 +796,10 @@ void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
     std::fill(hs.ema.begin(), hs.ema.begin() + old_blocks, 0.f);
     hs.n_scored = 0;
     hs.n_pos = 0;
-    if (signals_.reconstruction)
+    if (signals_.reconstruction) {
         std::fill(hs.recon.begin(), hs.recon.begin() + old_blocks, std::numeric_limits<float>::quiet_NaN());
+        drop_token_peaks(layer, head);
+    }
     if (signals_.window) {
         float* w = ls.wacc.data() + static_cast<size_t>(head) * stride_;
         std::fill(w, w + hs.window_blocks, 0.f);
@@ -607,6 +815,7 @@ void H2oState::reset() {
         std::fill(l.qsum.begin(), l.qsum.end(), 0.0);
         std::fill(l.qsq.begin(), l.qsq.end(), 0.0);
         std::fill(l.rmax.begin(), l.rmax.end(), 0.f);
+        std::fill(l.tpeak.begin(), l.tpeak.end(), 0.f);
         l.window_count = l.step_window = 0;
         l.window_restart = true;
         for (HeadScores& h : l.heads) {
@@ -614,7 +823,9 @@ void H2oState::reset() {
             std::fill(h.ema.begin(), h.ema.end(), 0.f);
             std::fill(h.wseen.begin(), h.wseen.end(), 0.0);
             std::fill(h.recon.begin(), h.recon.end(), std::numeric_limits<float>::quiet_NaN());
-            h.n_scored = h.n_pos = h.window_blocks = 0;
+            std::fill(h.recon_prev.begin(), h.recon_prev.end(), std::numeric_limits<float>::quiet_NaN());
+            h.n_scored = h.n_pos = h.window_blocks = h.n_tpeak = 0;
+            h.token_plan = false;
         }
     }
     decode_tokens_ = 0;

@@ -26,6 +26,7 @@
 #include "mnn_h2o/cache/block_pool.h"
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/token_peaks.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
 #include "mnn_h2o/cache/kv_head_blocks.h"
 #include "mnn_h2o/store/kv_store.h"
@@ -101,6 +102,8 @@ public:
     void disable_h2o();
     // The active config (layer_end resolved), or nullptr when eviction is off.
     const H2oConfig* h2o_config() const { return h2o_ ? &h2o_->config() : nullptr; }
+    // The eviction state (its scores, for inspection), or nullptr when eviction is off.
+    const H2oState* h2o_state() const { return h2o_.get(); }
     // Call once after all layers of a forward of n_tokens tokens (prefill: a prompt chunk). Runs
     // the policy update when due: after every update_interval decode tokens on every evicting
     // layer, and after a prefill forward on the evicting layers that hold more than their
@@ -183,6 +186,10 @@ private:
     // step() of a reconstruction pass's tokens, after the checks and the append.
     void step_reconstruction(int layer, const float* q, int n_tokens, float* out, float* block_scores,
                              size_t scores_stride);
+    // After a pass step's attention on an evicting layer: the largest probability each key held
+    // before the pass got from the step's queries (q as the kernel saw them), into the state's
+    // token peaks.
+    void add_token_peaks(int layer, const float* q, int n_tokens);
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
     bool evict_global(bool due);
     void require_no_pass(const char* what) const;
@@ -227,6 +234,11 @@ private:
     bool reconstructing_ = false;
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
+    // A pass step's per-token peaks (add_token_peaks): the heads' keys as f32 and the routine's scratch.
+    std::vector<float> peak_keys_;
+    std::vector<const float*> peak_k_;
+    std::vector<int> peak_n_keys_, peak_n_peak_;
+    TokenPeakWorkspace peak_ws_;
     // The policies' view of a head's rows (read_stored).
     struct RowReader final : HeadRowReader {
         const KvCache* cache = nullptr;

@@ -129,4 +129,22 @@ constexpr int kMaxSelectHeads = 4096;
 // Throws std::invalid_argument for more than kMaxSelectHeads heads.
 void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64_t>* scratch);
 
+// Token-granular selection (kvzip's first update after a reconstruction pass, docs/h2o.md
+// "Reconstruction"): one head's tokens, priority per token, floors in tokens.
+struct SelectTokensHead {
+    int length = 0;
+    const float* priority = nullptr;  // [length]
+    int sink = 0;                     // tokens [0, sink) are kept
+    int recent = 0;                   // tokens [length - recent, length) are kept
+    std::vector<uint8_t>* keep = nullptr;  // out: keep[t] for t < length (resized)
+};
+
+// Keeps every floor token, then the `extra` highest-priority other tokens of all the heads
+// together (clamped to the candidates); ties go to the later token (of the later head), NaN ranks
+// lowest. Throws std::invalid_argument for 2^32 tokens or more in all.
+void select_tokens(std::vector<SelectTokensHead>& heads, int64_t extra, std::vector<uint64_t>* scratch);
+
+// The plan keeping the tokens t with keep[t] (adjacent kept tokens merge into one run).
+void plan_from_tokens(const std::vector<uint8_t>& keep, std::vector<TokenRun>* runs);
+
 }  // namespace mnn_h2o

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "mnn_h2o/cache/snapshot_io.h"
@@ -100,6 +101,18 @@ public:
     // restart.
     float* reconstruction_accumulator(int layer);
     void finish_reconstruction(int layer, const int* lengths);
+    // The pass's per-token peaks of a collecting layer, [n_kv_heads][token_stride()] (null unless
+    // reconstruction): the largest probability each held token receives from the pass's queries
+    // (token_peaks.h; the cache adds each step's). finish_reconstruction() keeps them, with the
+    // block scores from before the pass, until the layer's next update: that update plans tokens,
+    // not blocks (plan_tokens), and the compaction it makes gives each new block the largest
+    // score of its kept tokens; then they are dropped.
+    float* token_peak_accumulator(int layer);
+    size_t token_stride() const { return token_stride_; }
+    bool token_peaks_pending(int layer) const;
+    // A head's token score: the largest of its pass peak and its block's score from before the
+    // pass; NaN for a token no pass has scored (written since). t < the head's length.
+    float token_score(int layer, int head, int t) const;
     // A head's reconstruction score of block b: NaN if none (no pass has scored it, or the policy
     // takes none).
     float reconstruction_score(int layer, int head, int block) const;
@@ -186,6 +199,12 @@ private:
         std::vector<double> pos;    // position of each block's first token
         int n_pos = 0;              // blocks [0, n_pos) have one
         std::vector<float> recon;   // reconstruction scores, NaN = none (reconstruction policies)
+        // Pending token peaks (token_peak_accumulator): tokens [0, n_tpeak) have one; recon_prev
+        // is recon from before the passes that made them; token_plan: the plan made from them is
+        // about to be applied (compact() then scores the new blocks from them and drops them).
+        int n_tpeak = 0;
+        std::vector<float> recon_prev;
+        bool token_plan = false;
     };
     struct LayerScores {
         std::vector<float> acc;        // [n_kv_heads][stride_]
@@ -195,6 +214,7 @@ private:
         int step_window = 0;           // of them, from the current step
         bool window_restart = true;    // the next step starts a fresh window
         std::vector<float> rmax;       // a reconstruction pass's block peaks, [n_kv_heads][stride_]
+        std::vector<float> tpeak;      // its token peaks, [n_kv_heads][token_stride_]
         std::vector<HeadScores> heads;
     };
     // One head taking part in a pooled selection (a layer's shared budget, or the global one).
@@ -215,6 +235,16 @@ private:
     // The pooled heads keep the sum of their budgets between them (per_head_budget within a layer,
     // or the global budget): ranked together, AdaKV's per-head minimum first.
     void plan_pooled(const HeadRowReader* rows);
+    // plan_pooled() for a reconstruction policy's first update after a pass: the pooled heads keep
+    // budget * block_tokens tokens between them (the floors in tokens), the highest token scores
+    // (unscored tokens first); then, so the blocks held stay within the summed budget, the heads
+    // with the smallest partial last blocks drop those tokens (their lowest-scored non-floor ones).
+    void plan_tokens();
+    float token_score(const LayerScores& ls, const HeadScores& hs, int head, int t) const;
+    // Forgets a head's pending token peaks (its block scores already hold the pass's peaks).
+    void drop_token_peaks(int layer, int head);
+    // compact()'s part for a head with pending token peaks.
+    void move_token_peaks(int layer, int head, const std::vector<TokenRun>& runs, int old_length);
     // Visibility counts (seen[] or wseen[] of a head) from suffix-difference form to plain
     // counts and back.
     static void materialise_seen(std::vector<double>& seen, int n_blocks);
@@ -228,6 +258,7 @@ private:
     double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
     size_t block_bytes_; // a pool block of K or V, as BlockPool rounds it
     size_t stride_;
+    size_t token_stride_;  // stride_ * block_tokens_: a token slot per position up to max_tokens
     std::unique_ptr<EvictionPolicy> policy_;
     PolicySignals signals_;
     int window_size_;  // queries in a full observation window
@@ -243,6 +274,10 @@ private:
     std::vector<SelectHead> select_;             // and their floors, in the same order
     std::vector<SelectHead> one_;                // one head's selection (head_floor_share)
     std::vector<uint64_t> candidates_;
+    std::vector<float> token_priority_;          // plan_tokens(): the pooled heads' tokens end to end
+    std::vector<SelectTokensHead> token_heads_, one_token_head_;
+    std::vector<std::pair<float, int>> trim_;
+    std::vector<std::pair<int, int>> partial_;   // (tokens in the last block, pooled head)
     std::vector<double> remap_sum_, remap_count_;
     std::vector<float> window_, q_mean_, q_var_, k_rows_, v_rows_;  // a head's ScoreContext inputs
 };
