@@ -130,9 +130,8 @@ class Session:
 
     def stats(self) -> dict:
         """tokens (fed, = len(token_ids)), tokens_held (mean over layers and kv heads of the tokens
-        a head holds after eviction), kv_bytes_held (everything the cache holds), kv_bytes_peak
-        (the most it held, e.g. during a prefill before its eviction), kv_bytes_f16 (an f16 cache
-        of every token fed) and whole_model_ratio (f16 / held; Stats in engine.py)."""
+        a head holds after eviction), kv_bytes_held (everything the cache holds), kv_bytes_f16
+        (an f16 cache of every token fed) and whole_model_ratio (their ratio; Stats in engine.py)."""
         if self._ctx is None:
             raise SessionClosedError("the session is closed")
         st, cache = self._ctx.stats, self._ctx.cache
@@ -141,7 +140,6 @@ class Session:
         return {"tokens": len(self._token_ids),
                 "tokens_held": round(held / (c.n_layers * c.n_kv_heads)),
                 "kv_bytes_held": st.kv_bytes_held,
-                "kv_bytes_peak": st.kv_bytes_peak,
                 "kv_bytes_f16": st.kv_bytes_f16,
                 "whole_model_ratio": st.whole_model_ratio}
 
