@@ -118,8 +118,9 @@ def grow(llm, cfg: dict, budget: int, first: str, fillers: Sequence[str], asked)
     if not turns:
         raise ValueError(f"not even the first turn fits in a budget of {budget} bytes")
     st = s.stats()
-    # The cross-check: the rows the heads hold, at the mean held tokens, against the bytes held.
-    # Whole blocks (block_tokens rows rounded to 64 bytes) make the bytes held the larger.
+    # The cross-check: the rows the heads hold, at their mean held tokens, against the cache's
+    # count of the bytes it holds; whole blocks and the rounded mean make them differ by less
+    # than one block per (layer, kv head).
     c, bt = llm.config, cfg["runtime"]["block_tokens"]
     from_rows = row_bytes_held(llm, cfg, st["tokens_held"])
     slack = row_bytes_held(llm, cfg, bt) + 2 * c.n_layers * c.n_kv_heads * 64
@@ -132,7 +133,9 @@ def grow(llm, cfg: dict, budget: int, first: str, fillers: Sequence[str], asked)
         answers.append({"question": question, "value": value, "answer": r.text, "hit": is_hit(r.text, value)})
     s.close()
     return {"turns": turns, "stopped_by": stopped, "tokens": st["tokens"], "tokens_held": st["tokens_held"],
-            "kv_bytes_held": st["kv_bytes_held"], "kv_bytes_from_rows": from_rows, "whole_model_ratio": st["whole_model_ratio"], "max_bytes_after_a_turn": max(h["kv_bytes_held"] for h in history),
+            "kv_bytes_held": st["kv_bytes_held"], "kv_bytes_from_rows": from_rows,
+            "whole_model_ratio": st["whole_model_ratio"],
+            "max_bytes_after_a_turn": max(h["kv_bytes_held"] for h in history),
             "history": history, "recall": answers, "recall_hits": sum(a["hit"] for a in answers),
             "seconds": round(time.perf_counter() - t0, 1)}
 
