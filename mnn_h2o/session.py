@@ -222,6 +222,20 @@ class Session:
         """reply() to the conversation so far plus one user message."""
         return self.reply(self._messages + [{"role": "user", "content": text}], **kw)
 
+    def add(self, messages: Sequence[dict]) -> int:
+        """Feeds ``messages`` (which must start with the session's messages and add at least one)
+        into the cache without an answer: turns the caller writes, an assistant's included (a
+        conversation given in advance, a fixed acknowledgement). They are prefilled as one prompt
+        (evicted after it, as a turn is) and appended to the messages. Returns the tokens
+        prefilled. Errors as reply()'s."""
+        messages = check_messages(messages)
+        with self._using() as llm:
+            new = self._new_messages(messages)
+            ids, _ = self._prefill(llm, new, generation_prompt=False, reserve=0)
+            self._messages += new
+            self._rendered += new
+        return len(ids)
+
     def reply(self, messages: Sequence[dict], max_new_tokens: int = 256, sampling: Optional[Sampling] = None,
               stop: Iterable[str] = (), on_text: Optional[Callable[[str], None]] = None,
               cancel: Optional[threading.Event] = None) -> Reply:
@@ -239,34 +253,9 @@ class Session:
         sampling = sampling or Sampling()
         stops = [s for s in stop if s]
         with self._using() as llm:  # the lock: another thread's turn cannot come in between
-            n = self.common_prefix(messages)
-            if n < len(self._messages):
-                raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
-                                 f"message {n} differs")
-            new = messages[n:]
-            if not new:
-                raise ValueError(f"no new message after the session's {len(self._messages)}")
-            tok = llm.tokenizer
-            rendered = self._rendered + new
-            text = tok.render_chat(rendered, add_generation_prompt=True)
-            # A template whose render of the history changes as the conversation grows cannot
-            # reuse the cache: the conversation is then prefilled again from the start.
-            rebuild = self._fed_text is None or not text.startswith(self._fed_text)
-            suffix = text if rebuild else text[len(self._fed_text):]
-            ids = tok.encode(suffix)
-            start = 0 if rebuild else llm.pos
-            if start + len(ids) + max_new_tokens > llm.max_context:
-                raise ContextOverflowError(
-                    f"context overflow: {start} tokens in the conversation + {len(ids)} new + "
-                    f"max_new_tokens {max_new_tokens} > limit {llm.max_context} (runtime.max_context / "
-                    f"the model's context); reset the session or ask for fewer tokens")
+            new = self._new_messages(messages)
+            ids, logits = self._prefill(llm, new, generation_prompt=True, reserve=max_new_tokens)
             try:
-                if rebuild:
-                    llm.reset()
-                    self._token_ids, self._fed_text = [], ""
-                logits = llm.prefill(ids)
-                self._token_ids += ids
-                self._fed_text += suffix
                 # Every token but the last is fed (its logits give the next); the last only when
                 # the turn ended at the end-of-turn token, which itself is never fed: the next
                 # render writes it.
@@ -274,17 +263,62 @@ class Session:
                 answer, out, fed, reason = d.text, d.token_ids, d.fed, _FINISH[d.stop_reason]
                 self._token_ids += out[:fed]
             except BaseException:
-                # The cache no longer matches token_ids: forget it, keep the conversation; the
-                # next turn prefills the conversation again.
-                llm.reset()
-                self._token_ids, self._fed_text = [], None
+                self._forget_cache(llm)
                 raise
-            fed_text = tok.decode(out[:fed])
+            fed_text = llm.tokenizer.decode(out[:fed])
             self._fed_text += fed_text
             self._messages += new + [{"role": "assistant", "content": answer}]
             self._rendered += new + [{"role": "assistant",
                                       "content": answer if answer.startswith(fed_text) else fed_text}]
         return Reply(answer, reason, len(ids), len(out), self.stats())
+
+    def _new_messages(self, messages: List[dict]) -> List[dict]:
+        """The messages after the session's; ValueError unless they extend it by at least one."""
+        n = self.common_prefix(messages)
+        if n < len(self._messages):
+            raise ValueError(f"messages must extend the session's {len(self._messages)} messages: "
+                             f"message {n} differs")
+        new = messages[n:]
+        if not new:
+            raise ValueError(f"no new message after the session's {len(self._messages)}")
+        return new
+
+    def _prefill(self, llm: Llm, new: List[dict], generation_prompt: bool, reserve: int):
+        """Prefills what the render of the conversation plus ``new`` adds to the cache (all of it
+        when the render no longer starts with the text fed). Returns the ids fed and the last
+        logits. ContextOverflowError, before anything is fed, when they and ``reserve`` more
+        tokens pass the context."""
+        tok = llm.tokenizer
+        text = tok.render_chat(self._rendered + new, add_generation_prompt=generation_prompt)
+        # A template whose render of the history changes as the conversation grows cannot
+        # reuse the cache: the conversation is then prefilled again from the start.
+        rebuild = self._fed_text is None or not text.startswith(self._fed_text)
+        suffix = text if rebuild else text[len(self._fed_text):]
+        ids = tok.encode(suffix)
+        start = 0 if rebuild else llm.pos
+        if start + len(ids) + reserve > llm.max_context:
+            raise ContextOverflowError(
+                f"context overflow: {start} tokens in the conversation + {len(ids)} new + "
+                f"max_new_tokens {reserve} > limit {llm.max_context} (runtime.max_context / "
+                f"the model's context); reset the session or ask for fewer tokens")
+        try:
+            if rebuild:
+                llm.reset()
+                self._token_ids, self._fed_text = [], ""
+            logits = llm.prefill(ids)
+        except BaseException:
+            self._forget_cache(llm)
+            raise
+        self._token_ids += ids
+        self._fed_text += suffix
+        return ids, logits
+
+    def _forget_cache(self, llm: Llm) -> None:
+        """After a turn failed midway the cache no longer matches token_ids: forget it, keep the
+        conversation; the next turn prefills the conversation again."""
+        llm.reset()
+        self._token_ids, self._fed_text = [], None
+
 
 # OpenAI's finish reasons for the engine's stop reasons.
 _FINISH = {"max_new_tokens": "length", "stop_token": "stop", "stop_string": "stop", "cancelled": "cancelled"}
