@@ -37,10 +37,10 @@ QUESTION_ROOM = 128             # tokens kept free for a question and its answer
 def budget_bytes(llm, n_tokens: int) -> int:
     """The bytes of an f16 full cache of ``n_tokens``: whole blocks of rows rounded up to 64 bytes
     (docs/h2o.md "byte cap"), K and V, every layer and kv head."""
-    from .. import _core
+    from .. import native
 
     c, bt = llm.config, llm.cfg["runtime"]["block_tokens"]
-    block = -(-bt * _core.kv_row_bytes("f16", c.head_dim) // 64) * 64
+    block = -(-bt * native.kv_row_bytes("f16", c.head_dim) // 64) * 64
     return 2 * c.n_layers * c.n_kv_heads * math.ceil(n_tokens / bt) * block
 
 
@@ -83,10 +83,10 @@ def facts(tokenizer, split: str, turn_tokens: int) -> Tuple[str, List[str], List
 
 def row_bytes_held(llm, cfg: dict, tokens_held: int) -> int:
     """The bytes ``tokens_held`` tokens per (layer, kv head) take as rows of the config's type."""
-    from .. import _core
+    from .. import native
 
     c = llm.config
-    return 2 * c.n_layers * c.n_kv_heads * tokens_held * _core.kv_row_bytes(cfg["runtime"]["kv_dtype"], c.head_dim)
+    return 2 * c.n_layers * c.n_kv_heads * tokens_held * native.kv_row_bytes(cfg["runtime"]["kv_dtype"], c.head_dim)
 
 
 def grow(llm, cfg: dict, budget: int, first: str, fillers: Sequence[str], asked) -> dict:
