@@ -83,9 +83,11 @@ def test_decode_interleave_engine_weights():
 
     cfg = config.defaults()
     assert parse_engine("f16:none", cfg)[3] == (cfg["model"]["weight_bits"], cfg["model"]["head_bits"])
-    assert parse_engine("q8:h2o@6+4/8", cfg)[2:] == ("q8", (4, 8))
+    assert parse_engine("q8:h2o@6+4/8", cfg)[2:] == ("q8", (4, 8), cfg["runtime"]["memory"])
     assert parse_engine("f16:none+4", cfg)[3] == (4, 4)
-    for bad in ("f16:none+3", "f16:none+w4h8", "f16:none+4/2", "f16:none+4,8"):
+    assert parse_engine("q8:h2o~normal", cfg)[4] == "normal"
+    assert parse_engine("q8:h2o+4/8~normal", cfg)[3:] == ((4, 8), "normal")
+    for bad in ("f16:none+3", "f16:none+w4h8", "f16:none+4/2", "f16:none+4,8", "q8:h2o~fast"):
         with pytest.raises(SystemExit):
             parse_engine(bad, cfg)
 

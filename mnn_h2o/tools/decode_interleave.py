@@ -8,12 +8,13 @@ whole-model ratio, and the speed-up over the first engine: ratio of means, and i
 range over blocks of 50 tokens.
 
     python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
-        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal]
 
-An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]]: DTYPE a runtime.kv_dtype, POLICY none or an
-h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), and the
+An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY]: DTYPE a runtime.kv_dtype, POLICY none
+or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
 weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
-layers with an 8-bit lm_head).
+layers with an 8-bit lm_head), and MEMORY its runtime.memory (default the config's; normal =
+float activations).
 """
 import argparse
 import copy
@@ -44,22 +45,26 @@ def parse_weights(spec: str, text: str, cfg: dict):
 
 
 def parse_engine(spec: str, cfg: dict):
-    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits)) of
-    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]]."""
-    body, _, weights_text = spec.partition("+")
+    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory) of
+    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY]."""
+    rest_spec, _, memory = spec.partition("~")
+    memory = memory or cfg["runtime"]["memory"]
+    if memory not in config_mod.key("runtime.memory").choices:
+        raise SystemExit(f"{spec}: unknown runtime.memory {memory!r}")
+    body, _, weights_text = rest_spec.partition("+")
     weights = parse_weights(spec, weights_text, cfg)
     dtype, _, rest = body.partition(":")
     policy, _, ratio = rest.partition("@")
     if dtype not in config_mod.key("runtime.kv_dtype").choices:
         raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
     if policy == "none":
-        return spec, None, dtype, weights
+        return spec, None, dtype, weights, memory
     if policy not in config_mod.key("h2o.policy").choices:
         raise SystemExit(f"{spec}: unknown policy {policy!r}")
     h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
     if ratio:
         h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
-    return spec, h2o, dtype, weights
+    return spec, h2o, dtype, weights, memory
 
 
 def main():
@@ -68,7 +73,7 @@ def main():
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
     ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
-                    help="DTYPE:POLICY[@RATIO] per engine; speed-ups are against the first "
+                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY] per engine; speed-ups are against the first "
                          "(default f16:none f16:h2o)")
     args = ap.parse_args()
     cfg = load(args.config)
@@ -76,9 +81,9 @@ def main():
     name = cfg["model"]["name"]
     specs = [parse_engine(s, cfg) for s in args.engines]
     engines = []
-    for label, h2o, dtype, (weight_bits, head_bits) in specs:
+    for label, h2o, dtype, (weight_bits, head_bits), memory in specs:
         c = copy.deepcopy(cfg)
-        c["runtime"]["kv_dtype"] = dtype
+        c["runtime"].update(kv_dtype=dtype, memory=memory)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)
