@@ -139,7 +139,8 @@ REPEAT_LATER = "\n\nRepeat the part of the previous context exactly, starting wi
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
-_CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes")
+_CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
+                   "_unpassed")
 
 
 def runtime_manager(runtime: dict):

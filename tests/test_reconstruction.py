@@ -118,3 +118,26 @@ def test_kvzip_keeps_a_fact_asked_after_compression(llm, tokenizer):
     assert "thunderbolt" in answers["full"] and "thunderbolt" in answers["kvzip"], answers
     assert "thunderbolt" not in answers["h2o"], answers
     llm.configure_h2o(None)
+
+
+@pytest.mark.model
+def test_each_context_repeats_only_its_own_tokens(llm, tokenizer):
+    """The tokens a pass will repeat belong to one context: a session's answer is never repeated
+    in another session's pass (the server runs many contexts on one Llm)."""
+    from mnn_h2o import config
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 40)
+    cfg = config.load(None, {})
+    cfg["h2o"].update(KVZIP, trigger_min_tokens=100000)
+    a, b, alone = llm.new_context(cfg), llm.new_context(cfg), llm.new_context(cfg)
+    with llm.using(alone):
+        llm.prefill(ids[:20])
+        repeated_alone = llm.stats.reconstruct_tokens
+    with llm.using(a):
+        llm.prefill(ids[:30])  # the pass takes the prompt's tokens
+        llm.decode(ids[30])    # the answer's wait for a's next pass
+    with llm.using(b):
+        llm.prefill(ids[:20])
+        assert llm.stats.reconstruct_tokens == repeated_alone  # none of a's
+    assert a._unpassed == [ids[30]] and b._unpassed == []
