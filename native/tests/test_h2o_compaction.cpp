@@ -199,15 +199,7 @@ static void test_invalid_plan_changes_nothing() {
 
 // Evicting most of a long cache gives the memory back: bytes_held exactly, RSS about as much.
 static void test_memory_released() {
-    KvCacheConfig cc;
-    cc.n_layers = 30;
-    cc.n_kv_heads = 3;
-    cc.head_dim = 64;
-    cc.n_heads = 9;
-    cc.dtype = KvDtype::F16;
-    cc.block_tokens = 64;
-    cc.max_tokens = 4096;
-    cc.threads = 1;
+    const KvCacheConfig cc = kv_config(30, 3, 64, 9, KvDtype::F16, 64, 4096, 1);  // SmolLM2's shape
     KvCache cache(cc);
     H2oConfig c;  // adaptive 3x over the whole model, layers [2, 30)
     c.target_lossy_ratio = 3.0;

@@ -95,15 +95,7 @@ static void test_off_is_unchanged() {
 
 // Policy time of one update at the target's shape: 28 evicting layers x 3 kv heads x 128 blocks.
 static void test_policy_time() {
-    KvCacheConfig cc;
-    cc.n_layers = 30;
-    cc.n_kv_heads = 3;
-    cc.head_dim = 64;
-    cc.n_heads = 9;
-    cc.dtype = KvDtype::F16;
-    cc.block_tokens = 64;
-    cc.max_tokens = 8192;
-    cc.threads = 1;
+    const KvCacheConfig cc = kv_config(30, 3, 64, 9, KvDtype::F16, 64, 8192, 1);  // SmolLM2's shape
     std::mt19937 rng(12);
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (bool shared : {false, true}) {
