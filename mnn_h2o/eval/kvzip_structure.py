@@ -51,11 +51,11 @@ def run(cfg: dict, split: str, domains: Sequence[str], ratio: float, prompt_len:
     from ..model_source import resolve_gguf
     from . import domains as D
     from . import kvpress_peer as KP
-    from .frontier import OursEngine
     from .quality import metrics
 
-    tok = OursEngine(cfg).tokenizer
-    peer = KP.KvpressPeer(resolve_gguf(cfg["model"]["name"]), threads=cfg["runtime"]["threads"], tokenizer=tok)
+    # The peer reads the GGUF's own tokenizer: nothing of our engine is needed here.
+    peer = KP.KvpressPeer(resolve_gguf(cfg["model"]["name"]), threads=cfg["runtime"]["threads"])
+    tok = peer.tokenizer
     block, h2o = cfg["runtime"]["block_tokens"], cfg["h2o"]
     captured = {}
     real = KP.kvzip_masks
