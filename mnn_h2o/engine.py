@@ -140,7 +140,7 @@ _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynami
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
 _CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
-                   "_unpassed")
+                   "unpassed")
 
 
 def runtime_manager(runtime: dict):
@@ -326,7 +326,7 @@ class Llm:
         self.cache.reset()
         self.pos = 0
         self.stats = Stats()
-        self._unpassed: List[int] = []  # tokens written since the last reconstruction pass
+        self.unpassed: List[int] = []  # tokens written since the last reconstruction pass
 
     def _input_vars(self, n: int):
         """Placeholders for an n-row step, kept per n so decode steps allocate nothing."""
@@ -390,7 +390,7 @@ class Llm:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
         h, attn_in = self._layers(ids, self.pos)
-        self._unpassed.extend(int(t) for t in ids)
+        self.unpassed.extend(int(t) for t in ids)
         if evict:
             self._end_step(n, prefill)
         logits = None
@@ -454,16 +454,23 @@ class Llm:
             self._repeat = (tok.encode(REPEAT_FIRST), tok.encode(REPEAT_LATER), tok.encode(suffix))
         return self._repeat
 
+    def _pass_due(self, reserve: int) -> bool:
+        """Whether a prompt's pass runs now. Below h2o.trigger_min_tokens nothing is evicted, so
+        the scores would decide nothing yet: the pass waits, and the one that runs once the
+        context (with the ``reserve`` decode tokens to come) reaches the trigger repeats every
+        token written since the last (a conversation's short turns cost no pass)."""
+        return self.pos + reserve >= self.h2o["trigger_min_tokens"]
+
     def _reconstruct(self) -> None:
         """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
         repeat them, chunk by chunk, teacher-forced; the evicting layers' kernels keep the largest
         probability each held block gets from those queries. The pass's own tokens are dropped
         after each chunk, so afterwards the cache holds exactly what it held before."""
-        ctx = self._unpassed
+        ctx = self.unpassed
         bos = self.tokenizer.bos_token_id
         if ctx and self.pos == len(ctx) and ctx[0] == bos:
             ctx = ctx[1:]  # the sequence start is no part of the text to repeat
-        self._unpassed = []
+        self.unpassed = []
         if not ctx:
             return
         first, later, suffix = self._repeat_ids()
@@ -497,9 +504,12 @@ class Llm:
             raise ValueError(f"token ids must be in [0, {self.config.vocab}), got {ids.min()}..{ids.max()}")
         return ids
 
-    def prefill(self, ids: Sequence[int], all_logits: bool = False, progress=None) -> np.ndarray:
+    def prefill(self, ids: Sequence[int], all_logits: bool = False, progress=None,
+                reserve: int = 0) -> np.ndarray:
         """Append ``ids`` to the context in chunks; logits of the last token ([vocab]) or of
-        every token ([n, vocab]) with ``all_logits``."""
+        every token ([n, vocab]) with ``all_logits``. ``reserve``: the decode tokens the caller
+        means to add after it (a kvzip pass is then run now, not in the middle of that decode,
+        when they take the context to h2o.trigger_min_tokens)."""
         ids = self._check_ids(ids)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
@@ -522,7 +532,8 @@ class Llm:
             if progress is not None:
                 progress(len(chunk))
         if reconstructs:
-            self._reconstruct()
+            if self._pass_due(reserve):
+                self._reconstruct()
             self._end_step(int(ids.size), True)
             self.refresh_kv_stats()
         self.stats.prefill_s += time.perf_counter() - t0
@@ -532,6 +543,9 @@ class Llm:
     def decode(self, token: int) -> np.ndarray:
         """Append one token; logits [vocab] for the next."""
         t0 = time.perf_counter()
+        if self.unpassed and self.h2o is not None and self.cache.h2o_reconstructs \
+                and self.pos + 1 == self.h2o["trigger_min_tokens"]:
+            self._reconstruct()  # a deferred pass: this token takes the context to the trigger
         logits = self._forward(self._check_ids([token]), "last", False)[0]
         st = self.stats
         st.decode_s += time.perf_counter() - t0
@@ -588,7 +602,7 @@ class Llm:
             raise ContextOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"context limit of {self.max_context - self.pos} tokens")
-        logits = self.prefill(ids)
+        logits = self.prefill(ids, reserve=max_new_tokens)
         d = self.sample_tokens(logits, max_new_tokens, sampling, [s for s in stop if s], stream)
         return Generation(d.text, d.token_ids, d.stop_reason, self.stats)
 

@@ -199,7 +199,8 @@ class Session:
 
     def _state(self) -> dict:
         return {"system": self._system, "messages": self.messages, "rendered": [dict(m) for m in self._rendered],
-                "token_ids": list(self._token_ids), "fed_text": self._fed_text}
+                "token_ids": list(self._token_ids), "fed_text": self._fed_text,
+                "unpassed": len(self._ctx.unpassed)}
 
     def _install(self, blob: bytes, state: dict, stats: Optional[dict] = None) -> None:
         """Restores the cache from ``blob`` and the conversation from ``state`` (already checked)."""
@@ -210,6 +211,7 @@ class Session:
                 llm.reset()
                 raise ValueError(f"the cache has seen {seen} tokens, the conversation {len(state['token_ids'])}")
             llm.pos = seen
+            llm.unpassed = state["token_ids"][seen - state["unpassed"]:]
             llm.stats = Stats(**{k: v for k, v in (stats or {}).items() if k in _SAVED_STATS})
             llm.refresh_kv_stats()
         self._messages = [dict(m) for m in state["messages"]]
@@ -305,7 +307,7 @@ class Session:
             if rebuild:
                 llm.reset()
                 self._token_ids, self._fed_text = [], ""
-            logits = llm.prefill(ids)
+            logits = llm.prefill(ids, reserve=reserve)
         except BaseException:
             self._forget_cache(llm)
             raise
@@ -354,7 +356,11 @@ def _checked_state(meta: dict, llm: Llm) -> dict:
     stats = meta.get("stats")
     if not isinstance(stats, dict) or not all(isinstance(v, (int, float)) for v in stats.values()):
         raise TypeError("stats is not a mapping of numbers")
+    unpassed = meta.get("unpassed", 0)  # absent from files written before it was kept
+    if type(unpassed) is not int or not 0 <= unpassed <= len(ids):
+        raise ValueError(f"unpassed must be an int in [0, {len(ids)}]")
     messages, rendered = check_messages(meta["messages"]), check_messages(meta["rendered"])
     if len(rendered) != len(messages):
         raise ValueError(f"{len(messages)} messages but {len(rendered)} rendered")
-    return {"system": system, "messages": messages, "rendered": rendered, "token_ids": ids, "fed_text": fed}
+    return {"system": system, "messages": messages, "rendered": rendered, "token_ids": ids, "fed_text": fed,
+            "unpassed": unpassed}

@@ -33,8 +33,8 @@ def test_the_pass_leaves_the_prompt_as_it_was(llm, tokenizer):
     rows_off = [llm.cache.read(layer, 1) for layer in (0, 15, 29)]
     held_off = llm.stats.kv_bytes_held
     off += [llm.decode(t) for t in ids[300:]]
-    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000))  # scores, never evicts
-    on = [llm.prefill(ids[:300])]
+    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000))  # never evicts ...
+    on = [llm.prefill(ids[:300], reserve=100000)]  # ... and the reserve makes the pass run now
     s = llm.stats
     assert s.reconstruct_tokens > 300 and 0 < s.reconstruct_s < s.prefill_s
     assert s.kv_bytes_held == held_off and s.kv_bytes_peak > held_off  # the pass's tokens, then freed
@@ -132,12 +132,62 @@ def test_each_context_repeats_only_its_own_tokens(llm, tokenizer):
     cfg["h2o"].update(KVZIP, trigger_min_tokens=100000)
     a, b, alone = llm.new_context(cfg), llm.new_context(cfg), llm.new_context(cfg)
     with llm.using(alone):
-        llm.prefill(ids[:20])
+        llm.prefill(ids[:20], reserve=100000)  # the reserve makes each pass run now
         repeated_alone = llm.stats.reconstruct_tokens
     with llm.using(a):
-        llm.prefill(ids[:30])  # the pass takes the prompt's tokens
+        llm.prefill(ids[:30], reserve=100000)  # the pass takes the prompt's tokens
         llm.decode(ids[30])    # the answer's wait for a's next pass
     with llm.using(b):
-        llm.prefill(ids[:20])
-        assert llm.stats.reconstruct_tokens == repeated_alone  # none of a's
-    assert a._unpassed == [ids[30]] and b._unpassed == []
+        llm.prefill(ids[:20], reserve=100000)
+        assert 20 < llm.stats.reconstruct_tokens == repeated_alone  # none of a's
+    assert a.unpassed == [ids[30]] and b.unpassed == []
+
+
+@pytest.mark.model
+def test_the_pass_waits_for_the_trigger(llm, tokenizer):
+    """Below h2o.trigger_min_tokens a prompt runs no pass; the first prompt, reserve or decode
+    step that reaches the trigger runs one over every token written until then."""
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 80)
+    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=64))
+    llm.prefill(ids[:40])
+    assert llm.stats.reconstruct_tokens == 0 and llm.unpassed == ids[:40]
+    llm.prefill(ids[40:70])  # 70 >= 64: one pass over both prompts
+    assert llm.stats.reconstruct_tokens > 70 and llm.unpassed == []
+
+    llm.reset()
+    llm.prefill(ids[:40], reserve=24)  # the decode to come reaches the trigger: pass now
+    assert llm.stats.reconstruct_tokens > 40 and llm.unpassed == []
+
+    llm.reset()
+    llm.prefill(ids[:60])
+    for t in ids[60:63]:
+        llm.decode(t)
+    assert llm.stats.reconstruct_tokens == 0 and len(llm.unpassed) == 63
+    llm.decode(ids[63])  # the 64th token: the pass runs before it
+    assert llm.stats.reconstruct_tokens > 63 and llm.unpassed == [ids[63]]
+    llm.configure_h2o(None)
+
+
+@pytest.mark.model
+def test_a_saved_session_keeps_what_its_next_pass_repeats(llm, tmp_path):
+    """The tokens no pass has repeated yet survive fork, save and load (docs/session_format.md
+    ``unpassed``), so the next pass scores them too."""
+    from mnn_h2o import config
+    from mnn_h2o.session import Session
+
+    cfg = config.load(None, {})
+    cfg["h2o"].update(KVZIP, trigger_min_tokens=100000)
+    s = Session(llm, cfg)
+    s.add([{"role": "user", "content": "The ferry leaves at seven."}, {"role": "assistant", "content": "Noted."}])
+    want = list(s._ctx.unpassed)
+    assert want and want == s.token_ids[-len(want):]
+    twin = s.fork()
+    s.save(str(tmp_path / "s.session"))
+    loaded = Session.load(str(tmp_path / "s.session"), llm)
+    try:
+        assert twin._ctx.unpassed == want and loaded._ctx.unpassed == want
+    finally:
+        for x in (s, twin, loaded):
+            x.close()
