@@ -125,7 +125,7 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
         "layers [layer_start, layer_end)"),
-    Key("h2o", "policy", str, "h2o", "-", "which blocks to keep (docs/h2o.md 'Policies'): h2o "
+    Key("h2o", "policy", str, "kvzip", "-", "which blocks to keep (docs/h2o.md 'Policies'): h2o "
         "(highest attention EMA), snapkv (attention of the last h2o.observation_window queries), "
         "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
         "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
@@ -185,7 +185,7 @@ SCHEMA: Tuple[Key, ...] = (
         "keeps at least this share of the per-head budget (its floors count towards it) before the "
         "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",
         range=(0.0, 1.0)),
-    Key("h2o", "layer_budget", str, "uniform", "-", "how the evicting layers share the budget: uniform "
+    Key("h2o", "layer_budget", str, "global", "-", "how the evicting layers share the budget: uniform "
         "(the same keep ratio each), pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
         "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
         "below its sink + recent floors) or global (KVzip: one budget, the uniform total, for every kv "

@@ -341,8 +341,8 @@ def test_engine_passes_sections_through_unchanged():
     llm = Llm.__new__(Llm)  # the configuration methods need only the cache
     llm._block_tokens, llm.kv_dtype = 16, "f16"
     llm.cache = core.KvCache(4, 1, 16, 1, dtype="f16", block_tokens=16, max_tokens=64)
-    llm.configure_h2o({"target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
-    want = config.validate({"h2o": {"target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["h2o"]
+    llm.configure_h2o({"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
+    want = config.validate({"h2o": {"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["h2o"]
     assert llm.h2o == want
     assert llm.cache.h2o_config() == {**config.native_args("h2o", want), "layer_end": 4}
     llm.configure_lossless({"mode": "store", "scope": "h2o_kept", "front_n": 3})

@@ -37,8 +37,8 @@ def test_eviction_frees_memory_and_reaches_the_target(llm, tokenizer):
     llm.configure_h2o(None)
     llm.prefill(ids[:2048])
     full_held = llm.stats.kv_bytes_held
-    llm.configure_h2o({"target_lossy_ratio": 2.5, "update_interval": 16, "layer_start": 2, "prefill_eviction": "chunk",
-                       "trigger_min_tokens": 512})
+    llm.configure_h2o({"policy": "h2o", "layer_budget": "uniform", "target_lossy_ratio": 2.5, "update_interval": 16,
+                       "layer_start": 2, "prefill_eviction": "chunk", "trigger_min_tokens": 512})
     rss0 = _rss()
     logits = llm.prefill(ids[:2048])
     held_after_prefill = llm.stats.kv_bytes_held
@@ -75,7 +75,8 @@ def test_prefill_eviction_end_cuts_the_prompt_once(llm, tokenizer):
     ids = essay_tokens(tokenizer, 1024)  # 4 prefill chunks of 256
     held = {}
     for mode in ("chunk", "end"):
-        llm.configure_h2o({"target_lossy_ratio": 2.5, "trigger_min_tokens": 256, "prefill_eviction": mode})
+        llm.configure_h2o({"policy": "h2o", "target_lossy_ratio": 2.5, "trigger_min_tokens": 256,
+                           "prefill_eviction": mode})
         llm.prefill(ids)
         held[mode] = (llm.stats.evictions, llm.stats.lossy_ratio, llm.stats.kv_bytes_peak)
     assert held["chunk"][0] >= 2 and held["end"][0] == 1      # forwards that evicted

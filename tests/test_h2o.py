@@ -45,7 +45,7 @@ def attention(q, k, v, group):
     return p @ v.astype(np.float64), p
 
 
-ARGS = dict(policy="h2o", sink_tokens=16, recent_tokens=32, target_keep_ratio=0.0, target_lossy_ratio=3.0,
+ARGS = dict(policy="h2o", layer_budget="uniform", sink_tokens=16, recent_tokens=32, target_keep_ratio=0.0, target_lossy_ratio=3.0,
             ema_alpha=0.5, layer_start=1, layer_end=-1, trigger_min_tokens=0, update_interval=4,
             per_head_budget=False, seed=0, max_floor_share=1.0, observation_window=32)
 
@@ -90,7 +90,7 @@ def test_defaults_and_config_round_trip():
     names = core.policy_names()
     assert names[0] == "h2o" and len(names) == len(set(names)) == 9
     assert all(f"'{n}'" in str(e.value) for n in names)
-    assert cache.h2o_config()["policy"] == "h2o"  # a failed enable keeps the previous settings
+    assert cache.h2o_config()["policy"] == config.defaults()["h2o"]["policy"]  # a failed enable keeps the previous settings
     cache.disable_h2o()
     assert not cache.h2o_enabled
     assert cache.end_step(1, False) is False
@@ -247,7 +247,7 @@ def test_block_scores_match_reference():
     assert cache.h2o_stats()["updates"] == 2
 
 
-def planted_cache(policy, per_head_budget=False, seed=0, **kw):
+def planted_cache(policy, per_head_budget=False, seed=0, layer_budget="uniform", **kw):
     """Layer 1, head 0: queries point at the keys of block 5, which take ~98% of the attention of
     every query that sees them (a heavy hitter); head 1: queries are zero, so its attention is
     uniform. Keep ratio 0.25 of 320 tokens: 5 blocks per head, 3 of them floors."""
@@ -255,7 +255,7 @@ def planted_cache(policy, per_head_budget=False, seed=0, **kw):
     cache = make_cache(n_layers=2, n_kv=2, group=2)
     cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
-                     per_head_budget=per_head_budget, seed=seed, **kw)
+                     per_head_budget=per_head_budget, seed=seed, layer_budget=layer_budget, **kw)
     u = rand(rng, HD)
     u /= np.linalg.norm(u)
     k = rand(rng, 320, 2 * HD, scale=0.3)
@@ -324,8 +324,8 @@ def test_stats_and_memory_returned():
     rng = np.random.default_rng(5)
     n_layers = 12
     cache = core.KvCache(n_layers, 2, 64, 6, dtype="f16", block_tokens=64, max_tokens=4096, threads=1)
-    cache.enable_h2o(sink_tokens=64, recent_tokens=256, target_lossy_ratio=3.0, layer_start=2,
-                     trigger_min_tokens=512)
+    cache.enable_h2o(policy="h2o", layer_budget="uniform", sink_tokens=64, recent_tokens=256,
+                     target_lossy_ratio=3.0, layer_start=2, trigger_min_tokens=512)
     k = rand(rng, 512, 128)
     for layer in range(n_layers):
         for _ in range(8):
@@ -380,8 +380,8 @@ def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
     held = {}  # f16 at the eviction target the frontier's one rule gives (6 * 17/32)
     for dtype, target in (("f16", eviction_target(6.0, dtype_gain("ours", "q8"))), ("q8", 6.0), ("q8r", 1.5)):
         cache = make_cache(n_layers=10, dtype=dtype)
-        cache.enable_h2o(target_lossy_ratio=target, sink_tokens=16, recent_tokens=32, layer_start=2,
-                         trigger_min_tokens=512)
+        cache.enable_h2o(policy="h2o", layer_budget="uniform", target_lossy_ratio=target, sink_tokens=16,
+                         recent_tokens=32, layer_start=2, trigger_min_tokens=512)
         rng = np.random.default_rng(3)
         for _ in range(4):
             forward(cache, 256, rng, prefill=True)
@@ -429,7 +429,8 @@ def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
     cache = make_cache(n_layers=2, n_kv=2, group=2, dtype=dtype)
     cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
-                     per_head_budget=policy in ("keydiff", "expected_attention"), observation_window=4)
+                     per_head_budget=policy in ("keydiff", "expected_attention"), observation_window=4,
+                     layer_budget="uniform")
     forward(cache, 320, rng, prefill=True)
     held = cache.h2o_stats()["layers"][1]["held"]
     assert sum(held) == 160 and cache.h2o_stats()["layers"][0]["held"] == [320, 320]
@@ -457,8 +458,8 @@ def test_byte_budget_caps_the_whole_model(dtype):
     rng = np.random.default_rng(6)
     cache = make_cache(n_layers=3, dtype=dtype)
     cap = 200 * 1024
-    cache.enable_h2o(sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0, kv_budget_bytes=cap, layer_start=1,
-                     trigger_min_tokens=0, update_interval=4)
+    cache.enable_h2o(policy="h2o", layer_budget="uniform", sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0,
+                     kv_budget_bytes=cap, layer_start=1, trigger_min_tokens=0, update_interval=4)
     assert cache.h2o_config()["kv_budget_bytes"] == cap
     forward(cache, 600, rng, prefill=True)
     assert 0.9 * cap < cache.h2o_stats()["bytes_held"] <= cap

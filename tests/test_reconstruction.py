@@ -63,7 +63,7 @@ def test_kvzip_meets_the_ratio_and_keeps_prompt_rows(llm, tokenizer):
     llm.prefill(ids[:400])
     full = {(l, h): llm.cache.read(l, h)[0] for l in (3, 20) for h in range(3)}
     held, blocks = {}, {}
-    for name, section in (("h2o", {"policy": "h2o", "trigger_min_tokens": 0, "sink_tokens": 16,
+    for name, section in (("h2o", {"policy": "h2o", "layer_budget": "uniform", "trigger_min_tokens": 0, "sink_tokens": 16,
                                     "recent_tokens": 32, "update_interval": 16}),
                           ("kvzip", dict(KVZIP, update_interval=16))):
         llm.configure_h2o(dict(section, target_lossy_ratio=3.2))
@@ -110,7 +110,7 @@ def test_kvzip_keeps_a_fact_asked_after_compression(llm, tokenizer):
                                 "Answer: The password for the old lighthouse is")
     answers = {}
     for name, section in (("full", None),
-                          ("h2o", {"policy": "h2o", "trigger_min_tokens": 0, "sink_tokens": 16, "recent_tokens": 32}),
+                          ("h2o", {"policy": "h2o", "layer_budget": "uniform", "trigger_min_tokens": 0, "sink_tokens": 16, "recent_tokens": 32}),
                           ("kvzip", KVZIP)):
         llm.configure_h2o(None if section is None else dict(section, target_lossy_ratio=3.2))
         llm.prefill(hay[:150] + fact + hay[150:])

@@ -142,7 +142,8 @@ def test_bad_files_models_and_settings_are_refused(llm, tmp_path):
     refused(lambda m: m["config"].update(h2o={"no_such_key": 1}), "settings are not valid")
     refused(lambda m: m["config"]["runtime"].update(kv_dtype="f16"), "dtype")
     refused(lambda m: m.update(token_ids=[-1]), "malformed")
-    refused(lambda m: m.update(token_ids=m["token_ids"][:-1]), "has seen")
+    refused(lambda m: m.update(unpassed=len(m["token_ids"]) + 1), "unpassed must be")
+    refused(lambda m: m.update(token_ids=m["token_ids"][:-1], unpassed=0), "has seen")
     with open(path, "rb") as f:
         data = bytearray(f.read())
     data[len(data) // 2] ^= 0x10

@@ -58,9 +58,18 @@ using namespace mnn_h2o;
     return k;
 }
 
+// The H2O machinery these tests check: policy h2o and the same budget in every layer. The
+// shipped default (kvzip, one global budget) is test_reconstruction.cpp's.
+[[maybe_unused]] static H2oConfig h2o_config() {
+    H2oConfig c;
+    c.policy = "h2o";
+    c.layer_budget = "uniform";
+    return c;
+}
+
 // Eviction to a static keep ratio with small floors, from the first token on.
 [[maybe_unused]] static H2oConfig keep_config(double keep_ratio, int layer_start = 0) {
-    H2oConfig c;
+    H2oConfig c = h2o_config();
     c.target_keep_ratio = keep_ratio;
     c.target_lossy_ratio = 0.0;
     c.layer_start = layer_start;

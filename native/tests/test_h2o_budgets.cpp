@@ -4,7 +4,7 @@
 
 static void test_budgets() {
     KvCacheConfig cc = small_config(30, 4096);
-    H2oConfig c;  // adaptive, lossy 3, layers [2, 30)
+    H2oConfig c = h2o_config();  // adaptive, lossy 3, layers [2, 30)
     c.target_lossy_ratio = 3.0;
     c.layer_start = 2;
     H2oState s(c, cc);
@@ -22,7 +22,7 @@ static void test_budgets() {
     // Skip reasons are counted per head and update.
     KvCache cache(small_config(3, 1024));
     std::mt19937 rng(1);
-    H2oConfig u;
+    H2oConfig u = h2o_config();
     u.layer_start = 1;
     u.target_lossy_ratio = 10.0;  // 3 layers, 2 evicting: k = (0.3 - 1) / 2 < 0
     u.sink_tokens = 16;
@@ -100,7 +100,7 @@ static void test_byte_budget() {
     for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
         KvCacheConfig cc = small_config(4, 2048, dt);
         KvCache cache(cc);
-        H2oConfig c;
+        H2oConfig c = h2o_config();
         c.target_lossy_ratio = 0.0;
         c.kv_budget_bytes = 400 * 1024;
         c.layer_start = 1;
@@ -131,7 +131,7 @@ static void test_byte_budget() {
     }
     // A cap the layers that keep everything already exceed cannot be met: left alone, said why.
     KvCache cache(small_config(4, 2048));
-    H2oConfig c;
+    H2oConfig c = h2o_config();
     c.target_lossy_ratio = 0.0;
     c.kv_budget_bytes = 1024;
     c.trigger_min_tokens = 0;
@@ -199,7 +199,7 @@ static void test_floor_share() {
     // Whole model: 16 layers, 15 evicting, target 8x with the default floors (64 + 256 tokens)
     // over a 2048-token prompt in 256-token chunks: keep 1/15, 9 blocks per head < 20 floor blocks.
     KvCache cache(small_config(16, 2048));
-    H2oConfig w;
+    H2oConfig w = h2o_config();
     w.layer_start = 1;
     w.target_lossy_ratio = 8.0;
     w.trigger_min_tokens = 512;  // below the prompt, so it is cut

@@ -201,7 +201,7 @@ static void test_invalid_plan_changes_nothing() {
 static void test_memory_released() {
     const KvCacheConfig cc = kv_config(30, 3, 64, 9, KvDtype::F16, 64, 4096, 1);  // SmolLM2's shape
     KvCache cache(cc);
-    H2oConfig c;  // adaptive 3x over the whole model, layers [2, 30)
+    H2oConfig c = h2o_config();  // adaptive 3x over the whole model, layers [2, 30)
     c.target_lossy_ratio = 3.0;
     c.layer_start = 2;
     cache.enable_h2o(c);

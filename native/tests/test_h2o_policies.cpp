@@ -75,7 +75,7 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype, bool deco
     cc.max_tokens = 256;
     cc.threads = 1;
     KvCache cache(cc);
-    H2oConfig c;
+    H2oConfig c = h2o_config();
     c.policy = policy;
     c.target_keep_ratio = 3.0 / 7.0;
     c.target_lossy_ratio = 0.0;

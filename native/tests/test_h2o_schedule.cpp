@@ -99,7 +99,7 @@ static void test_policy_time() {
     std::mt19937 rng(12);
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (bool shared : {false, true}) {
-        H2oConfig c;
+        H2oConfig c = h2o_config();
         c.per_head_budget = shared;
         c.target_lossy_ratio = 3.0;
         c.layer_start = 2;

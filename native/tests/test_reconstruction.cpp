@@ -167,6 +167,7 @@ static KvCacheConfig cache_config(int n_layers, int n_kv_heads, int max_tokens) 
 static H2oConfig kvzip_config(double keep) {
     H2oConfig h;
     h.policy = "kvzip";
+    h.layer_budget = "uniform";  // per-head budgets the checks count; global has its own test
     h.target_keep_ratio = keep;
     h.sink_tokens = 16;
     h.recent_tokens = 16;

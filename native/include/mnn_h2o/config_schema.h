@@ -72,7 +72,7 @@ struct block_tokens { static constexpr const char* kName = "block_tokens"; stati
 
 namespace h2o {
 // h2o.policy: str, -
-struct policy { static constexpr const char* kName = "policy"; static constexpr const char* kDefault = "h2o"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random", "kvzip"}; static constexpr int kChoiceCount = 9; static constexpr const char* kAllowed = "one of 'h2o', 'snapkv', 'tova', 'keydiff', 'vatp', 'expected_attention', 'streaming', 'random', 'kvzip'"; };
+struct policy { static constexpr const char* kName = "policy"; static constexpr const char* kDefault = "kvzip"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random", "kvzip"}; static constexpr int kChoiceCount = 9; static constexpr const char* kAllowed = "one of 'h2o', 'snapkv', 'tova', 'keydiff', 'vatp', 'expected_attention', 'streaming', 'random', 'kvzip'"; };
 // h2o.sink_tokens: int, tokens
 struct sink_tokens { static constexpr const char* kName = "sink_tokens"; static constexpr int64_t kDefault = 64; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1048576]"; };
 // h2o.recent_tokens: int, tokens
@@ -104,7 +104,7 @@ struct observation_window { static constexpr const char* kName = "observation_wi
 // h2o.head_floor_share: float, fraction
 struct head_floor_share { static constexpr const char* kName = "head_floor_share"; static constexpr double kDefault = 0.0; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1]"; };
 // h2o.layer_budget: str, -
-struct layer_budget { static constexpr const char* kName = "layer_budget"; static constexpr const char* kDefault = "uniform"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"uniform", "pyramid", "global"}; static constexpr int kChoiceCount = 3; static constexpr const char* kAllowed = "one of 'uniform', 'pyramid', 'global'"; };
+struct layer_budget { static constexpr const char* kName = "layer_budget"; static constexpr const char* kDefault = "global"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"uniform", "pyramid", "global"}; static constexpr int kChoiceCount = 3; static constexpr const char* kAllowed = "one of 'uniform', 'pyramid', 'global'"; };
 }  // namespace h2o
 
 namespace lossless {
