@@ -454,6 +454,10 @@ class Llm:
             self._repeat = (tok.encode(REPEAT_FIRST), tok.encode(REPEAT_LATER), tok.encode(suffix))
         return self._repeat
 
+    def _reconstructs(self) -> bool:
+        """Whether the context's eviction policy scores with a reconstruction pass (kvzip)."""
+        return self.h2o is not None and self.cache.h2o_reconstructs
+
     def _pass_due(self, reserve: int) -> bool:
         """Whether a prompt's pass runs now. Below h2o.trigger_min_tokens nothing is evicted, so
         the scores would decide nothing yet: the pass waits, and the one that runs once the
@@ -520,7 +524,7 @@ class Llm:
         t0 = time.perf_counter()
         outs = []
         # A reconstructing policy (kvzip) evicts once, after the pass that scores the prompt.
-        reconstructs = self.h2o is not None and self.cache.h2o_reconstructs
+        reconstructs = self._reconstructs()
         end_only = self.h2o is not None and self.h2o["prefill_eviction"] == "end"
         for s in range(0, ids.size, self.prefill_chunk):
             chunk = ids[s:s + self.prefill_chunk]
@@ -543,9 +547,11 @@ class Llm:
     def decode(self, token: int) -> np.ndarray:
         """Append one token; logits [vocab] for the next."""
         t0 = time.perf_counter()
-        if self.unpassed and self.h2o is not None and self.cache.h2o_reconstructs \
-                and self.pos + 1 == self.h2o["trigger_min_tokens"]:
-            self._reconstruct()  # a deferred pass: this token takes the context to the trigger
+        # A deferred pass runs when this token takes the context to the trigger (the cheap
+        # position test first: this is the decode loop).
+        if self.h2o is not None and self.pos + 1 == self.h2o["trigger_min_tokens"] and self.unpassed \
+                and self._reconstructs():
+            self._reconstruct()
         logits = self._forward(self._check_ids([token]), "last", False)[0]
         st = self.stats
         st.decode_s += time.perf_counter() - t0
