@@ -324,8 +324,7 @@ void bind_kv_cache(py::module_& m) {
     // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
     // out_of_range -> IndexError, bad_alloc -> MemoryError (pybind11's defaults).
     m.def("best_isa", [] { return std::string(mnn_h2o::isa_name(mnn_h2o::best_isa())); },
-          "The SIMD kernel set the cache uses: the widest this build and CPU have, but avx2 where avx512 is "
-          "there too; MNN_H2O_ISA picks another (never one the CPU lacks).");
+          "Widest SIMD kernel set compiled in and supported by this CPU (capped by MNN_H2O_ISA).");
     m.def(
         "available_isas",
         [] {

@@ -78,9 +78,8 @@ typedef enum mnn_h2o_isa {
     MNN_H2O_ISA_NEON = 3    /* AArch64 */
 } mnn_h2o_isa;
 
-/* The ISA the attention kernels use: the widest compiled in and supported by this CPU, but AVX2
- * where AVX-512 is there too; the environment variable MNN_H2O_ISA=scalar|avx2|avx512|neon picks
- * another, never one the CPU lacks (docs/kv_cache.md, "Which kernels run"). */
+/* The ISA the attention kernels use: the widest compiled in and supported by this CPU, capped
+ * by the environment variable MNN_H2O_ISA=scalar|avx2|avx512|neon. */
 MNN_H2O_API mnn_h2o_isa mnn_h2o_best_isa(void);
 MNN_H2O_API const char* mnn_h2o_isa_name(mnn_h2o_isa isa); /* "scalar", "avx2", "avx512", "neon" */
 MNN_H2O_API int mnn_h2o_isa_available(mnn_h2o_isa isa);    /* 1 if compiled in and supported */

@@ -53,21 +53,17 @@ const CpuFeatures& cpu_features() {
 
 Isa best_isa() {
     static const Isa isa = [] {
-        const Isa widest = compiled_best(cpu_features());
-        // AVX-512 only when asked for: MNN's wheel runs its dense kernels in AVX2, and AVX-512
-        // attention between its calls made them slower than it saved (docs/kv_cache.md, "Which
-        // kernels run").
-        const Isa best = widest == Isa::Avx512 ? Isa::Avx2 : widest;
+        Isa best = compiled_best(cpu_features());
         const char* cap = std::getenv("MNN_H2O_ISA");
         if (!cap) return best;
         Isa want = Isa::Scalar;
         if (!std::strcmp(cap, "avx2")) want = Isa::Avx2;
         else if (!std::strcmp(cap, "avx512")) want = Isa::Avx512;
         else if (!std::strcmp(cap, "neon")) want = Isa::Neon;
-        // Never an ISA the CPU lacks; Neon and the x86 ISAs are never both present.
-        if (want == Isa::Neon) return widest == Isa::Neon ? widest : Isa::Scalar;
-        if (widest == Isa::Neon) return want == Isa::Scalar ? Isa::Scalar : widest;
-        return static_cast<int>(want) < static_cast<int>(widest) ? want : widest;
+        // A cap never enables an ISA the CPU lacks; Neon and the x86 ISAs are never both present.
+        if (want == Isa::Neon) return best == Isa::Neon ? best : Isa::Scalar;
+        if (best == Isa::Neon) return want == Isa::Scalar ? Isa::Scalar : best;
+        return static_cast<int>(want) < static_cast<int>(best) ? want : best;
     }();
     return isa;
 }

@@ -15,10 +15,8 @@ struct CpuFeatures {
 // Detected once, then cached.
 const CpuFeatures& cpu_features();
 
-// The ISA the cache's kernels use: the widest both compiled in and supported by this CPU, but
-// AVX2 where AVX-512 is there too (see best_isa's definition). The environment variable
-// MNN_H2O_ISA=scalar|avx2|avx512|neon picks another, never one the CPU lacks (avx512 to use
-// AVX-512; scalar and avx2 for tests and benchmarks of the fallbacks).
+// Widest ISA both compiled in and supported by this CPU. The environment variable
+// MNN_H2O_ISA=scalar|avx2|avx512|neon caps it (for tests and benchmarks of the fallbacks).
 Isa best_isa();
 
 const char* isa_name(Isa isa);
