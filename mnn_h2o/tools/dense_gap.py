@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 MODES = ("back-to-back", "spin", "cache step")
+WARMUP = 3  # untimed tokens per mode
 
 
 def mnn_kernel_sets() -> str:
@@ -69,7 +70,7 @@ def _measure(args) -> int:
     cfg = config_mod.load(args.config)
     llm = Llm.load(None, cfg, progress=False)
     c, mods, perf = llm.config, llm._modules, time.perf_counter
-    if args.context + args.tokens + 8 > llm.max_context:
+    if args.context + WARMUP + args.tokens > llm.max_context:
         raise ValueError(f"--context + --tokens must stay below the context limit {llm.max_context}")
     rng = np.random.default_rng(0)
     llm.prefill([int(t) for t in rng.integers(100, c.vocab // 2, args.context)])
@@ -103,13 +104,11 @@ def _measure(args) -> int:
         mods[-1].forward([x])[0].read()
         return t_mnn + perf() - t0, t_step
 
-    for mode in MODES:  # warm-up; also the real step's length for the spin
-        for _ in range(3):
+    for mode in MODES[::-1]:  # warm-up, the cache step first: its length is the spin's
+        for _ in range(WARMUP):
             _, s = token(mode)
         if mode == "cache step":
             step_s[0] = s / c.n_layers
-    for _ in range(3):
-        token("spin")
     mnn = {m: [] for m in MODES}
     steps = []
     for t in range(args.tokens):
@@ -125,7 +124,7 @@ def _measure(args) -> int:
           f"{cfg['runtime']['memory']}, KV {llm.kv_dtype}, {c.n_layers} layers + tail + lm_head per token, "
           f"cache of {args.context} tokens; {args.tokens} tokens per mode, interleaved")
     print(f"MNN wheel's x86 kernel sets: {mnn_kernel_sets()}")
-    print(f"| between layer calls | MNN ms/token | vs back-to-back |")
+    print("| between layer calls | MNN ms/token | vs back-to-back |")
     print("|---|---:|---:|")
     for mode in MODES:
         v = mnn[mode]
