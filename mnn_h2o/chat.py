@@ -14,6 +14,7 @@ from typing import Callable, Optional, TextIO
 
 from .engine import Llm, Sampling
 from .errors import ContextOverflowError
+from .prefill_progress import PrefillBars
 from .session import Session
 
 HELP = """commands:
@@ -60,6 +61,7 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
     session = Session(llm, cfg, system=system)
     tty = stdin.isatty()
     interrupts = _Interrupts()
+    bars = PrefillBars()  # on stderr, when it is a terminal: a long turn's prompt and kvzip pass
     previous = signal.signal(signal.SIGINT, interrupts)
     say: Callable[[str], None] = lambda s: print(s, file=out, flush=True)
     say(f"chatting with {llm.config.name} (KV {cfg['runtime']['kv_dtype']}, "
@@ -110,11 +112,13 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
             interrupts.cancel = threading.Event()
             try:
                 r = session.say(line, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop,
-                                on_text=lambda s: (out.write(s), out.flush()), cancel=interrupts.cancel)
+                                on_text=lambda s: (out.write(s), out.flush()), cancel=interrupts.cancel,
+                                progress=bars)
                 say(" [stopped]" if r.finish_reason == "cancelled" else "")
             except ContextOverflowError as e:
                 say(f"error: {e}")
             finally:
+                bars.close()
                 interrupts.cancel = None
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -14,6 +14,7 @@ from .chat import chat
 from .cli_errors import run
 from .engine import Llm, Sampling
 from .export import ensure_exported
+from .prefill_progress import PrefillBars
 
 
 CHAT_HELP = """\
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
         cfg = load_config()
         llm = Llm(ensure_exported(cfg["model"]), cfg)
         g = llm.generate(prompt, args.max_new_tokens, sampling, stop=args.stop,
-                         stream=lambda s: print(s, end="", flush=True), chat=not args.no_chat)
+                         stream=lambda s: print(s, end="", flush=True), chat=not args.no_chat,
+                         progress=PrefillBars())
         s = g.stats
         print()
         print(f"\n--- {s.prompt_tokens} prompt tokens, {s.generated_tokens} generated ({g.stop_reason})")

@@ -465,11 +465,12 @@ class Llm:
         token written since the last (a conversation's short turns cost no pass)."""
         return self.pos + reserve >= self.h2o["trigger_min_tokens"]
 
-    def _reconstruct(self) -> None:
+    def _reconstruct(self, progress=None) -> None:
         """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
         repeat them, chunk by chunk, teacher-forced; the evicting layers' kernels keep the largest
         probability each held block gets from those queries. The pass's own tokens are dropped
-        after each chunk, so afterwards the cache holds exactly what it held before."""
+        after each chunk, so afterwards the cache holds exactly what it held before. ``progress``
+        as :meth:`prefill`'s, stage "pass"."""
         ctx = self.unpassed
         bos = self.tokenizer.bos_token_id
         if ctx and self.pos == len(ctx) and ctx[0] == bos:
@@ -486,16 +487,19 @@ class Llm:
                 f"the {self.pos} tokens in context (limit {self.max_context})")
         t0 = time.perf_counter()
         cache, st = self.cache, self.stats
+        prompts = [(first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk]
+                   for s in range(0, len(ctx), chunk)]
+        total, done = sum(len(ids) for ids in prompts), 0
         cache.begin_reconstruction()
         try:
-            for s in range(0, len(ctx), chunk):
-                part = ctx[s:s + chunk]
-                head = first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]
-                ids = head + suffix + part
+            for ids in prompts:
                 for o in range(0, len(ids), self.prefill_chunk):
                     sub = ids[o:o + self.prefill_chunk]
                     self._layers(sub, self.pos + o)
                     st.kv_bytes_peak = max(st.kv_bytes_peak, cache.bytes_held())
+                    done += len(sub)
+                    if progress is not None:
+                        progress("pass", done, total)
                 st.reconstruct_tokens += len(ids)
                 cache.rewind_reconstruction()
         finally:
@@ -513,7 +517,10 @@ class Llm:
         """Append ``ids`` to the context in chunks; logits of the last token ([vocab]) or of
         every token ([n, vocab]) with ``all_logits``. ``reserve``: the decode tokens the caller
         means to add after it (a kvzip pass is then run now, not in the middle of that decode,
-        when they take the context to h2o.trigger_min_tokens)."""
+        when they take the context to h2o.trigger_min_tokens). ``progress``, when given, is
+        called as ``progress(stage, done, total)`` after each chunk, in tokens: stage "prompt"
+        over ``ids``, then "pass" over the reconstruction pass's tokens when one runs (kvzip: 3-4x
+        the prompt's time)."""
         ids = self._check_ids(ids)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
@@ -534,10 +541,10 @@ class Llm:
             if out is not None:
                 outs.append(out)
             if progress is not None:
-                progress(len(chunk))
+                progress("prompt", s + len(chunk), int(ids.size))
         if reconstructs:
             if self._pass_due(reserve):
-                self._reconstruct()
+                self._reconstruct(progress)
             self._end_step(int(ids.size), True)
             self.refresh_kv_stats()
         self.stats.prefill_s += time.perf_counter() - t0
@@ -586,13 +593,14 @@ class Llm:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  sampling: Optional[Sampling] = None, stop: Iterable[str] = (),
                  stream: Optional[Callable[[str], None]] = None, chat: bool = True,
-                 keep_context: bool = False) -> Generation:
+                 keep_context: bool = False, progress=None) -> Generation:
         """Generate a continuation of ``prompt`` (text, wrapped in the chat template when the
-        model has one and ``chat``; or token ids, used as they are)."""
+        model has one and ``chat``; or token ids, used as they are). ``progress``: the
+        prefill's, see :meth:`prefill`."""
         with self.lock:
-            return self._generate(prompt, max_new_tokens, sampling, stop, stream, chat, keep_context)
+            return self._generate(prompt, max_new_tokens, sampling, stop, stream, chat, keep_context, progress)
 
-    def _generate(self, prompt, max_new_tokens, sampling, stop, stream, chat, keep_context) -> Generation:
+    def _generate(self, prompt, max_new_tokens, sampling, stop, stream, chat, keep_context, progress) -> Generation:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
@@ -608,7 +616,7 @@ class Llm:
             raise ContextOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"context limit of {self.max_context - self.pos} tokens")
-        logits = self.prefill(ids, reserve=max_new_tokens)
+        logits = self.prefill(ids, reserve=max_new_tokens, progress=progress)
         d = self.sample_tokens(logits, max_new_tokens, sampling, [s for s in stop if s], stream)
         return Generation(d.text, d.token_ids, d.stop_reason, self.stats)
 

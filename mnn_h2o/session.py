@@ -224,28 +224,29 @@ class Session:
         """reply() to the conversation so far plus one user message."""
         return self.reply(self._messages + [{"role": "user", "content": text}], **kw)
 
-    def add(self, messages: Sequence[dict]) -> int:
+    def add(self, messages: Sequence[dict], progress=None) -> int:
         """Feeds ``messages`` (which must start with the session's messages and add at least one)
         into the cache without an answer: turns the caller writes, an assistant's included (a
         conversation given in advance, a fixed acknowledgement). They are prefilled as one prompt
         (evicted after it, as a turn is) and appended to the messages. Returns the tokens
-        prefilled. Errors as reply()'s."""
+        prefilled. Errors as reply()'s; ``progress`` as reply()'s."""
         messages = check_messages(messages)
         with self._using() as llm:
             new = self._new_messages(messages)
-            ids, _ = self._prefill(llm, new, generation_prompt=False, reserve=0)
+            ids, _ = self._prefill(llm, new, generation_prompt=False, reserve=0, progress=progress)
             self._messages += new
             self._rendered += new
         return len(ids)
 
     def reply(self, messages: Sequence[dict], max_new_tokens: int = 256, sampling: Optional[Sampling] = None,
               stop: Iterable[str] = (), on_text: Optional[Callable[[str], None]] = None,
-              cancel: Optional[threading.Event] = None) -> Reply:
+              cancel: Optional[threading.Event] = None, progress=None) -> Reply:
         """The assistant's answer to ``messages``, which must start with the session's messages
         and add at least one. Only the new messages are prefilled. The answer streams through
         ``on_text`` (text pieces) and ends at the end-of-turn token ("stop"), a stop string
         ("stop", cut before it), max_new_tokens ("length") or ``cancel.set()`` ("cancelled");
-        it is appended to the messages and its tokens stay in the cache.
+        it is appended to the messages and its tokens stay in the cache. ``progress`` follows the
+        turn's prefill (``Llm.prefill``'s: the prompt, then a kvzip pass when one runs).
 
         Raises ValueError for messages that do not extend the session's, ContextOverflowError
         when the turn plus max_new_tokens exceeds the context (the session is left as it was)."""
@@ -256,7 +257,7 @@ class Session:
         stops = [s for s in stop if s]
         with self._using() as llm:  # the lock: another thread's turn cannot come in between
             new = self._new_messages(messages)
-            ids, logits = self._prefill(llm, new, generation_prompt=True, reserve=max_new_tokens)
+            ids, logits = self._prefill(llm, new, generation_prompt=True, reserve=max_new_tokens, progress=progress)
             try:
                 # Every token but the last is fed (its logits give the next); the last only when
                 # the turn ended at the end-of-turn token, which itself is never fed: the next
@@ -285,7 +286,7 @@ class Session:
             raise ValueError(f"no new message after the session's {len(self._messages)}")
         return new
 
-    def _prefill(self, llm: Llm, new: List[dict], generation_prompt: bool, reserve: int):
+    def _prefill(self, llm: Llm, new: List[dict], generation_prompt: bool, reserve: int, progress=None):
         """Prefills what the render of the conversation plus ``new`` adds to the cache (all of it
         when the render no longer starts with the text fed). Returns the ids fed and the last
         logits. ContextOverflowError, before anything is fed, when they and ``reserve`` more
@@ -307,7 +308,7 @@ class Session:
             if rebuild:
                 llm.reset()
                 self._token_ids, self._fed_text = [], ""
-            logits = llm.prefill(ids, reserve=reserve)
+            logits = llm.prefill(ids, reserve=reserve, progress=progress)
         except BaseException:
             self._forget_cache(llm)
             raise

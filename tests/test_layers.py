@@ -27,8 +27,8 @@ LAYERS = (
     ("base", ("mnn_h2o.errors", "mnn_h2o.config", "mnn_h2o.cli_errors", "mnn_h2o.cli_numbers")),
     ("native door", ("mnn_h2o.native",)),
     ("model and runtime", ("mnn_h2o",)),
-    ("commands", ("mnn_h2o.demo", "mnn_h2o.chat", "mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools",
-                  "mnn_h2o.serve")),
+    ("commands", ("mnn_h2o.demo", "mnn_h2o.chat", "mnn_h2o.prefill_progress", "mnn_h2o.bench", "mnn_h2o.eval",
+                  "mnn_h2o.tools", "mnn_h2o.serve")),
 )
 
 

@@ -171,6 +171,61 @@ def test_the_pass_waits_for_the_trigger(llm, tokenizer):
 
 
 @pytest.mark.model
+def test_prefill_reports_the_prompt_then_the_pass(llm, tokenizer):
+    """prefill's progress follows the prompt chunk by chunk, then the pass's tokens (what the
+    stats count as repeated), each stage ending at its total; no pass, no "pass" stage."""
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 300)
+    calls = []
+    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000))
+    llm.prefill(ids[:100], progress=lambda *a: calls.append(a))  # below the trigger: no pass
+    assert calls == [("prompt", 100, 100)]
+    llm.reset()
+    calls.clear()
+    llm.prefill(ids, reserve=100000, progress=lambda *a: calls.append(a))
+    prompt = [c for c in calls if c[0] == "prompt"]
+    passed = [c for c in calls if c[0] == "pass"]
+    assert calls == prompt + passed and len(prompt) == -(-300 // llm.prefill_chunk)
+    assert prompt[-1] == ("prompt", 300, 300)
+    assert passed[-1] == ("pass", llm.stats.reconstruct_tokens, llm.stats.reconstruct_tokens)
+    dones = [c[1] for c in passed]
+    assert dones == sorted(set(dones)) and all(c[2] == dones[-1] for c in passed)
+    llm.configure_h2o(None)
+
+
+def test_prefill_bars_draw_on_a_terminal_only(monkeypatch):
+    """PrefillBars draws one bar per stage on a terminal (after its delay) and nothing
+    elsewhere; a prefill cut short does not leave its bar to the next."""
+    import io
+
+    from mnn_h2o import prefill_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(prefill_progress, "DELAY_S", 0)
+    pipe = io.StringIO()
+    bars = prefill_progress.PrefillBars(pipe)
+    bars("prompt", 50, 100)
+    bars("prompt", 100, 100)
+    assert pipe.getvalue() == "" and bars.bar is None
+    tty = Tty()
+    bars = prefill_progress.PrefillBars(tty)
+    bars("prompt", 50, 100)
+    assert bars.stage == "prompt" and bars.bar.n == 50
+    bars("prompt", 20, 40)  # a new prefill after one cut short: a new bar
+    assert bars.bar.n == 20 and bars.bar.total == 40
+    bars("prompt", 40, 40)
+    assert bars.bar is None  # a stage's bar goes when it ends
+    bars("pass", 10, 80)
+    assert bars.stage == "pass" and bars.bar.total == 80
+    bars.close()
+    assert "prompt" in tty.getvalue() and "kvzip pass" in tty.getvalue()
+
+
+@pytest.mark.model
 def test_a_saved_session_keeps_what_its_next_pass_repeats(llm, tmp_path):
     """The tokens no pass has repeated yet survive fork, save and load (docs/session_format.md
     ``unpassed``), so the next pass scores them too."""
