@@ -519,8 +519,8 @@ class Llm:
         means to add after it (a kvzip pass is then run now, not in the middle of that decode,
         when they take the context to h2o.trigger_min_tokens). ``progress``, when given, is
         called as ``progress(stage, done, total)`` after each chunk, in tokens: stage "prompt"
-        over ``ids``, then "pass" over the reconstruction pass's tokens when one runs (kvzip: 3-4x
-        the prompt's time)."""
+        over ``ids``, then "pass" over the reconstruction pass's tokens when one runs (kvzip past
+        the trigger: longer than the prompt, docs/h2o.md "Reconstruction (kvzip)")."""
         ids = self._check_ids(ids)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")

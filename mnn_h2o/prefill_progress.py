@@ -1,7 +1,8 @@
 """Progress bars for a long prefill, on a terminal: the prompt, then the kvzip reconstruction
-pass, which takes 3-4x the prompt's time once a context passes h2o.trigger_min_tokens (a pasted
-document, or the chat turn that takes a conversation past it). Without them the demo and the
-chat sit silent for minutes before the first token.
+pass, which takes longer than the prompt itself once a context passes h2o.trigger_min_tokens (a
+pasted document, or the chat turn that takes a conversation past it; docs/h2o.md
+"Reconstruction (kvzip)"). Without them the demo and the chat sit silent for minutes before the
+first token.
 
 A bar appears only after ``DELAY_S``, so a short chat turn shows nothing, and it is cleared
 when its stage ends, so the answer that follows is not interleaved with it.
