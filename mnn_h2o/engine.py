@@ -490,9 +490,12 @@ class Llm:
         prompts = [(first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk]
                    for s in range(0, len(ctx), chunk)]
         total, done = sum(len(ids) for ids in prompts), 0
+        windowed = self.h2o["reconstruction_softmax"] == "chunk"
         cache.begin_reconstruction()
         try:
-            for ids in prompts:
+            for s, ids in zip(range(0, len(ctx), chunk), prompts):
+                if windowed:  # the chunk's tokens: the last len(ctx) - s rows held, chunk of them
+                    cache.set_reconstruction_window(len(ctx) - s, min(chunk, len(ctx) - s))
                 for o in range(0, len(ids), self.prefill_chunk):
                     sub = ids[o:o + self.prefill_chunk]
                     self._layers(sub, self.pos + o)

@@ -171,6 +171,33 @@ def test_the_pass_waits_for_the_trigger(llm, tokenizer):
 
 
 @pytest.mark.model
+def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkeypatch):
+    """h2o.reconstruction_softmax chunk (KVzip's scoring): with the context in one chunk the
+    sinks, the chunk and the pass are every key a query sees, so the scores are those of the full
+    softmax; in several chunks each scores only its own tokens, every block still scored."""
+    from mnn_h2o import engine
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 300)
+
+    def scores(softmax):
+        llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000, reconstruction_softmax=softmax))
+        llm.prefill(ids, reserve=100000)  # the pass runs, nothing is evicted
+        return [llm.cache.block_scores(layer, reconstruction=True) for layer in (0, 15, 29)]
+
+    full, chunk = scores("all"), scores("chunk")
+    for a, b in zip(full, chunk):
+        # Not the last block (rows 288-303): the pass's first tokens fill it after the prompt's
+        # last, and the full softmax's block peaks (the kernel's) count theirs too.
+        np.testing.assert_allclose(b[:, :-1], a[:, :-1], rtol=1e-4, atol=1e-7)
+    monkeypatch.setattr(engine, "RECONSTRUCTION_CHUNK", 100)
+    full, chunk = scores("all"), scores("chunk")
+    assert not all(np.allclose(a, b) for a, b in zip(full, chunk))
+    assert all(np.all((b > 0) & (b <= 1)) for b in chunk)  # each block is in some chunk
+    llm.configure_h2o(None)
+
+
+@pytest.mark.model
 def test_prefill_reports_the_prompt_then_the_pass(llm, tokenizer):
     """prefill's progress follows the prompt chunk by chunk, then the pass's tokens (what the
     stats count as repeated), each stage ending at its total; no pass, no "pass" stage."""

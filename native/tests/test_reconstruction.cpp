@@ -281,6 +281,73 @@ static void test_pass() {
           "only a reconstructing policy takes a pass");
 }
 
+// set_reconstruction_window (KVzip's chunk scoring): each chunk's queries share their probability
+// among the first kReconstructionSinks rows, the chunk and the pass's own rows (causal); only the
+// chunk's tokens get a peak, and a block's reconstruction score is the largest of its tokens'.
+static void test_window_pass() {
+    std::mt19937 rng(21);
+    const int H = 2, G = 2, hd = 32, n = 160, n_rep = 30;
+    const KvCacheConfig cc = cache_config(1, H, 512);
+    KvCache cache(cc);
+    cache.enable_h2o(kvzip_config(0.6));
+    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+    step_all(cache, random_vec(rng, static_cast<size_t>(n) * G * H * hd), k, v, n);
+    CHECK(throws<std::invalid_argument>([&] { cache.set_reconstruction_window(10, 10); }), "a window needs a pass");
+    // Two chunks: rows [60, 124), then [124, 160) (from the end: 100 and 36).
+    const int chunks[2][2] = {{100, 64}, {36, 36}};
+    std::vector<double> ref(static_cast<size_t>(H) * n, 0.0);
+    cache.begin_reconstruction();
+    CHECK(throws<std::invalid_argument>([&] { cache.set_reconstruction_window(-1, 4); }), "negative from_end");
+    for (const auto& c : chunks) {
+        const int begin = n - c[0], end = begin + c[1];
+        cache.set_reconstruction_window(c[0], c[1]);
+        const auto rq = random_vec(rng, static_cast<size_t>(n_rep) * G * H * hd, 2.f);
+        const auto rk = random_vec(rng, static_cast<size_t>(n_rep) * H * hd);
+        step_all(cache, rq, rk, rk, n_rep);
+        cache.rewind_reconstruction();
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < n_rep; ++t)
+                for (int g = 0; g < G; ++g) {
+                    const float* qr = &rq[(static_cast<size_t>(t) * H * G + h * G + g) * hd];
+                    std::vector<std::pair<int, double>> sc;  // (context row or -1, score)
+                    const auto dot = [&](const float* kr) {
+                        double d = 0;
+                        for (int x = 0; x < hd; ++x) d += static_cast<double>(qr[x]) * kr[x];
+                        return d / std::sqrt(static_cast<double>(hd));
+                    };
+                    for (int j = 0; j < std::min(KvCache::kReconstructionSinks, begin); ++j)
+                        sc.push_back({-1, dot(&k[(static_cast<size_t>(j) * H + h) * hd])});
+                    for (int j = begin; j < end; ++j) sc.push_back({j, dot(&k[(static_cast<size_t>(j) * H + h) * hd])});
+                    for (int j = 0; j <= t; ++j) sc.push_back({-1, dot(&rk[(static_cast<size_t>(j) * H + h) * hd])});
+                    double m = -INFINITY, l = 0;
+                    for (const auto& e : sc) m = std::max(m, e.second);
+                    for (const auto& e : sc) l += std::exp(e.second - m);
+                    for (const auto& e : sc)
+                        if (e.first >= 0) {
+                            double& r = ref[static_cast<size_t>(h) * n + e.first];
+                            r = std::max(r, std::exp(e.second - m) / l);
+                        }
+                }
+    }
+    cache.end_reconstruction();
+    const H2oState& st = *cache.h2o_state();
+    for (int h = 0; h < H; ++h) {
+        double e = 0, mx = 0;
+        for (int t = 0; t < n; ++t) {
+            const double want = ref[static_cast<size_t>(h) * n + t];
+            e = std::max(e, std::fabs(st.token_score(0, h, t) - want));
+            mx = std::max(mx, want);
+        }
+        CHECK(mx > 0 && e < 2e-5 * mx, "head %d: windowed token peaks off by %.3g (largest %.3g)", h, e, mx);
+        for (int t = 0; t < 60; ++t) CHECK(st.token_score(0, h, t) == 0.f, "head %d token %d: outside every chunk", h, t);
+        for (int b = 0; b < n / 16; ++b) {
+            float want = 0.f;
+            for (int t = b * 16; t < (b + 1) * 16; ++t) want = std::max(want, st.token_score(0, h, t));
+            CHECK(st.reconstruction_score(0, h, b) == want, "head %d block %d: the largest of its tokens' peaks", h, b);
+        }
+    }
+}
+
 // layer_budget "global": a head whose scores are all high keeps every block, paid for by the
 // others; the total is the uniform total.
 static void test_global_budget() {
@@ -348,6 +415,7 @@ static void test_global_budget() {
 int main() {
     test_block_max();
     test_pass();
+    test_window_pass();
     test_global_budget();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

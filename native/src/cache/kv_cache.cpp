@@ -284,12 +284,17 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
     } else {
         // The peaks come out of the same softmax as the masses; the pass keeps only the peaks (the
         // H2O scores stay those of the real tokens), so the masses go to scratch.
+        // With a window the block peaks come from the window's token peaks (add_window_peaks),
+        // not from the kernel's softmax over every key.
+        const bool windowed = window_from_end_ > 0;
         const size_t stride = h2o_->stride();
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
         attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
-                       h2o_->reconstruction_accumulator(layer));
+                       windowed ? nullptr : h2o_->reconstruction_accumulator(layer));
         // The keys' space: attend() left rotated queries in rotated_q_ for a rotated dtype.
-        add_token_peaks(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
+        const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
+        if (windowed) add_window_peaks(layer, q_stored, n_tokens);
+        else add_token_peaks(layer, q_stored, n_tokens);
         for (int h = 0; block_scores && h < cfg_.n_kv_heads; ++h) {
             const int n_blocks = (head(layer, h).length + cfg_.block_tokens - 1) / cfg_.block_tokens;
             for (int b = 0; b < n_blocks; ++b)
@@ -330,6 +335,65 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     token_peaks(p, best_isa(), threads_.get(), peak_ws_);
 }
 
+void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
+    const int H = cfg_.n_kv_heads, hd = cfg_.head_dim, G = group(), bt = cfg_.block_tokens;
+    float* tpeak = h2o_->token_peak_accumulator(layer);
+    float* rmax = h2o_->reconstruction_accumulator(layer);
+    for (int h = 0; h < H; ++h) {
+        const int held = pass_lengths_[static_cast<size_t>(layer) * H + h], length = head(layer, h).length;
+        const int begin = std::max(0, held - window_from_end_);
+        const int end = std::min(held, begin + window_length_);
+        if (end <= begin) continue;
+        const int sinks = std::min(kReconstructionSinks, begin);
+        // The keys in softmax order: the window (its peaks are the first end - begin), the sinks,
+        // then the pass's rows, last, so the routine's causal rule holds for them.
+        const int n_keys = (end - begin) + sinks + (length - held);
+        peak_keys_.resize(static_cast<size_t>(length) * hd);
+        read_stored(layer, h, peak_keys_.data(), nullptr);
+        window_keys_.resize(static_cast<size_t>(n_keys) * hd);
+        float* dst = window_keys_.data();
+        const auto copy_rows = [&](int from, int to) {
+            std::copy(peak_keys_.data() + static_cast<size_t>(from) * hd, peak_keys_.data() + static_cast<size_t>(to) * hd, dst);
+            dst += static_cast<size_t>(to - from) * hd;
+        };
+        copy_rows(begin, end);
+        copy_rows(0, sinks);
+        copy_rows(held, length);
+        // This head's queries, [n_tokens][G][hd], out of the step's [n_tokens][H * G][hd].
+        window_q_.resize(static_cast<size_t>(n_tokens) * G * hd);
+        for (int i = 0; i < n_tokens; ++i)
+            std::copy(q + (static_cast<size_t>(i) * H + h) * G * hd, q + (static_cast<size_t>(i) * H + h + 1) * G * hd,
+                      window_q_.data() + static_cast<size_t>(i) * G * hd);
+        const float* k = window_keys_.data();
+        const int n_peak = end - begin;
+        float* peak = tpeak + static_cast<size_t>(h) * h2o_->token_stride() + begin;
+        TokenPeakProblem p;
+        p.n_kv_heads = 1;
+        p.group = G;
+        p.head_dim = hd;
+        p.q = window_q_.data();
+        p.n_q = n_tokens;
+        p.k = &k;
+        p.n_keys = &n_keys;
+        p.n_peak = &n_peak;
+        p.peak = peak;
+        p.peak_stride = static_cast<size_t>(n_peak);
+        token_peaks(p, best_isa(), threads_.get(), peak_ws_);
+        // The blocks' peaks: the largest of their tokens' (what the kernel would give a block).
+        float* block = rmax + static_cast<size_t>(h) * h2o_->stride();
+        for (int t = begin; t < end; ++t) block[t / bt] = std::max(block[t / bt], peak[t - begin]);
+    }
+}
+
+void KvCache::set_reconstruction_window(int from_end, int length) {
+    require(reconstructing_, "set_reconstruction_window: no reconstruction pass is under way");
+    if (from_end < 0 || length < 0)
+        throw std::invalid_argument("KvCache: set_reconstruction_window: from_end and length must be >= 0, got " +
+                                    std::to_string(from_end) + " and " + std::to_string(length));
+    window_from_end_ = from_end;
+    window_length_ = length;
+}
+
 void KvCache::require_no_pass(const char* what) const {
     if (reconstructing_)
         throw std::invalid_argument(std::string("KvCache: ") + what +
@@ -344,6 +408,7 @@ void KvCache::begin_reconstruction() {
     for (size_t i = 0; i < heads_.size(); ++i) pass_lengths_[i] = heads_[i].length;
     pass_seen_.resize(stats_.size());
     for (size_t l = 0; l < stats_.size(); ++l) pass_seen_[l] = stats_[l].tokens_seen;
+    window_from_end_ = window_length_ = 0;
     reconstructing_ = true;
 }
 
@@ -364,6 +429,9 @@ void KvCache::end_reconstruction() {
     // The token peaks' scratch is as large as a layer's keys: not held between passes.
     peak_keys_ = {};
     peak_ws_ = {};
+    window_keys_ = {};
+    window_q_ = {};
+    window_from_end_ = window_length_ = 0;
     reconstructing_ = false;
 }
 
@@ -424,6 +492,7 @@ void KvCache::truncate(int layer, int h, int n_tokens) {
 
 void KvCache::reset() {
     reconstructing_ = false;
+    window_from_end_ = window_length_ = 0;
     if (store_) store_->reset();
     for (Head& hs : heads_) release_tail(hs, 0);
     std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});

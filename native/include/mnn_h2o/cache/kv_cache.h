@@ -135,6 +135,17 @@ public:
     // Drops every token stepped since begin_reconstruction (their blocks go back to the pool);
     // the pass goes on (its next chunk).
     void rewind_reconstruction();
+    // KVzip's chunk scoring (kvpress's KVzipPress) for the pass's next steps, until the next
+    // call or the pass's end: the peaks are those of a softmax over the first
+    // kReconstructionSinks held rows, the chunk being repeated and the pass's own rows, and only
+    // the chunk's rows get one. The chunk is the `length` rows starting `from_end` rows before
+    // the end of what each head held when the pass began (the tokens since the last pass are
+    // the last rows of every head: nothing scores them before this pass, so nothing evicts
+    // them); it is clipped to those rows. from_end 0: back to the full softmax over every row
+    // a query sees, peaks for every held row (the default). Throws std::invalid_argument
+    // outside a pass or for negative arguments.
+    void set_reconstruction_window(int from_end, int length);
+    static constexpr int kReconstructionSinks = 4;  // kvpress's KVzipPress n_sink
     // Rewinds, then each held block's reconstruction score becomes the larger of its score and
     // its peak in the pass, and the pass ends.
     void end_reconstruction();
@@ -190,6 +201,8 @@ private:
     // before the pass got from the step's queries (q as the kernel saw them), into the state's
     // token peaks.
     void add_token_peaks(int layer, const float* q, int n_tokens);
+    // The same with the window of set_reconstruction_window, and the window's block peaks.
+    void add_window_peaks(int layer, const float* q, int n_tokens);
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
     bool evict_global(bool due);
     void require_no_pass(const char* what) const;
@@ -234,10 +247,12 @@ private:
     bool reconstructing_ = false;
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
+    int window_from_end_ = 0, window_length_ = 0;  // set_reconstruction_window; 0: none
     // A pass step's per-token peaks (add_token_peaks): the heads' keys as f32 and the routine's scratch.
     std::vector<float> peak_keys_;
     std::vector<const float*> peak_k_;
     std::vector<int> peak_n_keys_, peak_n_peak_;
+    std::vector<float> window_keys_, window_q_;  // a windowed step's gathered keys and queries, one head
     TokenPeakWorkspace peak_ws_;
     // The policies' view of a head's rows (read_stored).
     struct RowReader final : HeadRowReader {
