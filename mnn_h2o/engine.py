@@ -467,8 +467,10 @@ class Llm:
 
     def _reconstruct(self, progress=None) -> None:
         """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
-        repeat them, chunk by chunk, teacher-forced; the evicting layers' kernels keep the largest
-        probability each held block gets from those queries. The pass's own tokens are dropped
+        repeat them, chunk by chunk, teacher-forced; the evicting layers keep the largest
+        probability each held token gets from those queries (h2o.reconstruction_softmax: in a
+        softmax over every key, or, chunk, over the sinks, that chunk and the pass, KVzip's
+        own scoring). The pass's own tokens are dropped
         after each chunk, so afterwards the cache holds exactly what it held before. ``progress``
         as :meth:`prefill`'s, stage "pass"."""
         ctx = self.unpassed
