@@ -573,7 +573,8 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
              "Drop every token stepped since begin_reconstruction (their memory is freed); the pass goes on.")
         .def("set_reconstruction_window", locked(&KvCache::set_reconstruction_window), py::arg("from_end"),
              py::arg("length"),
-             "KVzip's chunk scoring for the pass's next steps: a softmax over the first 4 held rows, the `length` "
+             "KVzip's chunk scoring for the pass's next steps: a softmax over the first sink rows "
+             "(KvCache::kReconstructionSinks), the `length` "
              "rows starting `from_end` rows before the end of what each head held at the pass's start, and the "
              "pass's rows; peaks for that chunk only. from_end 0: every held row (the default).")
         .def("end_reconstruction", locked(&KvCache::end_reconstruction),

@@ -489,13 +489,14 @@ class Llm:
                 f"the {self.pos} tokens in context (limit {self.max_context})")
         t0 = time.perf_counter()
         cache, st = self.cache, self.stats
-        prompts = [(first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk]
+        # (offset of the chunk in ctx, the prompt that repeats it)
+        prompts = [(s, (first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk])
                    for s in range(0, len(ctx), chunk)]
-        total, done = sum(len(ids) for ids in prompts), 0
+        total, done = sum(len(ids) for _, ids in prompts), 0
         windowed = self.h2o["reconstruction_softmax"] == "chunk"
         cache.begin_reconstruction()
         try:
-            for s, ids in zip(range(0, len(ctx), chunk), prompts):
+            for s, ids in prompts:
                 if windowed:  # the chunk's tokens: the last len(ctx) - s rows held, chunk of them
                     cache.set_reconstruction_window(len(ctx) - s, min(chunk, len(ctx) - s))
                 for o in range(0, len(ids), self.prefill_chunk):

@@ -18,6 +18,7 @@
 
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/cache/kv_cache.h"
+#include "mnn_h2o/cache/kv_dtype.h"
 #include "mnn_h2o/eviction/h2o_state.h"
 #include "mnn_h2o/runtime/thread_pool.h"
 
@@ -284,14 +285,23 @@ static void test_pass() {
 // set_reconstruction_window (KVzip's chunk scoring): each chunk's queries share their probability
 // among the first kReconstructionSinks rows, the chunk and the pass's own rows (causal); only the
 // chunk's tokens get a peak, and a block's reconstruction score is the largest of its tokens'.
-static void test_window_pass() {
+// Q8 as well: the window starts inside a block, so its rows are read from the middle of one.
+static void test_window_pass(KvDtype dtype) {
     std::mt19937 rng(21);
     const int H = 2, G = 2, hd = 32, n = 160, n_rep = 30;
-    const KvCacheConfig cc = cache_config(1, H, 512);
+    KvCacheConfig cc = cache_config(1, H, 512);
+    cc.dtype = dtype;
     KvCache cache(cc);
     cache.enable_h2o(kvzip_config(0.6));
-    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
-    step_all(cache, random_vec(rng, static_cast<size_t>(n) * G * H * hd), k, v, n);
+    const auto v = random_vec(rng, static_cast<size_t>(n) * H * hd);
+    step_all(cache, random_vec(rng, static_cast<size_t>(n) * G * H * hd), random_vec(rng, v.size()), v, n);
+    // The keys as stored (the reference's), rows [n][H][hd] like the ones stepped.
+    std::vector<float> k(v.size()), kh(static_cast<size_t>(n) * hd), vh(kh.size());
+    for (int h = 0; h < H; ++h) {
+        cache.read(0, h, kh.data(), vh.data());
+        for (int j = 0; j < n; ++j)
+            std::copy(&kh[static_cast<size_t>(j) * hd], &kh[static_cast<size_t>(j + 1) * hd], &k[(static_cast<size_t>(j) * H + h) * hd]);
+    }
     CHECK(throws<std::invalid_argument>([&] { cache.set_reconstruction_window(10, 10); }), "a window needs a pass");
     // Two chunks: rows [60, 124), then [124, 160) (from the end: 100 and 36).
     const int chunks[2][2] = {{100, 64}, {36, 36}};
@@ -302,7 +312,11 @@ static void test_window_pass() {
         const int begin = n - c[0], end = begin + c[1];
         cache.set_reconstruction_window(c[0], c[1]);
         const auto rq = random_vec(rng, static_cast<size_t>(n_rep) * G * H * hd, 2.f);
-        const auto rk = random_vec(rng, static_cast<size_t>(n_rep) * H * hd);
+        auto rk = random_vec(rng, static_cast<size_t>(n_rep) * H * hd);
+        // The pass's keys as stored, too (a round trip is exact for F32).
+        std::vector<uint8_t> stored(kv_row_bytes(dtype, hd) * n_rep * H);
+        kv_rows_from_f32(dtype, rk.data(), stored.data(), static_cast<size_t>(n_rep) * H, hd);
+        kv_rows_to_f32(dtype, stored.data(), rk.data(), static_cast<size_t>(n_rep) * H, hd);
         step_all(cache, rq, rk, rk, n_rep);
         cache.rewind_reconstruction();
         for (int h = 0; h < H; ++h)
@@ -415,7 +429,8 @@ static void test_global_budget() {
 int main() {
     test_block_max();
     test_pass();
-    test_window_pass();
+    test_window_pass(KvDtype::F32);
+    test_window_pass(KvDtype::Q8);
     test_global_budget();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mnn_h2o {
 
@@ -348,17 +349,12 @@ void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
         // The keys in softmax order: the window (its peaks are the first end - begin), the sinks,
         // then the pass's rows, last, so the routine's causal rule holds for them.
         const int n_keys = (end - begin) + sinks + (length - held);
-        peak_keys_.resize(static_cast<size_t>(length) * hd);
-        read_stored(layer, h, peak_keys_.data(), nullptr);
         window_keys_.resize(static_cast<size_t>(n_keys) * hd);
         float* dst = window_keys_.data();
-        const auto copy_rows = [&](int from, int to) {
-            std::copy(peak_keys_.data() + static_cast<size_t>(from) * hd, peak_keys_.data() + static_cast<size_t>(to) * hd, dst);
+        for (const auto& [from, to] : {std::pair<int, int>{begin, end}, {0, sinks}, {held, length}}) {
+            read_stored_rows(layer, h, from, to, dst, nullptr);
             dst += static_cast<size_t>(to - from) * hd;
-        };
-        copy_rows(begin, end);
-        copy_rows(0, sinks);
-        copy_rows(held, length);
+        }
         // This head's queries, [n_tokens][G][hd], out of the step's [n_tokens][H * G][hd].
         window_q_.resize(static_cast<size_t>(n_tokens) * G * hd);
         for (int i = 0; i < n_tokens; ++i)
@@ -447,16 +443,26 @@ KvHeadView KvCache::view(int layer, int h) const {
 }
 
 void KvCache::read_stored(int layer, int h, float* k_out, float* v_out) const {
+    read_stored_rows(layer, h, 0, head(layer, h).length, k_out, v_out);
+}
+
+void KvCache::read_stored_rows(int layer, int h, int from, int to, float* k_out, float* v_out) const {
     const Head& hs = head(layer, h);
-    const int bt = cfg_.block_tokens;
-    for (int b = 0, pos = 0; pos < hs.length; ++b, pos += bt) {
-        const size_t rows = static_cast<size_t>(hs.length - pos < bt ? hs.length - pos : bt);
-        const size_t offset = static_cast<size_t>(pos) * cfg_.head_dim;
+    if (from < 0 || to > hs.length || from > to)
+        throw std::out_of_range("KvCache: rows [" + std::to_string(from) + ", " + std::to_string(to) +
+                                ") outside the head's " + std::to_string(hs.length));
+    const int bt = cfg_.block_tokens, hd = cfg_.head_dim;
+    const size_t row_bytes = kv_row_bytes(cfg_.dtype, hd);
+    for (int pos = from; pos < to;) {
+        const int b = pos / bt, in_block = pos - b * bt;
+        const size_t rows = static_cast<size_t>(std::min(to - pos, bt - in_block));
+        const size_t offset = static_cast<size_t>(pos - from) * hd, skip = static_cast<size_t>(in_block) * row_bytes;
         const void* k = hs.k_blocks[b];
         const void* v = hs.v_blocks[b];
         if (!k) store_->read_block(layer, h, b, &k, &v);
-        if (k_out) convert_to_f32(isa_, cfg_.dtype, k, k_out + offset, rows, cfg_.head_dim);
-        if (v_out) convert_to_f32(isa_, cfg_.dtype, v, v_out + offset, rows, cfg_.head_dim);
+        if (k_out) convert_to_f32(isa_, cfg_.dtype, static_cast<const uint8_t*>(k) + skip, k_out + offset, rows, hd);
+        if (v_out) convert_to_f32(isa_, cfg_.dtype, static_cast<const uint8_t*>(v) + skip, v_out + offset, rows, hd);
+        pos += static_cast<int>(rows);
     }
 }
 

@@ -208,6 +208,8 @@ private:
     void require_no_pass(const char* what) const;
     // read() in the storage space (rotated dtypes stay rotated); k or v may be null.
     void read_stored(int layer, int head, float* k_out, float* v_out) const;
+    // The same for rows [from, to) of the head only, written from k_out / v_out's start.
+    void read_stored_rows(int layer, int head, int from, int to, float* k_out, float* v_out) const;
     // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
     bool evict_due(int n_tokens, bool prefill);
     // evict() with the floors a plan must keep given explicitly: the policy's own plans are
@@ -252,7 +254,7 @@ private:
     std::vector<float> peak_keys_;
     std::vector<const float*> peak_k_;
     std::vector<int> peak_n_keys_, peak_n_peak_;
-    std::vector<float> window_keys_, window_q_;  // a windowed step's gathered keys and queries, one head
+    std::vector<float> window_keys_, window_q_;  // a windowed step's keys (window, sinks, pass) and queries, one head
     TokenPeakWorkspace peak_ws_;
     // The policies' view of a head's rows (read_stored).
     struct RowReader final : HeadRowReader {
