@@ -191,12 +191,12 @@ SCHEMA: Tuple[Key, ...] = (
         "below its sink + recent floors) or global (KVzip: one budget, the uniform total, for every kv "
         "head of every evicting layer, their blocks ranked together by the policy's scores; the "
         "floors stay per head; per_head_budget is then implied)", choices=("uniform", "pyramid", "global")),
-    Key("h2o", "reconstruction_softmax", str, "all", "-", "policy kvzip: whom the reconstruction "
-        "pass's queries share their probability with when they score the context. all = every key a "
-        "query sees (the whole context and the pass so far), every held token scored by every chunk; "
-        "chunk = the first 4 tokens, the chunk being repeated and the pass's own tokens, each chunk "
-        "scoring its own tokens only (KVzip's and kvpress's; less work per pass step)",
-        choices=("all", "chunk")),
+    Key("h2o", "reconstruction_softmax", str, "chunk", "-", "policy kvzip: whom the reconstruction "
+        "pass's queries share their probability with when they score the context. chunk = the first 4 "
+        "tokens, the chunk being repeated and the pass's own tokens, each chunk scoring its own tokens "
+        "only (KVzip's and kvpress's; less work per pass step); all = every key a query sees (the whole "
+        "context and the pass so far), every held token scored by every chunk",
+        choices=("chunk", "all")),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks, in any "
         "runtime.kv_dtype (quantised rows as Gear's Q8 / Q4 frames): off; probe (encode/verify a "
         "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "

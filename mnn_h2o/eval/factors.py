@@ -42,8 +42,9 @@ VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("old", "the h2o default before issue 19: layers 0-1 exempt, eviction after every prefill chunk, "
             "floors never shrink", {"h2o.policy": "h2o", "h2o.layer_budget": "uniform", "h2o.layer_start": 2,
                                     "h2o.prefill_eviction": "chunk", "h2o.max_floor_share": 0.0}),
-    Variant("chunk", "kvzip's pass scores as KVzip does: softmax over 4 sinks, the chunk and the pass, "
-            "each chunk its own tokens (h2o.reconstruction_softmax chunk)", {"h2o.reconstruction_softmax": "chunk"}),
+    Variant("all_keys", "kvzip's pass scores every held token with a softmax over every key the queries "
+            "see, each chunk all tokens (h2o.reconstruction_softmax all; the default's is KVzip's: 4 sinks, "
+            "the chunk and the pass)", {"h2o.reconstruction_softmax": "all"}),
     Variant("layers0", "no exempt layers: every layer evicts (h2o.layer_start 0)", {"h2o.layer_start": 0}),
     Variant("floors16", "small floors: sink 16, recent 16 tokens (one block each)",
             {"h2o.sink_tokens": 16, "h2o.recent_tokens": 16}),
