@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("--prompt-len", type=int, default=4096)
     z.add_argument("--continuation", type=int, default=256)
     z.add_argument("--segments", type=int, default=1, help="segments per domain (default 1)")
+    r = sub.add_parser("fair", help="the default against presses over q8_0, from frontier files: table and plot",
+                       description=_module_doc("fair"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("files", nargs="+", help="frontier --json files; a later file's row replaces an earlier one's")
+    r.add_argument("--default", default="ours:kvzip@q8", help="the method to compare (default ours:kvzip@q8)")
+    r.add_argument("--out", default="fair", help="prefix of the .md table and the .png plot (default fair)")
     w = sub.add_parser("weights", help="weight precision (layers / lm_head bits) vs the exact model, and speed",
                        description=_weights_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("--json", default="weights.json", help="output file (default weights.json); a .md table beside it")
@@ -153,6 +158,10 @@ def main(argv=None) -> int:
         if args.tokens < 2 or args.decode < 1 or args.repetitions < 1:
             raise SystemExit("error: --tokens must be >= 2, --decode and --repetitions >= 1")
         return run(lambda: weights.sweep(args, config_mod))
+    if args.command == "fair":
+        from . import fair
+
+        return run(lambda: print(fair.report(args.files, args.default, args.out)) or 0)
     if args.command == "kvzip-structure":
         from . import kvzip_structure
 
