@@ -107,6 +107,11 @@ SCHEMA: Tuple[Key, ...] = (
         range=(1, 64)),
     Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "
         "kernels (int8 activations), 'normal' expands weights to float", choices=("low", "normal")),
+    Key("runtime", "lm_head", str, "native", "-", "where the output projection runs when the export's "
+        "head is 8-bit: native = its q8_0 rows times the float activation, in our core; mnn = MNN's "
+        "module, which rounds the activation to int8 under memory low (docs/results.md 'The native "
+        "lm_head' has the difference). A 4-bit or float head always runs in MNN",
+        choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
         "of the three; measured agreement: docs/results.md)",
@@ -346,8 +351,8 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
 # lossless's through enable_store (StoreConfig); each under its own name but those of NATIVE_NAMES.
 # ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
 NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
-ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.prefill_chunk", "runtime.max_context",
-               "h2o.enabled", "h2o.prefill_eviction", "h2o.reconstruction_softmax")
+ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.prefill_chunk",
+               "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction", "h2o.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each
 # enum's table of names, e.g. kv_dtype.h); the C API holds the enum's value as an int32.

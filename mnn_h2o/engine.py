@@ -7,7 +7,7 @@ One decode step, top to bottom (llama2.c style):
         h, q, k, v = layer_i(h, attn, cos[pos], sin[pos])
         attn = cache.step(i, q, k, v)      # native: append K/V, exact softmax attention
     x = tail(h, attn)                      # MNN: finish the last layer, final norm
-    logits = lm_head(x)
+    logits = lm_head(x)                    # native q8_0 rows x float x (runtime.lm_head)
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ class Stats(SpeedCounters):
                               # RoPE rows, attention output), the outputs read (q/k/v, logits)
     attention_s: float = 0.0  # inside the native cache step (append, attention, score collection)
     policy_s: float = 0.0     # inside the native end of a forward (eviction when due, store jobs)
+    head_s: float = 0.0       # inside the native lm_head (runtime.lm_head native)
     kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
                                      # decode cache and scratch (the memory a user pays)
     kv_bytes_pool: int = 0           # of which raw blocks
@@ -185,12 +186,22 @@ class Llm:
         MNN = import_mnn()
         self._F = MNN.expr
         manager = runtime_manager(rt)
-        self._modules = [None] * (c.n_layers + 2)
-        names = [f"layer{i}" for i in range(c.n_layers)] + ["tail", "lm_head"]
-        for j, name in enumerate(names):
+        # The native head replaces MNN's lm_head module where the export has its q8_0 rows (an
+        # 8-bit head); then that module is not loaded at all.
+        q8 = meta.get("lm_head_q8") if rt["lm_head"] == "native" else None
+        names = [f"layer{i}" for i in range(c.n_layers)] + ["tail"] + ([] if q8 else ["lm_head"])
+        self._modules = []  # layer modules, the tail, then MNN's lm_head unless the head is native
+        for name in names:
             m = meta["modules"][name]
-            self._modules[j] = MNN.nn.load_module_from_file(
-                os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager)
+            self._modules.append(MNN.nn.load_module_from_file(
+                os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager))
+        self._q8_head = None
+        if q8:
+            from . import native
+
+            codes = np.load(os.path.join(export_dir, q8["codes"]))
+            scales = np.load(os.path.join(export_dir, q8["scales"]))
+            self._q8_head = native.Q8Matrix(codes, scales.view(np.uint16), threads=rt["threads"])
         self._embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
         cos, sin = rope_tables(c, np.arange(self.max_context), np.float32)
         self._cos = np.ascontiguousarray(cos[:, None, :])
@@ -404,8 +415,18 @@ class Llm:
         """The tail (last layer's end, final norm) and lm_head: logits of the last row or of all."""
         st, perf, c = self.stats, time.perf_counter, self.config
         t0 = perf()
-        x = self._modules[-2].forward([h, attn_in])[0]
+        x = self._modules[c.n_layers].forward([h, attn_in])[0]
         t1 = perf()
+        st.mnn_s += t1 - t0
+        st.mnn_calls += 1
+        if self._q8_head is not None:
+            rows = x.read()
+            rows = np.ascontiguousarray(rows[-1:] if want == "last" else rows, dtype=np.float32)
+            t2 = perf()
+            logits = self._q8_head.multiply(rows)
+            st.convert_s += t2 - t1
+            st.head_s += perf() - t2
+            return logits
         if want == "last" and n > 1:
             x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
         t2 = perf()
@@ -413,8 +434,8 @@ class Llm:
         t3 = perf()
         logits = np.array(out.read(), dtype=np.float32, copy=True)
         t4 = perf()
-        st.mnn_s += (t1 - t0) + (t3 - t2)
-        st.mnn_calls += 2
+        st.mnn_s += t3 - t2
+        st.mnn_calls += 1
         st.convert_s += (t2 - t1) + (t4 - t3)
         return logits
 

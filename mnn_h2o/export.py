@@ -5,7 +5,9 @@ residual stream ``h`` and the attention output of layer i-1, finishes layer i-1 
 RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, RoPE), returning
 ``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
-The embedding table is stored as an fp16 ``.npy`` read through a memory map.
+The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
+also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
+native head (``runtime.lm_head``), which multiplies them with the float activation.
 
 Weights are quantised by MNN's converter (``-f MNN --optimizeLevel 2 --weightQuantBits N
 --weightQuantBlock 32``); block 32 is the GGUF Q4_1/Q8_0 block and reproduces their weights
@@ -31,10 +33,11 @@ from .cli_errors import run
 from .decoder_layer import finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
+from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -212,7 +215,14 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             save(f"layer{i}", build_layer(F, cfg, prev, w))
             prev = w
         save("tail", build_tail(F, cfg, prev, g.output_norm()))
-        save("lm_head", build_lm_head(F, cfg, emb if cfg.tied_embeddings else g.lm_head()), head_bits)
+        head = emb if cfg.tied_embeddings else g.lm_head()
+        save("lm_head", build_lm_head(F, cfg, head), head_bits)
+        head_q8 = None
+        if head_bits == 8:  # the native head's rows (runtime.lm_head): the same values as MNN's module
+            codes, scales = q8_0.quantize(head)
+            head_q8 = {"codes": "lm_head_q8_codes.npy", "scales": "lm_head_q8_scales.npy"}
+            np.save(os.path.join(work, head_q8["codes"]), codes)
+            np.save(os.path.join(work, head_q8["scales"]), scales)
         steps.close()
         tok.save(os.path.join(work, "tokenizer.json"))
         meta = {
@@ -225,6 +235,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "source_sha256": sha,
             "modules": modules,
             "embedding": "embed_f16.npy",
+            "lm_head_q8": head_q8,
             "tokenizer": "tokenizer.json",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -59,17 +59,49 @@ def test_generate_stop_string_stream_and_stats(llm8):
 
 
 def test_time_counters_are_disjoint_parts_of_a_step(llm8):
-    """A decode step's counters: one Module.forward per layer plus the tail and lm_head, and
-    times that are parts of the step's (each counted once)."""
+    """A decode step's counters: one Module.forward per layer plus the tail (the 8-bit head runs
+    natively), and times that are parts of the step's (each counted once)."""
     llm8.reset()
     llm8.prefill(llm8.tokenizer.encode("The capital of France is"))
     before = dict(vars(llm8.stats))
     llm8.decode(11)
     d = {k: v - before[k] for k, v in vars(llm8.stats).items() if isinstance(v, (int, float))}
-    assert d["mnn_calls"] == llm8.config.n_layers + 2
-    parts = [d[k] for k in ("mnn_s", "convert_s", "attention_s", "policy_s")]
-    assert all(p >= 0 for p in parts) and d["mnn_s"] > 0 and d["attention_s"] > 0
+    assert d["mnn_calls"] == llm8.config.n_layers + 1
+    parts = [d[k] for k in ("mnn_s", "convert_s", "attention_s", "policy_s", "head_s")]
+    assert all(p >= 0 for p in parts) and d["mnn_s"] > 0 and d["attention_s"] > 0 and d["head_s"] > 0
     assert sum(parts) <= d["decode_s"]
+
+
+def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smollm2_gguf):
+    """runtime.lm_head native: the export's q8_0 rows are the GGUF's Q8_0 embedding exactly, and
+    its logits are MNN's lm_head module's up to MNN's int8 rounding of the activation: the same
+    greedy token at every position, and close in distribution."""
+    import os
+
+    from mnn_h2o import q8_0
+    from mnn_h2o.export import ensure_exported
+    from mnn_h2o.measure import log_softmax
+
+    d = ensure_exported(llm8.cfg["model"], progress=False)
+    q = llm8.meta["lm_head_q8"]
+    codes, scales = np.load(os.path.join(d, q["codes"])), np.load(os.path.join(d, q["scales"]))
+    assert np.array_equal(q8_0.dequantize(codes, scales), smollm2_gguf.embedding())
+    assert llm8._q8_head is not None and len(llm8._modules) == llm8.config.n_layers + 1
+
+    mnn_head = make_llm(8, lm_head="mnn")
+    assert mnn_head._q8_head is None and len(mnn_head._modules) == mnn_head.config.n_layers + 2
+    ids = llm8.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    a, b = llm8.logits(ids), mnn_head.logits(ids)
+    assert a.shape == b.shape == (len(ids), llm8.config.vocab)
+    assert np.array_equal(a.argmax(-1), b.argmax(-1))
+    la, lb = log_softmax(a), log_softmax(b)
+    kl = np.sum(np.exp(lb) * (lb - la), axis=-1)
+    assert kl.max() < 0.02, kl.max()
+    # The scalar reference kernel gives the same logits as the SIMD one the engine used.
+    x = np.random.default_rng(0).standard_normal((2, llm8.config.hidden)).astype(np.float32)
+    simd, scalar = llm8._q8_head.multiply(x), llm8._q8_head.multiply(x, isa="scalar")
+    assert np.allclose(simd, scalar, rtol=1e-5, atol=1e-4)
+    assert np.allclose(scalar, x @ q8_0.dequantize(codes, scales).T, rtol=1e-4, atol=1e-3)
 
 
 def test_sampling_is_seeded_and_valid(llm8):
@@ -137,3 +169,20 @@ def test_quantised_kv_on_the_real_model(llm8, tokenizer):
         llm8.configure_kv_dtype("f16")
     again = teacher_forced(llm8, prompt, cont)
     assert np.array_equal(again.logp, full.logp)
+
+
+def test_native_head_refuses_bad_shapes():
+    from mnn_h2o import native
+
+    codes, scales = np.zeros((4, 64), np.int8), np.zeros((4, 2), np.uint16)
+    m = native.Q8Matrix(codes, scales, threads=2)
+    assert (m.rows, m.cols, m.bytes) == (4, 64, 4 * 64 + 4 * 2 * 2)
+    assert m.multiply(np.ones((3, 64), np.float32)).shape == (3, 4)
+    for bad_codes, bad_scales in ((np.zeros((4, 60), np.int8), np.zeros((4, 2), np.uint16)),
+                                  (codes, np.zeros((4, 3), np.uint16)), (codes[0], scales)):
+        with pytest.raises(ValueError):
+            native.Q8Matrix(bad_codes, bad_scales)
+    with pytest.raises(ValueError):
+        m.multiply(np.ones((1, 32), np.float32))
+    with pytest.raises(ValueError):
+        m.multiply(np.ones((1, 64), np.float32), isa="sse")

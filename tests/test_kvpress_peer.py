@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mnn_h2o.eval import kvpress_peer as K
-from mnn_h2o.eval import q8_0
+from mnn_h2o import q8_0
 
 
 def test_q8_0_blocks_by_hand():

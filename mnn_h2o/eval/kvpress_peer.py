@@ -44,7 +44,7 @@ import os
 from contextlib import ExitStack, contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import q8_0
+from .. import q8_0
 
 # Our name -> (kvpress class path, needs eager attention). AdaKV wraps ExpectedAttention, the
 # leading combination on kvpress's public leaderboard. KVzip is run by its own context manager

@@ -8,13 +8,13 @@ whole-model ratio, and the speed-up over the first engine: ratio of means, and i
 range over blocks of 50 tokens.
 
     python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
-        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal q8:none^mnn]
 
-An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY]: DTYPE a runtime.kv_dtype, POLICY none
+An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD]: DTYPE a runtime.kv_dtype, POLICY none
 or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
 weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
-layers with an 8-bit lm_head), and MEMORY its runtime.memory (default the config's; normal =
-float activations).
+layers with an 8-bit lm_head), MEMORY its runtime.memory (default the config's; normal =
+float activations) and LM_HEAD its runtime.lm_head (native or mnn; default the config's).
 """
 import argparse
 import copy
@@ -45,9 +45,13 @@ def parse_weights(spec: str, text: str, cfg: dict):
 
 
 def parse_engine(spec: str, cfg: dict):
-    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory) of
-    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY]."""
-    rest_spec, _, memory = spec.partition("~")
+    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory, lm_head) of
+    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD]."""
+    head_spec, _, lm_head = spec.partition("^")
+    lm_head = lm_head or cfg["runtime"]["lm_head"]
+    if lm_head not in config_mod.key("runtime.lm_head").choices:
+        raise SystemExit(f"{spec}: unknown runtime.lm_head {lm_head!r}")
+    rest_spec, _, memory = head_spec.partition("~")
     memory = memory or cfg["runtime"]["memory"]
     if memory not in config_mod.key("runtime.memory").choices:
         raise SystemExit(f"{spec}: unknown runtime.memory {memory!r}")
@@ -58,13 +62,13 @@ def parse_engine(spec: str, cfg: dict):
     if dtype not in config_mod.key("runtime.kv_dtype").choices:
         raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
     if policy == "none":
-        return spec, None, dtype, weights, memory
+        return spec, None, dtype, weights, memory, lm_head
     if policy not in config_mod.key("h2o.policy").choices:
         raise SystemExit(f"{spec}: unknown policy {policy!r}")
     h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
     if ratio:
         h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
-    return spec, h2o, dtype, weights, memory
+    return spec, h2o, dtype, weights, memory, lm_head
 
 
 def main():
@@ -73,17 +77,17 @@ def main():
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
     ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
-                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY] per engine; speed-ups are against the first "
-                         "(default f16:none f16:h2o)")
+                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD] per engine; speed-ups are "
+                         "against the first (default f16:none f16:h2o)")
     args = ap.parse_args()
     cfg = load(args.config)
     cfg["lossless"]["mode"] = "off"
     name = cfg["model"]["name"]
     specs = [parse_engine(s, cfg) for s in args.engines]
     engines = []
-    for label, h2o, dtype, (weight_bits, head_bits), memory in specs:
+    for label, h2o, dtype, (weight_bits, head_bits), memory, lm_head in specs:
         c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory)
+        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)

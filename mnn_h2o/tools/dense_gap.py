@@ -1,8 +1,9 @@
 """What MNN's dense part of a decode token costs back to back, and what it costs in the engine's
 rhythm, where each layer's module waits while our cache step runs.
 
-One decode token of the export (every layer module, the tail and lm_head: the engine's 32
-``Module.forward`` calls for SmolLM2) is run in three ways, interleaved token by token:
+One decode token of the export (every layer module, the tail and lm_head: for SmolLM2 the
+engine's 31 ``Module.forward`` calls and its native 8-bit head, 32 calls with runtime.lm_head mnn)
+is run in three ways, interleaved token by token:
 
     back-to-back  the calls one after another, nothing between them
     spin          a busy wait on the calling thread between layer calls, as long as the real
@@ -100,8 +101,7 @@ def _measure(args) -> int:
                 llm.cache.step(i, q, k, v, attn)
                 t_step += perf() - t1
         t0 = perf()
-        x = mods[-2].forward([h, attn_in])[0]
-        mods[-1].forward([x])[0].read()
+        llm._head(h, attn_in, 1, "last")  # the tail and lm_head as the engine runs them
         return t_mnn + perf() - t0, t_step
 
     for mode in MODES[::-1]:  # warm-up, the cache step first: its length is the spin's

@@ -1,7 +1,8 @@
-"""llama.cpp's q8_0 block format, as a fake quantiser for a float KV cache.
+"""llama.cpp's q8_0 block format: the rows of the native lm_head (export.py), and a fake
+quantiser for the kvpress peer's float KV cache (eval/kvpress_peer.py).
 
-A q8_0 block is 32 consecutive values (here: along head_dim) stored as one fp16 scale and 32
-int8 codes, 34 bytes against f16's 64. We follow ggml's reference quantiser
+A q8_0 block is 32 consecutive values (along a weight row, or a KV row's head_dim) stored as one
+fp16 scale and 32 int8 codes, 34 bytes against f16's 64. We follow ggml's reference quantiser
 (``quantize_row_q8_0_ref``, the definition the format's tests check against):
 
 - ``d = max|x| / 127`` in float32; the block stores ``fp16(d)`` (round to nearest even);
