@@ -21,7 +21,7 @@ static void hand_computed_block() {
     x[31] = 2.f;
     // sum(i - 16, i < 31) + 2 * 15 = (-16 + 14) * 31 / 2 + 30 = -31 + 30 = -1; times 0.5.
     const float want = -0.5f;
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon}) {
         Q8Matrix m(1, 32, codes, {0x3800}, 1);
         float y = 0;
         m.multiply(x.data(), 1, &y, isa);
@@ -58,7 +58,7 @@ static void random_matrices() {
         }
     CHECK(worst < 1e-5, "scalar vs float64: relative error %g", worst);
 
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
         for (int threads : {1, 2, 3}) {
             Q8Matrix m(rows, cols, codes, scales, threads);
             std::vector<float> y(ref.size(), NAN);

@@ -61,6 +61,8 @@ void Q8Matrix::multiply(const float* x, int n, float* y, Isa isa) const {
         kernel = q8_rows_avx512;
     else if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
         kernel = q8_rows_avx2;
+#elif defined(__aarch64__)
+    if (isa == Isa::Neon) kernel = q8_rows_neon;
 #else
     (void)isa;
 #endif

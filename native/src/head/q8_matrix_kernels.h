@@ -22,5 +22,8 @@ struct Q8Rows {
 void q8_rows_avx2(const Q8Rows& p, int r0, int r1);
 void q8_rows_avx512(const Q8Rows& p, int r0, int r1);
 #endif
+#if defined(__aarch64__)
+void q8_rows_neon(const Q8Rows& p, int r0, int r1);
+#endif
 
 }  // namespace mnn_h2o

@@ -35,9 +35,9 @@ public:
     size_t bytes() const { return codes_.size() + scales_.size() * sizeof(uint16_t); }
 
     // y[t][r] = sum over c of x[t][c] * value(r, c), for t in [0, n): x is [n][cols], y [n][rows].
-    // isa: Scalar is the reference (float sums per block, in order); Avx2 / Avx512 the SIMD paths
-    // (the same products, summed in another order), used when compiled in and supported, else
-    // the reference.
+    // isa: Scalar is the reference (float sums per block, in order); Avx2 / Avx512 / Neon the SIMD
+    // paths (the same products, summed in another order), used when compiled in and supported,
+    // else the reference.
     void multiply(const float* x, int n, float* y, Isa isa) const;
     void multiply(const float* x, int n, float* y) const { multiply(x, n, y, best_isa()); }
 
