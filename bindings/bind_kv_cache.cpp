@@ -22,6 +22,7 @@
 #include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/store/kv_store.h"
 #include "mnn_h2o/store/store_config.h"
+#include "isa_arg.h"
 
 namespace py = pybind11;
 using mnn_h2o::H2oConfig;
@@ -41,14 +42,6 @@ KvDtype parse_dtype(const std::string& name) {
     if (!mnn_h2o::enum_from_name(name, &dtype))
         throw py::value_error("dtype must be one of " + mnn_h2o::enum_names_text<KvDtype>() + ", got '" + name + "'");
     return dtype;
-}
-
-Isa parse_isa(const py::object& name) {
-    if (name.is_none()) return mnn_h2o::best_isa();
-    const std::string s = py::str(name);
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
-        if (s == mnn_h2o::isa_name(isa)) return isa;
-    throw py::value_error("isa must be 'scalar', 'avx2', 'avx512' or 'neon', got '" + s + "'");
 }
 
 // obj as a float32, C-contiguous, aligned (and if asked, writeable) numpy array: what the native

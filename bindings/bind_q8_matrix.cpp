@@ -9,6 +9,7 @@
 
 #include "mnn_h2o/head/q8_matrix.h"
 #include "mnn_h2o/runtime/cpu_features.h"
+#include "isa_arg.h"
 
 namespace py = pybind11;
 using mnn_h2o::Isa;
@@ -35,14 +36,6 @@ Q8Matrix make(py::array_t<int8_t, py::array::c_style | py::array::forcecast> cod
     }
 }
 
-Isa isa_of(const py::object& name) {
-    if (name.is_none()) return mnn_h2o::best_isa();
-    const std::string s = py::str(name);
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
-        if (s == mnn_h2o::isa_name(isa)) return isa;
-    throw py::value_error("isa must be 'scalar', 'avx2', 'avx512' or 'neon', got '" + s + "'");
-}
-
 }  // namespace
 
 void bind_q8_matrix(py::module_& m) {
@@ -62,7 +55,7 @@ void bind_q8_matrix(py::module_& m) {
                     throw py::value_error("x must be [n, " + std::to_string(self.cols()) + "], got " + shape_of(x));
                 if (x.shape(0) > INT32_MAX) throw py::value_error("x: too many rows");
                 const int n = static_cast<int>(x.shape(0));
-                const Isa which = isa_of(isa);
+                const Isa which = parse_isa(isa);
                 py::array_t<float> y({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(self.rows())});
                 {
                     py::gil_scoped_release release;

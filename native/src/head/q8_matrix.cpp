@@ -16,21 +16,15 @@ namespace {
 constexpr int kRowsPerTask = 256;
 
 void q8_rows_scalar(const Q8Rows& p, int r0, int r1) {
-    const int nb = p.cols / kQ8Block;
-    for (int r = r0; r < r1; ++r) {
-        const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
-        const uint16_t* s = p.scales + static_cast<size_t>(r) * nb;
-        for (int t = 0; t < p.n; ++t) {
-            const float* x = p.x + static_cast<size_t>(t) * p.cols;
-            float acc = 0.f;
-            for (int b = 0; b < nb; ++b) {
-                float dot = 0.f;
-                for (int i = 0; i < kQ8Block; ++i) dot += static_cast<float>(c[b * kQ8Block + i]) * x[b * kQ8Block + i];
-                acc += dot * fp16_to_fp32(s[b]);
-            }
-            p.y[static_cast<size_t>(t) * p.y_stride + r] = acc;
+    for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
+        float acc = 0.f;
+        for (int b = 0; b < nb; ++b) {
+            float dot = 0.f;
+            for (int i = 0; i < kQ8Block; ++i) dot += static_cast<float>(c[b * kQ8Block + i]) * x[b * kQ8Block + i];
+            acc += dot * fp16_to_fp32(s[b]);
         }
-    }
+        return acc;
+    });
 }
 
 }  // namespace

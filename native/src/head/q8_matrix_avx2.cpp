@@ -20,26 +20,19 @@ static inline __m256 codes8(const int8_t* c) {
 }
 
 void q8_rows_avx2(const Q8Rows& p, int r0, int r1) {
-    const int nb = p.cols / kQ8Block;
-    for (int r = r0; r < r1; ++r) {
-        const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
-        const uint16_t* s = p.scales + static_cast<size_t>(r) * nb;
-        for (int t = 0; t < p.n; ++t) {
-            const float* x = p.x + static_cast<size_t>(t) * p.cols;
-            __m256 acc = _mm256_setzero_ps();
-            for (int b = 0; b < nb; ++b) {
-                const int8_t* cb = c + b * kQ8Block;
-                const float* xb = x + b * kQ8Block;
-                __m256 dot = _mm256_mul_ps(codes8(cb), _mm256_loadu_ps(xb));
-                dot = _mm256_fmadd_ps(codes8(cb + 8), _mm256_loadu_ps(xb + 8), dot);
-                dot = _mm256_fmadd_ps(codes8(cb + 16), _mm256_loadu_ps(xb + 16), dot);
-                dot = _mm256_fmadd_ps(codes8(cb + 24), _mm256_loadu_ps(xb + 24), dot);
-                const __m256 scale = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(s[b])));
-                acc = _mm256_fmadd_ps(dot, scale, acc);
-            }
-            p.y[static_cast<size_t>(t) * p.y_stride + r] = hsum(acc);
+    for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const int8_t* cb = c + b * kQ8Block;
+            const float* xb = x + b * kQ8Block;
+            __m256 dot = _mm256_mul_ps(codes8(cb), _mm256_loadu_ps(xb));
+            dot = _mm256_fmadd_ps(codes8(cb + 8), _mm256_loadu_ps(xb + 8), dot);
+            dot = _mm256_fmadd_ps(codes8(cb + 16), _mm256_loadu_ps(xb + 16), dot);
+            dot = _mm256_fmadd_ps(codes8(cb + 24), _mm256_loadu_ps(xb + 24), dot);
+            acc = _mm256_fmadd_ps(dot, _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(s[b]))), acc);
         }
-    }
+        return hsum(acc);
+    });
 }
 
 }  // namespace mnn_h2o

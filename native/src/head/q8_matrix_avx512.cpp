@@ -16,25 +16,18 @@
 namespace mnn_h2o {
 
 void q8_rows_avx512(const Q8Rows& p, int r0, int r1) {
-    const int nb = p.cols / kQ8Block;
-    for (int r = r0; r < r1; ++r) {
-        const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
-        const uint16_t* s = p.scales + static_cast<size_t>(r) * nb;
-        for (int t = 0; t < p.n; ++t) {
-            const float* x = p.x + static_cast<size_t>(t) * p.cols;
-            __m512 acc = _mm512_setzero_ps();
-            for (int b = 0; b < nb; ++b) {
-                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + b * kQ8Block));
-                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
-                __m512 dot = _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * kQ8Block));
-                dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * kQ8Block + 16), dot);
-                const __m512 scale = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(s[b])));
-                acc = _mm512_fmadd_ps(dot, scale, acc);
-            }
-            p.y[static_cast<size_t>(t) * p.y_stride + r] = _mm512_reduce_add_ps(acc);
+    for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + b * kQ8Block));
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+            __m512 dot = _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * kQ8Block));
+            dot = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * kQ8Block + 16), dot);
+            acc = _mm512_fmadd_ps(dot, _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(s[b]))), acc);
         }
-    }
+        return _mm512_reduce_add_ps(acc);
+    });
 }
 
 }  // namespace mnn_h2o

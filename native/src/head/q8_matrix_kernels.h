@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "mnn_h2o/head/q8_matrix.h"
+
 namespace mnn_h2o {
 
 struct Q8Rows {
@@ -17,6 +19,18 @@ struct Q8Rows {
     float* y;
     size_t y_stride;
 };
+
+// The loop every kernel shares: y[t][r] = dot(row r's codes, its scales, activation row t, blocks
+// per row) for rows [r0, r1); each ISA supplies its dot of one row with one activation row.
+template <class Dot>
+inline void for_each_row(const Q8Rows& p, int r0, int r1, Dot dot) {
+    const int nb = p.cols / kQ8Block;
+    for (int r = r0; r < r1; ++r) {
+        const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
+        const uint16_t* s = p.scales + static_cast<size_t>(r) * nb;
+        for (int t = 0; t < p.n; ++t) p.y[static_cast<size_t>(t) * p.y_stride + r] = dot(c, s, p.x + static_cast<size_t>(t) * p.cols, nb);
+    }
+}
 
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 void q8_rows_avx2(const Q8Rows& p, int r0, int r1);

@@ -12,30 +12,24 @@
 namespace mnn_h2o {
 
 void q8_rows_neon(const Q8Rows& p, int r0, int r1) {
-    const int nb = p.cols / kQ8Block;
-    for (int r = r0; r < r1; ++r) {
-        const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
-        const uint16_t* s = p.scales + static_cast<size_t>(r) * nb;
-        for (int t = 0; t < p.n; ++t) {
-            const float* x = p.x + static_cast<size_t>(t) * p.cols;
-            float32x4_t acc = vdupq_n_f32(0.f);
-            for (int b = 0; b < nb; ++b) {
-                const int8_t* cb = c + b * kQ8Block;
-                const float* xb = x + b * kQ8Block;
-                float32x4_t dot = vdupq_n_f32(0.f);
-                for (int h = 0; h < kQ8Block; h += 16) {
-                    const int8x16_t q = vld1q_s8(cb + h);
-                    const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
-                    dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vld1q_f32(xb + h));
-                    dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))), vld1q_f32(xb + h + 4));
-                    dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vld1q_f32(xb + h + 8));
-                    dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), vld1q_f32(xb + h + 12));
-                }
-                acc = vfmaq_n_f32(acc, dot, fp16_to_fp32(s[b]));
+    for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
+        float32x4_t acc = vdupq_n_f32(0.f);
+        for (int b = 0; b < nb; ++b) {
+            const int8_t* cb = c + b * kQ8Block;
+            const float* xb = x + b * kQ8Block;
+            float32x4_t dot = vdupq_n_f32(0.f);
+            for (int h = 0; h < kQ8Block; h += 16) {
+                const int8x16_t q = vld1q_s8(cb + h);
+                const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
+                dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vld1q_f32(xb + h));
+                dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))), vld1q_f32(xb + h + 4));
+                dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vld1q_f32(xb + h + 8));
+                dot = vfmaq_f32(dot, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), vld1q_f32(xb + h + 12));
             }
-            p.y[static_cast<size_t>(t) * p.y_stride + r] = vaddvq_f32(acc);
+            acc = vfmaq_n_f32(acc, dot, fp16_to_fp32(s[b]));
         }
-    }
+        return vaddvq_f32(acc);
+    });
 }
 
 }  // namespace mnn_h2o
