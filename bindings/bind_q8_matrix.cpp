@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "mnn_h2o/head/q8_matrix.h"
-#include "mnn_h2o/runtime/cpu_features.h"
 #include "isa_arg.h"
 
 namespace py = pybind11;

@@ -199,8 +199,9 @@ class Llm:
         if q8:
             from . import native
 
-            codes = np.load(os.path.join(export_dir, q8["codes"]))
-            scales = np.load(os.path.join(export_dir, q8["scales"]))
+            # Memory-mapped: Q8Matrix copies the rows once, so they are never held twice.
+            codes = np.load(os.path.join(export_dir, q8["codes"]), mmap_mode="r")
+            scales = np.load(os.path.join(export_dir, q8["scales"]), mmap_mode="r")
             self._q8_head = native.Q8Matrix(codes, scales.view(np.uint16), threads=rt["threads"])
         self._embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
         cos, sin = rope_tables(c, np.arange(self.max_context), np.float32)

@@ -78,7 +78,7 @@ static void bad_shapes() {
     CHECK(throws<std::invalid_argument>([] { Q8Matrix(1, 32, std::vector<int8_t>(32), {0, 0}, 1); }), "extra scale");
     CHECK(throws<std::invalid_argument>([] { Q8Matrix(1, 32, std::vector<int8_t>(32), {0}, 0); }), "0 threads");
     Q8Matrix m(1, 32, std::vector<int8_t>(32), {0}, 1);
-    CHECK(throws<std::invalid_argument>([&] { m.multiply(nullptr, 1, nullptr); }), "null x");
+    CHECK(throws<std::invalid_argument>([&] { m.multiply(nullptr, 1, nullptr, best_isa()); }), "null x");
 }
 
 int main() {

@@ -39,7 +39,6 @@ public:
     // paths (the same products, summed in another order), used when compiled in and supported,
     // else the reference.
     void multiply(const float* x, int n, float* y, Isa isa) const;
-    void multiply(const float* x, int n, float* y) const { multiply(x, n, y, best_isa()); }
 
 private:
     int rows_, cols_;
