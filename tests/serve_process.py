@@ -69,10 +69,10 @@ class Server:
             return f.read()
 
     def memory_kib(self) -> dict:
-        """VmRSS (now) and VmHWM (peak) of the server process, in KiB."""
+        """VmRSS (now), VmHWM (peak), RssAnon and RssFile (now) of the server process, in KiB."""
         with open(f"/proc/{self.proc.pid}/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM")}
+        return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
 
     def stop(self, timeout: float = 120) -> int:
         """Ctrl-C: a clean stop, which saves the conversations in memory."""
