@@ -112,6 +112,12 @@ SCHEMA: Tuple[Key, ...] = (
         "module, which rounds the activation to int8 under memory low (docs/results.md 'The native "
         "lm_head' has the difference). A 4-bit or float head always runs in MNN",
         choices=("native", "mnn")),
+    Key("runtime", "tail", str, "native", "-", "where the last layer's end (o_proj, MLP) and the "
+        "final norm run when the export's layers are quantised: native = q8_0 copies of their weights "
+        "(exact for q8_0 tensors, within about half a q8_0 step for 4-bit ones) times float "
+        "activations, in our core; mnn = MNN's module, which rounds the activations to int8 under "
+        "memory low (docs/results.md 'The native tail and lm_head'). Float layers always run it in MNN",
+        choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
         "of the three; measured agreement: docs/results.md)",
@@ -351,8 +357,9 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
 # lossless's through enable_store (StoreConfig); each under its own name but those of NATIVE_NAMES.
 # ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
 NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
-ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.prefill_chunk",
-               "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction", "h2o.reconstruction_softmax")
+ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.tail",
+               "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
+               "h2o.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each
 # enum's table of names, e.g. kv_dtype.h); the C API holds the enum's value as an int32.

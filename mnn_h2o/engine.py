@@ -6,7 +6,7 @@ One decode step, top to bottom (llama2.c style):
     for i in layers:       # MNN module: finish layer i-1, then norm + QKV + RoPE of layer i
         h, q, k, v = layer_i(h, attn, cos[pos], sin[pos])
         attn = cache.step(i, q, k, v)      # native: append K/V, exact softmax attention
-    x = tail(h, attn)                      # MNN: finish the last layer, final norm
+    x = tail(h, attn)                      # native: finish the last layer, final norm (runtime.tail)
     logits = lm_head(x)                    # native q8_0 rows x float x (runtime.lm_head)
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Stats(SpeedCounters):
                               # RoPE rows, attention output), the outputs read (q/k/v, logits)
     attention_s: float = 0.0  # inside the native cache step (append, attention, score collection)
     policy_s: float = 0.0     # inside the native end of a forward (eviction when due, store jobs)
-    head_s: float = 0.0       # inside the native lm_head (runtime.lm_head native)
+    head_s: float = 0.0       # inside the native tail and lm_head (runtime.tail, runtime.lm_head)
     kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
                                      # decode cache and scratch (the memory a user pays)
     kv_bytes_pool: int = 0           # of which raw blocks
@@ -186,15 +186,22 @@ class Llm:
         MNN = import_mnn()
         self._F = MNN.expr
         manager = runtime_manager(rt)
-        # The native head replaces MNN's lm_head module where the export has its q8_0 rows (an
-        # 8-bit head); then that module is not loaded at all.
+        # The native tail and head replace MNN's modules where the export has their blocks
+        # (quantised layers; an 8-bit head); then those modules are not loaded at all.
         q8 = meta.get("lm_head_q8") if rt["lm_head"] == "native" else None
-        names = [f"layer{i}" for i in range(c.n_layers)] + ["tail"] + ([] if q8 else ["lm_head"])
-        self._modules = []  # layer modules, the tail, then MNN's lm_head unless the head is native
+        tail_file = meta.get("tail_blocks") if rt["tail"] == "native" else None
+        names = ([f"layer{i}" for i in range(c.n_layers)] + ([] if tail_file else ["tail"])
+                 + ([] if q8 else ["lm_head"]))
+        self._modules = []  # layer modules, then MNN's tail and lm_head where they are not native
         for name in names:
             m = meta["modules"][name]
             self._modules.append(MNN.nn.load_module_from_file(
                 os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager))
+        self._native_tail = None
+        if tail_file:
+            from .native_tail import NativeTail
+
+            self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
         self._q8_head = None
         if q8:
             from . import native
@@ -355,8 +362,8 @@ class Llm:
     # --- forward -----------------------------------------------------------------------------
     def _layers(self, ids: Sequence[int], pos: int):
         """Run ``ids`` through every layer at positions pos.., caching their K/V; their time goes to
-        the counters of ``stats``. Returns the last hidden state and attention output (the tail's
-        inputs)."""
+        the counters of ``stats``. Returns the last hidden state and the last attention output as
+        MNN's input and as numpy rows (the tail's inputs)."""
         n = len(ids)
         c = self.config
         mods, cache, perf = self._modules, self.cache, time.perf_counter
@@ -388,7 +395,7 @@ class Llm:
         st.mnn_calls += c.n_layers
         st.convert_s += t_conv
         st.attention_s += t_att
-        return h, attn_in
+        return h, attn_in, attn
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
@@ -401,43 +408,53 @@ class Llm:
         if self.pos + n > self.max_context:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
-        h, attn_in = self._layers(ids, self.pos)
+        h, attn_in, attn = self._layers(ids, self.pos)
         self.unpassed.extend(int(t) for t in ids)
         if evict:
             self._end_step(n, prefill)
         logits = None
         if want is not None:
-            logits = self._head(h, attn_in, n, want)
+            logits = self._head(h, attn_in, attn, n, want)
         self.pos += n
         self.refresh_kv_stats()
         return logits
 
-    def _head(self, h, attn_in, n: int, want: str) -> np.ndarray:
-        """The tail (last layer's end, final norm) and lm_head: logits of the last row or of all."""
+    def _head(self, h, attn_in, attn: np.ndarray, n: int, want: str) -> np.ndarray:
+        """The tail (last layer's end, final norm) and lm_head: logits of the last row or of all.
+        ``h`` and ``attn_in`` are MNN's, ``attn`` the attention output's numpy rows."""
         st, perf, c = self.stats, time.perf_counter, self.config
+        rows = slice(n - 1, n) if want == "last" else slice(0, n)
         t0 = perf()
-        x = self._modules[c.n_layers].forward([h, attn_in])[0]
-        t1 = perf()
-        st.mnn_s += t1 - t0
-        st.mnn_calls += 1
-        if self._q8_head is not None:
-            rows = x.read()
-            rows = np.ascontiguousarray(rows[-1:] if want == "last" else rows, dtype=np.float32)
+        if self._native_tail is not None:
+            h_rows = h.read()[rows]
+            t1 = perf()
+            x = self._native_tail(h_rows, attn[rows])
             t2 = perf()
-            logits = self._q8_head.multiply(rows)
+            st.convert_s += t1 - t0
+            st.head_s += t2 - t1
+        else:
+            x = self._modules[c.n_layers].forward([h, attn_in])[0]
+            t1 = perf()
+            x = x.read()[rows]
+            t2 = perf()
+            st.mnn_s += t1 - t0
+            st.mnn_calls += 1
             st.convert_s += t2 - t1
-            st.head_s += perf() - t2
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._q8_head is not None:
+            t3 = perf()
+            logits = self._q8_head.multiply(x)
+            st.convert_s += t3 - t2
+            st.head_s += perf() - t3
             return logits
-        if want == "last" and n > 1:
-            x = self._F.const(np.ascontiguousarray(x.read()[-1:]), [1, c.hidden])
-        t2 = perf()
-        out = self._modules[-1].forward([x])[0]
+        x = self._F.const(x, [len(x), c.hidden])
         t3 = perf()
-        logits = np.array(out.read(), dtype=np.float32, copy=True)
+        out = self._modules[-1].forward([x])[0]
         t4 = perf()
-        st.mnn_s += t3 - t2
+        logits = np.array(out.read(), dtype=np.float32, copy=True)
+        st.mnn_s += t4 - t3
         st.mnn_calls += 1
-        st.convert_s += (t2 - t1) + (t4 - t3)
+        st.convert_s += (t3 - t2) + (perf() - t4)
         return logits
 
     def _end_step(self, n: int, prefill: bool) -> None:

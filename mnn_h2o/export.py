@@ -5,6 +5,8 @@ residual stream ``h`` and the attention output of layer i-1, finishes layer i-1 
 RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, RoPE), returning
 ``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
+With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
+(``tail_blocks.npz``) for the native tail (``runtime.tail``).
 The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
 also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
 native head (``runtime.lm_head``), which multiplies them with the float activation.
@@ -37,7 +39,7 @@ from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-EXPORT_VERSION = 2
+EXPORT_VERSION = 3
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -101,6 +103,27 @@ def build_tail(F, cfg: ModelConfig, last_w, out_norm):
     y = ops.rms_norm(finish_layer(ops, last_w, h, attn), out_norm)
     y.name = "x"
     return [y]
+
+
+# finish_layer's weights -> their GGUF tensors, for the native tail
+TAIL_MATRICES = {"wo": "attn_output", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+
+
+def tail_arrays(g: GgufModel) -> dict:
+    """The native tail's arrays (mnn_h2o/native_tail.py): per matrix of the last layer's end its
+    blocks of 32 as ``<name>.codes`` (int8), ``<name>.scales`` and ``<name>.mins`` (fp16; value =
+    code * scale + min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 tensors
+    are stored as the GGUF holds them, exactly; other types as q8_0 (mins 0)."""
+    last = g.config.n_layers - 1
+    w = g.layer(last)
+    out = {"ffn_norm": np.asarray(w["ffn_norm"], np.float32), "out_norm": np.asarray(g.output_norm(), np.float32)}
+    for name, tensor in TAIL_MATRICES.items():
+        blocks = g.blocks(f"blk.{last}.{tensor}.weight")
+        if blocks is None:
+            codes, scales = q8_0.quantize(w[name])
+            blocks = codes, scales, np.zeros_like(scales)
+        out[name + ".codes"], out[name + ".scales"], out[name + ".mins"] = blocks
+    return out
 
 
 def build_lm_head(F, cfg: ModelConfig, w):
@@ -215,6 +238,10 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             save(f"layer{i}", build_layer(F, cfg, prev, w))
             prev = w
         save("tail", build_tail(F, cfg, prev, g.output_norm()))
+        tail_blocks = None
+        if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
+            tail_blocks = "tail_blocks.npz"
+            np.savez(os.path.join(work, tail_blocks), **tail_arrays(g))
         head = emb if cfg.tied_embeddings else g.lm_head()
         save("lm_head", build_lm_head(F, cfg, head), head_bits)
         head_q8 = None
@@ -236,6 +263,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "modules": modules,
             "embedding": "embed_f16.npy",
             "lm_head_q8": head_q8,
+            "tail_blocks": tail_blocks,
             "tokenizer": "tokenizer.json",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import math
 import os
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -324,6 +324,43 @@ class GgufModel:
         if not np.all(np.isfinite(w)):
             raise ModelFileError(f"{self.path}: tensor {name!r} contains NaN or Inf")
         return w
+
+    # Block-32 GGUF types as (codes, fp16 scale, fp16 min) per block: ggml's block_q8_0 {d, qs[32]},
+    # block_q4_0 {d, qs[16]} (value (nibble - 8) * d) and block_q4_1 {d, m, qs[16]} (nibble * d + m);
+    # nibble j of a block is qs[j] & 15 for j < 16, qs[j - 16] >> 4 after.
+    _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+    def blocks(self, name: str) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The stored blocks of a Q8_0 / Q4_0 / Q4_1 matrix (not for the permuted Q/K): int8 codes
+        [out, in], fp16 scales and mins [out, in / 32], whose ``codes * scale + min`` are exactly
+        :meth:`tensor`'s values (checked); None for any other type."""
+        t = self.tensors.get(name)
+        kind = t.tensor_type.name if t is not None else None
+        if kind not in self._BLOCK_BYTES:
+            return None
+        w = self.tensor(name)
+        if w.ndim != 2 or w.shape[1] % 32:
+            return None
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        nb = w.shape[1] // 32
+        if raw.size != w.shape[0] * nb * self._BLOCK_BYTES[kind]:
+            raise ModelFileError(f"{self.path}: tensor {name!r} holds {raw.size} bytes, not {w.shape} in {kind} blocks")
+        raw = raw.reshape(w.shape[0], nb, self._BLOCK_BYTES[kind])
+        scales = np.ascontiguousarray(raw[..., 0:2]).view(np.float16)[..., 0]
+        mins = np.zeros_like(scales)
+        if kind == "Q8_0":
+            codes = raw[..., 2:].view(np.int8)
+        else:
+            qs = raw[..., 4:] if kind == "Q4_1" else raw[..., 2:]
+            codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int8)
+            if kind == "Q4_1":
+                mins = np.ascontiguousarray(raw[..., 2:4]).view(np.float16)[..., 0]
+            else:
+                codes -= 8
+        values = codes * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]
+        if not np.array_equal(values.reshape(w.shape), w):
+            raise ModelFileError(f"{self.path}: tensor {name!r}: its {kind} blocks do not decode to its values")
+        return np.ascontiguousarray(codes.reshape(w.shape)), scales, mins
 
     # GGUF types whose values block-32 int4 (MNN's converter) holds: 4-bit codes, one scale (and
     # offset) per block of 32. Anything else (Q8_0, k-quants, f16, ...) is exported at 8 bits.

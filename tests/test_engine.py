@@ -59,14 +59,14 @@ def test_generate_stop_string_stream_and_stats(llm8):
 
 
 def test_time_counters_are_disjoint_parts_of_a_step(llm8):
-    """A decode step's counters: one Module.forward per layer plus the tail (the 8-bit head runs
+    """A decode step's counters: one Module.forward per layer (the tail and the 8-bit head run
     natively), and times that are parts of the step's (each counted once)."""
     llm8.reset()
     llm8.prefill(llm8.tokenizer.encode("The capital of France is"))
     before = dict(vars(llm8.stats))
     llm8.decode(11)
     d = {k: v - before[k] for k, v in vars(llm8.stats).items() if isinstance(v, (int, float))}
-    assert d["mnn_calls"] == llm8.config.n_layers + 1
+    assert d["mnn_calls"] == llm8.config.n_layers
     parts = [d[k] for k in ("mnn_s", "convert_s", "attention_s", "policy_s", "head_s")]
     assert all(p >= 0 for p in parts) and d["mnn_s"] > 0 and d["attention_s"] > 0 and d["head_s"] > 0
     assert sum(parts) <= d["decode_s"]
@@ -86,10 +86,10 @@ def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smo
     q = llm8.meta["lm_head_q8"]
     codes, scales = np.load(os.path.join(d, q["codes"])), np.load(os.path.join(d, q["scales"]))
     assert np.array_equal(q8_0.dequantize(codes, scales), smollm2_gguf.embedding())
-    assert llm8._q8_head is not None and len(llm8._modules) == llm8.config.n_layers + 1
+    assert llm8._q8_head is not None and len(llm8._modules) == llm8.config.n_layers  # tail native too
 
     mnn_head = make_llm(8, lm_head="mnn")
-    assert mnn_head._q8_head is None and len(mnn_head._modules) == mnn_head.config.n_layers + 2
+    assert mnn_head._q8_head is None and len(mnn_head._modules) == mnn_head.config.n_layers + 1
     ids = llm8.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
     a, b = llm8.logits(ids), mnn_head.logits(ids)
     assert a.shape == b.shape == (len(ids), llm8.config.vocab)
@@ -102,6 +102,68 @@ def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smo
     simd, scalar = llm8._q8_head.multiply(x), llm8._q8_head.multiply(x, isa="scalar")
     assert np.allclose(simd, scalar, rtol=1e-5, atol=1e-4)
     assert np.allclose(scalar, x @ q8_0.dequantize(codes, scales).T, rtol=1e-4, atol=1e-3)
+
+
+def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, reference, tokenizer):
+    """runtime.tail native: finish_layer and the final norm over the GGUF's own last-layer blocks
+    (Q4_1 here: code * scale + min, exactly its values) in float32, against the same in float64
+    over the GGUF's values; on the real model, closer to the exact model than MNN's tail module
+    (int8 activations)."""
+    from mnn_h2o.decoder_layer import finish_layer
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.export import TAIL_MATRICES, tail_arrays
+    from mnn_h2o.measure import log_softmax
+    from mnn_h2o.reference import _NumpyOps
+
+    c = llm8.config
+    w = smollm2_gguf.layer(c.n_layers - 1)
+    arrays = tail_arrays(smollm2_gguf)
+    for name in TAIL_MATRICES:
+        codes, scales, mins = (arrays[f"{name}.{k}"] for k in ("codes", "scales", "mins"))
+        blocks = codes.reshape(len(codes), -1, 32)
+        values = blocks * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]
+        assert np.array_equal(values.reshape(w[name].shape), w[name]), name
+        assert np.any(mins), name  # Q4_1: the mins' term is exercised
+
+    tail = llm8._native_tail
+    assert tail is not None
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((3, c.hidden)) * 4
+    attn = rng.standard_normal((3, c.n_heads * c.head_dim))
+    ops = _NumpyOps(c, None, None)
+    ref = ops.rms_norm(finish_layer(ops, w, h, attn), smollm2_gguf.output_norm())
+    got = tail(h.astype(np.float32), attn.astype(np.float32))
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert np.abs(got - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(got - ref).max() / np.abs(ref).max()
+
+    # The default export (the GGUF's 4-bit values exactly in MNN): only the activations differ.
+    native_tail, mnn_tail = make_llm(4, head_bits=8), make_llm(4, head_bits=8, tail="mnn")
+    assert mnn_tail._native_tail is None and len(mnn_tail._modules) == c.n_layers + 1
+    ids = essay_tokens(tokenizer, 256)
+    exact = log_softmax(reference.forward(ids, all_logits=True))
+    a, b = log_softmax(native_tail.logits(ids)), log_softmax(mnn_tail.logits(ids))
+
+    def kl(p, q):
+        return np.sum(np.exp(p) * (p - q), axis=-1)
+
+    print(f"KL to the exact model: native tail {kl(exact, a).mean():.5f}, MNN's {kl(exact, b).mean():.5f}")
+    assert kl(exact, a).mean() < 0.9 * kl(exact, b).mean()
+    assert kl(b, a).max() < 0.05, kl(b, a).max()
+
+
+def test_native_tail_refuses_a_file_of_another_model(tmp_path, llm8):
+    from mnn_h2o import q8_0
+    from mnn_h2o.native_tail import NativeTail
+
+    c = llm8.config
+    arrays = {"ffn_norm": np.ones(c.hidden, np.float32), "out_norm": np.ones(c.hidden, np.float32)}
+    for name, shape in {"wo": (c.hidden, c.hidden), "w_gate": (c.ffn, c.hidden), "w_up": (c.ffn, c.hidden),
+                        "w_down": (c.hidden, c.ffn + 32)}.items():  # w_down one block too wide
+        codes, scales = q8_0.quantize(np.ones(shape, np.float32))
+        arrays.update({name + ".codes": codes, name + ".scales": scales, name + ".mins": np.zeros_like(scales)})
+    np.savez(tmp_path / "tail_blocks.npz", **arrays)
+    with pytest.raises(ValueError, match="w_down"):
+        NativeTail(str(tmp_path / "tail_blocks.npz"), c, threads=1)
 
 
 def test_sampling_is_seeded_and_valid(llm8):

@@ -101,7 +101,7 @@ def _measure(args) -> int:
                 llm.cache.step(i, q, k, v, attn)
                 t_step += perf() - t1
         t0 = perf()
-        llm._head(h, attn_in, 1, "last")  # the tail and lm_head as the engine runs them
+        llm._head(h, attn_in, attn, 1, "last")  # the tail and lm_head as the engine runs them
         return t_mnn + perf() - t0, t_step
 
     for mode in MODES[::-1]:  # warm-up, the cache step first: its length is the spin's
