@@ -83,12 +83,15 @@ def test_decode_interleave_engine_weights():
 
     cfg = config.defaults()
     assert parse_engine("f16:none", cfg)[3] == (cfg["model"]["weight_bits"], cfg["model"]["head_bits"])
-    assert parse_engine("q8:h2o@6+4/8", cfg)[2:] == ("q8", (4, 8), cfg["runtime"]["memory"], cfg["runtime"]["lm_head"])
+    end = (cfg["runtime"]["lm_head"], cfg["runtime"]["tail"])
+    assert parse_engine("q8:h2o@6+4/8", cfg)[2:] == ("q8", (4, 8), cfg["runtime"]["memory"], end)
     assert parse_engine("f16:none+4", cfg)[3] == (4, 4)
     assert parse_engine("q8:h2o~normal", cfg)[4] == "normal"
-    assert parse_engine("q8:h2o+4/8~normal", cfg)[3:] == ((4, 8), "normal", cfg["runtime"]["lm_head"])
-    assert parse_engine("q8:none~normal^mnn", cfg)[4:] == ("normal", "mnn")
-    for bad in ("f16:none+3", "f16:none+w4h8", "f16:none+4/2", "f16:none+4,8", "q8:h2o~fast", "q8:none^fast"):
+    assert parse_engine("q8:h2o+4/8~normal", cfg)[3:] == ((4, 8), "normal", end)
+    assert parse_engine("q8:none~normal^mnn", cfg)[4:] == ("normal", ("mnn", "mnn"))
+    assert parse_engine("q8:none^native/mnn", cfg)[5] == ("native", "mnn")
+    for bad in ("f16:none+3", "f16:none+w4h8", "f16:none+4/2", "f16:none+4,8", "q8:h2o~fast", "q8:none^fast",
+                "q8:none^native/fast"):
         with pytest.raises(SystemExit):
             parse_engine(bad, cfg)
 

@@ -27,17 +27,18 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096], help="prompt tokens (default 4096)")
     ap.add_argument("--rounds", type=int, default=2, help="prefills per engine and context (default 2)")
     ap.add_argument("--engines", nargs="+", default=["q8:h2o", "q8:kvzip"],
-                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY] per engine; ratios are against the first "
-                         "(default q8:h2o q8:kvzip)")
+                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL]] per engine (as "
+                         "decode_interleave's); ratios are against the first (default q8:h2o q8:kvzip)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     cfg = load(args.config)
     cfg["lossless"]["mode"] = "off"
     engines = []
-    for label, h2o, dtype, (weight_bits, head_bits), memory, lm_head in (parse_engine(s, cfg) for s in args.engines):
+    for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail) in (parse_engine(s, cfg)
+                                                                               for s in args.engines):
         c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head)
+        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         if max(args.contexts) > llm.max_context:
