@@ -2,6 +2,7 @@
 restore, restart), over a fake session: no model, fast."""
 import json
 import os
+import platform
 
 import pytest
 
@@ -275,3 +276,12 @@ def test_broken_saved_sessions_are_set_aside_and_the_conversation_prefills_again
     pool = make_pool(tmp_path)
     assert not {"x.session.tmp1234", "y.json", "z.json", "w.session"} & set(os.listdir(tmp_path))
     assert pool.stats()["sessions_saved"] == 2
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_the_server_keeps_large_buffers_mapped():
+    """The server fixes glibc's mmap threshold (freed session buffers go back to the system);
+    tests/test_serve_load.py checks the memory bound it keeps."""
+    from mnn_h2o.serve.__main__ import keep_large_buffers_mapped
+
+    assert keep_large_buffers_mapped() is True
