@@ -109,8 +109,8 @@ SCHEMA: Tuple[Key, ...] = (
         "kernels (int8 activations), 'normal' expands weights to float", choices=("low", "normal")),
     Key("runtime", "lm_head", str, "native", "-", "where the output projection runs when the export's "
         "head is 8-bit: native = its q8_0 rows times the float activation, in our core; mnn = MNN's "
-        "module, which rounds the activation to int8 under memory low (docs/results.md 'The native "
-        "lm_head' has the difference). A 4-bit or float head always runs in MNN",
+        "module, which rounds the activation to int8 under memory low (docs/results.md 'The native tail "
+        "and lm_head' has the difference). A 4-bit or float head always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "tail", str, "native", "-", "where the last layer's end (o_proj, MLP) and the "
         "final norm run when the export's layers are quantised: native = q8_0 copies of their weights "
