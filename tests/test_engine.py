@@ -151,6 +151,18 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
     assert kl(b, a).max() < 0.05, kl(b, a).max()
 
 
+def test_gguf_blocks_are_the_stored_values(smollm2_gguf):
+    """GgufModel.blocks: Q8_0 (the embedding) as codes and scales with zero mins, Q4_1 (a layer
+    matrix) with its mins, each exactly the dequantised tensor; None for an unquantised one."""
+    codes, scales, mins = smollm2_gguf.blocks("token_embd.weight")
+    assert codes.dtype == np.int8 and not np.any(mins)
+    values = codes.reshape(len(codes), -1, 32) * scales.astype(np.float32)[..., None]
+    assert np.array_equal(values.reshape(codes.shape), smollm2_gguf.embedding())
+    codes, scales, mins = smollm2_gguf.blocks("blk.0.ffn_up.weight")
+    assert codes.min() >= 0 and codes.max() <= 15 and np.any(mins)
+    assert smollm2_gguf.blocks("output_norm.weight") is None
+
+
 def test_native_tail_refuses_a_file_of_another_model(tmp_path, llm8):
     from mnn_h2o import q8_0
     from mnn_h2o.native_tail import NativeTail

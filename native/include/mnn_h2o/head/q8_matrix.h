@@ -5,7 +5,8 @@
 // directly: it was a third of the KL that q8 KV alone costs against our f16 cache (the "int8
 // floor", docs/results.md), and MNN's float mode for the head is 1.24x slower per token. Here the
 // weights stay q8_0 (the bytes MNN reads) and the activation stays float: the same speed, no
-// activation rounding.
+// activation rounding. The native tail (mnn_h2o/native_tail.py) runs the last layer's four
+// matrices on it too, their Q4_1 codes (0..15) and scales as such, adding the blocks' mins itself.
 //
 // Layout: row r holds cols / 32 blocks; block b is 32 int8 codes codes[r * cols + 32 b ..] with
 // the scale fp16 scales[r * (cols / 32) + b]; its value i is codes[..+ i] * float(scale).
