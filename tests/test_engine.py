@@ -42,7 +42,9 @@ def test_chunked_prefill_and_decode_match_one_pass(llm_float, tokenizer):
 def test_paris(llm8):
     g = llm8.generate("The capital of France is", max_new_tokens=8, chat=False)
     assert "Paris" in g.text, g.text
-    g = llm8.generate("What is the capital of France?", max_new_tokens=24)
+    # Through the chat template. Not "What is the capital of France?": there the exact model's
+    # first token is a 0.08-nat tie ("The" against "L"), which any int8 rounding may flip.
+    g = llm8.generate("What is the capital of France? Answer in one word.", max_new_tokens=24)
     assert "Paris" in g.text, g.text
 
 
