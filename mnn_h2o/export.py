@@ -109,13 +109,13 @@ def build_tail(F, cfg: ModelConfig, last_w, out_norm):
 TAIL_MATRICES = {"wo": "attn_output", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
 
 
-def tail_arrays(g: GgufModel) -> dict:
-    """The native tail's arrays (mnn_h2o/native_tail.py): per matrix of the last layer's end its
-    blocks of 32 as ``<name>.codes`` (int8), ``<name>.scales`` and ``<name>.mins`` (fp16; value =
-    code * scale + min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 tensors
-    are stored as the GGUF holds them, exactly; other types as q8_0 (mins 0)."""
-    last = g.config.n_layers - 1
-    w = g.layer(last)
+def tail_arrays(g: GgufModel, last_w: dict) -> dict:
+    """The native tail's arrays (mnn_h2o/native_tail.py) from ``g`` and its last layer's weights
+    ``last_w`` (GgufModel.layer): per matrix of the layer's end its blocks of 32 as
+    ``<name>.codes`` (int8), ``<name>.scales`` and ``<name>.mins`` (fp16; value = code * scale +
+    min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 tensors are stored as
+    the GGUF holds them, exactly; other types as q8_0 (mins 0)."""
+    last, w = g.config.n_layers - 1, last_w
     out = {"ffn_norm": np.asarray(w["ffn_norm"], np.float32), "out_norm": np.asarray(g.output_norm(), np.float32)}
     for name, tensor in TAIL_MATRICES.items():
         blocks = g.blocks(f"blk.{last}.{tensor}.weight")
@@ -241,7 +241,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         tail_blocks = None
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
             tail_blocks = "tail_blocks.npz"
-            np.savez(os.path.join(work, tail_blocks), **tail_arrays(g))
+            np.savez(os.path.join(work, tail_blocks), **tail_arrays(g, prev))
         head = emb if cfg.tied_embeddings else g.lm_head()
         save("lm_head", build_lm_head(F, cfg, head), head_bits)
         head_q8 = None

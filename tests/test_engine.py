@@ -119,7 +119,7 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
 
     c = llm8.config
     w = smollm2_gguf.layer(c.n_layers - 1)
-    arrays = tail_arrays(smollm2_gguf)
+    arrays = tail_arrays(smollm2_gguf, w)
     for name in TAIL_MATRICES:
         codes, scales, mins = (arrays[f"{name}.{k}"] for k in ("codes", "scales", "mins"))
         blocks = codes.reshape(len(codes), -1, 32)
