@@ -7,10 +7,12 @@ namespace py = pybind11;
 void bind_kv_cache(py::module_& m);
 void bind_codec(py::module_& m);
 void bind_q8_matrix(py::module_& m);
+void bind_decode_layers(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "mnn_h2o native core: KV cache, attention, H2O policy, Gear codec, q8 lm_head";
+    m.doc() = "mnn_h2o native core: KV cache, attention, H2O policy, Gear codec, q8 lm_head, decode layers";
     bind_kv_cache(m);
     bind_codec(m);
     bind_q8_matrix(m);
+    bind_decode_layers(m);
 }

@@ -113,10 +113,16 @@ SCHEMA: Tuple[Key, ...] = (
         "and lm_head' has the difference). A 4-bit or float head always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "tail", str, "native", "-", "where the last layer's end (o_proj, MLP) and the "
-        "final norm run when the export's layers are quantised: native = q8_0 copies of their weights "
-        "(exact for q8_0 tensors, within about half a q8_0 step for 4-bit ones) times float "
-        "activations, in our core; mnn = MNN's module, which rounds the activations to int8 under "
-        "memory low (docs/results.md 'The native tail and lm_head'). Float layers always run it in MNN",
+        "final norm run when the export's layers are quantised: native = the GGUF's blocks of 32 "
+        "(exact for q8_0 / q4_0 / q4_1 tensors, others as q8_0) times float activations, in our core; "
+        "mnn = MNN's module, which rounds the activations to int8 under memory low (docs/results.md "
+        "'The native tail and lm_head'). Float layers always run it in MNN",
+        choices=("native", "mnn")),
+    Key("runtime", "decode_layers", str, "native", "-", "where a decode token's layers run when the "
+        "GGUF's layers are 4-bit blocks (q4_0 / q4_1) and the export is quantised: native = those "
+        "blocks times activations rounded to int8 per block of 32, in our core (about a third of "
+        "MNN's time per token: docs/results.md 'Native decode layers'); mnn = MNN's layer modules. "
+        "Prefill (several tokens at once) always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
@@ -358,7 +364,7 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
 # ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
 NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
 ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.tail",
-               "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
+               "runtime.decode_layers", "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
                "h2o.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each

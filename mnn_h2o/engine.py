@@ -59,6 +59,7 @@ class Stats(SpeedCounters):
     attention_s: float = 0.0  # inside the native cache step (append, attention, score collection)
     policy_s: float = 0.0     # inside the native end of a forward (eviction when due, store jobs)
     head_s: float = 0.0       # inside the native tail and lm_head (runtime.tail, runtime.lm_head)
+    dense_s: float = 0.0      # inside the native decode layers (runtime.decode_layers)
     kv_bytes_held: int = 0           # everything the cache holds: raw blocks, compressed chunks,
                                      # decode cache and scratch (the memory a user pays)
     kv_bytes_pool: int = 0           # of which raw blocks
@@ -190,6 +191,7 @@ class Llm:
         # (quantised layers; an 8-bit head); then those modules are not loaded at all.
         q8 = meta.get("lm_head_q8") if rt["lm_head"] == "native" else None
         tail_file = meta.get("tail_blocks") if rt["tail"] == "native" else None
+        layers_file = meta.get("decode_layers") if rt["decode_layers"] == "native" else None
         names = ([f"layer{i}" for i in range(c.n_layers)] + ([] if tail_file else ["tail"])
                  + ([] if q8 else ["lm_head"]))
         self._modules = []  # layer modules, then MNN's tail and lm_head where they are not native
@@ -202,6 +204,13 @@ class Llm:
             from .native_tail import NativeTail
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
+        self._decode_layers = None
+        if layers_file:
+            from .native_layers import load_decode_layers
+
+            self._decode_layers = load_decode_layers(os.path.join(export_dir, layers_file), c, rt["threads"])
+            self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
+                                         for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._q8_head = None
         if q8:
             from . import native
@@ -365,6 +374,8 @@ class Llm:
         the counters of ``stats``. Returns the last hidden state and the last attention output as
         MNN's input and as numpy rows (the tail's inputs)."""
         n = len(ids)
+        if n == 1 and self._decode_layers is not None:
+            return self._decode_token(int(ids[0]), pos)
         c = self.config
         mods, cache, perf = self._modules, self.cache, time.perf_counter
         t0 = perf()
@@ -397,6 +408,31 @@ class Llm:
         st.attention_s += t_att
         return h, attn_in, attn
 
+    def _decode_token(self, token: int, pos: int):
+        """``_layers`` for one token through the native decode layers: the same returns, with the
+        hidden state as numpy ([1, hidden]) and MNN's attention input None."""
+        c, cache, layers, perf = self.config, self.cache, self._decode_layers, time.perf_counter
+        q, k, v = self._q, self._k, self._v
+        t0 = perf()
+        h = np.array(self._embed[token], dtype=np.float32)
+        attn = self._input_vars(1)[4]
+        cos, sin = self._cos[pos, 0], self._sin[pos, 0]
+        t1 = perf()
+        t_dense = t_att = 0.0
+        for i in range(c.n_layers):
+            layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v)
+            t2 = perf()
+            cache.step(i, q, k, v, attn)
+            t3 = perf()
+            t_dense += t2 - t1
+            t_att += t3 - t2
+            t1 = t3
+        st = self.stats
+        st.dense_s += t_dense
+        st.attention_s += t_att
+        st.convert_s += t1 - t0 - t_dense - t_att
+        return h[None], None, attn
+
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
         """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
@@ -425,8 +461,13 @@ class Llm:
         st, perf, c = self.stats, time.perf_counter, self.config
         rows = slice(n - 1, n) if want == "last" else slice(0, n)
         t0 = perf()
+        if isinstance(h, np.ndarray) and self._native_tail is None:  # native decode layers, MNN's tail
+            h_in, attn_in, _, _, _ = self._input_vars(n)
+            h_in.write(h)
+            attn_in.write(attn)
+            h = h_in
         if self._native_tail is not None:
-            h_rows = h.read()[rows]
+            h_rows = (h if isinstance(h, np.ndarray) else h.read())[rows]
             t1 = perf()
             x = self._native_tail(h_rows, attn[rows])
             t2 = perf()

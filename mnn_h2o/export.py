@@ -6,7 +6,9 @@ RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, R
 ``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
 With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
-(``tail_blocks.npz``) for the native tail (``runtime.tail``).
+(``tail_blocks.npz``) for the native tail (``runtime.tail``), and, where the GGUF's layers are
+4-bit blocks (Q4_0 / Q4_1), every layer's matrices as those blocks (``decode_layers.npz``) for the
+native decode layers (``runtime.decode_layers``).
 The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
 also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
 native head (``runtime.lm_head``), which multiplies them with the float activation.
@@ -39,7 +41,7 @@ from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -123,6 +125,34 @@ def tail_arrays(g: GgufModel, last_w: dict) -> dict:
             codes, scales = q8_0.quantize(w[name])
             blocks = codes, scales, np.zeros_like(scales)
         out[name + ".codes"], out[name + ".scales"], out[name + ".mins"] = blocks
+    return out
+
+
+# The decode layers' matrices (mnn_h2o/native_layers.py) -> their GGUF tensors; qkv is the three
+# attention inputs' rows stacked (q, k, v), Q and K un-permuted as GgufModel.layer does.
+DECODE_MATRICES = {"qkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "gate": ("ffn_gate",),
+                   "up": ("ffn_up",), "down": ("ffn_down",)}
+
+
+def decode_layer_arrays(g: GgufModel) -> dict | None:
+    """The native decode layers' arrays: per layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and
+    ``{i}.qkv_bias``) in float32 and per matrix ``{i}.<name>.nibbles`` / ``.scales`` / ``.mins``
+    (GgufModel.nibbles: the GGUF's own 4-bit blocks). None unless every layer matrix is Q4_0 / Q4_1."""
+    c = g.config
+    heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
+    out = {}
+    for i in range(c.n_layers):
+        for name, tensors in DECODE_MATRICES.items():
+            parts = [g.nibbles(f"blk.{i}.{t}.weight", heads.get(t)) for t in tensors]
+            if any(p is None for p in parts):
+                return None
+            for j, field in enumerate(("nibbles", "scales", "mins")):
+                out[f"{i}.{name}.{field}"] = np.concatenate([p[j] for p in parts])
+        w = g.layer(i)
+        out[f"{i}.attn_norm"] = np.asarray(w["attn_norm"], np.float32)
+        out[f"{i}.ffn_norm"] = np.asarray(w["ffn_norm"], np.float32)
+        if c.qkv_bias:
+            out[f"{i}.qkv_bias"] = np.concatenate([w["bq"], w["bk"], w["bv"]]).astype(np.float32)
     return out
 
 
@@ -242,6 +272,12 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
             tail_blocks = "tail_blocks.npz"
             np.savez(os.path.join(work, tail_blocks), **tail_arrays(g, prev))
+        decode_layers = None
+        if weight_bits:  # the native decode layers' weights (runtime.decode_layers), where 4-bit
+            arrays = decode_layer_arrays(g)
+            if arrays is not None:
+                decode_layers = "decode_layers.npz"
+                np.savez(os.path.join(work, decode_layers), **arrays)
         head = emb if cfg.tied_embeddings else g.lm_head()
         save("lm_head", build_lm_head(F, cfg, head), head_bits)
         head_q8 = None
@@ -264,6 +300,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "embedding": "embed_f16.npy",
             "lm_head_q8": head_q8,
             "tail_blocks": tail_blocks,
+            "decode_layers": decode_layers,
             "tokenizer": "tokenizer.json",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

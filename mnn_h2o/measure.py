@@ -36,8 +36,8 @@ def interleave(runners: Dict[str, Callable[[], dict]], repetitions: int,
 
 # The engine's counters a phase's time is split into (mnn_h2o.engine.Stats; disjoint), and the
 # key of each in the split; an engine without one of them (a test's stand-in) counts 0 there.
-SPLIT_COUNTERS = (("mnn_s", "mnn"), ("convert_s", "convert"), ("attention_s", "attention"), ("policy_s", "policy"),
-                  ("head_s", "head"))
+SPLIT_COUNTERS = (("mnn_s", "mnn"), ("dense_s", "dense"), ("convert_s", "convert"), ("attention_s", "attention"),
+                  ("policy_s", "policy"), ("head_s", "head"))
 SPLIT_KEYS = ("total",) + tuple(k for _, k in SPLIT_COUNTERS) + ("glue", "mnn_calls")
 
 

@@ -30,7 +30,7 @@ from .errors import ContextOverflowError, SessionClosedError, SessionFileError
 _MODEL_KEYS = ("n_layers", "n_kv_heads", "n_heads", "head_dim", "vocab")
 # The Stats counters a saved session keeps; the byte counters are recomputed from the cache.
 _SAVED_STATS = ("prompt_tokens", "generated_tokens", "prefill_s", "decode_s", "decode_steps", "mnn_s",
-                "mnn_calls", "convert_s", "attention_s", "policy_s", "head_s", "evictions", "kv_bytes_peak",
+                "mnn_calls", "dense_s", "convert_s", "attention_s", "policy_s", "head_s", "evictions", "kv_bytes_peak",
                 "decode_bytes_uncompressed_sum", "decode_bytes_held_sum")
 
 ROLES = ("system", "user", "assistant")

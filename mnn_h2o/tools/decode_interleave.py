@@ -8,14 +8,15 @@ whole-model ratio, and the speed-up over the first engine: ratio of means, and i
 range over blocks of 50 tokens.
 
     python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
-        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal q8:none^mnn q8:none^native/mnn]
+        [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal q8:none^mnn
+                   q8:none^native/mnn q8:none^native/native/mnn]
 
-An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL]]: DTYPE a runtime.kv_dtype, POLICY none
-or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
+An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]]: DTYPE a
+runtime.kv_dtype, POLICY none or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
 weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
 layers with an 8-bit lm_head), MEMORY its runtime.memory (default the config's; normal =
-float activations), LM_HEAD its runtime.lm_head and TAIL its runtime.tail (native or mnn; default the
-config's; LM_HEAD alone sets both).
+float activations), LM_HEAD its runtime.lm_head, TAIL its runtime.tail and DECODE_LAYERS its
+runtime.decode_layers (native or mnn; default the config's; LM_HEAD alone sets the tail too).
 """
 import argparse
 import copy
@@ -46,13 +47,17 @@ def parse_weights(spec: str, text: str, cfg: dict):
 
 
 def parse_engine(spec: str, cfg: dict):
-    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory, (lm_head, tail)) of
-    DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL]]."""
+    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory, (lm_head, tail,
+    decode_layers)) of DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]]."""
     head_spec, _, end = spec.partition("^")
-    lm_head, _, tail = end.partition("/")
-    lm_head = lm_head or cfg["runtime"]["lm_head"]
-    tail = tail or (end or cfg["runtime"]["tail"])
-    for name, value in (("lm_head", lm_head), ("tail", tail)):
+    parts = end.split("/") if end else []
+    if len(parts) > 3:
+        raise SystemExit(f"{spec}: at most LM_HEAD/TAIL/DECODE_LAYERS after ^")
+    if len(parts) == 1:  # LM_HEAD alone sets the tail too
+        parts.append(parts[0])
+    names = ("lm_head", "tail", "decode_layers")
+    ends = tuple(parts[i] if i < len(parts) and parts[i] else cfg["runtime"][n] for i, n in enumerate(names))
+    for name, value in zip(names, ends):
         if value not in config_mod.key(f"runtime.{name}").choices:
             raise SystemExit(f"{spec}: unknown runtime.{name} {value!r}")
     rest_spec, _, memory = head_spec.partition("~")
@@ -66,13 +71,13 @@ def parse_engine(spec: str, cfg: dict):
     if dtype not in config_mod.key("runtime.kv_dtype").choices:
         raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
     if policy == "none":
-        return spec, None, dtype, weights, memory, (lm_head, tail)
+        return spec, None, dtype, weights, memory, ends
     if policy not in config_mod.key("h2o.policy").choices:
         raise SystemExit(f"{spec}: unknown policy {policy!r}")
     h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
     if ratio:
         h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
-    return spec, h2o, dtype, weights, memory, (lm_head, tail)
+    return spec, h2o, dtype, weights, memory, ends
 
 
 def main():
@@ -81,17 +86,17 @@ def main():
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
     ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
-                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL]] per engine; speed-ups are "
-                         "against the first (default f16:none f16:h2o)")
+                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]] per "
+                         "engine; speed-ups are against the first (default f16:none f16:h2o)")
     args = ap.parse_args()
     cfg = load(args.config)
     cfg["lossless"]["mode"] = "off"
     name = cfg["model"]["name"]
     specs = [parse_engine(s, cfg) for s in args.engines]
     engines = []
-    for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail) in specs:
+    for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
         c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail)
+        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)

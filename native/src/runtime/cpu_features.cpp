@@ -27,6 +27,7 @@ CpuFeatures detect() {
     const bool avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
     f.avx2_f16c_fma = ymm_os && avx2 && fma && f16c;
     f.avx512 = f.avx2_f16c_fma && zmm_os && avx512f && avx512bw && avx512vl;
+    f.avx512_vnni = f.avx512 && (c & (1u << 11));
 #elif defined(__aarch64__)
     f.neon = true;
 #endif

@@ -9,6 +9,7 @@ enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
 struct CpuFeatures {
     bool avx2_f16c_fma = false;  // AVX2 + FMA + F16C (FP16 conversion)
     bool avx512 = false;         // AVX-512 F + BW + VL
+    bool avx512_vnni = false;    // and VNNI (int8 dot products; Ice Lake, Zen 4 on)
     bool neon = false;           // always true on aarch64
 };
 

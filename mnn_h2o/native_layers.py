@@ -1,0 +1,35 @@
+"""A decode token's layers in our core (native DecodeLayers), from the export's decode_layers.npz.
+
+Why: one-row products are where MNN's int4 modules are slowest (AVX2 kernels, their threads
+synchronised per op: ~200 us a layer at 512 tokens of context). DecodeLayers runs the same two
+halves of decoder_layer.py on the GGUF's own 4-bit blocks, the activations rounded to int8 per
+block of 32 (native/include/mnn_h2o/dense/decode_layers.h). Prefill stays with MNN's modules.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import native
+from .export import DECODE_MATRICES
+from .gguf_model import ModelConfig
+
+_FIELDS = ("nibbles", "scales", "mins")
+
+
+def load_decode_layers(path: str, cfg: ModelConfig, threads: int):
+    """The export's decode layers as a native DecodeLayers (shapes checked there, by name)."""
+    with np.load(path) as z:
+        layers = []
+        for i in range(cfg.n_layers):
+            d = {}
+            for name in DECODE_MATRICES:
+                for f in _FIELDS:
+                    a = z[f"{i}.{name}.{f}"]
+                    d[f"{name}.{f}"] = a if f == "nibbles" else a.astype(np.float16).view(np.uint16)
+            for key in ("attn_norm", "ffn_norm", "qkv_bias"):
+                if f"{i}.{key}" in z.files:
+                    d[key] = z[f"{i}.{key}"]
+            layers.append(d)
+    shape = {"hidden": cfg.hidden, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+             "head_dim": cfg.head_dim, "ffn": cfg.ffn, "rms_eps": cfg.rms_eps}
+    return native.DecodeLayers(shape, layers, threads=threads)

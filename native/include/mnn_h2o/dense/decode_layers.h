@@ -1,0 +1,71 @@
+// The decoder layers' dense math for one decode token, in our core: what MNN's layer modules do
+// (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own 4-bit blocks.
+//
+// Why not MNN for decode: the wheel's int4 kernels are AVX2 only and spend much of a one-row
+// product synchronising their threads (a layer module ~200 us at 512 tokens of context, 30 per
+// token); here the products are VNNI / maddubs dot products (Q4Matrix) shared by a SpinTeam, so the
+// dense part of a token takes about a third of MNN's (docs/results.md). Prefill (many rows at once)
+// stays with MNN, whose batched kernels are made for it.
+//
+// Layer i's call continues from where the engine's module i starts: it finishes layer i - 1 from
+// its attention output (h += attn Wo; h += (SiLU(x Wgate) * x Wup) Wdown with x = RMSNorm(h)), then
+// starts layer i (x = RMSNorm(h); q, k, v = x Wq, x Wk, x Wv (+ bias); RoPE on q and k, rotate-half).
+#pragma once
+
+#include <vector>
+
+#include "mnn_h2o/dense/q4_matrix.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/runtime/spin_team.h"
+
+namespace mnn_h2o {
+
+struct DecodeShape {
+    int hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0;
+    float rms_eps = 1e-5f;
+};
+
+struct DecodeLayerWeights {
+    std::vector<float> attn_norm, ffn_norm;  // [hidden]
+    Q4Matrix qkv;                            // [(n_heads + 2 n_kv_heads) head_dim, hidden]: q, k, v rows
+    std::vector<float> qkv_bias;             // empty, or one per qkv row
+    Q4Matrix wo;                             // [hidden, n_heads head_dim]
+    Q4Matrix gate, up;                       // [ffn, hidden]
+    Q4Matrix down;                           // [hidden, ffn]
+};
+
+class DecodeLayers {
+public:
+    // Throws std::invalid_argument on a shape that does not fit (every matrix and vector checked).
+    DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> layers, int n_threads);
+
+    int n_layers() const { return static_cast<int>(layers_.size()); }
+    const DecodeShape& shape() const { return shape_; }
+    size_t bytes() const;  // the weights held
+
+    // One token through layer i's module: if attn (layer i - 1's attention output, n_heads x
+    // head_dim) is given, finishes layer i - 1 into h first (i > 0); then layer i's q (n_heads x
+    // head_dim), k and v (n_kv_heads x head_dim) from h, q and k rotated by cos / sin (head_dim
+    // each, the token's position). h is [hidden], updated in place. Not for concurrent calls.
+    void forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q, float* k,
+                 float* v, Isa isa);
+
+private:
+    void finish(int layer, float* h, const float* attn, Isa isa);
+    void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
+               Isa isa);
+    void rms_norm(const float* h, const std::vector<float>& w, float* out) const;
+    // Rows per task of a product of `rows` rows on the team: a multiple of 32.
+    int task_rows(int rows) const;
+    // y = m x, its rows split into tasks on the team.
+    void product(const Q4Matrix& m, const Q8Activation& x, float* y, Isa isa);
+
+    DecodeShape shape_;
+    std::vector<DecodeLayerWeights> layers_;
+    SpinTeam team_;
+    // Scratch for one token (hence no concurrent calls).
+    std::vector<float> x_, y_, qkv_, gate_, up_, act_;
+    Q8Activation xq_, attn_q_, act_q_;
+};
+
+}  // namespace mnn_h2o

@@ -1,0 +1,72 @@
+// A GGUF 4-bit matrix (Q4_0 / Q4_1, blocks of 32) times one activation row rounded to int8 per
+// block of 32: the decode layers' products (mnn_h2o/dense/decode_layers.h).
+//
+// Why int8 activations: an int4 x float product is bound by widening the codes to float (about
+// 3x MNN's per-token time here); with both sides integer, one VNNI or maddubs instruction does 32
+// multiply-adds. The rounding is per block of 32 values (llama.cpp's q8_0), and the blocks' mins
+// (Q4_1) meet the float sum of x, so only the code x scale term sees the rounded activation.
+//
+// Input layout (the GGUF's): row r holds cols / 32 blocks; block b's 16 bytes are
+// nibbles[(r * cols + 32 b) / 2 ..]; byte j holds value j in its low nibble and value j + 16 in its
+// high one. Value i of the block is nibble_i * scale + min, scale and min fp16 per block; Q4_0's
+// (nibble - 8) * d is nibble * d + (-8 d).
+//
+// Held layout: blocks in pairs (a row's odd last block is paired with a zero block), so that one
+// 32-byte load holds two blocks' nibbles: its low nibbles are values 0-15 of both blocks, its high
+// nibbles values 16-31. The activation's codes are stored in that order (Q8Activation), and each
+// pair's fp16 scales and mins sit together as {scale a, scale b, min a, min b}: one 8-byte load.
+// Bytes per weight: 0.5 + 4 / 32 (the GGUF's 20 bytes per block of Q4_1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mnn_h2o/runtime/cpu_features.h"
+
+namespace mnn_h2o {
+
+constexpr int kQ4Block = 32;
+
+// One activation row rounded per block of 32: value i of block b ~ scales[b] * code (round to
+// nearest, |code| <= 127); sums[b] is the float sum of the block's values, unrounded. Codes in
+// pair order: blocks 2p and 2p + 1 take the 64 bytes codes[64 p ..] as {2p: 0-15, 2p + 1: 0-15,
+// 2p: 16-31, 2p + 1: 16-31}; a missing odd block is zeros. pair_scales / pair_sums repeat each
+// pair's two scales and sums / 4 four times ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes.
+struct Q8Activation {
+    int cols = 0;
+    std::vector<int8_t> codes;
+    std::vector<float> scales, sums;
+    std::vector<float> pair_scales, pair_sums;
+
+    void resize(int cols);                 // cols a multiple of 32 (the callers' widths are)
+    void quantize(const float* x, int cols);  // resize(cols), then every block
+    // Blocks [b0, b1) of x (x points at the row's start), after resize: for callers that produce
+    // the row block by block (disjoint blocks may be written from different threads).
+    void quantize_blocks(const float* x, int b0, int b1);
+};
+
+class Q4Matrix {
+public:
+    // nibbles rows * cols / 2 bytes, scales and mins rows * cols / 32 fp16 bits, in the GGUF's
+    // layout. Throws std::invalid_argument unless rows > 0, cols > 0, cols % 32 == 0 and the
+    // sizes match.
+    Q4Matrix(int rows, int cols, const std::vector<uint8_t>& nibbles, const std::vector<uint16_t>& scales,
+             const std::vector<uint16_t>& mins);
+
+    int rows() const { return rows_; }
+    int cols() const { return cols_; }
+    size_t bytes() const { return nibbles_.size() + scale_mins_.size() * sizeof(uint16_t); }
+
+    // y[r - r0] for rows r in [r0, r1): the sum over blocks of scale * x.scales[b] * (integer dot
+    // of nibbles and codes) + min * x.sums[b]. isa: Scalar is the reference (float sums in block
+    // order); the SIMD paths compute the same integer dots and sum the floats in another order.
+    void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
+
+private:
+    int rows_, cols_, pairs_;  // pairs_: block pairs per row
+    std::vector<uint8_t> nibbles_;       // [rows][pairs][32]
+    std::vector<uint16_t> scale_mins_;   // [rows][pairs][4]: scale a, scale b, min a, min b
+};
+
+}  // namespace mnn_h2o

@@ -1,0 +1,71 @@
+// Fork-join over a few threads for jobs of a few microseconds: the decode layers' matrix products.
+//
+// Why not ThreadPool: its workers sleep on a condition variable, and waking one costs a few to
+// tens of microseconds, as long as one of the decode layers' products takes. A SpinTeam's workers
+// keep polling for the next job for a short while (kSpinMicros) after each one, so the products of
+// one token find them awake, then they sleep, so that MNN (prefill) and the attention's ThreadPool
+// get the cores back between tokens. As in ThreadPool the caller never waits for a worker to arrive:
+// it takes tasks itself, and waits only for tasks a worker has already taken.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace mnn_h2o {
+
+class SpinTeam {
+public:
+    // How long a worker polls for the next job before it sleeps.
+    static constexpr int kSpinMicros = 50;
+
+    // n_threads counts the calling thread: 1 means no workers.
+    explicit SpinTeam(int n_threads);
+    ~SpinTeam();  // wakes and joins the workers
+    SpinTeam(const SpinTeam&) = delete;
+    SpinTeam& operator=(const SpinTeam&) = delete;
+
+    int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+    // Runs fn(task) for every task in [0, n_tasks), on the caller and the workers that are awake,
+    // and returns when all are done. fn must not throw. One run at a time (not reentrant).
+    template <class Fn>
+    void run(int n_tasks, Fn&& fn) {
+        using F = std::remove_reference_t<Fn>;
+        run_job(n_tasks, [](void* c, int task) { (*static_cast<F*>(c))(task); },
+                const_cast<void*>(static_cast<const void*>(&fn)));
+    }
+
+private:
+    using TaskFn = void (*)(void* ctx, int task);
+
+    void run_job(int n_tasks, TaskFn fn, void* ctx);
+    void stop();  // wakes and joins the workers
+    void take_tasks();
+    void worker_loop();
+
+    // The current job. Its fields are written before open_ is set (both seq_cst), and a worker
+    // reads them only between raising in_job_ and seeing open_: the caller clears open_ and then
+    // waits for in_job_ to drop to 0 before it returns, so no worker touches a finished job.
+    TaskFn fn_ = nullptr;
+    void* ctx_ = nullptr;
+    int n_tasks_ = 0;
+    std::atomic<int> next_{0};
+    std::atomic<int> done_{0};
+    std::atomic<bool> open_{false};
+    std::atomic<int> in_job_{0};
+    std::atomic<uint64_t> generation_{0};
+
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    int sleeping_ = 0;  // under mutex_
+    bool stop_ = false;  // under mutex_; stop_flag_ mirrors it for the polling loop
+    std::atomic<bool> stop_flag_{false};
+    std::vector<std::thread> workers_;
+};
+
+}  // namespace mnn_h2o

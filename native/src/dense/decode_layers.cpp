@@ -1,0 +1,156 @@
+#include "mnn_h2o/dense/decode_layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace mnn_h2o {
+
+namespace {
+
+// Tasks per thread of each product. One: each thread streams its half of the rows contiguously.
+// The products are memory bound; tasks of 64 rows handed out in turn made the threads' streams
+// jump (1.7x slower per token here, 2 to 4 tasks per thread 7-20% slower). A worker that is not
+// awake costs nothing but its share: the caller takes its task too.
+constexpr int kTasksPerThread = 1;
+
+void check(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("DecodeLayers: " + what);
+}
+
+void check_matrix(const Q4Matrix& m, int rows, int cols, const std::string& name) {
+    check(m.rows() == rows && m.cols() == cols, name + " is [" + std::to_string(m.rows()) + ", " +
+                                                    std::to_string(m.cols()) + "], the shape needs [" +
+                                                    std::to_string(rows) + ", " + std::to_string(cols) + "]");
+}
+
+}  // namespace
+
+DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> layers, int n_threads)
+    : shape_(shape), layers_(std::move(layers)), team_(n_threads) {
+    const DecodeShape& s = shape_;
+    check(s.hidden > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.ffn > 0 && s.rms_eps > 0.f,
+          "every size and the epsilon must be positive");
+    check(s.head_dim % 2 == 0 && s.n_heads % s.n_kv_heads == 0, "head_dim must be even, n_heads a multiple of n_kv_heads");
+    check(s.hidden % kQ4Block == 0 && s.ffn % kQ4Block == 0 && (s.n_heads * s.head_dim) % kQ4Block == 0,
+          "hidden, ffn and n_heads * head_dim must be multiples of 32");
+    check(!layers_.empty(), "no layers");
+    const int qkv_rows = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const DecodeLayerWeights& w = layers_[i];
+        const std::string l = "layer " + std::to_string(i) + ": ";
+        check(w.attn_norm.size() == static_cast<size_t>(s.hidden) && w.ffn_norm.size() == static_cast<size_t>(s.hidden),
+              l + "norms must have hidden values");
+        check_matrix(w.qkv, qkv_rows, s.hidden, l + "qkv");
+        check(w.qkv_bias.empty() || w.qkv_bias.size() == static_cast<size_t>(qkv_rows), l + "qkv_bias must be empty or one per qkv row");
+        check_matrix(w.wo, s.hidden, s.n_heads * s.head_dim, l + "wo");
+        check_matrix(w.gate, s.ffn, s.hidden, l + "gate");
+        check_matrix(w.up, s.ffn, s.hidden, l + "up");
+        check_matrix(w.down, s.hidden, s.ffn, l + "down");
+    }
+    x_.resize(static_cast<size_t>(s.hidden));
+    y_.resize(static_cast<size_t>(s.hidden));
+    qkv_.resize(static_cast<size_t>(qkv_rows));
+    gate_.resize(static_cast<size_t>(s.ffn));
+    up_.resize(static_cast<size_t>(s.ffn));
+    act_.resize(static_cast<size_t>(s.ffn));
+    xq_.resize(s.hidden);
+    attn_q_.resize(s.n_heads * s.head_dim);
+    act_q_.resize(s.ffn);
+}
+
+size_t DecodeLayers::bytes() const {
+    size_t n = 0;
+    for (const DecodeLayerWeights& w : layers_)
+        n += w.qkv.bytes() + w.wo.bytes() + w.gate.bytes() + w.up.bytes() + w.down.bytes() +
+             (w.attn_norm.size() + w.ffn_norm.size() + w.qkv_bias.size()) * sizeof(float);
+    return n;
+}
+
+void DecodeLayers::rms_norm(const float* h, const std::vector<float>& w, float* out) const {
+    const int n = shape_.hidden;
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += h[i] * h[i];
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + shape_.rms_eps);
+    for (int i = 0; i < n; ++i) out[i] = h[i] * inv * w[static_cast<size_t>(i)];
+}
+
+int DecodeLayers::task_rows(int rows) const {
+    const int tasks = kTasksPerThread * team_.size();
+    return (rows + tasks * kQ4Block - 1) / (tasks * kQ4Block) * kQ4Block;  // whole activation blocks
+}
+
+void DecodeLayers::product(const Q4Matrix& m, const Q8Activation& x, float* y, Isa isa) {
+    const int rows = m.rows(), step = task_rows(rows);
+    team_.run((rows + step - 1) / step, [&](int task) {
+        const int r0 = task * step;
+        const int r1 = std::min(rows, r0 + step);
+        m.multiply_rows(x, r0, r1, y + r0, isa);
+    });
+}
+
+void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
+    const DecodeShape& s = shape_;
+    const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
+    attn_q_.quantize(attn, s.n_heads * s.head_dim);
+    product(w.wo, attn_q_, y_.data(), isa);
+    for (int i = 0; i < s.hidden; ++i) h[i] += y_[static_cast<size_t>(i)];
+    rms_norm(h, w.ffn_norm, x_.data());
+    xq_.quantize(x_.data(), s.hidden);
+    // Gate and up rows of a task meet in SiLU(gate) * up, and the task rounds its own blocks of
+    // that product (task_rows: whole blocks of 32), so the down projection's input is ready when
+    // the last task ends.
+    const int ffn = s.ffn, step = task_rows(ffn);
+    team_.run((ffn + step - 1) / step, [&](int task) {
+        const int r0 = task * step;
+        const int r1 = std::min(ffn, r0 + step);
+        w.gate.multiply_rows(xq_, r0, r1, gate_.data() + r0, isa);
+        w.up.multiply_rows(xq_, r0, r1, up_.data() + r0, isa);
+        for (int j = r0; j < r1; ++j) {
+            const float g = gate_[static_cast<size_t>(j)];
+            act_[static_cast<size_t>(j)] = g / (1.f + std::exp(-g)) * up_[static_cast<size_t>(j)];
+        }
+        act_q_.quantize_blocks(act_.data(), r0 / kQ4Block, r1 / kQ4Block);
+    });
+    product(w.down, act_q_, y_.data(), isa);
+    for (int i = 0; i < s.hidden; ++i) h[i] += y_[static_cast<size_t>(i)];
+}
+
+void DecodeLayers::start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k,
+                         float* v, Isa isa) {
+    const DecodeShape& s = shape_;
+    const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
+    rms_norm(h, w.attn_norm, x_.data());
+    xq_.quantize(x_.data(), s.hidden);
+    product(w.qkv, xq_, qkv_.data(), isa);
+    if (!w.qkv_bias.empty())
+        for (size_t i = 0; i < qkv_.size(); ++i) qkv_[i] += w.qkv_bias[i];
+    const int hd = s.head_dim, half = hd / 2;
+    auto rope = [&](const float* in, float* out, int heads) {
+        for (int hh = 0; hh < heads; ++hh) {
+            const float* x = in + hh * hd;
+            float* o = out + hh * hd;
+            for (int j = 0; j < half; ++j) {
+                o[j] = x[j] * cos[j] - x[j + half] * sin[j];
+                o[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
+            }
+        }
+    };
+    const int nq = s.n_heads * hd, nk = s.n_kv_heads * hd;
+    rope(qkv_.data(), q, s.n_heads);
+    rope(qkv_.data() + nq, k, s.n_kv_heads);
+    std::copy(qkv_.begin() + nq + nk, qkv_.end(), v);
+}
+
+void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q,
+                           float* k, float* v, Isa isa) {
+    if (i < 0 || i >= n_layers()) throw std::out_of_range("DecodeLayers::forward: layer " + std::to_string(i));
+    if (attn != nullptr) {
+        if (i == 0) throw std::invalid_argument("DecodeLayers::forward: layer 0 has no previous layer to finish");
+        finish(i - 1, h, attn, isa);
+    }
+    start(i, h, cos, sin, q, k, v, isa);
+}
+
+}  // namespace mnn_h2o
