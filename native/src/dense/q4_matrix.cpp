@@ -15,18 +15,24 @@ namespace {
 void q4_rows_scalar(const Q4Rows& p, int r0, int r1) {
     const Q8Activation& x = *p.x;
     const int nb = x.cols / kQ4Block;
+    // The integer dot of block b's nibbles (q) with codes of the pair layout (c at the pair).
+    auto dot = [](const uint8_t* q, const int8_t* c, int half) {
+        const int8_t* lo = c + half * 16;  // values 0-15 of the block
+        const int8_t* hi = lo + 32;        // values 16-31
+        int32_t d = 0;
+        for (int j = 0; j < 16; ++j) d += (q[j] & 15) * lo[j] + (q[j] >> 4) * hi[j];
+        return static_cast<float>(d);
+    };
     for (int r = r0; r < r1; ++r) {
         float acc = 0.f;
         for (int b = 0; b < nb; ++b) {
             const int pair = b / 2, half = b % 2;
             const uint8_t* q = p.nibbles + (static_cast<size_t>(r) * p.pairs + pair) * 32 + half * 16;
-            const int8_t* lo = x.codes.data() + pair * 64 + half * 16;  // values 0-15 of block b
-            const int8_t* hi = lo + 32;                                 // values 16-31
-            int32_t dot = 0;
-            for (int j = 0; j < 16; ++j) dot += (q[j] & 15) * lo[j] + (q[j] >> 4) * hi[j];
             const uint16_t* sm = p.scale_mins + (static_cast<size_t>(r) * p.pairs + pair) * 4;
-            acc += fp16_to_fp32(sm[half]) * x.scales[static_cast<size_t>(b)] * static_cast<float>(dot) +
-                   fp16_to_fp32(sm[2 + half]) * x.sums[static_cast<size_t>(b)];
+            const size_t bb = static_cast<size_t>(b);
+            const float codes = x.scales[bb] * dot(q, x.codes.data() + pair * 64, half) +
+                                x.residual_scales[bb] * dot(q, x.residual_codes.data() + pair * 64, half);
+            acc += fp16_to_fp32(sm[half]) * codes + fp16_to_fp32(sm[2 + half]) * x.sums[bb];
         }
         p.y[r - r0] = acc;
     }
@@ -36,35 +42,68 @@ void q4_rows_scalar(const Q4Rows& p, int r0, int r1) {
 
 void Q8Activation::resize(int n) {
     cols = n;
-    const int nb = n / kQ4Block, pairs = (nb + 1) / 2;
-    codes.assign(static_cast<size_t>(pairs) * 64, 0);
-    scales.assign(static_cast<size_t>(nb), 0.f);
-    sums.assign(static_cast<size_t>(nb), 0.f);
-    pair_scales.assign(static_cast<size_t>(pairs) * 8, 0.f);
-    pair_sums.assign(static_cast<size_t>(pairs) * 8, 0.f);
+    const size_t nb = static_cast<size_t>(n / kQ4Block), pairs = (nb + 1) / 2;
+    codes.assign(pairs * 64, 0);
+    residual_codes.assign(pairs * 64, 0);
+    scales.assign(nb, 0.f);
+    residual_scales.assign(nb, 0.f);
+    sums.assign(nb, 0.f);
+    pair_scales.assign(pairs * 8, 0.f);
+    pair_residual_scales.assign(pairs * 8, 0.f);
+    pair_sums.assign(pairs * 8, 0.f);
 }
+
+namespace {
+
+// v * inv rounded to nearest, ties to even, as std::nearbyint in the default rounding mode, but
+// inline (nearbyint and fmax are libm calls per value, ~1 ms a token here): adding and subtracting
+// 1.5 * 2^23 rounds a float below 2^22 in magnitude. |v * inv| <= 127 by the scale's choice; a
+// NaN or infinite x would give a NaN scale, and the clamp keeps the conversion defined.
+int8_t round_code(float v, float inv) {
+    constexpr float kRound = 12582912.f;
+    const float r = (v * inv + kRound) - kRound;
+    const float c = r >= -127.f ? r : -127.f;
+    return static_cast<int8_t>(c > 127.f ? 127.f : c);
+}
+
+// Rounds the 32 values v to codes c (pair layout: 0-15 at c, 16-31 at c + 32); returns the scale.
+float round_block(const float* v, int8_t* c) {
+    float amax = 0.f;
+    for (int i = 0; i < kQ4Block; ++i) {
+        const float a = std::fabs(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.f;
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < 16; ++i) {
+        c[i] = round_code(v[i], inv);
+        c[32 + i] = round_code(v[16 + i], inv);
+    }
+    return d;
+}
+
+}  // namespace
 
 void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
     for (int b = b0; b < b1; ++b) {
         const float* xb = x + static_cast<size_t>(b) * kQ4Block;
-        float amax = 0.f, sum = 0.f;
+        const size_t pair = static_cast<size_t>(b / 2), half = static_cast<size_t>(b % 2);
+        int8_t* c = codes.data() + pair * 64 + half * 16;
+        const float d = round_block(xb, c);
+        float rest[kQ4Block], sum = 0.f;
         for (int i = 0; i < kQ4Block; ++i) {
-            amax = std::fmax(amax, std::fabs(xb[i]));
+            rest[i] = xb[i] - d * c[i < 16 ? i : 32 + i - 16];
             sum += xb[i];
         }
-        const float d = amax / 127.f;
-        const float inv = d > 0.f ? 1.f / d : 0.f;
-        const int pair = b / 2, half = b % 2;
-        int8_t* lo = codes.data() + pair * 64 + half * 16;
-        for (int i = 0; i < 16; ++i) {
-            lo[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-            lo[32 + i] = static_cast<int8_t>(std::nearbyint(xb[16 + i] * inv));
-        }
-        scales[static_cast<size_t>(b)] = d;
-        sums[static_cast<size_t>(b)] = sum;
-        for (int i = 0; i < 4; ++i) {
-            pair_scales[static_cast<size_t>(pair) * 8 + half * 4 + i] = d;
-            pair_sums[static_cast<size_t>(pair) * 8 + half * 4 + i] = sum * 0.25f;
+        const float rd = round_block(rest, residual_codes.data() + pair * 64 + half * 16);
+        const size_t bb = static_cast<size_t>(b);
+        scales[bb] = d;
+        residual_scales[bb] = rd;
+        sums[bb] = sum;
+        for (size_t i = 0; i < 4; ++i) {
+            pair_scales[pair * 8 + half * 4 + i] = d;
+            pair_residual_scales[pair * 8 + half * 4 + i] = rd;
+            pair_sums[pair * 8 + half * 4 + i] = sum * 0.25f;
         }
     }
 }
@@ -103,9 +142,11 @@ Q4Matrix::Q4Matrix(int rows, int cols, const std::vector<uint8_t>& nibbles, cons
 
 void Q4Matrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const {
     if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("Q4Matrix::multiply_rows: rows out of range");
-    if (x.cols != cols_ || x.codes.size() != static_cast<size_t>(pairs_) * 64 ||
-        x.pair_scales.size() != static_cast<size_t>(pairs_) * 8 || x.pair_sums.size() != x.pair_scales.size() ||
-        x.scales.size() != static_cast<size_t>(cols_ / kQ4Block) || x.sums.size() != x.scales.size())
+    const size_t nb = static_cast<size_t>(cols_ / kQ4Block), pairs = static_cast<size_t>(pairs_);
+    if (x.cols != cols_ || x.codes.size() != pairs * 64 || x.residual_codes.size() != pairs * 64 ||
+        x.pair_scales.size() != pairs * 8 || x.pair_residual_scales.size() != pairs * 8 ||
+        x.pair_sums.size() != pairs * 8 || x.scales.size() != nb || x.residual_scales.size() != nb ||
+        x.sums.size() != nb)
         throw std::invalid_argument("Q4Matrix::multiply_rows: an activation of " + std::to_string(x.cols) +
                                     " values for a matrix of " + std::to_string(cols_) + " columns");
     const Q4Rows p{nibbles_.data(), scale_mins_.data(), pairs_, &x, y};

@@ -1,6 +1,6 @@
-// AVX-512 VNNI row kernel of Q4Matrix (q4_matrix_kernels.h): the AVX2 kernel's steps, with the two
-// nibble x code products of a block pair each one vpdpbusd (32 unsigned x signed byte products
-// summed by four into int32) on 256-bit lanes (AVX512-VL), and two accumulators.
+// AVX-512 VNNI row kernel of Q4Matrix (q4_matrix_kernels.h): the AVX2 kernel's steps, with each
+// nibble x code product of a block pair one vpdpbusd (32 unsigned x signed byte products summed by
+// four into int32) on 256-bit lanes (AVX512-VL), and two accumulators.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -15,21 +15,25 @@ namespace mnn_h2o {
 
 namespace {
 
+inline __m256i load(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
 struct Pair {
     __m256i low, lanes_s, lanes_m;
-    const int8_t* xc;
-    const float *xs, *xm;
+    const int8_t *xc, *xr;
+    const float *xs, *xrs, *xm;
 
     inline __m256 step(const uint8_t* q, const uint16_t* sm, int k, __m256 acc) const {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 32));
         const __m256i lo = _mm256_and_si256(v, low);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo,
-                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + k * 64)));
-        dot = _mm256_dpbusd_epi32(dot, hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + k * 64 + 32)));
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i dot = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo, load(xc + k * 64)), hi, load(xc + k * 64 + 32));
+        const __m256i res = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo, load(xr + k * 64)), hi, load(xr + k * 64 + 32));
         const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + k * 4))));
-        const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, lanes_s), _mm256_loadu_ps(xs + k * 8));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc);
+        const __m256 s = _mm256_permutevar8x32_ps(f, lanes_s);
+        const __m256 codes = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_loadu_ps(xs + k * 8),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(res), _mm256_loadu_ps(xrs + k * 8)));
+        acc = _mm256_fmadd_ps(codes, s, acc);
         return _mm256_fmadd_ps(_mm256_permutevar8x32_ps(f, lanes_m), _mm256_loadu_ps(xm + k * 8), acc);
     }
 };
@@ -37,9 +41,10 @@ struct Pair {
 }  // namespace
 
 void q4_rows_avx512vnni(const Q4Rows& p, int r0, int r1) {
+    const Q8Activation& x = *p.x;
     const Pair pair{_mm256_set1_epi8(15), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-                    _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3), p.x->codes.data(), p.x->pair_scales.data(),
-                    p.x->pair_sums.data()};
+                    _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3), x.codes.data(), x.residual_codes.data(),
+                    x.pair_scales.data(), x.pair_residual_scales.data(), x.pair_sums.data()};
     for (int r = r0; r < r1; ++r) {
         const uint8_t* q = p.nibbles + static_cast<size_t>(r) * p.pairs * 32;
         const uint16_t* sm = p.scale_mins + static_cast<size_t>(r) * p.pairs * 4;

@@ -1,10 +1,15 @@
 // A GGUF 4-bit matrix (Q4_0 / Q4_1, blocks of 32) times one activation row rounded to int8 per
 // block of 32: the decode layers' products (mnn_h2o/dense/decode_layers.h).
 //
-// Why int8 activations: an int4 x float product is bound by widening the codes to float (about
+// Why integer activations: an int4 x float product is bound by widening the codes to float (about
 // 3x MNN's per-token time here); with both sides integer, one VNNI or maddubs instruction does 32
-// multiply-adds. The rounding is per block of 32 values (llama.cpp's q8_0), and the blocks' mins
-// (Q4_1) meet the float sum of x, so only the code x scale term sees the rounded activation.
+// multiply-adds. The activation is rounded twice per block of 32: to int8 codes, then what that
+// left to int8 residual codes, so x = scale * code + residual_scale * residual_code to about 1 /
+// 32000 of the block's largest value. One rounding alone (llama.cpp's q8_0) made the decode 5-10x
+// noisier than MNN's int8 modules (KL 0.010-0.012 between f16 and q8 KV, against MNN's 0.0016:
+// Q4_1's codes are all positive, so their products are large and cancel against the mins');
+// the second costs two more dot products per block, and the products are memory bound. The
+// blocks' mins (Q4_1) meet the float sum of x.
 //
 // Input layout (the GGUF's): row r holds cols / 32 blocks; block b's 16 bytes are
 // nibbles[(r * cols + 32 b) / 2 ..]; byte j holds value j in its low nibble and value j + 16 in its
@@ -28,16 +33,17 @@ namespace mnn_h2o {
 
 constexpr int kQ4Block = 32;
 
-// One activation row rounded per block of 32: value i of block b ~ scales[b] * code (round to
-// nearest, |code| <= 127); sums[b] is the float sum of the block's values, unrounded. Codes in
-// pair order: blocks 2p and 2p + 1 take the 64 bytes codes[64 p ..] as {2p: 0-15, 2p + 1: 0-15,
-// 2p: 16-31, 2p + 1: 16-31}; a missing odd block is zeros. pair_scales / pair_sums repeat each
-// pair's two scales and sums / 4 four times ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes.
+// One activation row rounded twice per block of 32: value i of block b ~ scales[b] * code +
+// residual_scales[b] * residual_code (each round to nearest, |code| <= 127); sums[b] is the float
+// sum of the block's values, unrounded. Codes in pair order: blocks 2p and 2p + 1 take the 64
+// bytes codes[64 p ..] as {2p: 0-15, 2p + 1: 0-15, 2p: 16-31, 2p + 1: 16-31}; a missing odd block
+// is zeros; residual_codes alike. pair_* repeat each pair's two scales (and sums / 4) four times
+// ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes.
 struct Q8Activation {
     int cols = 0;
-    std::vector<int8_t> codes;
-    std::vector<float> scales, sums;
-    std::vector<float> pair_scales, pair_sums;
+    std::vector<int8_t> codes, residual_codes;
+    std::vector<float> scales, residual_scales, sums;
+    std::vector<float> pair_scales, pair_residual_scales, pair_sums;
 
     void resize(int cols);                 // cols a multiple of 32 (the callers' widths are)
     void quantize(const float* x, int cols);  // resize(cols), then every block
@@ -58,8 +64,8 @@ public:
     int cols() const { return cols_; }
     size_t bytes() const { return nibbles_.size() + scale_mins_.size() * sizeof(uint16_t); }
 
-    // y[r - r0] for rows r in [r0, r1): the sum over blocks of scale * x.scales[b] * (integer dot
-    // of nibbles and codes) + min * x.sums[b]. isa: Scalar is the reference (float sums in block
+    // y[r - r0] for rows r in [r0, r1): the sum over blocks of scale * (x.scales[b] * (integer dot
+    // of nibbles and codes) + x.residual_scales[b] * (that of the residual codes)) + min * x.sums[b]. isa: Scalar is the reference (float sums in block
     // order); the SIMD paths compute the same integer dots and sum the floats in another order.
     void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
 

@@ -1,0 +1,123 @@
+"""The native decode layers (runtime.decode_layers): the GGUF's 4-bit blocks read exactly, one
+layer call against decoder_layer.py in float64, the engine's decode against the exact model and
+against MNN's layer modules, the counters, bad files refused."""
+import numpy as np
+import pytest
+
+from conftest import make_llm
+
+pytestmark = pytest.mark.model
+
+
+def _kl(p, q):
+    return np.sum(np.exp(p) * (p - q), axis=-1)
+
+
+def test_gguf_nibbles_are_the_stored_values(smollm2_gguf):
+    """GgufModel.nibbles: value = nibble * scale + min, Q and K rows un-permuted as layer() does."""
+    c = smollm2_gguf.config
+    w = smollm2_gguf.layer(2)
+    for tensor, name, heads in (("attn_q", "wq", c.n_heads), ("attn_k", "wk", c.n_kv_heads), ("ffn_down", "w_down", None)):
+        nib, scales, mins = smollm2_gguf.nibbles(f"blk.2.{tensor}.weight", heads)
+        assert nib.dtype == np.uint8 and scales.dtype == np.float16 and np.any(mins)
+        rows = w[name].shape[0]
+        blocks = nib.reshape(rows, -1, 16)
+        codes = np.concatenate([blocks & 15, blocks >> 4], axis=-1).astype(np.float32)
+        values = codes * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]
+        assert np.array_equal(values.reshape(w[name].shape), w[name]), tensor
+    assert smollm2_gguf.nibbles("token_embd.weight") is None  # Q8_0: not 4-bit
+
+
+def test_one_layer_call_is_decoder_layer(smollm2_gguf):
+    """forward(i): finish layer i - 1, start layer i, as decoder_layer.py states them; against
+    float64 over the GGUF's values, the only difference the activations' two int8 roundings per
+    block (~1e-4 of each output's norm; one rounding alone was ~2e-2)."""
+    from mnn_h2o.decoder_layer import finish_layer, start_layer
+    from mnn_h2o.export import decode_layer_arrays
+    from mnn_h2o.native_layers import decode_layers_from_arrays
+    from mnn_h2o.reference import _NumpyOps, rope_tables
+
+    c = smollm2_gguf.config
+    arrays = decode_layer_arrays(smollm2_gguf)
+    layers = decode_layers_from_arrays(arrays, c, threads=2)
+    single = decode_layers_from_arrays(arrays, c, threads=1)
+    rng = np.random.default_rng(0)
+    pos = 37
+    cos, sin = rope_tables(c, np.array([pos]), np.float64)
+    ops = _NumpyOps(c, cos, sin)
+    h0 = smollm2_gguf.embedding()[123].astype(np.float64)[None] + rng.standard_normal((1, c.hidden))
+    attn = rng.standard_normal((1, c.n_heads * c.head_dim))
+    for i in (0, 5, 29):
+        w_prev, w = (smollm2_gguf.layer(i - 1) if i else None), smollm2_gguf.layer(i)
+        h_ref = finish_layer(ops, w_prev, h0, attn) if i else h0
+        q_ref, k_ref, v_ref = (x.reshape(1, -1) for x in start_layer(ops, c, w, h_ref))
+        outs = []
+        for engine, isa in ((layers, None), (layers, "scalar"), (single, None)):
+            h = h0[0].astype(np.float32)
+            q = np.empty(c.n_heads * c.head_dim, np.float32)
+            k, v = (np.empty(c.n_kv_heads * c.head_dim, np.float32) for _ in range(2))
+            engine.forward(i, h, attn[0].astype(np.float32) if i else None, cos[0].astype(np.float32),
+                           sin[0].astype(np.float32), q, k, v, isa=isa)
+            outs.append((h, q, k, v))
+            for got, ref, name in ((h, h_ref, "h"), (q, q_ref, "q"), (k, k_ref, "k"), (v, v_ref, "v")):
+                err = np.linalg.norm(got - ref[0]) / np.linalg.norm(ref[0])
+                assert err < 1e-3, f"layer {i} {name}: relative error {err:.2e}"
+        for a, b in zip(outs[0], outs[2]):  # rows are split between threads, never summed across
+            assert np.array_equal(a, b), f"layer {i}: 1 and 2 threads differ"
+        for a, b in zip(outs[0], outs[1]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+    with pytest.raises(ValueError, match="layer 0"):
+        layers.forward(0, h0[0].astype(np.float32), attn[0].astype(np.float32), cos[0].astype(np.float32),
+                       sin[0].astype(np.float32), q, k, v)
+    with pytest.raises(IndexError):
+        layers.forward(c.n_layers, h0[0].astype(np.float32), None, cos[0].astype(np.float32),
+                       sin[0].astype(np.float32), q, k, v)
+    with pytest.raises(ValueError, match="q must be"):
+        layers.forward(0, h0[0].astype(np.float32), None, cos[0].astype(np.float32), sin[0].astype(np.float32),
+                       q[:-1], k, v)
+
+
+def test_engine_decode_native_against_exact_and_mnn(reference, tokenizer):
+    """Teacher-forced decode through the native layers: as close to the exact model as MNN's
+    modules (measured here on 64 essay tokens after a 192-token prompt), no MNN call per token."""
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.measure import log_softmax
+
+    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, decode_layers="mnn")
+    assert native._decode_layers is not None and mnn._decode_layers is None
+    ids = essay_tokens(tokenizer, 256)
+    prompt, cont = ids[:192], ids[192:]
+    exact = log_softmax(reference.forward(ids, all_logits=True)[191:-1])
+    runs = {}
+    for name, llm in (("native", native), ("mnn", mnn)):
+        llm.reset()
+        rows = [llm.prefill(prompt)]
+        calls = llm.stats.mnn_calls
+        rows += [llm.decode(t) for t in cont[:-1]]
+        runs[name] = log_softmax(np.stack(rows).reshape(len(cont), -1))
+        if name == "native":
+            assert llm.stats.mnn_calls == calls, "a native decode step called MNN"
+            assert llm.stats.dense_s > 0
+    kl_native, kl_mnn = _kl(exact, runs["native"]).mean(), _kl(exact, runs["mnn"]).mean()
+    print(f"KL to the exact model over {len(cont)} decode tokens: native layers {kl_native:.5f}, MNN's {kl_mnn:.5f}")
+    assert kl_native < 1.2 * kl_mnn
+    agree = np.mean(runs["native"].argmax(-1) == exact.argmax(-1))
+    assert agree > 0.9, agree
+
+
+def test_decode_layers_refuse_a_file_of_another_model(tmp_path, smollm2_gguf):
+    from mnn_h2o.export import decode_layer_arrays
+    from mnn_h2o.native_layers import load_decode_layers
+
+    c = smollm2_gguf.config
+    arrays = decode_layer_arrays(smollm2_gguf)
+    arrays["7.down.nibbles"] = arrays["7.down.nibbles"][:, :-16]  # one block short
+    arrays["7.down.scales"] = arrays["7.down.scales"][:, :-1]
+    arrays["7.down.mins"] = arrays["7.down.mins"][:, :-1]
+    np.savez(tmp_path / "decode_layers.npz", **arrays)
+    with pytest.raises(ValueError, match="layer 7: down"):
+        load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
+    del arrays["3.qkv.mins"]
+    np.savez(tmp_path / "decode_layers.npz", **arrays)
+    with pytest.raises(KeyError, match="3.qkv.mins"):
+        load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
