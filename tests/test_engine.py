@@ -60,17 +60,22 @@ def test_generate_stop_string_stream_and_stats(llm8):
     assert s.kv_bytes_held > 0
 
 
-def test_time_counters_are_disjoint_parts_of_a_step(llm8):
-    """A decode step's counters: one Module.forward per layer (the tail and the 8-bit head run
-    natively), and times that are parts of the step's (each counted once)."""
-    llm8.reset()
-    llm8.prefill(llm8.tokenizer.encode("The capital of France is"))
-    before = dict(vars(llm8.stats))
-    llm8.decode(11)
-    d = {k: v - before[k] for k, v in vars(llm8.stats).items() if isinstance(v, (int, float))}
-    assert d["mnn_calls"] == llm8.config.n_layers
-    parts = [d[k] for k in ("mnn_s", "convert_s", "attention_s", "policy_s", "head_s")]
-    assert all(p >= 0 for p in parts) and d["mnn_s"] > 0 and d["attention_s"] > 0 and d["head_s"] > 0
+@pytest.mark.parametrize("decode_layers", ["native", "mnn"])
+def test_time_counters_are_disjoint_parts_of_a_step(llm8, decode_layers):
+    """A decode step's counters: the native decode layers and no Module.forward, or with
+    runtime.decode_layers mnn one Module.forward per layer (the tail and the 8-bit head run
+    natively either way); times that are parts of the step's (each counted once)."""
+    llm = llm8 if decode_layers == "native" else make_llm(8, decode_layers="mnn")
+    llm.reset()
+    llm.prefill(llm.tokenizer.encode("The capital of France is"))
+    before = dict(vars(llm.stats))
+    llm.decode(11)
+    d = {k: v - before[k] for k, v in vars(llm.stats).items() if isinstance(v, (int, float))}
+    native = decode_layers == "native"
+    assert d["mnn_calls"] == (0 if native else llm.config.n_layers)
+    assert (d["dense_s"] > 0) == native and (d["mnn_s"] > 0) != native
+    parts = [d[k] for k in ("mnn_s", "dense_s", "convert_s", "attention_s", "policy_s", "head_s")]
+    assert all(p >= 0 for p in parts) and d["attention_s"] > 0 and d["head_s"] > 0
     assert sum(parts) <= d["decode_s"]
 
 

@@ -83,15 +83,17 @@ def test_decode_interleave_engine_weights():
 
     cfg = config.defaults()
     assert parse_engine("f16:none", cfg)[3] == (cfg["model"]["weight_bits"], cfg["model"]["head_bits"])
-    end = (cfg["runtime"]["lm_head"], cfg["runtime"]["tail"])
+    end = (cfg["runtime"]["lm_head"], cfg["runtime"]["tail"], cfg["runtime"]["decode_layers"])
     assert parse_engine("q8:h2o@6+4/8", cfg)[2:] == ("q8", (4, 8), cfg["runtime"]["memory"], end)
     assert parse_engine("f16:none+4", cfg)[3] == (4, 4)
     assert parse_engine("q8:h2o~normal", cfg)[4] == "normal"
     assert parse_engine("q8:h2o+4/8~normal", cfg)[3:] == ((4, 8), "normal", end)
-    assert parse_engine("q8:none~normal^mnn", cfg)[4:] == ("normal", ("mnn", "mnn"))
-    assert parse_engine("q8:none^native/mnn", cfg)[5] == ("native", "mnn")
+    dl = cfg["runtime"]["decode_layers"]
+    assert parse_engine("q8:none~normal^mnn", cfg)[4:] == ("normal", ("mnn", "mnn", dl))
+    assert parse_engine("q8:none^native/mnn", cfg)[5] == ("native", "mnn", dl)
+    assert parse_engine("q8:none^native/native/mnn", cfg)[5] == ("native", "native", "mnn")
     for bad in ("f16:none+3", "f16:none+w4h8", "f16:none+4/2", "f16:none+4,8", "q8:h2o~fast", "q8:none^fast",
-                "q8:none^native/fast"):
+                "q8:none^native/fast", "q8:none^native/native/fast", "q8:none^native/native/native/native"):
         with pytest.raises(SystemExit):
             parse_engine(bad, cfg)
 
