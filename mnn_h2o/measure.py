@@ -48,10 +48,11 @@ def _counters(stats) -> dict:
 
 
 def _time_split(before: dict, after: dict, seconds: float, n_tokens: int) -> dict:
-    """ms per token of a phase, split into MNN module forwards, numpy <-> MNN copies, the native
-    cache step (append, attention, score collection), the native end of a forward (eviction
-    policy, store) and the rest (Python glue, sampling), from the engine's counters at the
-    phase's start and end; mnn_calls: Module.forward calls per token."""
+    """ms per token of a phase, split into MNN module forwards, the native decode layers, numpy <->
+    MNN copies, the native cache step (append, attention, score collection), the native end of a
+    forward (eviction policy, store), the native tail and head, and the rest (Python glue,
+    sampling), from the engine's counters at the phase's start and end; mnn_calls: Module.forward
+    calls per token."""
     per_tok = 1e3 / n_tokens
     d = {"total": seconds * per_tok}
     for _, k in SPLIT_COUNTERS:

@@ -56,7 +56,7 @@ def test_speed_table_shows_the_prefill_split():
                                     "decode_ms": split(12.5, 10.0, 1.5, 0.5, 0.25, 0.25)},
            "stock": {"prefill_tps": s(450), "decode_tps": s(84)}}
     t = format_table({"512": row}).splitlines()
-    assert "prefill ms/token: mnn / cache step / glue" in t[0]
+    assert "prefill ms/token: layers / cache step / glue" in t[0]
     assert "| 2.00 / 0.40 / 0.10 | 10.00 / 2.00 / 0.50 |" in [x for x in t if "| ours |" in x][0]
 
 

@@ -158,8 +158,8 @@ ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
 def format_table(results: Dict[str, dict]) -> str:
     f = lambda s: f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
     with_llama = any(n in r for r in results.values() for n in LLAMA_ROWS)
-    head = ["context", "engine", "prefill tok/s", "decode tok/s", "prefill ms/token: mnn / cache step / glue",
-            "decode ms/token: mnn / cache step / glue", "KV MiB held"]
+    head = ["context", "engine", "prefill tok/s", "decode tok/s", "prefill ms/token: layers / cache step / glue",
+            "decode ms/token: layers / cache step / glue", "KV MiB held"]
     if with_llama:
         head.append("KL / top-1 vs own full cache")
     head += ["prefill vs stock", "decode vs stock", "decode vs ours full"]
@@ -171,7 +171,7 @@ def format_table(results: Dict[str, dict]) -> str:
             if name not in r:
                 continue
             e = r[name]
-            split = lambda d: (f"{d['mnn']:.2f} / {d['attention'] + d['policy']:.2f} / "
+            split = lambda d: (f"{d['mnn'] + d.get('dense', 0.0):.2f} / {d['attention'] + d['policy']:.2f} / "
                                f"{d['convert'] + d['glue']:.2f}") if d else ""
             kv = f"{e['kv_bytes_held'] / 2**20:.1f}" if "kv_bytes_held" in e else ""
             vs = lambda k, b: f"{r[f'{k}_ratio_{name}_vs_{b}']:.2f}x" if f"{k}_ratio_{name}_vs_{b}" in r else ""
@@ -184,9 +184,10 @@ def format_table(results: Dict[str, dict]) -> str:
             if with_llama:
                 cells += [vs("prefill", "llama_best"), vs("decode", "llama_best")]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines.append("tokens/s: median over the repetitions (min-max). ms/token (ours): medians, split into MNN "
-                 "module forwards / our native cache step (append, attention, eviction) / the rest (numpy <-> "
-                 "MNN copies, Python); the finer split: python -m mnn_h2o.tools.decode_profile.")
+    lines.append("tokens/s: median over the repetitions (min-max). ms/token (ours): medians, split into the "
+                 "layers' dense math (MNN module forwards; a decode token's native layers, runtime.decode_layers) "
+                 "/ our native cache step (append, attention, eviction) / the rest (numpy <-> MNN copies, Python; "
+                 "the head apart); the finer split: python -m mnn_h2o.tools.decode_profile.")
     if with_llama:
         lines.append("llama.cpp best: the llama.cpp config with the highest median (prefill and decode "
                      "separately). llama.cpp KV MiB: its context's KV buffer, allocated whole for n_ctx = "

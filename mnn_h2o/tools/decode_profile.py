@@ -9,10 +9,12 @@ same KV dtype), and llama.cpp's f16 KV config (its fastest on every machine meas
 (mnn_h2o.engine.Stats):
 
     mnn        MNN Module.forward calls (their number per token beside it)
+    dense      our native decode layers (runtime.decode_layers; then no MNN call a token)
     convert    copies between numpy and MNN (embedding/RoPE rows and the attention output
                written, q/k/v and the logits read)
     attention  the native cache step: append, attention, score collection (h2o)
     policy     the native end of a forward: the eviction policy when due, store jobs
+    head       the native tail and lm_head
     glue       the rest: Python around them, sampling
 
 Medians over the repetitions (min-max). The counters read the clock between consecutive parts;
@@ -35,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from ..cli_numbers import number_list  # noqa: E402
 from ..measure import summarize  # noqa: E402
 
-PARTS = ("mnn", "convert", "attention", "policy", "glue")
+PARTS = ("mnn", "dense", "convert", "attention", "policy", "head", "glue")
 OURS = ("ours_h2o", "ours")
 
 
@@ -109,8 +111,8 @@ def profile_rows(results: dict) -> dict:
 
 def format_profile(profile: dict) -> str:
     f = lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
-    head = ["context", "engine", "ms/token", "MNN forwards: calls / ms", "convert ms", "attention ms",
-            "policy ms", "glue ms", "vs ours full", "vs llama.cpp"]
+    head = ["context", "engine", "ms/token", "MNN forwards: calls / ms", "native layers ms", "convert ms",
+            "attention ms", "policy ms", "head ms", "glue ms", "vs ours full", "vs llama.cpp"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ctx, engines in profile.items():
         llama = [n for n in engines if n.startswith("llama_")]
@@ -123,7 +125,7 @@ def format_profile(profile: dict) -> str:
             if name in OURS:
                 cells = [f"{p['mnn_calls']['median']:.0f} / {f(p['mnn'])}"] + [f(p[k]) for k in PARTS[1:]]
             else:
-                cells = [""] * 5
+                cells = [""] * len(PARTS)
             lines.append("| " + " | ".join([ctx, name, f(p["total"])] + cells + [vs_full, vs_llama]) + " |")
     lines.append("ms per decode token: median over the interleaved runs (min-max). vs: ratio of median ms/token "
                  "(below 1: faster).")

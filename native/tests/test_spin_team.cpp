@@ -1,5 +1,5 @@
 // SpinTeam: every task of every run runs exactly once, whatever the thread count and task count,
-// including runs after the workers went to sleep; a team of one runs inline; shutdown joins.
+// including runs after the workers went to sleep or were told to rest; a team of one runs inline; shutdown joins.
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -28,6 +28,7 @@ static void every_task_once(int threads) {
         for (int i = 0; i < n; ++i) CHECK(hits[i].load() == 1, "%d threads, run %d: task %d ran %d times", threads, run, i, hits[i].load());
         if (run % 500 == 499)  // past the polling window: the workers sleep, the next run wakes them
             std::this_thread::sleep_for(std::chrono::microseconds(3 * SpinTeam::kSpinMicros));
+        if (run % 7 == 3) team.rest();  // the workers sleep at once; the next run wakes them
     }
     if (threads == 1) CHECK(other_threads.load() == 0, "a team of one ran tasks on another thread");
 }

@@ -151,6 +151,7 @@ void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos,
         finish(i - 1, h, attn, isa);
     }
     start(i, h, cos, sin, q, k, v, isa);
+    team_.rest();  // the attention (and its threads) comes next
 }
 
 }  // namespace mnn_h2o

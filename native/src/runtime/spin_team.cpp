@@ -59,6 +59,7 @@ void SpinTeam::run_job(int n_tasks, TaskFn fn, void* ctx) {
     next_.store(0);
     done_.store(0);
     open_.store(true);
+    resting_.store(false);
     generation_.fetch_add(1);
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -74,12 +75,13 @@ void SpinTeam::worker_loop() {
     using clock = std::chrono::steady_clock;
     uint64_t seen = generation_.load();
     for (;;) {
-        // Poll for a new job for kSpinMicros, then sleep until one is published or we stop.
+        // Poll for a new job until told to rest or for kSpinMicros, then sleep until one is
+        // published or we stop.
         const auto until = clock::now() + std::chrono::microseconds(kSpinMicros);
         int polls = 0;
         while (generation_.load() == seen && !stop_flag_.load()) {
             MNN_H2O_PAUSE();
-            if (++polls % 64 == 0 && clock::now() > until) {
+            if (resting_.load() || (++polls % 64 == 0 && clock::now() > until)) {
                 std::unique_lock<std::mutex> lock(mutex_);
                 ++sleeping_;
                 wake_.wait(lock, [&] { return stop_ || generation_.load() != seen; });
