@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "isa_arg.h"
+#include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/dense/decode_layers.h"
 #include "mnn_h2o/dense/q4_matrix.h"
 
@@ -136,7 +137,7 @@ void bind_decode_layers(py::module_& m) {
             "forward",
             [](DecodeLayers& self, int i, const py::object& h, const py::object& attn, const py::object& cos,
                const py::object& sin, const py::object& q, const py::object& k, const py::object& v,
-               const py::object& isa) {
+               const py::object& isa, bool rest) {
                 const DecodeShape& s = self.shape();
                 const py::ssize_t nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim;
                 float* hp = const_cast<float*>(floats_of(h, s.hidden, "h", true));
@@ -149,7 +150,7 @@ void bind_decode_layers(py::module_& m) {
                 const Isa which = parse_isa(isa);
                 try {
                     py::gil_scoped_release release;
-                    self.forward(i, hp, ap, cp, sp, qp, kp, vp, which);
+                    self.forward(i, hp, ap, cp, sp, qp, kp, vp, which, rest);
                 } catch (const std::out_of_range& e) {
                     throw py::index_error(e.what());
                 } catch (const std::invalid_argument& e) {
@@ -157,7 +158,12 @@ void bind_decode_layers(py::module_& m) {
                 }
             },
             py::arg("i"), py::arg("h"), py::arg("attn"), py::arg("cos"), py::arg("sin"), py::arg("q"), py::arg("k"),
-            py::arg("v"), py::arg("isa") = py::none(),
+            py::arg("v"), py::arg("isa") = py::none(), py::arg("rest") = true,
             "one token through layer i's module: finishes layer i - 1 from attn into h (in place) unless attn is "
-            "None, then writes layer i's rotated q, k and v; every array float32 and C-contiguous");
+            "None, then writes layer i's rotated q, k and v; every array float32 and C-contiguous. rest: the "
+            "worker threads sleep after the call (False: they poll for the next, through an attention that "
+            "runs on the calling thread)");
+    // Decode attention uses its threads from this many keys (one query row): the engine lets the
+    // decode layers' workers poll through the attention below it and rest from it.
+    m.attr("ATTENTION_PARALLEL_MIN_KEYS") = mnn_h2o::kParallelMinQueryKeys;
 }

@@ -208,7 +208,10 @@ class Llm:
         if layers_file:
             from .native_layers import load_decode_layers
 
+            from . import native
+
             self._decode_layers = load_decode_layers(os.path.join(export_dir, layers_file), c, rt["threads"])
+            self._attention_threads_from = native.ATTENTION_PARALLEL_MIN_KEYS
             self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                          for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._q8_head = None
@@ -417,10 +420,13 @@ class Llm:
         h = np.array(self._embed[token], dtype=np.float32)
         attn = self._input_vars(1)[4]
         cos, sin = self._cos[pos, 0], self._sin[pos, 0]
+        # The layers' workers poll through an attention on one thread, and sleep through one on
+        # its own threads (native/include/mnn_h2o/runtime/spin_team.h).
+        rest = pos + 1 >= self._attention_threads_from
         t1 = perf()
         t_dense = t_att = 0.0
         for i in range(c.n_layers):
-            layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v)
+            layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v, rest=rest)
             t2 = perf()
             cache.step(i, q, k, v, attn)
             t3 = perf()

@@ -52,18 +52,20 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
         h_ref = finish_layer(ops, w_prev, h0, attn) if i else h0
         q_ref, k_ref, v_ref = (x.reshape(1, -1) for x in start_layer(ops, c, w, h_ref))
         outs = []
-        for engine, isa in ((layers, None), (layers, "scalar"), (single, None)):
+        for engine, isa, rest in ((layers, None, True), (layers, "scalar", True), (single, None, True),
+                                  (layers, None, False)):
             h = h0[0].astype(np.float32)
             q = np.empty(c.n_heads * c.head_dim, np.float32)
             k, v = (np.empty(c.n_kv_heads * c.head_dim, np.float32) for _ in range(2))
             engine.forward(i, h, attn[0].astype(np.float32) if i else None, cos[0].astype(np.float32),
-                           sin[0].astype(np.float32), q, k, v, isa=isa)
+                           sin[0].astype(np.float32), q, k, v, isa=isa, rest=rest)
             outs.append((h, q, k, v))
             for got, ref, name in ((h, h_ref, "h"), (q, q_ref, "q"), (k, k_ref, "k"), (v, v_ref, "v")):
                 err = np.linalg.norm(got - ref[0]) / np.linalg.norm(ref[0])
                 assert err < 1e-3, f"layer {i} {name}: relative error {err:.2e}"
-        for a, b in zip(outs[0], outs[2]):  # rows are split between threads, never summed across
-            assert np.array_equal(a, b), f"layer {i}: 1 and 2 threads differ"
+        for other in (outs[2], outs[3]):  # rows are split between threads, never summed across
+            for a, b in zip(outs[0], other):
+                assert np.array_equal(a, b), f"layer {i}: 1 and 2 threads (or the workers resting) differ"
         for a, b in zip(outs[0], outs[1]):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
     with pytest.raises(ValueError, match="layer 0"):
@@ -103,6 +105,13 @@ def test_engine_decode_native_against_exact_and_mnn(reference, tokenizer):
     assert kl_native < 1.2 * kl_mnn
     agree = np.mean(runs["native"].argmax(-1) == exact.argmax(-1))
     assert agree > 0.9, agree
+
+    # The native layers with MNN's tail module (runtime.tail mnn): its inputs written from numpy.
+    mixed = make_llm(4, head_bits=8, tail="mnn")
+    assert mixed._native_tail is None and mixed._decode_layers is not None
+    mixed.prefill(prompt)
+    got = log_softmax(np.stack([mixed.decode(t) for t in cont[:8]]).reshape(8, -1))
+    assert _kl(runs["native"][1:9], got).max() < 0.05
 
 
 def test_decode_layers_refuse_a_file_of_another_model(tmp_path, smollm2_gguf):

@@ -144,14 +144,14 @@ void DecodeLayers::start(int layer, const float* h, const float* cos, const floa
 }
 
 void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q,
-                           float* k, float* v, Isa isa) {
+                           float* k, float* v, Isa isa, bool rest) {
     if (i < 0 || i >= n_layers()) throw std::out_of_range("DecodeLayers::forward: layer " + std::to_string(i));
     if (attn != nullptr) {
         if (i == 0) throw std::invalid_argument("DecodeLayers::forward: layer 0 has no previous layer to finish");
         finish(i - 1, h, attn, isa);
     }
     start(i, h, cos, sin, q, k, v, isa);
-    team_.rest();  // the attention (and its threads) comes next
+    if (rest) team_.rest();
 }
 
 }  // namespace mnn_h2o

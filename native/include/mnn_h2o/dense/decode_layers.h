@@ -46,9 +46,12 @@ public:
     // One token through layer i's module: if attn (layer i - 1's attention output, n_heads x
     // head_dim) is given, finishes layer i - 1 into h first (i > 0); then layer i's q (n_heads x
     // head_dim), k and v (n_kv_heads x head_dim) from h, q and k rotated by cos / sin (head_dim
-    // each, the token's position). h is [hidden], updated in place. Not for concurrent calls.
+    // each, the token's position). h is [hidden], updated in place. rest: the team's workers sleep
+    // after the call (when the attention that follows uses its own threads; when it runs on the
+    // caller's thread, polling through it keeps them awake for the next call). Not for concurrent
+    // calls.
     void forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q, float* k,
-                 float* v, Isa isa);
+                 float* v, Isa isa, bool rest);
 
 private:
     void finish(int layer, float* h, const float* attn, Isa isa);

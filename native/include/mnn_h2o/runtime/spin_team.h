@@ -3,10 +3,11 @@
 // Why not ThreadPool: its workers sleep on a condition variable, and waking one costs a few to
 // tens of microseconds, as long as one of the decode layers' products takes. A SpinTeam's workers
 // keep polling for the next job after each one, so the four products of a layer call find them
-// awake, until the caller says rest() (the end of a layer call): then they sleep, and the
-// attention's ThreadPool, MNN and the head get the cores (a worker polling through the attention
-// took the core its workers needed: the cache step at 2048 tokens +0.4 ms a token). A worker also
-// sleeps after kSpinMicros without a job. As in ThreadPool the caller never waits for a worker to
+// awake, until the caller says rest(): then they sleep, and another pool gets the core (a worker
+// polling through a multi-threaded attention took the core its workers needed: the cache step at
+// 2048 tokens +0.4 ms a token; resting after every layer where the attention runs on one thread
+// cost ~1 ms a token at 512, the workers waking late). A worker also sleeps after kSpinMicros
+// without a job. As in ThreadPool the caller never waits for a worker to
 // arrive: it takes tasks itself, and waits only for tasks a worker has already taken.
 #pragma once
 
