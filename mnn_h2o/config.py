@@ -120,8 +120,9 @@ SCHEMA: Tuple[Key, ...] = (
         choices=("native", "mnn")),
     Key("runtime", "decode_layers", str, "native", "-", "where a decode token's layers run when the "
         "GGUF's layers are 4-bit blocks (q4_0 / q4_1) and the export is quantised: native = those "
-        "blocks times activations rounded to int8 per block of 32, in our core (about a third of "
-        "MNN's time per token: docs/results.md 'Native decode layers'); mnn = MNN's layer modules. "
+        "blocks times activations rounded twice to int8 per block of 32 (codes, then residual codes), in "
+        "our core (about a third of MNN's time per token: docs/results.md 'Native decode layers'); mnn = "
+        "MNN's layer modules. "
         "Prefill (several tokens at once) always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "

@@ -148,10 +148,10 @@ def decode_layer_arrays(g: GgufModel) -> dict | None:
                 return None
             for j, field in enumerate(("nibbles", "scales", "mins")):
                 out[f"{i}.{name}.{field}"] = np.concatenate([p[j] for p in parts])
-        w = g.layer(i)
-        out[f"{i}.attn_norm"] = np.asarray(w["attn_norm"], np.float32)
-        out[f"{i}.ffn_norm"] = np.asarray(w["ffn_norm"], np.float32)
-        if c.qkv_bias:
+        out[f"{i}.attn_norm"] = g.tensor(f"blk.{i}.attn_norm.weight")
+        out[f"{i}.ffn_norm"] = g.tensor(f"blk.{i}.ffn_norm.weight")
+        if c.qkv_bias:  # un-permuted as the rows are (GgufModel.layer)
+            w = g.layer(i)
             out[f"{i}.qkv_bias"] = np.concatenate([w["bq"], w["bk"], w["bv"]]).astype(np.float32)
     return out
 

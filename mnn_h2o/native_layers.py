@@ -2,8 +2,9 @@
 
 Why: one-row products are where MNN's int4 modules are slowest (AVX2 kernels, their threads
 synchronised per op: ~200 us a layer at 512 tokens of context). DecodeLayers runs the same two
-halves of decoder_layer.py on the GGUF's own 4-bit blocks, the activations rounded to int8 per
-block of 32 (native/include/mnn_h2o/dense/decode_layers.h). Prefill stays with MNN's modules.
+halves of decoder_layer.py on the GGUF's own 4-bit blocks, each product's activation rounded twice
+to int8 per block of 32 (codes, then residual codes: native/include/mnn_h2o/dense/q4_matrix.h).
+Prefill stays with MNN's modules.
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ def test_gguf_nibbles_are_the_stored_values(smollm2_gguf):
     """GgufModel.nibbles: value = nibble * scale + min, Q and K rows un-permuted as layer() does."""
     c = smollm2_gguf.config
     w = smollm2_gguf.layer(2)
-    for tensor, name, heads in (("attn_q", "wq", c.n_heads), ("attn_k", "wk", c.n_kv_heads), ("ffn_down", "w_down", None)):
+    for tensor, name, heads in (("attn_q", "wq", c.n_heads), ("attn_k", "wk", c.n_kv_heads),
+                                ("ffn_down", "w_down", None)):
         nib, scales, mins = smollm2_gguf.nibbles(f"blk.2.{tensor}.weight", heads)
         assert nib.dtype == np.uint8 and scales.dtype == np.float16 and np.any(mins)
         rows = w[name].shape[0]
