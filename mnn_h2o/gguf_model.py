@@ -363,38 +363,26 @@ class GgufModel:
         return np.ascontiguousarray(codes.reshape(w.shape)), scales, mins
 
     def nibbles(self, name: str, heads: Optional[int] = None) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The stored bytes of a Q4_0 / Q4_1 matrix for the native decode layers: nibbles uint8
-        [out, in / 2] (per block of 32, byte j holds value j low and value j + 16 high), scales and
-        mins fp16 [out, in / 32] with value = nibble * scale + min (Q4_0: min = -8 scale). ``heads``:
-        the rows un-permuted as :meth:`layer` does for Q and K. Checked against :meth:`tensor`'s
-        values; None for any other type."""
+        """A Q4_0 / Q4_1 matrix's blocks (:meth:`blocks`) as the native decode layers hold them:
+        nibbles uint8 [out, in / 2] packed as the GGUF packs them (per block of 32, byte j holds
+        value j low and value j + 16 high), scales and mins fp16 [out, in / 32] with value =
+        nibble * scale + min (Q4_0: nibble = code + 8, min = -8 scale). ``heads``: the rows
+        un-permuted as :meth:`layer` does for Q and K. None for any other type."""
         t = self.tensors.get(name)
-        kind = t.tensor_type.name if t is not None else None
-        if kind not in ("Q4_0", "Q4_1"):
+        if t is None or t.tensor_type.name not in ("Q4_0", "Q4_1"):
             return None
-        w = self.tensor(name)
-        if w.ndim != 2 or w.shape[1] % 32:
+        got = self.blocks(name)
+        if got is None:
             return None
-        nb, size = w.shape[1] // 32, self._BLOCK_BYTES[kind]
-        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
-        if raw.size != w.shape[0] * nb * size:
-            raise ModelFileError(f"{self.path}: tensor {name!r} holds {raw.size} bytes, not {w.shape} in {kind} blocks")
-        raw = raw.reshape(w.shape[0], nb, size)
-        scales = np.ascontiguousarray(raw[..., 0:2]).view(np.float16)[..., 0]
-        if kind == "Q4_1":
-            mins = np.ascontiguousarray(raw[..., 2:4]).view(np.float16)[..., 0]
-        else:
-            mins = (scales * np.float16(-8)).astype(np.float16)
-        nib = raw[..., size - 16:]
+        codes, scales, mins = got
+        if t.tensor_type.name == "Q4_0":
+            codes, mins = codes + 8, (scales * np.float16(-8)).astype(np.float16)
+        nib = codes.astype(np.uint8).reshape(len(codes), -1, 32)
+        packed = (nib[..., :16] | (nib[..., 16:] << 4)).reshape(len(codes), -1)
         if heads is not None:
-            perm = self._unpermute(np.arange(w.shape[0]), heads)
-            nib, scales, mins, w = nib[perm], scales[perm], mins[perm], self._unpermute(w, heads)
-        codes = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.float32)
-        values = codes * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]
-        if not np.array_equal(values.reshape(w.shape), w):
-            raise ModelFileError(f"{self.path}: tensor {name!r}: its {kind} blocks do not decode to its values")
-        return (np.ascontiguousarray(nib.reshape(w.shape[0], -1)), np.ascontiguousarray(scales),
-                np.ascontiguousarray(mins))
+            perm = self._unpermute(np.arange(len(codes)), heads)
+            packed, scales, mins = packed[perm], scales[perm], mins[perm]
+        return np.ascontiguousarray(packed), np.ascontiguousarray(scales), np.ascontiguousarray(mins)
 
     # GGUF types whose values block-32 int4 (MNN's converter) holds: 4-bit codes, one scale (and
     # offset) per block of 32. Anything else (Q8_0, k-quants, f16, ...) is exported at 8 bits.

@@ -109,7 +109,9 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
 }
 
 void Q8Activation::quantize(const float* x, int n) {
-    resize(n);
+    // Every block is rewritten; only the zero padding of a missing odd block is kept from resize,
+    // so the decode layers' per-product calls (same width each time) allocate and clear nothing.
+    if (n != cols) resize(n);
     quantize_blocks(x, 0, n / kQ4Block);
 }
 

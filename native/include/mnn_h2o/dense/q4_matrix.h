@@ -46,7 +46,7 @@ struct Q8Activation {
     std::vector<float> pair_scales, pair_residual_scales, pair_sums;
 
     void resize(int cols);                 // cols a multiple of 32 (the callers' widths are)
-    void quantize(const float* x, int cols);  // resize(cols), then every block
+    void quantize(const float* x, int cols);  // resize(cols) if the width changed, then every block
     // Blocks [b0, b1) of x (x points at the row's start), after resize: for callers that produce
     // the row block by block (disjoint blocks may be written from different threads).
     void quantize_blocks(const float* x, int b0, int b1);
