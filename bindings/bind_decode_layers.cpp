@@ -1,4 +1,4 @@
-// Python face of mnn_h2o::Q4Matrix and mnn_h2o::DecodeLayers (the decode layers' dense math):
+// Python face of mnn_h2o::WeightMatrix, the weight types' table and mnn_h2o::DecodeLayers (the decode layers' dense math):
 // numpy arrays in, matched by name; shapes checked here; the GIL released while the math runs.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -11,14 +11,15 @@
 #include "isa_arg.h"
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/dense/decode_layers.h"
-#include "mnn_h2o/dense/q4_matrix.h"
+#include "mnn_h2o/dense/weight_matrix.h"
+#include "mnn_h2o/dense/weight_types.h"
 
 namespace py = pybind11;
 using mnn_h2o::DecodeLayers;
 using mnn_h2o::DecodeLayerWeights;
 using mnn_h2o::DecodeShape;
 using mnn_h2o::Isa;
-using mnn_h2o::Q4Matrix;
+using mnn_h2o::WeightMatrix;
 
 namespace {
 
@@ -31,29 +32,32 @@ std::vector<T> vector_of(const py::array& a, const std::string& name) {
     return std::vector<T>(arr.data(), arr.data() + arr.size());
 }
 
-Q4Matrix q4_matrix(const py::array& nibbles, const py::array& scales, const py::array& mins, const std::string& name) {
-    if (nibbles.ndim() != 2 || scales.ndim() != 2 || mins.ndim() != 2)
-        throw py::value_error(name + ": nibbles [rows, cols / 2], scales and mins [rows, cols / 32] expected");
-    for (const py::array* a : {&scales, &mins})
-        if (!a->dtype().is(py::dtype::of<uint16_t>()))  // a float array would be cast by value
-            throw py::value_error(name + ": scales and mins must be fp16 bits (numpy float16 viewed as uint16)");
-    const py::ssize_t rows = nibbles.shape(0), cols = nibbles.shape(1) * 2;
-    if (rows > INT32_MAX || cols > INT32_MAX) throw py::value_error(name + ": too large");
+// A matrix from its parts: a list of (GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows.
+WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& name) {
+    std::vector<WeightMatrix::Part> ps;
+    for (size_t j = 0; j < parts.size(); ++j) {
+        const std::string where = name + " part " + std::to_string(j);
+        const py::tuple t = parts[j].cast<py::tuple>();
+        if (t.size() != 2) throw py::value_error(where + ": expected (type name, blocks)");
+        const std::string type = t[0].cast<std::string>();
+        const mnn_h2o::WeightTypeTraits* traits = mnn_h2o::find_weight_traits(type);
+        if (traits == nullptr) throw py::value_error(where + ": weight type '" + type + "' is not one the core reads");
+        const py::array blocks(t[1]);
+        if (blocks.ndim() != 2 || !blocks.dtype().is(py::dtype::of<uint8_t>()))
+            throw py::value_error(where + ": blocks must be uint8 [rows, row bytes]");
+        if (blocks.shape(0) > INT32_MAX) throw py::value_error(where + ": too many rows");
+        ps.push_back({traits->type, static_cast<int>(blocks.shape(0)), vector_of<uint8_t>(blocks, where)});
+    }
     try {
-        return Q4Matrix(static_cast<int>(rows), static_cast<int>(cols), vector_of<uint8_t>(nibbles, name + ".nibbles"),
-                        vector_of<uint16_t>(scales, name + ".scales"), vector_of<uint16_t>(mins, name + ".mins"));
+        return WeightMatrix(cols, std::move(ps));
     } catch (const std::invalid_argument& e) {
         throw py::value_error(name + ": " + e.what());
     }
 }
 
-Q4Matrix matrix_from(const py::dict& layer, const std::string& name, const std::string& where) {
-    auto get = [&](const std::string& key) -> py::array {
-        const std::string full = name + "." + key;
-        if (!layer.contains(full)) throw py::value_error(where + ": no '" + full + "'");
-        return py::array(layer[full.c_str()]);
-    };
-    return q4_matrix(get("nibbles"), get("scales"), get("mins"), where + " " + name);
+WeightMatrix matrix_from(const py::dict& layer, const std::string& name, int cols, const std::string& where) {
+    if (!layer.contains(name)) throw py::value_error(where + ": no '" + name + "'");
+    return weight_matrix(cols, layer[name.c_str()].cast<py::list>(), where + " " + name);
 }
 
 const float* floats_of(const py::object& a, py::ssize_t n, const char* name, bool writable) {
@@ -66,7 +70,8 @@ const float* floats_of(const py::object& a, py::ssize_t n, const char* name, boo
     return arr.data();
 }
 
-std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list& layers, int threads) {
+std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list& layers, int threads,
+                                          const py::object& head) {
     DecodeShape s;
     s.hidden = shape["hidden"].cast<int>();
     s.n_heads = shape["n_heads"].cast<int>();
@@ -83,14 +88,23 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list&
             if (!l.contains(key)) throw py::value_error(where + ": no '" + std::string(key) + "'");
             return vector_of<float>(py::array(l[key]), where + " " + key);
         };
-        ws.push_back(DecodeLayerWeights{vec("attn_norm"), vec("ffn_norm"), matrix_from(l, "qkv", where),
+        const int attn_width = s.n_heads * s.head_dim;
+        ws.push_back(DecodeLayerWeights{vec("attn_norm"), vec("ffn_norm"), matrix_from(l, "qkv", s.hidden, where),
                                         l.contains("qkv_bias") ? vec("qkv_bias") : std::vector<float>{},
-                                        matrix_from(l, "wo", where), matrix_from(l, "gate", where),
-                                        matrix_from(l, "up", where), matrix_from(l, "down", where)});
+                                        matrix_from(l, "wo", attn_width, where), matrix_from(l, "gate", s.hidden, where),
+                                        matrix_from(l, "up", s.hidden, where), matrix_from(l, "down", s.ffn, where)});
     }
     if (threads < 1) throw py::value_error("threads must be >= 1");
     try {
-        return std::make_unique<DecodeLayers>(s, std::move(ws), threads);
+        auto out = std::make_unique<DecodeLayers>(s, std::move(ws), threads);
+        if (!head.is_none()) {
+            const py::dict d = head.cast<py::dict>();
+            if (!d.contains("out_norm") || !d.contains("matrix"))
+                throw py::value_error("head: a dict of out_norm and matrix expected");
+            out->set_head(vector_of<float>(py::array(d["out_norm"]), "head out_norm"),
+                          weight_matrix(s.hidden, d["matrix"].cast<py::list>(), "head matrix"));
+        }
+        return out;
     } catch (const std::invalid_argument& e) {
         throw py::value_error(e.what());
     }
@@ -99,18 +113,19 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list&
 }  // namespace
 
 void bind_decode_layers(py::module_& m) {
-    py::class_<Q4Matrix>(m, "Q4Matrix",
-                         "GGUF 4-bit blocks of 32 times an activation rounded to int8 per block "
-                         "(native/include/mnn_h2o/dense/q4_matrix.h)")
-        .def(py::init(&q4_matrix), py::arg("nibbles"), py::arg("scales"), py::arg("mins"), py::arg("name") = "Q4Matrix",
-             "nibbles uint8 [rows, cols / 2], scales and mins [rows, cols / 32] as fp16 bits (numpy float16 "
-             "viewed as uint16): the GGUF's blocks")
-        .def_property_readonly("rows", &Q4Matrix::rows)
-        .def_property_readonly("cols", &Q4Matrix::cols)
-        .def_property_readonly("bytes", &Q4Matrix::bytes)
+    py::class_<WeightMatrix>(m, "WeightMatrix",
+                             "GGUF weight blocks (one type per part: Q4_0, Q4_1, Q4_K, Q6_K) times an "
+                             "activation rounded twice to int8 per block of 32 "
+                             "(native/include/mnn_h2o/dense/weight_matrix.h)")
+        .def(py::init(&weight_matrix), py::arg("cols"), py::arg("parts"), py::arg("name") = "WeightMatrix",
+             "parts: list of (GGUF type name, uint8 blocks [rows, row bytes]) as the GGUF stores them, stacked by rows")
+        .def_property_readonly("rows", &WeightMatrix::rows)
+        .def_property_readonly("cols", &WeightMatrix::cols)
+        .def_property_readonly("bytes", &WeightMatrix::bytes)
+        .def_property_readonly("types", &WeightMatrix::type_names)
         .def(
             "multiply",
-            [](const Q4Matrix& self, Floats x, const py::object& isa) {
+            [](const WeightMatrix& self, Floats x, const py::object& isa) {
                 if (x.ndim() != 1 || x.shape(0) != self.cols())
                     throw py::value_error("x must be [" + std::to_string(self.cols()) + "]");
                 const Isa which = parse_isa(isa);
@@ -124,14 +139,70 @@ void bind_decode_layers(py::module_& m) {
                 return y;
             },
             py::arg("x"), py::arg("isa") = py::none(), "x float32 [cols] -> [rows]");
+    m.def(
+        "weight_types",
+        []() {
+            size_t n = 0;
+            const mnn_h2o::WeightTypeTraits* t = mnn_h2o::weight_traits_table(&n);
+            py::list out;
+            for (size_t i = 0; i < n; ++i) {
+                py::dict d;
+                d["name"] = t[i].name;
+                d["ggml_id"] = static_cast<int>(t[i].type);
+                d["block_values"] = t[i].block_values;
+                d["block_bytes"] = t[i].block_bytes;
+                d["decode_layers"] = t[i].held != mnn_h2o::HeldAs::None;
+                out.append(d);
+            }
+            return out;
+        },
+        "the core's weight block types (native/include/mnn_h2o/dense/weight_types.h): name, ggml_id, "
+        "block_values, block_bytes, decode_layers (whether the decode layers run it)");
+    m.def(
+        "dequantize_blocks",
+        [](const std::string& type, const py::array& blocks) {
+            const mnn_h2o::WeightTypeTraits* t = mnn_h2o::find_weight_traits(type);
+            if (t == nullptr) throw py::value_error("weight type '" + type + "' is not one the core reads");
+            const auto b = vector_of<uint8_t>(blocks, "blocks");
+            if (b.size() % static_cast<size_t>(t->block_bytes) != 0)
+                throw py::value_error(std::to_string(b.size()) + " bytes are not whole " + t->name + " blocks");
+            const size_t n = b.size() / static_cast<size_t>(t->block_bytes);
+            py::array_t<float> out(static_cast<py::ssize_t>(n * static_cast<size_t>(t->block_values)));
+            t->dequantize(b.data(), out.mutable_data(), n);
+            return out;
+        },
+        py::arg("type"), py::arg("blocks"), "the core's reference decoding of whole blocks -> float32 values");
 
     py::class_<DecodeLayers>(m, "DecodeLayers",
                              "the decoder layers' dense math for one decode token "
                              "(native/include/mnn_h2o/dense/decode_layers.h)")
         .def(py::init(&make_layers), py::arg("shape"), py::arg("layers"), py::arg("threads") = 1,
+             py::arg("head") = py::none(),
              "shape: dict of hidden, n_heads, n_kv_heads, head_dim, ffn, rms_eps; layers: one dict per "
-             "layer of attn_norm, ffn_norm, optional qkv_bias, and {qkv,wo,gate,up,down}.{nibbles,scales,mins}")
+             "layer of attn_norm, ffn_norm, optional qkv_bias, and qkv, wo, gate, up, down: each a list of "
+             "(GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows (WeightMatrix); head: None or a dict "
+             "of out_norm (the final norm) and matrix (the output projection's parts, as a matrix above)")
         .def_property_readonly("n_layers", &DecodeLayers::n_layers)
+        .def_property_readonly("has_head", &DecodeLayers::has_head)
+        .def(
+            "logits",
+            [](DecodeLayers& self, const py::object& h, const py::object& attn, const py::object& out,
+               const py::object& isa) {
+                const DecodeShape& s = self.shape();
+                float* hp = const_cast<float*>(floats_of(h, s.hidden, "h", true));
+                const float* ap = floats_of(attn, s.n_heads * s.head_dim, "attn", false);
+                float* op = const_cast<float*>(floats_of(out, self.vocab(), "out", true));
+                const Isa which = parse_isa(isa);
+                try {
+                    py::gil_scoped_release release;
+                    self.logits(hp, ap, op, which);
+                } catch (const std::invalid_argument& e) {
+                    throw py::value_error(e.what());
+                }
+            },
+            py::arg("h"), py::arg("attn"), py::arg("out"), py::arg("isa") = py::none(),
+            "the last layer's end from its attention output attn (into h, in place), the final norm and the "
+            "logits into out (vocab float32 values): a token's tail and lm_head in one call")
         .def_property_readonly("bytes", &DecodeLayers::bytes)
         .def(
             "forward",

@@ -95,7 +95,7 @@ LOSSY_RATIO_IN_USE_MIN = 1.0
 
 SCHEMA: Tuple[Key, ...] = (
     Key("model", "name", str, "smollm2", "-",
-        "named model (smollm2, qwen2.5-0.5b) or a path to a Llama-family GGUF file"),
+        "named model (smollm2, qwen2.5-0.5b, qwen2.5-1.5b) or a path to a Llama-family GGUF file"),
     Key("model", "weight_bits", int, -1, "bits", "weight quantisation of the layer modules "
         "(block 32): 8, 4, 0 = float, or -1 = the fewest bits that hold the GGUF's own values "
         "(4 when every layer matrix is Q4_0/Q4_1, else 8)", choices=(-1, 0, 4, 8)),
@@ -119,10 +119,11 @@ SCHEMA: Tuple[Key, ...] = (
         "'The native tail and lm_head'). Float layers always run it in MNN",
         choices=("native", "mnn")),
     Key("runtime", "decode_layers", str, "native", "-", "where a decode token's layers run when the "
-        "GGUF's layers are 4-bit blocks (q4_0 / q4_1) and the export is quantised: native = those "
-        "blocks times activations rounded twice to int8 per block of 32 (codes, then residual codes), in "
-        "our core (about a third of MNN's time per token: docs/results.md 'Native decode layers'); mnn = "
-        "MNN's layer modules. "
+        "export is quantised: native = the GGUF's own blocks (q4_0, q4_1, q4_k, q6_k, mixed per matrix "
+        "as Q4_K_M files are) times activations rounded twice to int8 per block of 32 (codes, then "
+        "residual codes), in our core (docs/results.md 'Native decode layers'); a file with another "
+        "type is refused, naming the tensor; mnn = MNN's layer modules. Float layers "
+        "(model.weight_bits 0) always decode in MNN. "
         "Prefill (several tokens at once) always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from . import config as config_mod
-from .errors import ContextOverflowError
+from .errors import ContextOverflowError, ModelFileError
 from .export import ensure_exported
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
@@ -192,8 +192,24 @@ class Llm:
         q8 = meta.get("lm_head_q8") if rt["lm_head"] == "native" else None
         tail_file = meta.get("tail_blocks") if rt["tail"] == "native" else None
         layers_file = meta.get("decode_layers") if rt["decode_layers"] == "native" else None
-        names = ([f"layer{i}" for i in range(c.n_layers)] + ([] if tail_file else ["tail"])
-                 + ([] if q8 else ["lm_head"]))
+        if rt["decode_layers"] == "native" and not layers_file and meta["weight_bits"]:
+            # Never a silent fallback to MNN's (slower) layers: say which tensor stops the core.
+            raise ModelFileError(f"runtime.decode_layers native: {meta.get('no_decode_layers')}; set "
+                                 "runtime.decode_layers=mnn to decode with MNN's layer modules instead")
+        self._decode_layers = None
+        if layers_file:
+            from .native_layers import load_decode_layers
+
+            self._decode_layers = load_decode_layers(os.path.join(export_dir, layers_file), c, rt["threads"])
+        # Where the decode layers hold the output matrix (a k-quant head), they run the tail and
+        # the head of every row on the GGUF's own blocks: no q8_0 copy of the head, no tail module.
+        self._layers_head = (self._decode_layers is not None and self._decode_layers.has_head
+                             and rt["lm_head"] == "native" and rt["tail"] == "native")
+        if self._layers_head:
+            q8 = tail_file = None
+        names = ([f"layer{i}" for i in range(c.n_layers)]
+                 + ([] if tail_file or self._layers_head else ["tail"])
+                 + ([] if q8 or self._layers_head else ["lm_head"]))
         self._modules = []  # layer modules, then MNN's tail and lm_head where they are not native
         for name in names:
             m = meta["modules"][name]
@@ -204,13 +220,9 @@ class Llm:
             from .native_tail import NativeTail
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
-        self._decode_layers = None
-        if layers_file:
-            from .native_layers import load_decode_layers
-
+        if self._decode_layers is not None:
             from . import native
 
-            self._decode_layers = load_decode_layers(os.path.join(export_dir, layers_file), c, rt["threads"])
             self._attention_threads_from = native.ATTENTION_PARALLEL_MIN_KEYS
             self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                          for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
@@ -467,6 +479,16 @@ class Llm:
         st, perf, c = self.stats, time.perf_counter, self.config
         rows = slice(n - 1, n) if want == "last" else slice(0, n)
         t0 = perf()
+        if self._layers_head:
+            h_rows = (h if isinstance(h, np.ndarray) else h.read())[rows]
+            a_rows = np.ascontiguousarray(attn[rows], dtype=np.float32)
+            logits = np.empty((len(h_rows), c.vocab), np.float32)
+            t1 = perf()
+            for j in range(len(h_rows)):  # logits() finishes the layer into its h: a copy per row
+                self._decode_layers.logits(np.array(h_rows[j], np.float32), a_rows[j], logits[j])
+            st.convert_s += t1 - t0
+            st.head_s += perf() - t1
+            return logits
         if isinstance(h, np.ndarray) and self._native_tail is None:  # native decode layers, MNN's tail
             h_in, attn_in, _, _, _ = self._input_vars(n)
             h_in.write(h)

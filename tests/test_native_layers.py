@@ -1,4 +1,4 @@
-"""The native decode layers (runtime.decode_layers): the GGUF's 4-bit blocks read exactly, one
+"""The native decode layers (runtime.decode_layers): the GGUF's blocks read exactly, one
 layer call against decoder_layer.py in float64, the engine's decode against the exact model and
 against MNN's layer modules, the counters, bad files refused."""
 import numpy as np
@@ -13,20 +13,26 @@ def _kl(p, q):
     return np.sum(np.exp(p) * (p - q), axis=-1)
 
 
-def test_gguf_nibbles_are_the_stored_values(smollm2_gguf):
-    """GgufModel.nibbles: value = nibble * scale + min, Q and K rows un-permuted as layer() does."""
+def test_gguf_weight_blocks_are_the_stored_values(smollm2_gguf):
+    """GgufModel.weight_blocks: the file's own bytes, which the core's dequantiser turns into
+    exactly the values gguf's does, Q and K rows un-permuted as layer() does; a type the core does
+    not read is refused by name."""
+    from mnn_h2o import native
+    from mnn_h2o.errors import ModelFileError
+
     c = smollm2_gguf.config
     w = smollm2_gguf.layer(2)
     for tensor, name, heads in (("attn_q", "wq", c.n_heads), ("attn_k", "wk", c.n_kv_heads),
                                 ("ffn_down", "w_down", None)):
-        nib, scales, mins = smollm2_gguf.nibbles(f"blk.2.{tensor}.weight", heads)
-        assert nib.dtype == np.uint8 and scales.dtype == np.float16 and np.any(mins)
-        rows = w[name].shape[0]
-        blocks = nib.reshape(rows, -1, 16)
-        codes = np.concatenate([blocks & 15, blocks >> 4], axis=-1).astype(np.float32)
-        values = codes * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]
-        assert np.array_equal(values.reshape(w[name].shape), w[name]), tensor
-    assert smollm2_gguf.nibbles("token_embd.weight") is None  # Q8_0: not 4-bit
+        kind, raw = smollm2_gguf.weight_blocks(f"blk.2.{tensor}.weight", heads)
+        assert kind == "Q4_1" and raw.dtype == np.uint8 and raw.shape == (w[name].shape[0], w[name].shape[1] // 32 * 20)
+        values = native.dequantize_blocks(kind, raw).reshape(w[name].shape)
+        assert np.array_equal(values, w[name]), tensor
+    kind, raw = smollm2_gguf.weight_blocks("token_embd.weight")
+    assert kind == "Q8_0"
+    assert np.array_equal(native.dequantize_blocks(kind, raw[:7]), smollm2_gguf.embedding()[:7].reshape(-1))
+    with pytest.raises(ModelFileError, match="attn_norm.weight.* is F32"):
+        smollm2_gguf.weight_blocks("blk.0.attn_norm.weight")
 
 
 def test_one_layer_call_is_decoder_layer(smollm2_gguf):
@@ -39,7 +45,8 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
     from mnn_h2o.reference import _NumpyOps, rope_tables
 
     c = smollm2_gguf.config
-    arrays = decode_layer_arrays(smollm2_gguf)
+    arrays, why_not = decode_layer_arrays(smollm2_gguf)
+    assert why_not is None and list(arrays["0.qkv.types"]) == ["Q4_1"] * 3
     layers = decode_layers_from_arrays(arrays, c, threads=2)
     single = decode_layers_from_arrays(arrays, c, threads=1)
     rng = np.random.default_rng(0)
@@ -120,14 +127,38 @@ def test_decode_layers_refuse_a_file_of_another_model(tmp_path, smollm2_gguf):
     from mnn_h2o.native_layers import load_decode_layers
 
     c = smollm2_gguf.config
-    arrays = decode_layer_arrays(smollm2_gguf)
-    arrays["7.down.nibbles"] = arrays["7.down.nibbles"][:, :-16]  # one block short
-    arrays["7.down.scales"] = arrays["7.down.scales"][:, :-1]
-    arrays["7.down.mins"] = arrays["7.down.mins"][:, :-1]
+    arrays, _ = decode_layer_arrays(smollm2_gguf)
+    arrays["7.down.0"] = arrays["7.down.0"][:, :-20]  # one block short
     np.savez(tmp_path / "decode_layers.npz", **arrays)
-    with pytest.raises(ValueError, match="layer 7: down"):
+    with pytest.raises(ValueError, match="layer 7 down"):
         load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
-    del arrays["3.qkv.mins"]
+    arrays, _ = decode_layer_arrays(smollm2_gguf)
+    arrays["4.wo.types"] = np.array(["Q8_0"])  # a type the decode layers do not hold
     np.savez(tmp_path / "decode_layers.npz", **arrays)
-    with pytest.raises(KeyError, match="3.qkv.mins"):
+    with pytest.raises(ValueError, match="layer 4 wo.*Q8_0"):
         load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
+    del arrays["3.qkv.types"]
+    np.savez(tmp_path / "decode_layers.npz", **arrays)
+    with pytest.raises(KeyError, match="3.qkv.types"):
+        load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
+
+
+def test_native_decode_layers_are_never_a_silent_fallback(tmp_path):
+    """An export whose layers the core cannot run (no decode_layers.npz) is refused under
+    runtime.decode_layers native with the export's reason, never decoded by MNN's modules."""
+    import json
+
+    from mnn_h2o import config
+    from mnn_h2o.engine import Llm
+    from mnn_h2o.errors import ModelFileError
+    from mnn_h2o.export import ensure_exported
+
+    src = ensure_exported(config.defaults()["model"], progress=False)
+    with open(f"{src}/model.json") as f:
+        meta = json.load(f)
+    meta["decode_layers"] = None
+    meta["no_decode_layers"] = "blk.3.attn_v.weight is Q5_0; the native decode layers run Q4_0, Q4_1, Q4_K, Q6_K"
+    meta["tokenizer"] = f"{src}/{meta['tokenizer']}"
+    (tmp_path / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelFileError, match="blk.3.attn_v.weight is Q5_0.*runtime.decode_layers=mnn"):
+        Llm(str(tmp_path), config.defaults())

@@ -302,7 +302,8 @@ def main(argv=None) -> int:
                "  python -m mnn_h2o.bench speed --contexts 512,4096")
     ap.add_argument("--config", help="YAML config (every key: docs/config.md); default: h2o.yaml's values, "
                                      "which are the built-in defaults")
-    ap.add_argument("--model", help="named model (smollm2, qwen2.5-0.5b) or GGUF path; overrides model.name")
+    ap.add_argument("--model", help="named model (smollm2, qwen2.5-0.5b, qwen2.5-1.5b) or GGUF path; "
+                                    "overrides model.name")
     ap.add_argument("--quick", action="store_true", help="smoke round: one 3328-token prompt, 64 decode "
                                                          "tokens, one 128-token demo bucket")
     ap.add_argument("--compare", metavar="PREVIOUS_RUN", help="run folder (or summary.json) of an earlier "

@@ -19,7 +19,7 @@ void check(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("DecodeLayers: " + what);
 }
 
-void check_matrix(const Q4Matrix& m, int rows, int cols, const std::string& name) {
+void check_matrix(const WeightMatrix& m, int rows, int cols, const std::string& name) {
     check(m.rows() == rows && m.cols() == cols, name + " is [" + std::to_string(m.rows()) + ", " +
                                                     std::to_string(m.cols()) + "], the shape needs [" +
                                                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
@@ -61,11 +61,29 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
 }
 
 size_t DecodeLayers::bytes() const {
-    size_t n = 0;
+    size_t n = head_.bytes() + out_norm_.size() * sizeof(float);
     for (const DecodeLayerWeights& w : layers_)
         n += w.qkv.bytes() + w.wo.bytes() + w.gate.bytes() + w.up.bytes() + w.down.bytes() +
              (w.attn_norm.size() + w.ffn_norm.size() + w.qkv_bias.size()) * sizeof(float);
     return n;
+}
+
+void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
+    check(out_norm.size() == static_cast<size_t>(shape_.hidden), "the final norm must have hidden values");
+    check(head.rows() > 0 && head.cols() == shape_.hidden,
+          "the output matrix is [" + std::to_string(head.rows()) + ", " + std::to_string(head.cols()) +
+              "], the shape needs [vocab, " + std::to_string(shape_.hidden) + "]");
+    out_norm_ = std::move(out_norm);
+    head_ = std::move(head);
+}
+
+void DecodeLayers::logits(float* h, const float* attn, float* out, Isa isa) {
+    if (!has_head()) throw std::invalid_argument("DecodeLayers::logits: no output matrix (set_head)");
+    finish(n_layers() - 1, h, attn, isa);
+    rms_norm(h, out_norm_, x_.data());
+    xq_.quantize(x_.data(), shape_.hidden);
+    product(head_, xq_, out, isa);
+    team_.rest();
 }
 
 void DecodeLayers::rms_norm(const float* h, const std::vector<float>& w, float* out) const {
@@ -81,7 +99,7 @@ int DecodeLayers::task_rows(int rows) const {
     return (rows + tasks * kQ4Block - 1) / (tasks * kQ4Block) * kQ4Block;  // whole activation blocks
 }
 
-void DecodeLayers::product(const Q4Matrix& m, const Q8Activation& x, float* y, Isa isa) {
+void DecodeLayers::product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa) {
     const int rows = m.rows(), step = task_rows(rows);
     team_.run((rows + step - 1) / step, [&](int task) {
         const int r0 = task * step;

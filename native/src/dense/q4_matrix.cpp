@@ -51,6 +51,9 @@ void Q8Activation::resize(int n) {
     pair_scales.assign(pairs * 8, 0.f);
     pair_residual_scales.assign(pairs * 8, 0.f);
     pair_sums.assign(pairs * 8, 0.f);
+    seq_codes.assign(static_cast<size_t>(n), 0);
+    seq_residual_codes.assign(static_cast<size_t>(n), 0);
+    sums16.assign(static_cast<size_t>(n / 16), 0.f);
 }
 
 namespace {
@@ -97,6 +100,20 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
         }
         const float rd = round_block(rest, residual_codes.data() + pair * 64 + half * 16);
         const size_t bb = static_cast<size_t>(b);
+        const int8_t* rc = residual_codes.data() + pair * 64 + half * 16;
+        int8_t* sc = seq_codes.data() + bb * kQ4Block;
+        int8_t* sr = seq_residual_codes.data() + bb * kQ4Block;
+        float s16[2] = {0.f, 0.f};
+        for (int i = 0; i < 16; ++i) {
+            sc[i] = c[i];
+            sc[16 + i] = c[32 + i];
+            sr[i] = rc[i];
+            sr[16 + i] = rc[32 + i];
+            s16[0] += xb[i];
+            s16[1] += xb[16 + i];
+        }
+        sums16[2 * bb] = s16[0];
+        sums16[2 * bb + 1] = s16[1];
         scales[bb] = d;
         residual_scales[bb] = rd;
         sums[bb] = sum;

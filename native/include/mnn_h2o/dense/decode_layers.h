@@ -1,5 +1,5 @@
 // The decoder layers' dense math for one decode token, in our core: what MNN's layer modules do
-// (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own 4-bit blocks.
+// (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own blocks (Q4_0, Q4_1, Q4_K, Q6_K: dense/weight_types.h).
 //
 // Why not MNN for decode: the wheel's int4 kernels are AVX2 only and spend much of a one-row
 // product synchronising their threads (a layer module ~200 us at 512 tokens of context, 30 per
@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "mnn_h2o/dense/q4_matrix.h"
+#include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/runtime/spin_team.h"
 
@@ -27,11 +27,11 @@ struct DecodeShape {
 
 struct DecodeLayerWeights {
     std::vector<float> attn_norm, ffn_norm;  // [hidden]
-    Q4Matrix qkv;                            // [(n_heads + 2 n_kv_heads) head_dim, hidden]: q, k, v rows
+    WeightMatrix qkv;                        // [(n_heads + 2 n_kv_heads) head_dim, hidden]: q, k, v rows
     std::vector<float> qkv_bias;             // empty, or one per qkv row
-    Q4Matrix wo;                             // [hidden, n_heads head_dim]
-    Q4Matrix gate, up;                       // [ffn, hidden]
-    Q4Matrix down;                           // [hidden, ffn]
+    WeightMatrix wo;                         // [hidden, n_heads head_dim]
+    WeightMatrix gate, up;                   // [ffn, hidden]
+    WeightMatrix down;                       // [hidden, ffn]
 };
 
 class DecodeLayers {
@@ -53,6 +53,16 @@ public:
     void forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q, float* k,
                  float* v, Isa isa, bool rest);
 
+    // The output end on the same team, where the file's output matrix is a type the layers hold
+    // (Qwen2.5's Q6_K; not SmolLM2's Q8_0 embedding): the final norm's weights and the
+    // [vocab, hidden] matrix. Throws std::invalid_argument on a shape that does not fit.
+    void set_head(std::vector<float> out_norm, WeightMatrix head);
+    bool has_head() const { return head_.rows() > 0; }
+    int vocab() const { return head_.rows(); }
+    // The last layer's end from its attention output (into h, in place), the final norm and the
+    // logits (vocab values): a token's tail and lm_head in one call. The workers rest after it.
+    void logits(float* h, const float* attn, float* out, Isa isa);
+
 private:
     void finish(int layer, float* h, const float* attn, Isa isa);
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
@@ -61,10 +71,12 @@ private:
     // Rows per task of a product of `rows` rows on the team: a multiple of 32.
     int task_rows(int rows) const;
     // y = m x, its rows split into tasks on the team.
-    void product(const Q4Matrix& m, const Q8Activation& x, float* y, Isa isa);
+    void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
 
     DecodeShape shape_;
     std::vector<DecodeLayerWeights> layers_;
+    std::vector<float> out_norm_;
+    WeightMatrix head_;
     SpinTeam team_;
     // Scratch for one token (hence no concurrent calls).
     std::vector<float> x_, y_, qkv_, gate_, up_, act_;

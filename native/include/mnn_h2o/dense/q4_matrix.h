@@ -38,12 +38,16 @@ constexpr int kQ4Block = 32;
 // sum of the block's values, unrounded. Codes in pair order: blocks 2p and 2p + 1 take the 64
 // bytes codes[64 p ..] as {2p: 0-15, 2p + 1: 0-15, 2p: 16-31, 2p + 1: 16-31}; a missing odd block
 // is zeros; residual_codes alike. pair_* repeat each pair's two scales (and sums / 4) four times
-// ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes.
+// ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes. The k-quant kernels (weight_matrix.h) read
+// the same codes in the row's own order (seq_codes, seq_residual_codes: value i at i) and the
+// float sums per 16 values (sums16: Q6_K's offset of 32).
 struct Q8Activation {
     int cols = 0;
     std::vector<int8_t> codes, residual_codes;
     std::vector<float> scales, residual_scales, sums;
     std::vector<float> pair_scales, pair_residual_scales, pair_sums;
+    std::vector<int8_t> seq_codes, seq_residual_codes;
+    std::vector<float> sums16;
 
     void resize(int cols);                 // cols a multiple of 32 (the callers' widths are)
     void quantize(const float* x, int cols);  // resize(cols) if the width changed, then every block

@@ -1,0 +1,64 @@
+// A matrix of GGUF weight blocks times one activation row rounded twice to int8 per block of 32
+// (Q8Activation, dense/q4_matrix.h): the decode layers' products, for every type whose traits
+// (dense/weight_types.h) say the decode layers hold it.
+//
+// A matrix is a stack of row segments, each one GGUF tensor of its own type: a Q4_K_M file stores
+// a layer's attn_q and attn_k as Q4_K and often attn_v as Q6_K, and the decode layers compute the
+// three as one product (rows q, k, v). Q4_0 / Q4_1 segments are held as Q4Matrix's block pairs;
+// k-quant segments as the GGUF's bytes, read by the row kernels of weight_matrix.cpp:
+//   Q4_K: per sub-block j of 32 (activation block b), d s_j (x.scales[b] dot(n, codes) +
+//         x.residual_scales[b] dot(n, residual codes)) - dmin m_j x.sums[b]
+//   Q6_K: per sub-block of 16, d sc (x.scales[b] dot(q, codes) + x.residual_scales[b] dot(q,
+//         residual codes) - 32 x.sums16[..]), q the unsigned 6-bit values
+// with integer dots (the scalar reference sums them in float in block order; the SIMD paths in
+// another order).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mnn_h2o/dense/q4_matrix.h"
+#include "mnn_h2o/dense/weight_types.h"
+#include "mnn_h2o/runtime/cpu_features.h"
+
+namespace mnn_h2o {
+
+class WeightMatrix {
+public:
+    struct Part {
+        WeightType type;
+        int rows;
+        std::vector<uint8_t> blocks;  // rows * weight_row_bytes(type, cols), the GGUF's bytes
+    };
+
+    // The parts' rows stacked in order, each part's blocks as the GGUF stores them. Throws
+    // std::invalid_argument, naming the part, on a type the decode layers do not hold, a width
+    // that is not a whole number of its blocks (or of 32), a byte count that does not match, or a
+    // block scale that is not finite.
+    WeightMatrix(int cols, std::vector<Part> parts);
+    WeightMatrix() = default;
+
+    int rows() const { return rows_; }
+    int cols() const { return cols_; }
+    size_t bytes() const;  // the weights held
+    // The parts' types, top to bottom ("Q4_K+Q4_K+Q6_K").
+    std::string type_names() const;
+
+    // y[r - r0] for rows [r0, r1); x must have cols values. isa Scalar: the reference.
+    void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
+
+private:
+    struct Segment {
+        const WeightTypeTraits* traits;
+        int row0, rows;
+        size_t row_bytes;
+        std::vector<uint8_t> blocks;     // k-quants: the GGUF's bytes
+        std::shared_ptr<Q4Matrix> q4;    // Q4_0 / Q4_1: the block pairs
+    };
+    int rows_ = 0, cols_ = 0;
+    std::vector<Segment> segments_;
+};
+
+}  // namespace mnn_h2o

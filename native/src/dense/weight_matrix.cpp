@@ -1,0 +1,210 @@
+#include "mnn_h2o/dense/weight_matrix.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mnn_h2o/cache/fp16.h"
+#include "weight_matrix_kernels.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+float half_at(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return fp16_to_fp32(v);
+}
+
+// The integer dot of n values.
+template <typename W>
+int32_t idot(const W* w, const int8_t* c, int n) {
+    int32_t d = 0;
+    for (int i = 0; i < n; ++i) d += static_cast<int32_t>(w[i]) * c[i];
+    return d;
+}
+
+// Byte offsets of each block's fp16 fields, for the finiteness check at load.
+struct HalfFields {
+    int offsets[2];
+    int count;
+};
+
+HalfFields half_fields(WeightType t) {
+    switch (t) {
+        case WeightType::Q4_0: return {{0, 0}, 1};
+        case WeightType::Q4_1: return {{0, 2}, 2};
+        case WeightType::Q8_0: return {{0, 0}, 1};
+        case WeightType::Q4_K: return {{0, 2}, 2};
+        case WeightType::Q6_K: return {{208, 0}, 1};
+    }
+    return {{0, 0}, 0};
+}
+
+}  // namespace
+
+void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) {
+    const Q8Activation& x = *p.x;
+    for (int r = r0; r < r1; ++r) {
+        const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
+        float acc = 0.f;
+        for (int k = 0; k < p.superblocks; ++k) {
+            const uint8_t* b = row + static_cast<size_t>(k) * 144;
+            const float d = half_at(b), dmin = half_at(b + 2);
+            for (int j = 0; j < 8; ++j) {
+                int s, m;
+                q4_k_scale_min(b + 4, j, &s, &m);
+                uint8_t n[32];
+                const uint8_t* q = b + 16 + 32 * (j / 2);
+                for (int l = 0; l < 32; ++l) n[l] = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                const size_t blk = static_cast<size_t>(8 * k + j);
+                const int8_t* c = x.seq_codes.data() + blk * 32;
+                const int8_t* rc = x.seq_residual_codes.data() + blk * 32;
+                const float dots = x.scales[blk] * static_cast<float>(idot(n, c, 32)) +
+                                   x.residual_scales[blk] * static_cast<float>(idot(n, rc, 32));
+                acc += d * static_cast<float>(s) * dots - dmin * static_cast<float>(m) * x.sums[blk];
+            }
+        }
+        p.y[r - r0] = acc;
+    }
+}
+
+void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
+    const Q8Activation& x = *p.x;
+    for (int r = r0; r < r1; ++r) {
+        const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
+        float acc = 0.f;
+        for (int k = 0; k < p.superblocks; ++k) {
+            const uint8_t* b = row + static_cast<size_t>(k) * 210;
+            const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+            const float d = half_at(b + 208);
+            uint8_t q[256];
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t* L = b + 64 * h;
+                const uint8_t* H = b + 128 + 32 * h;
+                uint8_t* o = q + 128 * h;
+                for (int l = 0; l < 32; ++l) {
+                    o[l] = static_cast<uint8_t>((L[l] & 15) | ((H[l] & 3) << 4));
+                    o[l + 32] = static_cast<uint8_t>((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4));
+                    o[l + 64] = static_cast<uint8_t>((L[l] >> 4) | (((H[l] >> 4) & 3) << 4));
+                    o[l + 96] = static_cast<uint8_t>((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
+                }
+            }
+            for (int s = 0; s < 16; ++s) {
+                const size_t blk = static_cast<size_t>(8 * k + s / 2), g = static_cast<size_t>(16 * k + s);
+                const int8_t* c = x.seq_codes.data() + g * 16;
+                const int8_t* rc = x.seq_residual_codes.data() + g * 16;
+                const float dots = x.scales[blk] * static_cast<float>(idot(q + 16 * s, c, 16)) +
+                                   x.residual_scales[blk] * static_cast<float>(idot(q + 16 * s, rc, 16)) -
+                                   32.f * x.sums16[g];
+                acc += d * static_cast<float>(sc[s]) * dots;
+            }
+        }
+        p.y[r - r0] = acc;
+    }
+}
+
+WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
+    if (cols <= 0 || cols % kQ4Block != 0)
+        throw std::invalid_argument("WeightMatrix: cols must be a positive multiple of 32, not " + std::to_string(cols));
+    if (parts.empty()) throw std::invalid_argument("WeightMatrix: no parts");
+    for (size_t pi = 0; pi < parts.size(); ++pi) {
+        Part& part = parts[pi];
+        const WeightTypeTraits& t = weight_traits(part.type);
+        const std::string what = "WeightMatrix part " + std::to_string(pi) + " (" + t.name + "): ";
+        if (t.held == HeldAs::None)
+            throw std::invalid_argument(what + "the decode layers do not run " + t.name + " matrices");
+        if (part.rows <= 0) throw std::invalid_argument(what + "rows must be positive");
+        if (cols % t.block_values != 0)
+            throw std::invalid_argument(what + "a row of " + std::to_string(cols) + " values is not a whole number of " +
+                                        std::to_string(t.block_values) + "-value blocks");
+        const size_t row_bytes = weight_row_bytes(t, cols);
+        if (part.blocks.size() != row_bytes * static_cast<size_t>(part.rows))
+            throw std::invalid_argument(what + std::to_string(part.blocks.size()) + " bytes for " +
+                                        std::to_string(part.rows) + " rows of " + std::to_string(row_bytes));
+        const HalfFields hf = half_fields(t.type);
+        const size_t n_blocks = part.blocks.size() / static_cast<size_t>(t.block_bytes);
+        for (size_t k = 0; k < n_blocks; ++k)
+            for (int f = 0; f < hf.count; ++f)
+                if (!std::isfinite(half_at(part.blocks.data() + k * t.block_bytes + hf.offsets[f])))
+                    throw std::invalid_argument(what + "block " + std::to_string(k) + " has a scale that is not finite");
+        Segment seg{&t, rows_, part.rows, row_bytes, {}, nullptr};
+        if (t.held == HeldAs::Q4Pairs) {
+            // Q4Matrix's inputs: the nibble bytes as the GGUF packs them, fp16 scale and min per
+            // block (Q4_0's (n - 8) d is n d + (-8 d), exact in fp16 but for an overflow, refused).
+            const size_t nb = n_blocks;
+            std::vector<uint8_t> nibbles(nb * 16);
+            std::vector<uint16_t> scales(nb), mins(nb);
+            const bool has_min = t.type == WeightType::Q4_1;
+            const int qs = has_min ? 4 : 2;
+            for (size_t k = 0; k < nb; ++k) {
+                const uint8_t* b = part.blocks.data() + k * t.block_bytes;
+                std::memcpy(&scales[k], b, 2);
+                if (has_min) {
+                    std::memcpy(&mins[k], b + 2, 2);
+                } else {
+                    const float m = -8.f * fp16_to_fp32(scales[k]);
+                    mins[k] = fp32_to_fp16(m);
+                    if (!std::isfinite(fp16_to_fp32(mins[k])))
+                        throw std::invalid_argument(what + "block " + std::to_string(k) + ": -8 d overflows fp16");
+                }
+                std::memcpy(&nibbles[k * 16], b + qs, 16);
+            }
+            seg.q4 = std::make_shared<Q4Matrix>(part.rows, cols, nibbles, scales, mins);
+        } else {
+            seg.blocks = std::move(part.blocks);
+        }
+        rows_ += part.rows;
+        segments_.push_back(std::move(seg));
+    }
+}
+
+size_t WeightMatrix::bytes() const {
+    size_t n = 0;
+    for (const Segment& s : segments_) n += s.q4 ? s.q4->bytes() : s.blocks.size();
+    return n;
+}
+
+std::string WeightMatrix::type_names() const {
+    std::string out;
+    for (const Segment& s : segments_) out += std::string(out.empty() ? "" : "+") + s.traits->name;
+    return out;
+}
+
+void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const {
+    if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("WeightMatrix::multiply_rows: rows out of range");
+    const size_t n = static_cast<size_t>(cols_);
+    if (x.cols != cols_ || x.seq_codes.size() != n || x.seq_residual_codes.size() != n || x.sums16.size() != n / 16 ||
+        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
+        throw std::invalid_argument("WeightMatrix::multiply_rows: an activation of " + std::to_string(x.cols) +
+                                    " values for a matrix of " + std::to_string(cols_) + " columns");
+    for (const Segment& s : segments_) {
+        const int a = r0 > s.row0 ? r0 : s.row0;
+        const int b = r1 < s.row0 + s.rows ? r1 : s.row0 + s.rows;
+        if (a >= b) continue;
+        float* out = y + (a - r0);
+        if (s.q4) {
+            s.q4->multiply_rows(x, a - s.row0, b - s.row0, out, isa);
+            continue;
+        }
+        const bool q4k = s.traits->type == WeightType::Q4_K;
+        BlockRowsKernel kernel = q4k ? q4_k_rows_scalar : q6_k_rows_scalar;
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+        if (isa == Isa::Avx512 && cpu_features().avx512_vnni)
+            kernel = q4k ? q4_k_rows_avx512vnni : q6_k_rows_avx512vnni;
+        else if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
+            kernel = q4k ? q4_k_rows_avx2 : q6_k_rows_avx2;
+#elif defined(__aarch64__)
+        if (isa == Isa::Neon) kernel = q4k ? q4_k_rows_neon : q6_k_rows_neon;
+#else
+        (void)isa;
+#endif
+        const BlockRows p{s.blocks.data() + static_cast<size_t>(a - s.row0) * s.row_bytes, s.row_bytes,
+                          cols_ / 256, &x, out};
+        kernel(p, 0, b - a);
+    }
+}
+
+}  // namespace mnn_h2o

@@ -1,0 +1,61 @@
+// Internal to weight_matrix: the k-quant row kernels, each computing y[r - r0] for rows [r0, r1) of
+// one segment as the scalar reference in weight_matrix.cpp does (layouts: weight_types.h, the
+// products: weight_matrix.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "mnn_h2o/dense/q4_matrix.h"
+
+namespace mnn_h2o {
+
+struct BlockRows {
+    const uint8_t* blocks;  // row r at blocks + r * row_bytes
+    size_t row_bytes;
+    int superblocks;        // per row (256 values each)
+    const Q8Activation* x;
+    float* y;
+};
+
+using BlockRowsKernel = void (*)(const BlockRows&, int r0, int r1);
+
+// Q4_K's 6-bit scale and min of sub-block j (weight_types.h).
+inline void q4_k_scale_min(const uint8_t* sc, int j, int* s, int* m) {
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+// All eight at once, as the row kernels read them: s[j] and m[j] in bytes of four 32-bit words
+// (the 12 scale bytes as u0, u1, u2: s 0-3 = u0 & 63, m 0-3 = u1 & 63, s 4-7 = u2's low nibbles
+// with u0's top two bits, m 4-7 = u2's high nibbles with u1's top two bits).
+inline void q4_k_scales_mins(const uint8_t* sc, uint8_t s[8], uint8_t m[8]) {
+    uint32_t u[3];
+    std::memcpy(u, sc, 12);
+    const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+    const uint32_t out[4] = {u[0] & six, (u[2] & four) | (((u[0] >> 6) & two) << 4), u[1] & six,
+                             ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4)};
+    std::memcpy(s, out, 8);
+    std::memcpy(m, out + 2, 8);
+}
+
+void q4_k_rows_scalar(const BlockRows& p, int r0, int r1);
+void q6_k_rows_scalar(const BlockRows& p, int r0, int r1);
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+void q4_k_rows_avx2(const BlockRows& p, int r0, int r1);
+void q6_k_rows_avx2(const BlockRows& p, int r0, int r1);
+void q4_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
+void q6_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
+#endif
+#if defined(__aarch64__)
+void q4_k_rows_neon(const BlockRows& p, int r0, int r1);
+void q6_k_rows_neon(const BlockRows& p, int r0, int r1);
+#endif
+
+}  // namespace mnn_h2o

@@ -1,0 +1,132 @@
+#include "mnn_h2o/dense/weight_types.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "mnn_h2o/cache/fp16.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+uint16_t u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+float half(const uint8_t* p) { return fp16_to_fp32(u16(p)); }
+
+void dequantize_q4_0(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 18, out += 32) {
+        const float d = half(b);
+        for (int i = 0; i < 16; ++i) {
+            out[i] = static_cast<float>((b[2 + i] & 15) - 8) * d;
+            out[i + 16] = static_cast<float>((b[2 + i] >> 4) - 8) * d;
+        }
+    }
+}
+
+void dequantize_q4_1(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 20, out += 32) {
+        const float d = half(b), m = half(b + 2);
+        for (int i = 0; i < 16; ++i) {
+            out[i] = static_cast<float>(b[4 + i] & 15) * d + m;
+            out[i + 16] = static_cast<float>(b[4 + i] >> 4) * d + m;
+        }
+    }
+}
+
+void dequantize_q8_0(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 34, out += 32) {
+        const float d = half(b);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(static_cast<int8_t>(b[2 + i])) * d;
+    }
+}
+
+void dequantize_q4_k(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 144, out += 256) {
+        const float d = half(b), dmin = half(b + 2);
+        const uint8_t* sc = b + 4;
+        const uint8_t* qs = b + 16;
+        for (int j = 0; j < 8; ++j) {
+            int s, m;
+            if (j < 4) {
+                s = sc[j] & 63;
+                m = sc[j + 4] & 63;
+            } else {
+                s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+                m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+            }
+            const float ds = d * static_cast<float>(s), dm = dmin * static_cast<float>(m);
+            const uint8_t* q = qs + 32 * (j / 2);
+            for (int l = 0; l < 32; ++l) {
+                const int nib = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                out[32 * j + l] = ds * static_cast<float>(nib) - dm;
+            }
+        }
+    }
+}
+
+void dequantize_q6_k(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 210, out += 256) {
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float d = half(b + 208);
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* L = b + 64 * h;
+            const uint8_t* H = b + 128 + 32 * h;
+            float* o = out + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                const int q[4] = {(L[l] & 15) | ((H[l] & 3) << 4), (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4),
+                                  (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)};
+                for (int t = 0; t < 4; ++t) {
+                    const int i = 128 * h + 32 * t + l;
+                    o[32 * t + l] = d * static_cast<float>(sc[i / 16]) * static_cast<float>(q[t] - 32);
+                }
+            }
+        }
+    }
+}
+
+// Id order. HeldAs: Q4_0 / Q4_1 keep the pair layout their kernels were measured on (q4_matrix.h);
+// the k-quants run on the GGUF's own bytes; Q8_0 is decoded (the head's and tail's rows, tests).
+constexpr WeightTypeTraits kTable[] = {
+    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, dequantize_q4_0},
+    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, dequantize_q4_1},
+    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, dequantize_q8_0},
+    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, dequantize_q4_k},
+    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, dequantize_q6_k},
+};
+
+}  // namespace
+
+const WeightTypeTraits& weight_traits(int ggml_id) {
+    for (const WeightTypeTraits& t : kTable)
+        if (static_cast<int>(t.type) == ggml_id) return t;
+    std::string names;
+    for (const WeightTypeTraits& t : kTable) names += std::string(names.empty() ? "" : ", ") + t.name;
+    throw std::invalid_argument("weight type id " + std::to_string(ggml_id) + " is not one the core reads (" + names +
+                                ")");
+}
+
+const WeightTypeTraits& weight_traits(WeightType type) { return weight_traits(static_cast<int>(type)); }
+
+const WeightTypeTraits* find_weight_traits(const std::string& name) {
+    for (const WeightTypeTraits& t : kTable)
+        if (name == t.name) return &t;
+    return nullptr;
+}
+
+const WeightTypeTraits* weight_traits_table(size_t* count) {
+    *count = sizeof kTable / sizeof kTable[0];
+    return kTable;
+}
+
+size_t weight_row_bytes(const WeightTypeTraits& t, int cols) {
+    if (cols <= 0 || cols % t.block_values != 0)
+        throw std::invalid_argument(std::string(t.name) + " rows hold a multiple of " + std::to_string(t.block_values) +
+                                    " values, not " + std::to_string(cols));
+    return static_cast<size_t>(cols / t.block_values) * static_cast<size_t>(t.block_bytes);
+}
+
+}  // namespace mnn_h2o

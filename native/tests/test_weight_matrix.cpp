@@ -1,0 +1,315 @@
+// The weight types' table and WeightMatrix: hand-made Q4_K and Q6_K blocks packed here from the
+// layout in weight_types.h (an independent packer, not the decoder run backwards) decode to the
+// values they were made from; on random blocks the scalar kernels match a float64 product of the
+// same rounded activation, every SIMD path matches the scalar one, a stack of parts of different
+// types matches each part alone, Q4_0 / Q4_1 parts match Q4Matrix; bad input is refused by name.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/dense/weight_matrix.h"
+#include "mnn_h2o/dense/weight_types.h"
+
+#include "test_support.h"
+
+using namespace mnn_h2o;
+
+static const Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon};
+
+static void put_half(uint8_t* p, float v) {
+    const uint16_t h = fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+}
+
+// One Q4_K block from its 6-bit scales s[8], mins m[8] and 4-bit values n[256].
+static std::vector<uint8_t> pack_q4_k(float d, float dmin, const int* s, const int* m, const int* n) {
+    std::vector<uint8_t> b(144, 0);
+    put_half(&b[0], d);
+    put_half(&b[2], dmin);
+    uint8_t* sc = &b[4];
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = static_cast<uint8_t>((s[j] & 63) | ((s[j + 4] >> 4) << 6));
+        sc[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        sc[j + 8] = static_cast<uint8_t>((s[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+    }
+    for (int g = 0; g < 4; ++g)
+        for (int l = 0; l < 32; ++l) b[16 + 32 * g + l] = static_cast<uint8_t>(n[64 * g + l] | (n[64 * g + 32 + l] << 4));
+    return b;
+}
+
+// One Q6_K block from its int8 scales sc[16] and 6-bit values q[256].
+static std::vector<uint8_t> pack_q6_k(float d, const int* sc, const int* q) {
+    std::vector<uint8_t> b(210, 0);
+    for (int i = 0; i < 256; ++i) {
+        const int h = i / 128, t = (i % 128) / 32, l = i % 32;
+        uint8_t& low = b[64 * h + 32 * (t % 2) + l];
+        low = static_cast<uint8_t>(low | ((q[i] & 15) << (t >= 2 ? 4 : 0)));
+        b[128 + 32 * h + l] = static_cast<uint8_t>(b[128 + 32 * h + l] | ((q[i] >> 4) << (2 * t)));
+    }
+    for (int s = 0; s < 16; ++s) b[192 + s] = static_cast<uint8_t>(static_cast<int8_t>(sc[s]));
+    put_half(&b[208], d);
+    return b;
+}
+
+static void table() {
+    size_t n = 0;
+    const WeightTypeTraits* t = weight_traits_table(&n);
+    CHECK(n == 5, "%zu types", n);
+    for (size_t i = 0; i < n; ++i) {
+        CHECK(&weight_traits(t[i].type) == &t[i], "%s by type", t[i].name);
+        CHECK(find_weight_traits(t[i].name) == &t[i], "%s by name", t[i].name);
+    }
+    CHECK(weight_traits(WeightType::Q4_K).block_bytes == 144 && weight_traits(WeightType::Q6_K).block_bytes == 210,
+          "k-quant block bytes");
+    CHECK(weight_row_bytes(weight_traits(WeightType::Q4_K), 1536) == 6 * 144, "Q4_K row bytes");
+    CHECK(throws<std::invalid_argument>([] { weight_traits(13); }), "Q5_K (13) is not in the table");
+    CHECK(find_weight_traits("Q5_K") == nullptr, "Q5_K by name");
+    CHECK(throws<std::invalid_argument>([] { weight_row_bytes(weight_traits(WeightType::Q4_K), 288); }),
+          "a Q4_K row of 288");
+}
+
+static void hand_made_blocks() {
+    int s[8] = {1, 17, 33, 63, 5, 40, 21, 62}, m[8] = {0, 63, 2, 31, 48, 7, 60, 16}, n[256];
+    for (int i = 0; i < 256; ++i) n[i] = (i * 7 + 3) % 16;
+    const float d = 0.25f, dmin = 0.125f;
+    std::vector<uint8_t> b = pack_q4_k(d, dmin, s, m, n);
+    std::vector<float> out(256);
+    weight_traits(WeightType::Q4_K).dequantize(b.data(), out.data(), 1);
+    int bad = 0;
+    for (int i = 0; i < 256; ++i)
+        if (out[i] != d * s[i / 32] * n[i] - dmin * m[i / 32]) ++bad;
+    CHECK(bad == 0, "Q4_K: %d of 256 values differ from d s n - dmin m", bad);
+
+    int sc[16], q[256];
+    for (int i = 0; i < 16; ++i) sc[i] = (i * 37) % 255 - 127;
+    for (int i = 0; i < 256; ++i) q[i] = (i * 11 + 5) % 64;
+    b = pack_q6_k(0.5f, sc, q);
+    weight_traits(WeightType::Q6_K).dequantize(b.data(), out.data(), 1);
+    bad = 0;
+    for (int i = 0; i < 256; ++i)
+        if (out[i] != 0.5f * sc[i / 16] * (q[i] - 32)) ++bad;
+    CHECK(bad == 0, "Q6_K: %d of 256 values differ from d sc (q - 32)", bad);
+
+    // Q4_0 and Q4_1: the classic blocks.
+    std::vector<uint8_t> q40(18), q41(20);
+    put_half(&q40[0], 2.f);
+    put_half(&q41[0], 2.f);
+    put_half(&q41[2], -3.f);
+    for (int j = 0; j < 16; ++j) q40[2 + j] = q41[4 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    std::vector<float> o0(32), o1(32);
+    weight_traits(WeightType::Q4_0).dequantize(q40.data(), o0.data(), 1);
+    weight_traits(WeightType::Q4_1).dequantize(q41.data(), o1.data(), 1);
+    CHECK(o0[1] == (1 - 8) * 2.f && o0[16] == (15 - 8) * 2.f && o1[1] == 2.f - 3.f && o1[17] == 14 * 2.f - 3.f,
+          "Q4_0 / Q4_1 values %g %g %g %g", o0[1], o0[16], o1[1], o1[17]);
+}
+
+// Random blocks of a type with finite, small scales.
+static std::vector<uint8_t> random_blocks(WeightType type, size_t n_blocks, std::mt19937& rng) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const WeightTypeTraits& t = weight_traits(type);
+    std::vector<uint8_t> b(n_blocks * t.block_bytes);
+    for (auto& v : b) v = static_cast<uint8_t>(byte(rng));
+    for (size_t k = 0; k < n_blocks; ++k) {
+        uint8_t* p = &b[k * t.block_bytes];
+        switch (type) {
+            case WeightType::Q4_0: put_half(p, std::fabs(normal(rng)) * 0.01f); break;
+            case WeightType::Q4_1:
+                put_half(p, std::fabs(normal(rng)) * 0.01f);
+                put_half(p + 2, normal(rng) * 0.05f);
+                break;
+            case WeightType::Q4_K:
+                put_half(p, std::fabs(normal(rng)) * 0.002f);
+                put_half(p + 2, std::fabs(normal(rng)) * 0.002f);
+                break;
+            case WeightType::Q6_K: put_half(p + 208, normal(rng) * 0.0005f); break;
+            default: break;
+        }
+    }
+    return b;
+}
+
+// The float64 product the kernels compute: the rounded activation on the values' scale terms, the
+// float sums on Q4_K's mins and Q6_K's offset (weight_matrix.h).
+static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8Activation& a, const float* x) {
+    const int sb = cols / 256;
+    double acc = 0;
+    auto rounded = [&](int i) {
+        return a.seq_codes[i] * static_cast<double>(a.scales[i / 32]) +
+               a.seq_residual_codes[i] * static_cast<double>(a.residual_scales[i / 32]);
+    };
+    for (int k = 0; k < sb; ++k) {
+        const uint8_t* b = row + static_cast<size_t>(k) * weight_traits(type).block_bytes;
+        if (type == WeightType::Q4_K) {
+            // Unpack through the dequantiser with dmin = 0 and with d = 0 to split the two terms.
+            std::vector<uint8_t> scale_only(b, b + 144), min_only(b, b + 144);
+            put_half(&scale_only[2], 0.f);
+            put_half(&min_only[0], 0.f);
+            float vs[256], vm[256];
+            weight_traits(type).dequantize(scale_only.data(), vs, 1);
+            weight_traits(type).dequantize(min_only.data(), vm, 1);
+            for (int i = 0; i < 256; ++i) acc += vs[i] * rounded(256 * k + i) + vm[i] * static_cast<double>(x[256 * k + i]);
+        } else {
+            uint16_t h;
+            std::memcpy(&h, b + 208, 2);
+            const double d = fp16_to_fp32(h);
+            float v[256];
+            weight_traits(type).dequantize(b, v, 1);
+            const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+            for (int i = 0; i < 256; ++i) {
+                // v = d sc (q - 32): d sc q on the rounded activation, -32 d sc on the float one
+                const double dsc = d * sc[i / 16];
+                const double q = dsc != 0 ? std::round(v[i] / dsc) + 32 : 0;
+                acc += dsc * q * rounded(256 * k + i) - 32 * dsc * static_cast<double>(x[256 * k + i]);
+            }
+        }
+    }
+    return acc;
+}
+
+static void random_matrices(WeightType type, int cols) {
+    std::mt19937 rng(static_cast<unsigned>(cols) * 31u + static_cast<unsigned>(type));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const int rows = 70;
+    const WeightTypeTraits& t = weight_traits(type);
+    const size_t row_bytes = weight_row_bytes(t, cols);
+    std::vector<uint8_t> blocks = random_blocks(type, rows * row_bytes / t.block_bytes, rng);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = normal(rng);
+    Q8Activation a;
+    a.quantize(x.data(), cols);
+    const WeightMatrix mat(cols, {{type, rows, blocks}});
+    CHECK(mat.rows() == rows && mat.bytes() == blocks.size(), "%s: rows %d bytes %zu", t.name, mat.rows(), mat.bytes());
+    std::vector<float> ref(static_cast<size_t>(rows));
+    mat.multiply_rows(a, 0, rows, ref.data(), Isa::Scalar);
+    double worst = 0, worst_plain = 0;
+    std::vector<float> w(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+        const uint8_t* row = &blocks[static_cast<size_t>(r) * row_bytes];
+        t.dequantize(row, w.data(), static_cast<size_t>(cols / t.block_values));
+        double plain = 0, mag = 0;
+        for (int i = 0; i < cols; ++i) {
+            plain += static_cast<double>(w[i]) * x[i];
+            mag += std::fabs(static_cast<double>(w[i]) * x[i]);
+        }
+        const double exact = exact_row(type, row, cols, a, x.data());
+        worst = std::max(worst, std::fabs(ref[static_cast<size_t>(r)] - exact) / mag);
+        worst_plain = std::max(worst_plain, std::fabs(ref[static_cast<size_t>(r)] - plain) / mag);
+    }
+    CHECK(worst < 1e-5, "%s cols %d: scalar vs float64 of the rounded activation: relative error %g", t.name, cols, worst);
+    // The activation's two roundings leave about 1 / 32000 of each block's largest value.
+    CHECK(worst_plain < 2e-4, "%s cols %d: scalar vs float64 of the float activation: relative error %g", t.name, cols,
+          worst_plain);
+    for (Isa isa : kIsas) {
+        std::vector<float> y(static_cast<size_t>(rows), NAN);
+        mat.multiply_rows(a, 0, 40, y.data(), isa);  // two calls over a row split, as the tasks do
+        mat.multiply_rows(a, 40, rows, y.data() + 40, isa);
+        double err = 0, mag = 0;
+        for (int r = 0; r < rows; ++r) {
+            err = std::max(err, static_cast<double>(std::fabs(y[r] - ref[r])));
+            mag = std::max(mag, static_cast<double>(std::fabs(ref[r])));
+        }
+        CHECK(err <= 1e-5 * mag + 1e-6, "%s cols %d, %s: max |y - scalar| %g (max |y| %g)", t.name, cols, isa_name(isa), err,
+              mag);
+    }
+}
+
+// Parts of different types stacked: each row as its part alone; Q4_0 / Q4_1 as Q4Matrix.
+static void stacked_parts() {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const int cols = 512;
+    const WeightType types[] = {WeightType::Q4_K, WeightType::Q4_1, WeightType::Q6_K, WeightType::Q4_0};
+    const int rows[] = {64, 32, 40, 24};
+    std::vector<WeightMatrix::Part> parts;
+    std::vector<WeightMatrix> alone;
+    for (int p = 0; p < 4; ++p) {
+        const WeightTypeTraits& t = weight_traits(types[p]);
+        std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
+        parts.push_back({types[p], rows[p], b});
+        alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b}});
+    }
+    const WeightMatrix stack(cols, parts);
+    CHECK(stack.rows() == 160 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0", "%d rows, %s", stack.rows(),
+          stack.type_names().c_str());
+    std::vector<float> x(cols);
+    for (auto& v : x) v = normal(rng);
+    Q8Activation a;
+    a.quantize(x.data(), cols);
+    for (Isa isa : kIsas) {
+        std::vector<float> y(160), want;
+        stack.multiply_rows(a, 0, 50, y.data(), isa);  // a split inside the first part
+        stack.multiply_rows(a, 50, 160, y.data() + 50, isa);
+        for (const WeightMatrix& m : alone) {
+            std::vector<float> part(static_cast<size_t>(m.rows()));
+            m.multiply_rows(a, 0, m.rows(), part.data(), isa);
+            want.insert(want.end(), part.begin(), part.end());
+        }
+        int bad = 0;
+        for (int r = 0; r < 160; ++r) bad += y[r] != want[r];
+        CHECK(bad == 0, "%s: %d of 160 stacked rows differ from their part alone", isa_name(isa), bad);
+    }
+    // Q4_1 through WeightMatrix against Q4Matrix over the same nibbles, scales and mins.
+    const std::vector<uint8_t>& b = parts[1].blocks;
+    const size_t nb = b.size() / 20;
+    std::vector<uint8_t> nib(nb * 16);
+    std::vector<uint16_t> s(nb), m(nb);
+    for (size_t k = 0; k < nb; ++k) {
+        std::memcpy(&s[k], &b[k * 20], 2);
+        std::memcpy(&m[k], &b[k * 20 + 2], 2);
+        std::memcpy(&nib[k * 16], &b[k * 20 + 4], 16);
+    }
+    const Q4Matrix q4(32, cols, nib, s, m);
+    std::vector<float> y1(32), y2(32);
+    q4.multiply_rows(a, 0, 32, y1.data(), best_isa());
+    alone[1].multiply_rows(a, 0, 32, y2.data(), best_isa());
+    CHECK(y1 == y2, "Q4_1 through WeightMatrix differs from Q4Matrix");
+}
+
+static void bad_input() {
+    std::mt19937 rng(5);
+    const std::vector<uint8_t> one = random_blocks(WeightType::Q4_K, 1, rng);
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 2, one}}); }), "short blocks");
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(288, {{WeightType::Q4_K, 1, one}}); }), "288 columns of Q4_K");
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(32, {{WeightType::Q8_0, 1, std::vector<uint8_t>(34)}}); }),
+          "Q8_0 is not held by the decode layers");
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {}); }), "no parts");
+    std::vector<uint8_t> nan = one;
+    put_half(&nan[0], NAN);
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 1, nan}}); }), "a NaN scale");
+    std::vector<uint8_t> q6 = random_blocks(WeightType::Q6_K, 1, rng);
+    put_half(&q6[208], INFINITY);
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q6_K, 1, q6}}); }), "an infinite Q6_K d");
+    try {
+        WeightMatrix(256, {{WeightType::Q4_K, 1, one}, {WeightType::Q8_0, 1, std::vector<uint8_t>(8 * 34)}});
+        CHECK(false, "a Q8_0 part was accepted");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("part 1 (Q8_0)") != std::string::npos, "message: %s", e.what());
+    }
+    const WeightMatrix m(256, {{WeightType::Q4_K, 1, one}});
+    Q8Activation a;
+    a.resize(128);
+    float y[1];
+    CHECK(throws<std::invalid_argument>([&] { m.multiply_rows(a, 0, 1, y, best_isa()); }), "activation of 128 for 256");
+    a.resize(256);
+    CHECK(throws<std::out_of_range>([&] { m.multiply_rows(a, 0, 2, y, best_isa()); }), "rows past the end");
+}
+
+int main() {
+    table();
+    hand_made_blocks();
+    for (WeightType t : {WeightType::Q4_K, WeightType::Q6_K}) {
+        random_matrices(t, 256);   // one super-block per row
+        random_matrices(t, 1536);  // Qwen2.5-1.5B's hidden size
+        random_matrices(t, 8960);  // its ffn (the down projection's columns)
+    }
+    stacked_parts();
+    bad_input();
+    std::printf("test_weight_matrix: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
+    return g_failures != 0;
+}
