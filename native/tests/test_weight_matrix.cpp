@@ -56,6 +56,46 @@ static std::vector<uint8_t> pack_q6_k(float d, const int* sc, const int* q) {
     return b;
 }
 
+// The activation's k-quant form: whole super-blocks, steps a power of two apart within one, each
+// block's step at least its amax / 127 (no clipping) and within 2x of it unless the super-block's
+// range is wider than 2^kMaxShift; the two roundings leave ~1 / 32000 of the largest value.
+static void kquant_activation() {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> x(768);
+    for (auto& v : x) v = normal(rng);
+    for (int i = 0; i < 32; ++i) x[40 + i] *= 50.f;   // an outlier block in super-block 0
+    for (int i = 0; i < 32; ++i) x[300 + i] *= 1e-4f; // a tiny one in super-block 1
+    for (int i = 512; i < 544; ++i) x[i] = 0.f;       // an all-zero block in super-block 2
+    Q8Activation a;
+    a.quantize(x.data(), 768);
+    CHECK(a.seq_codes.size() == 768 && a.super_steps.size() == 3 && a.shifts.size() == 24, "k-quant form sizes");
+    Q8Activation narrow;
+    narrow.quantize(x.data(), 96);
+    CHECK(narrow.seq_codes.empty() && narrow.super_steps.empty(), "a width of 96 has no k-quant form");
+    double worst = 0;
+    for (int k = 0; k < 3; ++k) {
+        float top = 0;
+        for (int i = 0; i < 256; ++i) top = std::max(top, std::fabs(x[256 * k + i]));
+        for (int b = 8 * k; b < 8 * k + 8; ++b) {
+            float amax = 0;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
+            const int sh = a.shifts[b];
+            CHECK(sh >= 1 && sh <= (1 << Q8Activation::kMaxShift) && (sh & (sh - 1)) == 0, "block %d: shift %d", b, sh);
+            const float step = a.super_steps[k] * sh;
+            CHECK(amax == 0 || step * 127.f >= amax * (1 - 1e-6f), "block %d: step %g clips amax %g", b, step, amax);
+            if (amax * (1 << Q8Activation::kMaxShift) >= top)
+                CHECK(step * 127.f <= 2.f * amax * (1 + 1e-6f), "block %d: step %g for amax %g", b, step, amax);
+            for (int i = 32 * b; i < 32 * b + 32; ++i) {
+                const double r = a.seq_codes[i] * static_cast<double>(step) +
+                                 a.seq_residual_codes[i] * static_cast<double>(a.super_residual_steps[k]) * a.residual_shifts[b];
+                worst = std::max(worst, std::fabs(r - x[i]) / top);
+            }
+        }
+    }
+    CHECK(worst < 1.5e-4, "k-quant form: max |rounded - x| / super-block amax %g", worst);
+}
+
 static void table() {
     size_t n = 0;
     const WeightTypeTraits* t = weight_traits_table(&n);
@@ -140,8 +180,8 @@ static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8A
     const int sb = cols / 256;
     double acc = 0;
     auto rounded = [&](int i) {
-        return a.seq_codes[i] * static_cast<double>(a.scales[i / 32]) +
-               a.seq_residual_codes[i] * static_cast<double>(a.residual_scales[i / 32]);
+        return a.seq_codes[i] * static_cast<double>(a.super_steps[i / 256]) * a.shifts[i / 32] +
+               a.seq_residual_codes[i] * static_cast<double>(a.super_residual_steps[i / 256]) * a.residual_shifts[i / 32];
     };
     for (int k = 0; k < sb; ++k) {
         const uint8_t* b = row + static_cast<size_t>(k) * weight_traits(type).block_bytes;
@@ -302,6 +342,7 @@ static void bad_input() {
 
 int main() {
     table();
+    kquant_activation();
     hand_made_blocks();
     for (WeightType t : {WeightType::Q4_K, WeightType::Q6_K}) {
         random_matrices(t, 256);   // one super-block per row

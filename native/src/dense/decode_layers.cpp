@@ -94,13 +94,13 @@ void DecodeLayers::rms_norm(const float* h, const std::vector<float>& w, float* 
     for (int i = 0; i < n; ++i) out[i] = h[i] * inv * w[static_cast<size_t>(i)];
 }
 
-int DecodeLayers::task_rows(int rows) const {
+int DecodeLayers::task_rows(int rows, int unit) const {
     const int tasks = kTasksPerThread * team_.size();
-    return (rows + tasks * kQ4Block - 1) / (tasks * kQ4Block) * kQ4Block;  // whole activation blocks
+    return (rows + tasks * unit - 1) / (tasks * unit) * unit;  // whole units
 }
 
 void DecodeLayers::product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa) {
-    const int rows = m.rows(), step = task_rows(rows);
+    const int rows = m.rows(), step = task_rows(rows, kQ4Block);
     team_.run((rows + step - 1) / step, [&](int task) {
         const int r0 = task * step;
         const int r1 = std::min(rows, r0 + step);
@@ -117,9 +117,10 @@ void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
     rms_norm(h, w.ffn_norm, x_.data());
     xq_.quantize(x_.data(), s.hidden);
     // Gate and up rows of a task meet in SiLU(gate) * up, and the task rounds its own blocks of
-    // that product (task_rows: whole blocks of 32), so the down projection's input is ready when
-    // the last task ends.
-    const int ffn = s.ffn, step = task_rows(ffn);
+    // that product, so the down projection's input is ready when the last task ends: whole blocks
+    // of 32, and whole super-blocks of 256 where the row has the activation's k-quant form (each
+    // is rounded from its 256 values at once: q4_matrix.h).
+    const int ffn = s.ffn, step = task_rows(ffn, ffn % 256 == 0 ? 256 : kQ4Block);
     team_.run((ffn + step - 1) / step, [&](int task) {
         const int r0 = task * step;
         const int r1 = std::min(ffn, r0 + step);

@@ -51,9 +51,14 @@ void Q8Activation::resize(int n) {
     pair_scales.assign(pairs * 8, 0.f);
     pair_residual_scales.assign(pairs * 8, 0.f);
     pair_sums.assign(pairs * 8, 0.f);
-    seq_codes.assign(static_cast<size_t>(n), 0);
-    seq_residual_codes.assign(static_cast<size_t>(n), 0);
-    sums16.assign(static_cast<size_t>(n / 16), 0.f);
+    const size_t kq = n % 256 == 0 ? static_cast<size_t>(n) : 0;  // the k-quant form
+    seq_codes.assign(kq, 0);
+    seq_residual_codes.assign(kq, 0);
+    super_steps.assign(kq / 256, 0.f);
+    super_residual_steps.assign(kq / 256, 0.f);
+    shifts.assign(kq / 32, 1);
+    residual_shifts.assign(kq / 32, 1);
+    sums16.assign(kq / 16, 0.f);
 }
 
 namespace {
@@ -87,6 +92,43 @@ float round_block(const float* v, int8_t* c) {
 
 }  // namespace
 
+namespace {
+
+// One super-block of 256 values v in the k-quant form (q4_matrix.h): codes c, the step, the
+// blocks' shifts; returns the step. The finest step the super-block can share is its largest
+// block's amax / 127 / 2^kMaxShift (raised to its smallest nonzero block's, if larger); each
+// block then takes the smallest power of two of it that holds its own amax in 127 codes.
+float round_super(const float* v, int8_t* c, int16_t* shift) {
+    float amax[8], top = 0.f, least = 0.f;
+    for (int b = 0; b < 8; ++b) {
+        float a = 0.f;
+        for (int i = 0; i < kQ4Block; ++i) {
+            const float f = std::fabs(v[32 * b + i]);
+            a = f > a ? f : a;
+        }
+        amax[b] = a;
+        top = a > top ? a : top;
+        if (a > 0.f && (least == 0.f || a < least)) least = a;
+    }
+    if (!(top > 0.f)) {  // all zero (or not finite: codes clamp, the product shows it)
+        for (int i = 0; i < 256; ++i) c[i] = 0;
+        for (int b = 0; b < 8; ++b) shift[b] = 1;
+        return top > 0.f ? top : 0.f;
+    }
+    const float floor_step = top / 127.f / static_cast<float>(1 << Q8Activation::kMaxShift);
+    const float step = least / 127.f > floor_step ? least / 127.f : floor_step;
+    for (int b = 0; b < 8; ++b) {
+        int f = 0;
+        while (f < Q8Activation::kMaxShift && step * static_cast<float>(1 << f) * 127.f < amax[b]) ++f;
+        shift[b] = static_cast<int16_t>(1 << f);
+        const float inv = 1.f / (step * static_cast<float>(1 << f));
+        for (int i = 0; i < kQ4Block; ++i) c[32 * b + i] = round_code(v[32 * b + i], inv);
+    }
+    return step;
+}
+
+}  // namespace
+
 void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
     for (int b = b0; b < b1; ++b) {
         const float* xb = x + static_cast<size_t>(b) * kQ4Block;
@@ -100,23 +142,29 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
         }
         const float rd = round_block(rest, residual_codes.data() + pair * 64 + half * 16);
         const size_t bb = static_cast<size_t>(b);
-        const int8_t* rc = residual_codes.data() + pair * 64 + half * 16;
-        int8_t* sc = seq_codes.data() + bb * kQ4Block;
-        int8_t* sr = seq_residual_codes.data() + bb * kQ4Block;
-        float s16[2] = {0.f, 0.f};
-        for (int i = 0; i < 16; ++i) {
-            sc[i] = c[i];
-            sc[16 + i] = c[32 + i];
-            sr[i] = rc[i];
-            sr[16 + i] = rc[32 + i];
-            s16[0] += xb[i];
-            s16[1] += xb[16 + i];
-        }
-        sums16[2 * bb] = s16[0];
-        sums16[2 * bb + 1] = s16[1];
+
         scales[bb] = d;
         residual_scales[bb] = rd;
         sums[bb] = sum;
+        if (!seq_codes.empty()) {
+            float s16[2] = {0.f, 0.f};
+            for (int i = 0; i < 16; ++i) {
+                s16[0] += xb[i];
+                s16[1] += xb[16 + i];
+            }
+            sums16[2 * bb] = s16[0];
+            sums16[2 * bb + 1] = s16[1];
+            if (b % 8 == 7) {  // the super-block is complete
+                const size_t k = bb / 8;
+                const float* v = x + k * 256;
+                int8_t* c = seq_codes.data() + k * 256;
+                const float t = round_super(v, c, shifts.data() + k * 8);
+                float r[256];
+                for (int i = 0; i < 256; ++i) r[i] = v[i] - t * static_cast<float>(shifts[k * 8 + i / 32]) * c[i];
+                super_steps[k] = t;
+                super_residual_steps[k] = round_super(r, seq_residual_codes.data() + k * 256, residual_shifts.data() + k * 8);
+            }
+        }
         for (size_t i = 0; i < 4; ++i) {
             pair_scales[pair * 8 + half * 4 + i] = d;
             pair_residual_scales[pair * 8 + half * 4 + i] = rd;

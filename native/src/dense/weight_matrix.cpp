@@ -53,18 +53,18 @@ void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) {
         for (int k = 0; k < p.superblocks; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 144;
             const float d = half_at(b), dmin = half_at(b + 2);
+            uint8_t s[8], m[8];
+            q4_k_scales_mins(b + 4, s, m);
+            const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
             for (int j = 0; j < 8; ++j) {
-                int s, m;
-                q4_k_scale_min(b + 4, j, &s, &m);
                 uint8_t n[32];
                 const uint8_t* q = b + 16 + 32 * (j / 2);
                 for (int l = 0; l < 32; ++l) n[l] = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
                 const size_t blk = static_cast<size_t>(8 * k + j);
-                const int8_t* c = x.seq_codes.data() + blk * 32;
-                const int8_t* rc = x.seq_residual_codes.data() + blk * 32;
-                const float dots = x.scales[blk] * static_cast<float>(idot(n, c, 32)) +
-                                   x.residual_scales[blk] * static_cast<float>(idot(n, rc, 32));
-                acc += d * static_cast<float>(s) * dots - dmin * static_cast<float>(m) * x.sums[blk];
+                const float dots = tc * x.shifts[blk] * static_cast<float>(idot(n, x.seq_codes.data() + blk * 32, 32)) +
+                                   tr * x.residual_shifts[blk] *
+                                       static_cast<float>(idot(n, x.seq_residual_codes.data() + blk * 32, 32));
+                acc += d * static_cast<float>(s[j]) * dots - dmin * static_cast<float>(m[j]) * x.sums[blk];
             }
         }
         p.y[r - r0] = acc;
@@ -80,6 +80,7 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
+            const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
             uint8_t q[256];
             for (int h = 0; h < 2; ++h) {
                 const uint8_t* L = b + 64 * h;
@@ -92,14 +93,13 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
                     o[l + 96] = static_cast<uint8_t>((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
                 }
             }
-            for (int s = 0; s < 16; ++s) {
-                const size_t blk = static_cast<size_t>(8 * k + s / 2), g = static_cast<size_t>(16 * k + s);
-                const int8_t* c = x.seq_codes.data() + g * 16;
-                const int8_t* rc = x.seq_residual_codes.data() + g * 16;
-                const float dots = x.scales[blk] * static_cast<float>(idot(q + 16 * s, c, 16)) +
-                                   x.residual_scales[blk] * static_cast<float>(idot(q + 16 * s, rc, 16)) -
+            for (int j = 0; j < 16; ++j) {
+                const size_t blk = static_cast<size_t>(8 * k + j / 2), g = static_cast<size_t>(16 * k + j);
+                const float dots = tc * x.shifts[blk] * static_cast<float>(idot(q + 16 * j, x.seq_codes.data() + g * 16, 16)) +
+                                   tr * x.residual_shifts[blk] *
+                                       static_cast<float>(idot(q + 16 * j, x.seq_residual_codes.data() + g * 16, 16)) -
                                    32.f * x.sums16[g];
-                acc += d * static_cast<float>(sc[s]) * dots;
+                acc += d * static_cast<float>(sc[j]) * dots;
             }
         }
         p.y[r - r0] = acc;
@@ -176,8 +176,11 @@ std::string WeightMatrix::type_names() const {
 void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const {
     if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("WeightMatrix::multiply_rows: rows out of range");
     const size_t n = static_cast<size_t>(cols_);
-    if (x.cols != cols_ || x.seq_codes.size() != n || x.seq_residual_codes.size() != n || x.sums16.size() != n / 16 ||
-        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
+    const size_t kq = n % 256 == 0 ? n : 0;  // the activation's k-quant form (q4_matrix.h)
+    if (x.cols != cols_ || x.seq_codes.size() != kq || x.seq_residual_codes.size() != kq || x.sums16.size() != kq / 16 ||
+        x.super_steps.size() != kq / 256 || x.super_residual_steps.size() != kq / 256 || x.shifts.size() != kq / 32 ||
+        x.residual_shifts.size() != kq / 32 || x.scales.size() != n / kQ4Block ||
+        x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
         throw std::invalid_argument("WeightMatrix::multiply_rows: an activation of " + std::to_string(x.cols) +
                                     " values for a matrix of " + std::to_string(cols_) + " columns");
     for (const Segment& s : segments_) {
@@ -192,9 +195,9 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
         const bool q4k = s.traits->type == WeightType::Q4_K;
         BlockRowsKernel kernel = q4k ? q4_k_rows_scalar : q6_k_rows_scalar;
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-        if (isa == Isa::Avx512 && cpu_features().avx512_vnni)
-            kernel = q4k ? q4_k_rows_avx512vnni : q6_k_rows_avx512vnni;
-        else if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
+        // AVX-512 machines run the AVX2 kernels: their per-sub-block integer scales ride on
+        // madd, which VNNI's vpdpbusd has no form of.
+        if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
             kernel = q4k ? q4_k_rows_avx2 : q6_k_rows_avx2;
 #elif defined(__aarch64__)
         if (isa == Isa::Neon) kernel = q4k ? q4_k_rows_neon : q6_k_rows_neon;

@@ -21,18 +21,7 @@ struct BlockRows {
 
 using BlockRowsKernel = void (*)(const BlockRows&, int r0, int r1);
 
-// Q4_K's 6-bit scale and min of sub-block j (weight_types.h).
-inline void q4_k_scale_min(const uint8_t* sc, int j, int* s, int* m) {
-    if (j < 4) {
-        *s = sc[j] & 63;
-        *m = sc[j + 4] & 63;
-    } else {
-        *s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
-        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-
-// All eight at once, as the row kernels read them: s[j] and m[j] in bytes of four 32-bit words
+// Q4_K's eight 6-bit scales s[j] and mins m[j] of a super-block (weight_types.h), in bytes of four 32-bit words
 // (the 12 scale bytes as u0, u1, u2: s 0-3 = u0 & 63, m 0-3 = u1 & 63, s 4-7 = u2's low nibbles
 // with u0's top two bits, m 4-7 = u2's high nibbles with u1's top two bits).
 inline void q4_k_scales_mins(const uint8_t* sc, uint8_t s[8], uint8_t m[8]) {
@@ -50,8 +39,6 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 void q4_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q6_k_rows_avx2(const BlockRows& p, int r0, int r1);
-void q4_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
-void q6_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
 #endif
 #if defined(__aarch64__)
 void q4_k_rows_neon(const BlockRows& p, int r0, int r1);

@@ -1,7 +1,8 @@
 // NEON k-quant row kernels of WeightMatrix (weight_matrix_kernels.h): per activation block of 32,
 // the unsigned codes (Q4_K 0..15, Q6_K 0..63, so also valid int8) times the activation's codes and
 // residual codes with widening multiplies (at most 2 x 63 x 127 per int16 lane), pairwise-added to
-// int32 (lanes 0-1: values 0-15, lanes 2-3: values 16-31), then float as the scalar reference.
+// int32 (lanes 0-1: values 0-15, lanes 2-3: values 16-31), then float per block (the activation's
+// k-quant form, q4_matrix.h), as the scalar reference sums them.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
@@ -32,10 +33,14 @@ inline int32x4_t dot32(int8x16_t w0, int8x16_t w1, const int8_t* c) {
                         vpadd_s32(vget_low_s32(vpaddlq_s16(b)), vget_high_s32(vpaddlq_s16(b))));
 }
 
+// Block blk's codes and residual codes against w, each times its step (the super-block's step
+// times the block's shift: the activation's k-quant form, q4_matrix.h).
 inline float32x4_t block_dot(int8x16_t w0, int8x16_t w1, const Q8Activation& x, size_t blk) {
+    const size_t k = blk / 8;
     const float32x4_t d = vcvtq_f32_s32(dot32(w0, w1, x.seq_codes.data() + blk * 32));
     const float32x4_t r = vcvtq_f32_s32(dot32(w0, w1, x.seq_residual_codes.data() + blk * 32));
-    return vfmaq_n_f32(vmulq_n_f32(r, x.residual_scales[blk]), d, x.scales[blk]);
+    return vfmaq_n_f32(vmulq_n_f32(r, x.super_residual_steps[k] * x.residual_shifts[blk]), d,
+                       x.super_steps[k] * x.shifts[blk]);
 }
 
 }  // namespace
@@ -50,12 +55,13 @@ void q4_k_rows_neon(const BlockRows& p, int r0, int r1) {
         for (int k = 0; k < p.superblocks; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 144;
             const float d = half_at(b), dmin = half_at(b + 2);
+            uint8_t s8[8], m8[8];
+            q4_k_scales_mins(b + 4, s8, m8);
             for (int g = 0; g < 4; ++g) {
                 const uint8x16_t v0 = vld1q_u8(b + 16 + 32 * g), v1 = vld1q_u8(b + 16 + 32 * g + 16);
                 for (int h = 0; h < 2; ++h) {
                     const int j = 2 * g + h;
-                    int s, m;
-                    q4_k_scale_min(b + 4, j, &s, &m);
+                    const int s = s8[j], m = m8[j];
                     const int8x16_t w0 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low));
                     const int8x16_t w1 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low));
                     const size_t blk = static_cast<size_t>(8 * k + j);

@@ -68,8 +68,8 @@ private:
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
                Isa isa);
     void rms_norm(const float* h, const std::vector<float>& w, float* out) const;
-    // Rows per task of a product of `rows` rows on the team: a multiple of 32.
-    int task_rows(int rows) const;
+    // Rows per task of a product of `rows` rows on the team: a multiple of unit.
+    int task_rows(int rows, int unit) const;
     // y = m x, its rows split into tasks on the team.
     void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
 

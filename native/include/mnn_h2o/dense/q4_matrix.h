@@ -38,21 +38,32 @@ constexpr int kQ4Block = 32;
 // sum of the block's values, unrounded. Codes in pair order: blocks 2p and 2p + 1 take the 64
 // bytes codes[64 p ..] as {2p: 0-15, 2p + 1: 0-15, 2p: 16-31, 2p + 1: 16-31}; a missing odd block
 // is zeros; residual_codes alike. pair_* repeat each pair's two scales (and sums / 4) four times
-// ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes. The k-quant kernels (weight_matrix.h) read
-// the same codes in the row's own order (seq_codes, seq_residual_codes: value i at i) and the
-// float sums per 16 values (sums16: Q6_K's offset of 32).
+// ({a, a, a, a, b, b, b, b}): the SIMD kernels' lanes.
+//
+// The k-quant form, for the kernels of weight_matrix.h (where cols is a multiple of 256; else
+// empty): the same two roundings with the steps of one super-block of 256 values tied together,
+// so that a super-block's integer dots can be summed before any float: value i of block b in
+// super-block k ~ super_steps[k] * shifts[b] * seq_codes[i] + super_residual_steps[k] *
+// residual_shifts[b] * seq_residual_codes[i], codes in the row's own order, shifts powers of two
+// up to 2^kMaxShift (a block's step is within 2x of its own amax / 127 unless the super-block's
+// largest block is more than 2^kMaxShift times larger; then it is that one's / 2^kMaxShift).
+// sums16: the float sums per 16 values (Q6_K's offset of 32).
 struct Q8Activation {
+    static constexpr int kMaxShift = 7;
     int cols = 0;
     std::vector<int8_t> codes, residual_codes;
     std::vector<float> scales, residual_scales, sums;
     std::vector<float> pair_scales, pair_residual_scales, pair_sums;
     std::vector<int8_t> seq_codes, seq_residual_codes;
+    std::vector<float> super_steps, super_residual_steps;
+    std::vector<int16_t> shifts, residual_shifts;
     std::vector<float> sums16;
 
     void resize(int cols);                 // cols a multiple of 32 (the callers' widths are)
     void quantize(const float* x, int cols);  // resize(cols) if the width changed, then every block
     // Blocks [b0, b1) of x (x points at the row's start), after resize: for callers that produce
-    // the row block by block (disjoint blocks may be written from different threads).
+    // the row block by block (disjoint blocks may be written from different threads). The
+    // k-quant form of super-block k needs its 8 blocks: it is written with block 8 k + 7.
     void quantize_blocks(const float* x, int b0, int b1);
 };
 
