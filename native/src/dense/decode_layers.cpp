@@ -49,6 +49,16 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         check_matrix(w.up, s.ffn, s.hidden, l + "up");
         check_matrix(w.down, s.hidden, s.ffn, l + "down");
     }
+    // Each activation gets the k-quant form only where a matrix reading it is a k-quant one.
+    bool hidden_kq = false, attn_kq = false, act_kq = false;
+    for (const DecodeLayerWeights& w : layers_) {
+        hidden_kq = hidden_kq || w.qkv.reads_kquant_form() || w.gate.reads_kquant_form() || w.up.reads_kquant_form();
+        attn_kq = attn_kq || w.wo.reads_kquant_form();
+        act_kq = act_kq || w.down.reads_kquant_form();
+    }
+    xq_.kquant_form = hidden_kq;
+    attn_q_.kquant_form = attn_kq;
+    act_q_.kquant_form = act_kq;
     x_.resize(static_cast<size_t>(s.hidden));
     y_.resize(static_cast<size_t>(s.hidden));
     qkv_.resize(static_cast<size_t>(qkv_rows));
@@ -75,6 +85,10 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
               "], the shape needs [vocab, " + std::to_string(shape_.hidden) + "]");
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
+    if (head_.reads_kquant_form() && !xq_.kquant_form) {  // the head reads the final norm's activation
+        xq_.kquant_form = true;
+        xq_.resize(shape_.hidden);
+    }
 }
 
 void DecodeLayers::logits(float* h, const float* attn, float* out, Isa isa) {
@@ -120,7 +134,7 @@ void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
     // that product, so the down projection's input is ready when the last task ends: whole blocks
     // of 32, and whole super-blocks of 256 where the row has the activation's k-quant form (each
     // is rounded from its 256 values at once: q4_matrix.h).
-    const int ffn = s.ffn, step = task_rows(ffn, ffn % 256 == 0 ? 256 : kQ4Block);
+    const int ffn = s.ffn, step = task_rows(ffn, act_q_.seq_codes.empty() ? kQ4Block : 256);
     team_.run((ffn + step - 1) / step, [&](int task) {
         const int r0 = task * step;
         const int r1 = std::min(ffn, r0 + step);

@@ -51,7 +51,7 @@ void Q8Activation::resize(int n) {
     pair_scales.assign(pairs * 8, 0.f);
     pair_residual_scales.assign(pairs * 8, 0.f);
     pair_sums.assign(pairs * 8, 0.f);
-    const size_t kq = n % 256 == 0 ? static_cast<size_t>(n) : 0;  // the k-quant form
+    const size_t kq = kquant_form && n % 256 == 0 ? static_cast<size_t>(n) : 0;  // the k-quant form
     seq_codes.assign(kq, 0);
     seq_residual_codes.assign(kq, 0);
     super_steps.assign(kq / 256, 0.f);

@@ -173,10 +173,16 @@ std::string WeightMatrix::type_names() const {
     return out;
 }
 
+bool WeightMatrix::reads_kquant_form() const {
+    for (const Segment& s : segments_)
+        if (!s.q4) return true;
+    return false;
+}
+
 void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const {
     if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("WeightMatrix::multiply_rows: rows out of range");
     const size_t n = static_cast<size_t>(cols_);
-    const size_t kq = n % 256 == 0 ? n : 0;  // the activation's k-quant form (q4_matrix.h)
+    const size_t kq = reads_kquant_form() ? n : x.seq_codes.size();  // the activation's k-quant form (q4_matrix.h)
     if (x.cols != cols_ || x.seq_codes.size() != kq || x.seq_residual_codes.size() != kq || x.sums16.size() != kq / 16 ||
         x.super_steps.size() != kq / 256 || x.super_residual_steps.size() != kq / 256 || x.shifts.size() != kq / 32 ||
         x.residual_shifts.size() != kq / 32 || x.scales.size() != n / kQ4Block ||

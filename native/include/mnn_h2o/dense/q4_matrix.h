@@ -50,6 +50,9 @@ constexpr int kQ4Block = 32;
 // sums16: the float sums per 16 values (Q6_K's offset of 32).
 struct Q8Activation {
     static constexpr int kMaxShift = 7;
+    // Whether resize makes (and quantize writes) the k-quant form: its consumers are k-quant
+    // matrices only, so the decode layers turn it off where none reads it (set before resize).
+    bool kquant_form = true;
     int cols = 0;
     std::vector<int8_t> codes, residual_codes;
     std::vector<float> scales, residual_scales, sums;

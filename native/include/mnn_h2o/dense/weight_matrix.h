@@ -47,6 +47,8 @@ public:
     size_t bytes() const;  // the weights held
     // The parts' types, top to bottom ("Q4_K+Q4_K+Q6_K").
     std::string type_names() const;
+    // Whether a part reads the activation's k-quant form (q4_matrix.h).
+    bool reads_kquant_form() const;
 
     // y[r - r0] for rows [r0, r1); x must have cols values. isa Scalar: the reference.
     void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
