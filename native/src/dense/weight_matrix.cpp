@@ -26,23 +26,6 @@ int32_t idot(const W* w, const int8_t* c, int n) {
     return d;
 }
 
-// Byte offsets of each block's fp16 fields, for the finiteness check at load.
-struct HalfFields {
-    int offsets[2];
-    int count;
-};
-
-HalfFields half_fields(WeightType t) {
-    switch (t) {
-        case WeightType::Q4_0: return {{0, 0}, 1};
-        case WeightType::Q4_1: return {{0, 2}, 2};
-        case WeightType::Q8_0: return {{0, 0}, 1};
-        case WeightType::Q4_K: return {{0, 2}, 2};
-        case WeightType::Q6_K: return {{208, 0}, 1};
-    }
-    return {{0, 0}, 0};
-}
-
 }  // namespace
 
 void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) {
@@ -82,17 +65,7 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
             const float d = half_at(b + 208);
             const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
             uint8_t q[256];
-            for (int h = 0; h < 2; ++h) {
-                const uint8_t* L = b + 64 * h;
-                const uint8_t* H = b + 128 + 32 * h;
-                uint8_t* o = q + 128 * h;
-                for (int l = 0; l < 32; ++l) {
-                    o[l] = static_cast<uint8_t>((L[l] & 15) | ((H[l] & 3) << 4));
-                    o[l + 32] = static_cast<uint8_t>((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4));
-                    o[l + 64] = static_cast<uint8_t>((L[l] >> 4) | (((H[l] >> 4) & 3) << 4));
-                    o[l + 96] = static_cast<uint8_t>((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
-                }
-            }
+            q6_k_values(b, q);
             for (int j = 0; j < 16; ++j) {
                 const size_t blk = static_cast<size_t>(8 * k + j / 2), g = static_cast<size_t>(16 * k + j);
                 const float dots = tc * x.shifts[blk] * static_cast<float>(idot(q + 16 * j, x.seq_codes.data() + g * 16, 16)) +
@@ -124,11 +97,10 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
         if (part.blocks.size() != row_bytes * static_cast<size_t>(part.rows))
             throw std::invalid_argument(what + std::to_string(part.blocks.size()) + " bytes for " +
                                         std::to_string(part.rows) + " rows of " + std::to_string(row_bytes));
-        const HalfFields hf = half_fields(t.type);
         const size_t n_blocks = part.blocks.size() / static_cast<size_t>(t.block_bytes);
         for (size_t k = 0; k < n_blocks; ++k)
-            for (int f = 0; f < hf.count; ++f)
-                if (!std::isfinite(half_at(part.blocks.data() + k * t.block_bytes + hf.offsets[f])))
+            for (int off : t.half_offsets)
+                if (off >= 0 && !std::isfinite(half_at(part.blocks.data() + k * t.block_bytes + off)))
                     throw std::invalid_argument(what + "block " + std::to_string(k) + " has a scale that is not finite");
         Segment seg{&t, rows_, part.rows, row_bytes, {}, nullptr};
         if (t.held == HeldAs::Q4Pairs) {

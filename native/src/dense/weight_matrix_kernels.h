@@ -34,6 +34,22 @@ inline void q4_k_scales_mins(const uint8_t* sc, uint8_t s[8], uint8_t m[8]) {
     std::memcpy(m, out + 2, 8);
 }
 
+// Q6_K's 256 unsigned 6-bit values of a block in order (weight_types.h): the reference
+// dequantiser's and the scalar kernel's.
+inline void q6_k_values(const uint8_t* b, uint8_t q[256]) {
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* L = b + 64 * h;
+        const uint8_t* H = b + 128 + 32 * h;
+        uint8_t* o = q + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+            o[l] = static_cast<uint8_t>((L[l] & 15) | ((H[l] & 3) << 4));
+            o[l + 32] = static_cast<uint8_t>((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4));
+            o[l + 64] = static_cast<uint8_t>((L[l] >> 4) | (((H[l] >> 4) & 3) << 4));
+            o[l + 96] = static_cast<uint8_t>((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
+        }
+    }
+}
+
 void q4_k_rows_scalar(const BlockRows& p, int r0, int r1);
 void q6_k_rows_scalar(const BlockRows& p, int r0, int r1);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)

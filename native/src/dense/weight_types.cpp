@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "mnn_h2o/cache/fp16.h"
+#include "weight_matrix_kernels.h"
 
 namespace mnn_h2o {
 
@@ -72,30 +73,20 @@ void dequantize_q6_k(const uint8_t* b, float* out, size_t n) {
     for (size_t k = 0; k < n; ++k, b += 210, out += 256) {
         const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
         const float d = half(b + 208);
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t* L = b + 64 * h;
-            const uint8_t* H = b + 128 + 32 * h;
-            float* o = out + 128 * h;
-            for (int l = 0; l < 32; ++l) {
-                const int q[4] = {(L[l] & 15) | ((H[l] & 3) << 4), (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4),
-                                  (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)};
-                for (int t = 0; t < 4; ++t) {
-                    const int i = 128 * h + 32 * t + l;
-                    o[32 * t + l] = d * static_cast<float>(sc[i / 16]) * static_cast<float>(q[t] - 32);
-                }
-            }
-        }
+        uint8_t q[256];
+        q6_k_values(b, q);
+        for (int i = 0; i < 256; ++i) out[i] = d * static_cast<float>(sc[i / 16]) * static_cast<float>(q[i] - 32);
     }
 }
 
 // Id order. HeldAs: Q4_0 / Q4_1 keep the pair layout their kernels were measured on (q4_matrix.h);
 // the k-quants run on the GGUF's own bytes; Q8_0 is decoded (the head's and tail's rows, tests).
 constexpr WeightTypeTraits kTable[] = {
-    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, dequantize_q4_0},
-    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, dequantize_q4_1},
-    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, dequantize_q8_0},
-    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, dequantize_q4_k},
-    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, dequantize_q6_k},
+    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0},
+    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1},
+    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, {0, -1}, dequantize_q8_0},
+    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q4_k},
+    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k},
 };
 
 }  // namespace

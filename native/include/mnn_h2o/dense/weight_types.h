@@ -42,6 +42,9 @@ struct WeightTypeTraits {
     int block_values;    // values per block
     int block_bytes;     // bytes per block
     HeldAs held;
+    // Byte offsets in a block of its fp16 scale fields (d, and m / dmin where there is one; -1:
+    // none): the load checks each is finite.
+    int half_offsets[2];
     // The reference decoding of n_blocks consecutive blocks into n_blocks * block_values floats
     // (every fp16 converted exactly; products in float as ggml's dequantisers form them).
     void (*dequantize)(const uint8_t* blocks, float* out, size_t n_blocks);
