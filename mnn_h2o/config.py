@@ -295,10 +295,16 @@ SCHEMA: Tuple[Key, ...] = (
         "store decode tokens/s at every prompt length may not exceed this (inconclusive beyond "
         "max_speed_noise, like the speed gates)", range=(1.0, None)),
     # Both kinds.
-    Key("gates", "max_speed_noise", float, 0.25, "fraction", "speed gates: the allowance is the "
-        "measured spread ((max - min) / median) of the runs behind the ratio, at most this; a larger "
-        "spread makes the gate inconclusive (exit status 3), never a pass", range=(0.0, 1.0)),
+    Key("gates", "max_speed_noise", float, 0.1, "fraction", "speed gates: a case's decode speed relative "
+        "to the baseline is measured on steps interleaved token by token with the baseline's; its noise is "
+        "the relative half-width of that ratio's 95% interval (from blocks of 16 steps). The allowance "
+        "is the noise; a noise above this makes the gate inconclusive (exit status 3), never a pass",
+        range=(0.0, 1.0)),
     # Regression guards against the reference round: they fail a round (exit status 1).
+    Key("gates", "speed_tolerance", float, 0.1, "fraction", "regression guards: a case's decode speed "
+        "relative to the baseline may be this much below the reference round's, beyond the noise of the "
+        "two, before the round fails; what a busy machine shifts in such a ratio (the cases differ in how "
+        "much of a step is memory-bound) though both sides of it saw the same load", range=(0.0, 1.0)),
     Key("gates", "guard_tolerance", float, 0.05, "fraction", "regression guards: KV bytes held, lossy "
         "and lossless ratios and the divergence from the baseline (kl) may be this much worse than the reference round's (relative) "
         "before the round fails; the figures are deterministic on one machine, so this is what "

@@ -1,8 +1,10 @@
 """What the bench, the evaluations and the tools measure with, one copy for all of them:
-interleaved A/B runs (the candidates in turn, A B, B A, ...) with their medians and spread, one
-run's prefill and decode speed, and log-probabilities from logits."""
+interleaved A/B runs (the candidates in turn, A B, B A, ...) with their medians and spread, the
+speed ratio of two candidates whose steps were interleaved one by one, one run's prefill and
+decode speed, and log-probabilities from logits."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable, Dict, List, Sequence
@@ -16,6 +18,54 @@ def summarize(values: Sequence[float]) -> dict:
     med = statistics.median(v)
     return {"median": med, "min": v[0], "max": v[-1], "n": len(v),
             "spread": (v[-1] - v[0]) / med if med else 0.0, "values": list(values)}
+
+
+# Steps per block of a paired speed ratio: long enough that a block's two sums see the same
+# stretch of a busy machine, short enough for tens of blocks per round.
+RATIO_BLOCK_STEPS = 16
+
+
+def paired_ratio(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]],
+                 block: int = RATIO_BLOCK_STEPS) -> dict:
+    """How fast ``cand`` is relative to ``base`` when their steps were interleaved one by one:
+    ``base[r][i]`` and ``cand[r][i]`` are the seconds of step i of repetition r, taken back to
+    back. ``ratio`` = sum(base) / sum(cand) (above 1: cand is faster); ``noise`` the relative
+    half-width of its 95% interval.
+
+    The unit is a block of ``block`` steps (both candidates' sums over it saw the same stretch of
+    load; single steps are not independent). A block's log ratio differs from repetition to
+    repetition by the machine's noise only, since every repetition does the same work at the same
+    step (an eviction, a chunk the store encodes): so the noise is taken from each block's
+    departures from its own mean over the repetitions, and work that is heavier at some steps
+    than at others is not mistaken for noise. One repetition has no such reference: its blocks'
+    own spread is used (an overestimate where the work is uneven). ``inf`` with too few blocks."""
+    x: List[List[float]] = []
+    tb = tc = 0.0
+    for b_run, c_run in zip(base, cand):
+        if len(b_run) != len(c_run):
+            raise ValueError("paired_ratio: runs of different lengths")
+        tb, tc = tb + sum(b_run), tc + sum(c_run)
+        x.append([math.log(sum(b_run[i:i + block]) / sum(c_run[i:i + block]))
+                  for i in range(0, len(b_run) - block + 1, block)])
+    ratio = tb / tc if tc else float("nan")
+    reps, k = len(x), min((len(r) for r in x), default=0)
+    if reps >= 2 and k >= 1:
+        means = [statistics.fmean(x[j][i] for j in range(reps)) for i in range(k)]
+        ss = sum((x[j][i] - means[i]) ** 2 for j in range(reps) for i in range(k))
+        dof = k * (reps - 1)
+    elif reps == 1 and k >= 2:
+        ss, dof = (k - 1) * statistics.variance(x[0]), k - 1
+    else:
+        return {"ratio": ratio, "noise": float("inf"), "blocks": reps * k, "block_steps": block}
+    se = math.sqrt(ss / dof / (reps * k))
+    noise = math.expm1(_t975(dof) * se)
+    return {"ratio": ratio, "noise": noise, "blocks": reps * k, "block_steps": block}
+
+
+def _t975(dof: int) -> float:
+    """Student's t at 97.5% for ``dof`` degrees of freedom (Cornish-Fisher; within 2% from 4 on)."""
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
 
 
 def interleave(runners: Dict[str, Callable[[], dict]], repetitions: int,

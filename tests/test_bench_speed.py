@@ -3,6 +3,7 @@ from the engine's counters of that phase only."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 
 class CountingEngine:
@@ -92,3 +93,32 @@ def test_engine_list_names_rows_and_rejects_unknown_ones():
     for bad in ("ours_h2o,llama", ",", "stock,f16"):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown engine"):
             _engine_list(bad)
+
+
+def test_paired_ratio_takes_uneven_work_for_work_and_load_for_noise():
+    import numpy as np
+
+    from mnn_h2o.measure import paired_ratio
+
+    rng = np.random.default_rng(0)
+    steps = 64
+    # The candidate is 1.25x faster, but one step in 32 costs it four (a chunk it encodes), at the
+    # same steps in every repetition; the machine's load multiplies both sides of a pair.
+    work = np.where(np.arange(steps) % 32 == 5, 4.0, 1.0) * 0.8
+    load = lambda: rng.lognormal(0.0, 0.3, steps)
+    base, cand = [], []
+    for _ in range(3):
+        l = load()
+        base.append(list(l * (1 + 0.01 * rng.standard_normal(steps))))
+        cand.append(list(l * work * (1 + 0.01 * rng.standard_normal(steps))))
+    r = paired_ratio(base, cand, block=16)
+    assert r["ratio"] == pytest.approx(sum(map(sum, base)) / sum(map(sum, cand)))
+    assert r["blocks"] == 12 and r["noise"] < 0.04  # uneven work, heavy load: still a tight interval
+    # One repetition cannot tell the encoding steps from noise: a wide interval, never a narrow one.
+    assert paired_ratio(base[:1], cand[:1], block=16)["noise"] > 4 * r["noise"]
+    # Noise in the pairs themselves (what interleaving cannot cancel) widens it.
+    noisy = [list(np.array(c) * rng.lognormal(0.0, 0.3, steps)) for c in cand]
+    assert paired_ratio(base, noisy, block=16)["noise"] > 1.3 * r["noise"]
+    assert paired_ratio([[1.0] * 8], [[1.0] * 8], block=16)["noise"] == float("inf")
+    with pytest.raises(ValueError):
+        paired_ratio([[1.0] * 8], [[1.0] * 7])

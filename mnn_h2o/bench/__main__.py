@@ -204,30 +204,22 @@ def _cache_sweep(args, cfg) -> int:
     from ..engine import Llm
     from ..export import ensure_exported
     from ..essays import essay_tokens
-    from .cases import configure, run_case
-    from ..measure import interleave, summarize
+    from .cases import case_config, run_interleaved
+    from ..measure import summarize
 
     llm = Llm(ensure_exported(cfg["model"]), cfg)
     n_dec = cfg["bench"]["decode_tokens"]
     ids = essay_tokens(llm.tokenizer, args.context + n_dec)
     prompt, cont = ids[:args.context], ids[args.context:]
-    budgets = [int(m * (1 << 20)) for m in args.budgets_mib]
-
-    def runner(name, budget):
-        def run():
-            if budget is None:
-                configure(llm, cfg, name)
-            else:
-                configure(llm, dict(cfg, lossless=dict(cfg["lossless"], decode_cache_bytes=budget)), "store")
-            r = run_case(llm, prompt, cont, keep_logp=False, trace=False).metrics
-            bar.update(1)
-            return r
-        return run
-
-    runners = {"baseline": runner("baseline", None), "h2o": runner("h2o", None)}
-    runners.update({f"store cache {m:g} MiB": runner("store", b) for m, b in zip(args.budgets_mib, budgets)})
-    with tqdm(total=len(runners) * args.repetitions, desc="cache sweep", unit="run") as bar:
-        runs = interleave(runners, args.repetitions)
+    configs = {"baseline": case_config(cfg, "baseline"), "h2o": case_config(cfg, "h2o")}
+    for m in args.budgets_mib:
+        budget = dict(cfg, lossless=dict(cfg["lossless"], decode_cache_bytes=int(m * (1 << 20))))
+        configs[f"store cache {m:g} MiB"] = case_config(budget, "store")
+    with tqdm(total=len(configs) * args.repetitions, desc="cache sweep", unit="prefill") as bar:
+        # Whole decodes in turn: the decode cache's point is the prefetch running beside the
+        # steps, which token-by-token interleaving would hand to the other candidates.
+        runs, _, _ = run_interleaved(llm, configs, prompt, cont, args.repetitions, on_run=lambda _: bar.update(1),
+                                     interleave_steps=False)
     base = summarize([m["decode_tps"] for m in runs["baseline"]])["median"]
     print(f"\nprompt {args.context} + {n_dec} decode tokens, {args.repetitions} interleaved repetitions\n")
     print("| case | decode tok/s median (min-max) | vs baseline | KV held MiB | cache MiB | hits | misses |")

@@ -10,7 +10,9 @@ of float rows, although the store takes quantised rows too. A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
-speed and memory.
+speed and memory. Every case holds a context of its own, and their decode steps are interleaved
+one token at a time (``run_interleaved``): a case's speed relative to the baseline is a ratio of
+paired steps that saw the same load, which a busy machine barely moves.
 
 Demo cases (``bench.demo_cases``): real prompts (an essay excerpt and a question, in the chat
 template) in buckets of prompt length, greedy generation; reported per bucket.
@@ -19,8 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -95,49 +96,110 @@ def store_summary(stats: Optional[dict]) -> dict:
                 lossless_ratio=stats.get("lossless_ratio", 0.0), mismatches=stats.get("verify_mismatches", 0))
 
 
-@dataclass
-class RunResult:
-    metrics: dict
-    logp: Optional[np.ndarray]  # [n_cont, vocab] log-probs (first repetition only)
+def case_config(cfg: dict, case: str) -> dict:
+    """The configuration of a case's context (``Llm.new_context``): its element type, eviction
+    and lossless sections; the rest is the round's."""
+    h2o, lossless = case_sections(cfg, case)
+    return dict(cfg, runtime=dict(cfg["runtime"], kv_dtype=case_kv_dtype(cfg, case)),
+                h2o=h2o or dict(cfg["h2o"], enabled=False), lossless=lossless or dict(cfg["lossless"], mode="off"))
 
 
-def run_case(llm, prompt: Sequence[int], continuation: Sequence[int], keep_logp: bool,
-             trace: bool) -> RunResult:
-    """One fresh context: prefill ``prompt``, then decode ``continuation`` teacher-forced."""
-    llm.reset()
-    trim_heap()
-    rss_idle = rss_bytes()
+def _settled_step(llm, fn):
+    """``fn()`` and then the lossless store's jobs under way: the interleaved candidates take
+    turns on the same cores, so work a store would finish in the background must not land in
+    the next candidate's step."""
+    out = fn()
+    if llm.lossless is not None:
+        llm.cache.drain_store()
+    return out
+
+
+def run_interleaved(llm, configs: Dict[str, dict], prompt: Sequence[int], continuation: Sequence[int],
+                    repetitions: int, keep_logp: Sequence[str] = (), trace: bool = False,
+                    on_run: Optional[Callable[[str], None]] = None, interleave_steps: bool = True):
+    """Each candidate (``configs``: name -> configuration of its context) prefills ``prompt`` in a
+    context of its own, then all of them decode ``continuation`` teacher-forced with their steps
+    interleaved one token at a time (the order rotating), so a busy machine slows every candidate
+    alike; ``repetitions`` times, the prefill order alternating (``on_run(name)`` after each
+    prefill, the longest part). Returns (metrics: name -> one dict
+    per repetition, step_s: name -> one list of decode-step seconds per repetition, logp: name ->
+    [n, vocab] log-probs of the first repetition for the names in ``keep_logp``).
+    ``interleave_steps`` False: each candidate decodes the whole continuation in turn, for a
+    candidate whose speed is background work (the store's prefetch) that interleaving would
+    either hand to the others or make serial."""
+    names = list(configs)
     n = len(continuation)
-    logp = np.empty((n, llm.config.vocab), np.float32) if keep_logp else None
-    digest = hashlib.sha256()
-    points: List[List[int]] = []
-    t0 = time.perf_counter()
-    logits = llm.prefill(prompt)
-    t1 = time.perf_counter()
-    st = llm.stats
-    if trace:
-        points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
-    for i, t in enumerate(continuation):
-        digest.update(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
-        if logp is not None:
-            logp[i] = log_softmax(logits)
-        logits = llm.decode(int(t))
-        if trace:
-            points.append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
-    t2 = time.perf_counter()
-    store = store_summary(llm.store_stats())
-    m = {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n / (t2 - t1),
-         "kv_bytes_held": st.kv_bytes_held, "kv_bytes_pool": st.kv_bytes_pool,
-         "kv_bytes_kept": st.kv_bytes_kept, "kv_bytes_peak": st.kv_bytes_peak, "kv_bytes_uncompressed": st.kv_bytes_uncompressed,
-         "lossy_ratio": st.lossy_ratio, "total_ratio": st.total_ratio, "whole_model_ratio": st.whole_model_ratio,
-         "lossy_ratio_decode_avg": st.lossy_ratio_decode_avg, "evictions": st.evictions,
-         "reconstruct_s": st.reconstruct_s,  # kvzip's pass: its part of the prefill's time
-         "rss_bytes": rss_bytes(), "rss_idle_bytes": rss_idle,
-         "logits_sha256": digest.hexdigest(), "store": store}
-    m["rss_delta_bytes"] = m["rss_bytes"] - rss_idle
-    if trace:
-        m["trace"] = points
-    return RunResult(m, logp)
+    metrics: Dict[str, List[dict]] = {c: [] for c in names}
+    step_s: Dict[str, List[List[float]]] = {c: [] for c in names}
+    logp: Dict[str, np.ndarray] = {}
+    for rep in range(repetitions):
+        first = rep == 0
+        contexts, logits, m = {}, {}, {}
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            trim_heap()
+            rss_idle = rss_bytes()
+            ctx = llm.new_context(configs[name])
+            with llm.using(ctx):
+                t0 = time.perf_counter()
+                logits[name] = _settled_step(llm, lambda: llm.prefill(prompt))
+                t1 = time.perf_counter()
+            m[name] = {"prefill_tps": len(prompt) / (t1 - t0), "rss_idle_bytes": rss_idle,
+                       "rss_delta_bytes": rss_bytes() - rss_idle}
+            contexts[name] = ctx
+            if on_run:
+                on_run(name)
+        digest = {c: hashlib.sha256() for c in names}
+        times = {c: [] for c in names}
+        points: Dict[str, List[List[int]]] = {c: [] for c in names}
+        if first:
+            logp.update({c: np.empty((n, llm.config.vocab), np.float32) for c in keep_logp})
+
+        def note(name):
+            st = llm.stats
+            points[name].append([llm.pos, st.kv_bytes_held, st.kv_bytes_kept, st.kv_bytes_uncompressed])
+
+        if first and trace:
+            for name in names:
+                with llm.using(contexts[name]):
+                    note(name)
+        def step(name, i, t, settle):
+            with llm.using(contexts[name]):
+                digest[name].update(np.ascontiguousarray(logits[name], dtype=np.float32).tobytes())
+                if first and name in logp:
+                    logp[name][i] = log_softmax(logits[name])
+                t0 = time.perf_counter()
+                logits[name] = _settled_step(llm, lambda: llm.decode(int(t))) if settle else llm.decode(int(t))
+                times[name].append(time.perf_counter() - t0)
+                if first and trace:
+                    note(name)
+
+        if interleave_steps:
+            for i, t in enumerate(continuation):
+                k = i % len(names)
+                for name in names[k:] + names[:k]:
+                    step(name, i, t, True)
+        else:
+            for name in names:
+                for i, t in enumerate(continuation):
+                    step(name, i, t, False)
+        for name in names:
+            with llm.using(contexts[name]):
+                st = llm.stats
+                r = dict(m[name], decode_tps=n / sum(times[name]) if n else 0.0,
+                         kv_bytes_held=st.kv_bytes_held, kv_bytes_pool=st.kv_bytes_pool,
+                         kv_bytes_kept=st.kv_bytes_kept, kv_bytes_peak=st.kv_bytes_peak,
+                         kv_bytes_uncompressed=st.kv_bytes_uncompressed, lossy_ratio=st.lossy_ratio,
+                         total_ratio=st.total_ratio, whole_model_ratio=st.whole_model_ratio,
+                         lossy_ratio_decode_avg=st.lossy_ratio_decode_avg, evictions=st.evictions,
+                         reconstruct_s=st.reconstruct_s,  # kvzip's pass: its part of the prefill's time
+                         rss_bytes=rss_bytes(), logits_sha256=digest[name].hexdigest(),
+                         store=store_summary(llm.store_stats()))
+            if first and trace:
+                r["trace"] = points[name]
+            metrics[name].append(r)
+            step_s[name].append(times[name])
+        contexts.clear()  # the KV memory goes back before the next repetition
+    return metrics, step_s, logp
 
 
 def quality(base_logp: np.ndarray, logp: np.ndarray, continuation: Sequence[int]) -> dict:
@@ -187,38 +249,31 @@ def compare_answer(ref: dict, r: dict) -> dict:
 
 
 def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
-    """Every runtime case at every prompt length, interleaved per prompt length."""
+    """Every runtime case at every prompt length, their decode steps interleaved token by token
+    (``run_interleaved``); each case's decode speed relative to the baseline's is measured on
+    those pairs (``decode_vs_baseline``)."""
     from ..essays import essay_tokens
-    from ..measure import interleave, summarize
+    from ..measure import RATIO_BLOCK_STEPS, paired_ratio, summarize
 
     b = cfg["bench"]
     cases = list(dict.fromkeys(["baseline"] + b["cases"]))  # quality needs the baseline
     n_dec = b["decode_tokens"]
+    block = min(RATIO_BLOCK_STEPS, max(1, n_dec // 2))
     rows: List[dict] = []
     longest = max(b["prompt_lengths"])
     for plen in b["prompt_lengths"]:
         ids = essay_tokens(tokenizer, plen + n_dec)
         prompt, cont = ids[:plen], ids[plen:]
-        first: Dict[str, RunResult] = {}
-
-        def runner(case):
-            def run():
-                configure(llm, cfg, case)
-                r = run_case(llm, prompt, cont, keep_logp=case not in first and case in (*H2O_CASES, *KV_DTYPE_CASES),
-                             trace=case not in first and plen == longest)
-                first.setdefault(case, r)
-                if progress:
-                    progress(case, plen)
-                return r.metrics
-            return run
-
-        runs = interleave({c: runner(c) for c in cases}, b["repetitions"])
-        base_logp = first["baseline"].logp
+        runs, steps, logp = run_interleaved(
+            llm, {c: case_config(cfg, c) for c in cases}, prompt, cont, b["repetitions"],
+            keep_logp=[c for c in cases if c in (*H2O_CASES, *KV_DTYPE_CASES)], trace=plen == longest,
+            on_run=(lambda c: progress(c, plen)) if progress else None)
         for case in cases:
             ms = runs[case]
-            m0 = first[case].metrics
+            m0 = ms[0]
             row = {"case": case, "prompt_tokens": plen, "decode_tokens": n_dec,
                    "decode_tps": summarize([m["decode_tps"] for m in ms]),
+                   "decode_vs_baseline": paired_ratio(steps["baseline"], steps[case], block),
                    "prefill_tps": summarize([m["prefill_tps"] for m in ms])}
             for k in ("kv_bytes_held", "kv_bytes_pool", "kv_bytes_kept", "kv_bytes_peak", "kv_bytes_uncompressed",
                       "lossy_ratio", "total_ratio", "whole_model_ratio", "lossy_ratio_decode_avg", "evictions",
@@ -231,9 +286,8 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
             row["store"]["mismatches"] = max(m["store"]["mismatches"] for m in ms)
             if "trace" in m0:
                 row["trace"] = m0["trace"]
-            row.update(quality(base_logp, first[case].logp, cont))
+            row.update(quality(logp["baseline"], logp[case], cont))
             rows.append(row)
-        first.clear()
     return rows
 
 

@@ -23,14 +23,13 @@ def _ratio(x: float) -> str:
 
 
 def runtime_table(rows: Sequence[dict]) -> str:
-    base = {r["prompt_tokens"]: r for r in rows if r["case"] == "baseline"}
-    lines = ["| case | prompt | decode tok/s median (min-max) | vs baseline | prefill tok/s | KV held MiB | "
+    lines = ["| case | prompt | decode tok/s median (min-max) | vs baseline (interleaved, 95%) | prefill tok/s | KV held MiB | "
              "kept (raw size) MiB | uncompressed MiB | lossy x | total x | vs f16 x | lossless x (scope) | RSS delta MiB | "
              "KL | top-1 | ppl (base) | fallbacks | mismatches |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        b = base.get(r["prompt_tokens"])
-        vs = f"{r['decode_tps']['median'] / b['decode_tps']['median']:.2f}x" if b else "-"
+        v = r["decode_vs_baseline"]
+        vs = "-" if r["case"] == "baseline" else f"{v['ratio']:.3f}x ± {v['noise']:.1%}"
         st = r["store"]
         lines.append(
             f"| {r['case']} | {r['prompt_tokens']} | {_tps(r['decode_tps'])} | {vs} | "
@@ -109,8 +108,10 @@ def markdown(summary: dict) -> str:
            gates_table(summary["gates"], "target"), "",
            "## Runtime cases", "",
            f"Teacher-forced decode of {summary['cases'][0]['decode_tokens'] if summary['cases'] else 0} essay tokens "
-           "after each prompt; speed medians over interleaved repetitions (min-max); memory and quality from the "
-           "first repetition. KV held = every byte the cache holds (raw blocks + compressed chunks + decode cache "
+           "after each prompt, every case in a context of its own, their decode steps interleaved token by token; "
+           "tokens/s: medians over the repetitions (min-max); vs baseline: the ratio of the paired steps' times "
+           "with its 95% interval (blocks of 16 steps), what the speed gates judge; memory and quality from the "
+           "first repetition; RSS delta: the process's growth over the case's prefill. KV held = every byte the cache holds (raw blocks + compressed chunks + decode cache "
            "+ scratch); kept = the tokens held at raw size (what eviction alone leaves); lossy x = uncompressed / kept; "
            "total x = uncompressed / KV held; KL and top-1 vs the "
            "baseline (full cache) on the same tokens.", "",
@@ -154,11 +155,12 @@ def load(path: str, what: str = "--compare") -> dict:
     return s
 
 
-# metric name, how to read it from a case row, whether higher is better, the stats whose spread
-# is its noise (None: deterministic, any change counts)
-_METRICS: Tuple[Tuple[str, object, bool, Optional[str]], ...] = (
-    ("decode tok/s", lambda r: r["decode_tps"]["median"], True, "decode_tps"),
-    ("prefill tok/s", lambda r: r["prefill_tps"]["median"], True, "prefill_tps"),
+# metric name, how to read it from a case row, whether higher is better, how to read its noise
+# from a row (None: deterministic, any change counts)
+_METRICS: Tuple[Tuple[str, object, bool, Optional[object]], ...] = (
+    ("decode vs baseline", lambda r: r["decode_vs_baseline"]["ratio"], True, lambda r: r["decode_vs_baseline"]["noise"]),
+    ("decode tok/s", lambda r: r["decode_tps"]["median"], True, lambda r: r["decode_tps"]["spread"]),
+    ("prefill tok/s", lambda r: r["prefill_tps"]["median"], True, lambda r: r["prefill_tps"]["spread"]),
     ("KV held MiB", lambda r: r["kv_bytes_held"] / MIB, False, None),
     ("total ratio", lambda r: r["total_ratio"], True, None),
     ("lossless ratio", lambda r: r["store"]["lossless_ratio"], True, None),
@@ -188,7 +190,8 @@ def _flag(change: float, higher: bool, noise: Optional[float], max_noise: float)
 
 def compare(prev: dict, now: dict, max_noise: Optional[float] = None) -> str:
     """Regression table: every metric of every (case, prompt) present in both rounds. Speed
-    changes count only beyond the larger spread of that metric in the two rounds, and are
+    changes count only beyond the larger noise of that metric in the two rounds (the interleaved
+    ratio's interval; the spread of whole runs' tokens/s), and are
     inconclusive when that spread exceeds ``max_noise`` (default: the config's
     ``gates.max_speed_noise``)."""
     from .. import config
@@ -203,12 +206,14 @@ def compare(prev: dict, now: dict, max_noise: Optional[float] = None) -> str:
         o: Optional[dict] = old.get((r["case"], r["prompt_tokens"]))
         if o is None:
             continue
-        for name, get, higher, stats in _METRICS:
+        for name, get, higher, noise_of in _METRICS:
+            if name == "decode vs baseline" and r["case"] == "baseline":
+                continue
             a, b = get(o), get(r)
             if not a and not b:
                 continue
             change = (b - a) / abs(a) if a else float("inf")
-            noise = max(o[stats]["spread"], r[stats]["spread"]) if stats else None
+            noise = max(noise_of(o), noise_of(r)) if noise_of else None
             lines.append(f"| {r['case']} | {r['prompt_tokens']} | {name} | {a:.4g} | {b:.4g} | {change:+.1%} | "
                          f"{_flag(change, higher, noise, max_noise)} |")
     pg = {g["name"]: status_of(g) for g in prev.get("gates", [])}
