@@ -35,6 +35,25 @@ def test_gguf_weight_blocks_are_the_stored_values(smollm2_gguf):
         smollm2_gguf.weight_blocks("blk.0.attn_norm.weight")
 
 
+def test_every_weight_type_decodes_as_gguf_does():
+    """The core's table against gguf's own dequantisers on random blocks (finite fp16 scales),
+    for every type, those no model here is stored in (Q5_K) included."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from mnn_h2o import native
+
+    rng = np.random.default_rng(5)
+    for t in native.weight_types():
+        qtype = gguf.GGMLQuantizationType[t["name"]]
+        raw = rng.integers(0, 256, (16, t["block_bytes"]), dtype=np.uint8)
+        for off in t["half_offsets"]:
+            if off >= 0:  # small finite scales: random bytes would make NaNs and infinities
+                raw[:, off:off + 2] = (rng.standard_normal(16) * 0.01).astype(np.float16).view(np.uint8).reshape(16, 2)
+        want = dequantize(raw.reshape(-1), qtype).reshape(-1)
+        assert np.array_equal(native.dequantize_blocks(t["name"], raw), want), t["name"]
+
+
 def test_one_layer_call_is_decoder_layer(smollm2_gguf):
     """forward(i): finish layer i - 1, start layer i, as decoder_layer.py states them; against
     float64 over the GGUF's values, the only difference the activations' two int8 roundings per

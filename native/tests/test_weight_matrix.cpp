@@ -1,4 +1,4 @@
-// The weight types' table and WeightMatrix: hand-made Q4_K and Q6_K blocks packed here from the
+// The weight types' table and WeightMatrix: hand-made Q4_K, Q5_K and Q6_K blocks packed here from the
 // layout in weight_types.h (an independent packer, not the decoder run backwards) decode to the
 // values they were made from; on random blocks the scalar kernels match a float64 product of the
 // same rounded activation, every SIMD path matches the scalar one, a stack of parts of different
@@ -39,6 +39,18 @@ static std::vector<uint8_t> pack_q4_k(float d, float dmin, const int* s, const i
     }
     for (int g = 0; g < 4; ++g)
         for (int l = 0; l < 32; ++l) b[16 + 32 * g + l] = static_cast<uint8_t>(n[64 * g + l] | (n[64 * g + 32 + l] << 4));
+    return b;
+}
+
+// One Q5_K block: Q4_K's with the fifth bits of the 5-bit values n[256] in qh.
+static std::vector<uint8_t> pack_q5_k(float d, float dmin, const int* s, const int* m, const int* n) {
+    int low[256];
+    for (int i = 0; i < 256; ++i) low[i] = n[i] & 15;
+    const std::vector<uint8_t> q4 = pack_q4_k(d, dmin, s, m, low);
+    std::vector<uint8_t> b(176, 0);
+    std::memcpy(&b[0], &q4[0], 16);       // d, dmin, scales
+    std::memcpy(&b[48], &q4[16], 128);    // the nibbles
+    for (int i = 0; i < 256; ++i) b[16 + i % 32] = static_cast<uint8_t>(b[16 + i % 32] | ((n[i] >> 4) << (i / 32)));
     return b;
 }
 
@@ -99,16 +111,17 @@ static void kquant_activation() {
 static void table() {
     size_t n = 0;
     const WeightTypeTraits* t = weight_traits_table(&n);
-    CHECK(n == 5, "%zu types", n);
+    CHECK(n == 6, "%zu types", n);
     for (size_t i = 0; i < n; ++i) {
         CHECK(&weight_traits(t[i].type) == &t[i], "%s by type", t[i].name);
         CHECK(find_weight_traits(t[i].name) == &t[i], "%s by name", t[i].name);
     }
-    CHECK(weight_traits(WeightType::Q4_K).block_bytes == 144 && weight_traits(WeightType::Q6_K).block_bytes == 210,
+    CHECK(weight_traits(WeightType::Q4_K).block_bytes == 144 && weight_traits(WeightType::Q5_K).block_bytes == 176 &&
+              weight_traits(WeightType::Q6_K).block_bytes == 210,
           "k-quant block bytes");
     CHECK(weight_row_bytes(weight_traits(WeightType::Q4_K), 1536) == 6 * 144, "Q4_K row bytes");
-    CHECK(throws<std::invalid_argument>([] { weight_traits(13); }), "Q5_K (13) is not in the table");
-    CHECK(find_weight_traits("Q5_K") == nullptr, "Q5_K by name");
+    CHECK(throws<std::invalid_argument>([] { weight_traits(6); }), "Q5_0 (6) is not in the table");
+    CHECK(find_weight_traits("Q5_0") == nullptr, "Q5_0 by name");
     CHECK(throws<std::invalid_argument>([] { weight_row_bytes(weight_traits(WeightType::Q4_K), 288); }),
           "a Q4_K row of 288");
 }
@@ -124,6 +137,15 @@ static void hand_made_blocks() {
     for (int i = 0; i < 256; ++i)
         if (out[i] != d * s[i / 32] * n[i] - dmin * m[i / 32]) ++bad;
     CHECK(bad == 0, "Q4_K: %d of 256 values differ from d s n - dmin m", bad);
+
+    int n5[256];
+    for (int i = 0; i < 256; ++i) n5[i] = (i * 13 + 7) % 32;
+    b = pack_q5_k(d, dmin, s, m, n5);
+    weight_traits(WeightType::Q5_K).dequantize(b.data(), out.data(), 1);
+    bad = 0;
+    for (int i = 0; i < 256; ++i)
+        if (out[i] != d * s[i / 32] * n5[i] - dmin * m[i / 32]) ++bad;
+    CHECK(bad == 0, "Q5_K: %d of 256 values differ from d s n - dmin m", bad);
 
     int sc[16], q[256];
     for (int i = 0; i < 16; ++i) sc[i] = (i * 37) % 255 - 127;
@@ -164,6 +186,7 @@ static std::vector<uint8_t> random_blocks(WeightType type, size_t n_blocks, std:
                 put_half(p + 2, normal(rng) * 0.05f);
                 break;
             case WeightType::Q4_K:
+            case WeightType::Q5_K:
                 put_half(p, std::fabs(normal(rng)) * 0.002f);
                 put_half(p + 2, std::fabs(normal(rng)) * 0.002f);
                 break;
@@ -175,7 +198,7 @@ static std::vector<uint8_t> random_blocks(WeightType type, size_t n_blocks, std:
 }
 
 // The float64 product the kernels compute: the rounded activation on the values' scale terms, the
-// float sums on Q4_K's mins and Q6_K's offset (weight_matrix.h).
+// float sums on Q4_K's / Q5_K's mins and Q6_K's offset (weight_matrix.h).
 static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8Activation& a, const float* x) {
     const int sb = cols / 256;
     double acc = 0;
@@ -185,9 +208,10 @@ static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8A
     };
     for (int k = 0; k < sb; ++k) {
         const uint8_t* b = row + static_cast<size_t>(k) * weight_traits(type).block_bytes;
-        if (type == WeightType::Q4_K) {
+        if (type == WeightType::Q4_K || type == WeightType::Q5_K) {
             // Unpack through the dequantiser with dmin = 0 and with d = 0 to split the two terms.
-            std::vector<uint8_t> scale_only(b, b + 144), min_only(b, b + 144);
+            const int bytes = weight_traits(type).block_bytes;
+            std::vector<uint8_t> scale_only(b, b + bytes), min_only(b, b + bytes);
             put_half(&scale_only[2], 0.f);
             put_half(&min_only[0], 0.f);
             float vs[256], vm[256];
@@ -264,35 +288,35 @@ static void stacked_parts() {
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.f, 1.f);
     const int cols = 512;
-    const WeightType types[] = {WeightType::Q4_K, WeightType::Q4_1, WeightType::Q6_K, WeightType::Q4_0};
-    const int rows[] = {64, 32, 40, 24};
+    const WeightType types[] = {WeightType::Q4_K, WeightType::Q4_1, WeightType::Q6_K, WeightType::Q4_0, WeightType::Q5_K};
+    const int rows[] = {64, 32, 40, 24, 16};
     std::vector<WeightMatrix::Part> parts;
     std::vector<WeightMatrix> alone;
-    for (int p = 0; p < 4; ++p) {
+    for (int p = 0; p < 5; ++p) {
         const WeightTypeTraits& t = weight_traits(types[p]);
         std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
         parts.push_back({types[p], rows[p], b});
         alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b}});
     }
     const WeightMatrix stack(cols, parts);
-    CHECK(stack.rows() == 160 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0", "%d rows, %s", stack.rows(),
+    CHECK(stack.rows() == 176 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0+Q5_K", "%d rows, %s", stack.rows(),
           stack.type_names().c_str());
     std::vector<float> x(cols);
     for (auto& v : x) v = normal(rng);
     Q8Activation a;
     a.quantize(x.data(), cols);
     for (Isa isa : kIsas) {
-        std::vector<float> y(160), want;
+        std::vector<float> y(176), want;
         stack.multiply_rows(a, 0, 50, y.data(), isa);  // a split inside the first part
-        stack.multiply_rows(a, 50, 160, y.data() + 50, isa);
+        stack.multiply_rows(a, 50, 176, y.data() + 50, isa);
         for (const WeightMatrix& m : alone) {
             std::vector<float> part(static_cast<size_t>(m.rows()));
             m.multiply_rows(a, 0, m.rows(), part.data(), isa);
             want.insert(want.end(), part.begin(), part.end());
         }
         int bad = 0;
-        for (int r = 0; r < 160; ++r) bad += y[r] != want[r];
-        CHECK(bad == 0, "%s: %d of 160 stacked rows differ from their part alone", isa_name(isa), bad);
+        for (int r = 0; r < 176; ++r) bad += y[r] != want[r];
+        CHECK(bad == 0, "%s: %d of 176 stacked rows differ from their part alone", isa_name(isa), bad);
     }
     // Q4_1 through WeightMatrix against Q4Matrix over the same nibbles, scales and mins.
     const std::vector<uint8_t>& b = parts[1].blocks;
@@ -344,7 +368,7 @@ int main() {
     table();
     kquant_activation();
     hand_made_blocks();
-    for (WeightType t : {WeightType::Q4_K, WeightType::Q6_K}) {
+    for (WeightType t : {WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
         random_matrices(t, 256);   // one super-block per row
         random_matrices(t, 1536);  // Qwen2.5-1.5B's hidden size
         random_matrices(t, 8960);  // its ffn (the down projection's columns)

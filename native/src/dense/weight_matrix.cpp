@@ -28,21 +28,27 @@ int32_t idot(const W* w, const int8_t* c, int n) {
 
 }  // namespace
 
-void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) {
+// Q4_K and Q5_K (the same sub-blocks; Q5_K's fifth bit per value, weight_types.h).
+template <bool kFifthBit>
+static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
     const Q8Activation& x = *p.x;
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float acc = 0.f;
         for (int k = 0; k < p.superblocks; ++k) {
-            const uint8_t* b = row + static_cast<size_t>(k) * 144;
+            const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             const float d = half_at(b), dmin = half_at(b + 2);
             uint8_t s[8], m[8];
             q4_k_scales_mins(b + 4, s, m);
             const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
             for (int j = 0; j < 8; ++j) {
                 uint8_t n[32];
-                const uint8_t* q = b + 16 + 32 * (j / 2);
-                for (int l = 0; l < 32; ++l) n[l] = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                const uint8_t* q = b + kQs + 32 * (j / 2);
+                for (int l = 0; l < 32; ++l) {
+                    n[l] = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                    if (kFifthBit) n[l] = static_cast<uint8_t>(n[l] + 16 * ((b[16 + l] >> j) & 1));
+                }
                 const size_t blk = static_cast<size_t>(8 * k + j);
                 const float dots = tc * x.shifts[blk] * static_cast<float>(idot(n, x.seq_codes.data() + blk * 32, 32)) +
                                    tr * x.residual_shifts[blk] *
@@ -53,6 +59,9 @@ void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = acc;
     }
 }
+
+void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) { q45_k_rows_scalar<false>(p, r0, r1); }
+void q5_k_rows_scalar(const BlockRows& p, int r0, int r1) { q45_k_rows_scalar<true>(p, r0, r1); }
 
 void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     const Q8Activation& x = *p.x;
@@ -78,6 +87,40 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = acc;
     }
 }
+
+namespace {
+
+// The row kernels of each type held as GGUF blocks (HeldAs::GgufBlocks), per ISA: scalar (the
+// reference), AVX2 (x86; AVX-512 machines too), NEON (aarch64).
+struct RowKernels {
+    WeightType type;
+    BlockRowsKernel scalar, avx2, neon;
+};
+
+const RowKernels kRowKernels[] = {
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+    {WeightType::Q4_K, q4_k_rows_scalar, q4_k_rows_avx2, nullptr},
+    {WeightType::Q5_K, q5_k_rows_scalar, q5_k_rows_avx2, nullptr},
+    {WeightType::Q6_K, q6_k_rows_scalar, q6_k_rows_avx2, nullptr},
+#elif defined(__aarch64__)
+    {WeightType::Q4_K, q4_k_rows_scalar, nullptr, q4_k_rows_neon},
+    {WeightType::Q5_K, q5_k_rows_scalar, nullptr, q5_k_rows_neon},
+    {WeightType::Q6_K, q6_k_rows_scalar, nullptr, q6_k_rows_neon},
+#else
+    {WeightType::Q4_K, q4_k_rows_scalar, nullptr, nullptr},
+    {WeightType::Q5_K, q5_k_rows_scalar, nullptr, nullptr},
+    {WeightType::Q6_K, q6_k_rows_scalar, nullptr, nullptr},
+#endif
+};
+
+const RowKernels& row_kernels(WeightType type) {
+    for (const RowKernels& k : kRowKernels)
+        if (k.type == type) return k;
+    // The table of types (weight_types.cpp) says GgufBlocks for a type with no row kernels here.
+    throw std::logic_error(std::string("WeightMatrix: no row kernels for ") + weight_traits(type).name);
+}
+
+}  // namespace
 
 WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
     if (cols <= 0 || cols % kQ4Block != 0)
@@ -126,6 +169,7 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             }
             seg.q4 = std::make_shared<Q4Matrix>(part.rows, cols, nibbles, scales, mins);
         } else {
+            row_kernels(t.type);  // a type the table holds as blocks has its kernels here
             seg.blocks = std::move(part.blocks);
         }
         rows_ += part.rows;
@@ -170,15 +214,14 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
             s.q4->multiply_rows(x, a - s.row0, b - s.row0, out, isa);
             continue;
         }
-        const bool q4k = s.traits->type == WeightType::Q4_K;
-        BlockRowsKernel kernel = q4k ? q4_k_rows_scalar : q6_k_rows_scalar;
+        const RowKernels& rk = row_kernels(s.traits->type);
+        BlockRowsKernel kernel = rk.scalar;
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
         // AVX-512 machines run the AVX2 kernels: their per-sub-block integer scales ride on
         // madd, which VNNI's vpdpbusd has no form of.
-        if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
-            kernel = q4k ? q4_k_rows_avx2 : q6_k_rows_avx2;
+        if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) kernel = rk.avx2;
 #elif defined(__aarch64__)
-        if (isa == Isa::Neon) kernel = q4k ? q4_k_rows_neon : q6_k_rows_neon;
+        if (isa == Isa::Neon) kernel = rk.neon;
 #else
         (void)isa;
 #endif

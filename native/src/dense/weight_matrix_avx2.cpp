@@ -1,6 +1,6 @@
 // AVX2 k-quant row kernels of WeightMatrix (weight_matrix_kernels.h), on the activation's k-quant
 // form (q4_matrix.h): a super-block's integer dots summed in int32 before any float. Per block of
-// 32 weights: maddubs of the unsigned codes (Q4_K 0..15, Q6_K 0..63) with the activation's codes
+// 32 weights: maddubs of the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) with the activation's codes
 // (at most 2 x 63 x 127 per int16: no saturation), then madd with the int16 product of the
 // sub-block's weight scale and the activation block's shift (Q4_K <= 63 x 128, Q6_K |.| <= 128 x
 // 128), the same for the residual codes; the int32 lanes meet the floats (the weight's d, the
@@ -61,14 +61,18 @@ inline __m256i scaled_dot(__m256i w, __m256i c, __m256i m) { return _mm256_madd_
 
 }  // namespace
 
-void q4_k_rows_avx2(const BlockRows& p, int r0, int r1) {
+// Q4_K and Q5_K: Q5_K's fifth bit (qh, weight_types.h) joins each value as 16 before the dots
+// (values 0..31: maddubs at most 2 x 31 x 127; the int32 lanes at most 8 x 2 x 7874 x 8064 < 2^31).
+template <bool kFifthBit>
+static void q45_k_rows(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
     const Q8Activation& x = *p.x;
-    const __m256i low = _mm256_set1_epi8(15);
+    const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
         for (int k = 0; k < p.superblocks; ++k) {
-            const uint8_t* b = row + static_cast<size_t>(k) * 144;
+            const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             uint8_t s8[8], m8[8];
             q4_k_scales_mins(b + 4, s8, m8);
             const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8)));
@@ -80,12 +84,22 @@ void q4_k_rows_avx2(const BlockRows& p, int r0, int r1) {
             mins = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x.sums.data() + 8 * k), mins);
             const int8_t* c = x.seq_codes.data() + static_cast<size_t>(k) * 256;
             const int8_t* rc = x.seq_residual_codes.data() + static_cast<size_t>(k) * 256;
+            // The fifth bits of sub-block j are bit j of qh's 32 bytes: shifted to bit 0 within
+            // 16-bit lanes (a byte's bit 0 is then its own bit j), masked, times 16.
+            const __m256i qh = kFifthBit ? load(b + 16) : _mm256_setzero_si256();
+            auto fifth = [&](int j) {
+                return _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one), 4);
+            };
             __m256i ic = _mm256_setzero_si256(), ir = _mm256_setzero_si256();
             for (int g = 0; g < 4; ++g) {
-                const __m256i v = load(b + 16 + 32 * g);
-                const __m256i lo = _mm256_and_si256(v, low);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                const __m256i v = load(b + kQs + 32 * g);
+                __m256i lo = _mm256_and_si256(v, low);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
                 const int j = 2 * g;
+                if (kFifthBit) {
+                    lo = _mm256_or_si256(lo, fifth(j));
+                    hi = _mm256_or_si256(hi, fifth(j + 1));
+                }
                 ic = _mm256_add_epi32(ic, scaled_dot(lo, load(c + 32 * j), pick(mc, j)));
                 ir = _mm256_add_epi32(ir, scaled_dot(lo, load(rc + 32 * j), pick(mr, j)));
                 ic = _mm256_add_epi32(ic, scaled_dot(hi, load(c + 32 * j + 32), pick(mc, j + 1)));
@@ -99,6 +113,9 @@ void q4_k_rows_avx2(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = hsum(acc) - hsum(mins);
     }
 }
+
+void q4_k_rows_avx2(const BlockRows& p, int r0, int r1) { q45_k_rows<false>(p, r0, r1); }
+void q5_k_rows_avx2(const BlockRows& p, int r0, int r1) { q45_k_rows<true>(p, r0, r1); }
 
 void q6_k_rows_avx2(const BlockRows& p, int r0, int r1) {
     const Q8Activation& x = *p.x;

@@ -51,13 +51,16 @@ inline void q6_k_values(const uint8_t* b, uint8_t q[256]) {
 }
 
 void q4_k_rows_scalar(const BlockRows& p, int r0, int r1);
+void q5_k_rows_scalar(const BlockRows& p, int r0, int r1);
 void q6_k_rows_scalar(const BlockRows& p, int r0, int r1);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 void q4_k_rows_avx2(const BlockRows& p, int r0, int r1);
+void q5_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q6_k_rows_avx2(const BlockRows& p, int r0, int r1);
 #endif
 #if defined(__aarch64__)
 void q4_k_rows_neon(const BlockRows& p, int r0, int r1);
+void q5_k_rows_neon(const BlockRows& p, int r0, int r1);
 void q6_k_rows_neon(const BlockRows& p, int r0, int r1);
 #endif
 

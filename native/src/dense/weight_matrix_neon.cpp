@@ -1,5 +1,5 @@
 // NEON k-quant row kernels of WeightMatrix (weight_matrix_kernels.h): per activation block of 32,
-// the unsigned codes (Q4_K 0..15, Q6_K 0..63, so also valid int8) times the activation's codes and
+// the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, so also valid int8) times the activation's codes and
 // residual codes with widening multiplies (at most 2 x 63 x 127 per int16 lane), pairwise-added to
 // int32 (lanes 0-1: values 0-15, lanes 2-3: values 16-31), then float per block (the activation's
 // k-quant form, q4_matrix.h), as the scalar reference sums them.
@@ -45,27 +45,38 @@ inline float32x4_t block_dot(int8x16_t w0, int8x16_t w1, const Q8Activation& x, 
 
 }  // namespace
 
-void q4_k_rows_neon(const BlockRows& p, int r0, int r1) {
+// Q4_K and Q5_K: Q5_K's fifth bit (qh, weight_types.h) joins each value as 16 (values 0..31).
+template <bool kFifthBit>
+static void q45_k_rows(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
     const Q8Activation& x = *p.x;
-    const uint8x16_t low = vdupq_n_u8(15);
+    const uint8x16_t low = vdupq_n_u8(15), one = vdupq_n_u8(1);
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float32x4_t acc = vdupq_n_f32(0.f);
         float mins = 0.f;
         for (int k = 0; k < p.superblocks; ++k) {
-            const uint8_t* b = row + static_cast<size_t>(k) * 144;
+            const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             const float d = half_at(b), dmin = half_at(b + 2);
             uint8_t s8[8], m8[8];
             q4_k_scales_mins(b + 4, s8, m8);
+            const uint8x16_t qh0 = kFifthBit ? vld1q_u8(b + 16) : vdupq_n_u8(0);
+            const uint8x16_t qh1 = kFifthBit ? vld1q_u8(b + 32) : vdupq_n_u8(0);
             for (int g = 0; g < 4; ++g) {
-                const uint8x16_t v0 = vld1q_u8(b + 16 + 32 * g), v1 = vld1q_u8(b + 16 + 32 * g + 16);
+                const uint8x16_t v0 = vld1q_u8(b + kQs + 32 * g), v1 = vld1q_u8(b + kQs + 32 * g + 16);
                 for (int h = 0; h < 2; ++h) {
                     const int j = 2 * g + h;
                     const int s = s8[j], m = m8[j];
-                    const int8x16_t w0 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low));
-                    const int8x16_t w1 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low));
+                    uint8x16_t u0 = h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low);
+                    uint8x16_t u1 = h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low);
+                    if (kFifthBit) {
+                        const int8x16_t down = vdupq_n_s8(static_cast<int8_t>(-j));
+                        u0 = vorrq_u8(u0, vshlq_n_u8(vandq_u8(vshlq_u8(qh0, down), one), 4));
+                        u1 = vorrq_u8(u1, vshlq_n_u8(vandq_u8(vshlq_u8(qh1, down), one), 4));
+                    }
                     const size_t blk = static_cast<size_t>(8 * k + j);
-                    acc = vfmaq_n_f32(acc, block_dot(w0, w1, x, blk), d * static_cast<float>(s));
+                    acc = vfmaq_n_f32(acc, block_dot(vreinterpretq_s8_u8(u0), vreinterpretq_s8_u8(u1), x, blk),
+                                      d * static_cast<float>(s));
                     mins += dmin * static_cast<float>(m) * x.sums[blk];
                 }
             }
@@ -73,6 +84,9 @@ void q4_k_rows_neon(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = vaddvq_f32(acc) - mins;
     }
 }
+
+void q4_k_rows_neon(const BlockRows& p, int r0, int r1) { q45_k_rows<false>(p, r0, r1); }
+void q5_k_rows_neon(const BlockRows& p, int r0, int r1) { q45_k_rows<true>(p, r0, r1); }
 
 void q6_k_rows_neon(const BlockRows& p, int r0, int r1) {
     const Q8Activation& x = *p.x;

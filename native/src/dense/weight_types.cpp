@@ -45,25 +45,21 @@ void dequantize_q8_0(const uint8_t* b, float* out, size_t n) {
     }
 }
 
-void dequantize_q4_k(const uint8_t* b, float* out, size_t n) {
-    for (size_t k = 0; k < n; ++k, b += 144, out += 256) {
+// Q4_K and Q5_K: the same sub-blocks, Q5_K with a fifth bit per value (weight_types.h).
+template <bool kFifthBit>
+void dequantize_q45_k(const uint8_t* b, float* out, size_t n) {
+    constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
+    for (size_t k = 0; k < n; ++k, b += kBytes, out += 256) {
         const float d = half(b), dmin = half(b + 2);
-        const uint8_t* sc = b + 4;
-        const uint8_t* qs = b + 16;
+        uint8_t s[8], m[8];
+        q4_k_scales_mins(b + 4, s, m);
         for (int j = 0; j < 8; ++j) {
-            int s, m;
-            if (j < 4) {
-                s = sc[j] & 63;
-                m = sc[j + 4] & 63;
-            } else {
-                s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
-                m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-            }
-            const float ds = d * static_cast<float>(s), dm = dmin * static_cast<float>(m);
-            const uint8_t* q = qs + 32 * (j / 2);
+            const float ds = d * static_cast<float>(s[j]), dm = dmin * static_cast<float>(m[j]);
+            const uint8_t* q = b + kQs + 32 * (j / 2);
             for (int l = 0; l < 32; ++l) {
-                const int nib = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
-                out[32 * j + l] = ds * static_cast<float>(nib) - dm;
+                int v = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                if (kFifthBit) v += 16 * ((b[16 + l] >> j) & 1);
+                out[32 * j + l] = ds * static_cast<float>(v) - dm;
             }
         }
     }
@@ -85,7 +81,8 @@ constexpr WeightTypeTraits kTable[] = {
     {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0},
     {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1},
     {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, {0, -1}, dequantize_q8_0},
-    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q4_k},
+    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>},
+    {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>},
     {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k},
 };
 

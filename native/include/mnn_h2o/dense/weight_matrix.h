@@ -10,6 +10,7 @@
 // block b of 32 power-of-two shifts f_b, g_b):
 //   Q4_K: per sub-block j of 32 (activation block b), d s_j (T_k f_b dot(n, codes) + R_k g_b
 //         dot(n, residual codes)) - dmin m_j x.sums[b]
+//   Q5_K: as Q4_K, n the 5-bit values (the nibble plus 16 times the fifth bit)
 //   Q6_K: per sub-block of 16, d sc (T_k f_b dot(q, codes) + R_k g_b dot(q, residual codes) -
 //         32 x.sums16[..]), q the unsigned 6-bit values
 // with integer dots (the scalar reference sums them in float in block order; the SIMD paths sum a

@@ -13,6 +13,9 @@
 //         m = (sc[j + 4] >> 4) | (sc[j] >> 6) << 4). Values 64 g .. 64 g + 63 (g = 0..3) come from
 //         qs[32 g .. 32 g + 31]: the low nibbles are sub-block 2g, the high ones 2g + 1;
 //         v = d s_j n - dmin m_j.
+//   Q5_K 176 bytes / 256 values: d fp16, dmin fp16, scales[12], qh[32], qs[128]. Q4_K's sub-blocks,
+//         scales, mins and nibbles (qs at byte 48), and a fifth bit: value l of sub-block j
+//         (l = 0..31) adds 16 ((qh[l] >> j) & 1); v = d s_j (n + 16 h) - dmin m_j.
 //   Q6_K 210 bytes / 256 values: ql[128], qh[64], scales[16] int8, d fp16. Sixteen sub-blocks of
 //         16, v = d scales[i / 16] (q_i - 32) with the 6-bit q_i, for half h = 0, 1 (values
 //         128 h ..) and l = 0..31, L = ql + 64 h, H = qh + 32 h:
@@ -29,7 +32,7 @@
 namespace mnn_h2o {
 
 // ggml's type ids (the GGUF's tensor type field).
-enum class WeightType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum class WeightType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 // How WeightMatrix holds a type's blocks: repacked into Q4Matrix's block pairs (its own kernels,
 // dense/q4_matrix.h), or as the GGUF stores them with row kernels of their own (dense/
