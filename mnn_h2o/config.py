@@ -297,7 +297,7 @@ SCHEMA: Tuple[Key, ...] = (
     # Both kinds.
     Key("gates", "max_speed_noise", float, 0.1, "fraction", "speed gates: a case's decode speed relative "
         "to the baseline is measured on steps interleaved token by token with the baseline's; its noise is "
-        "the relative half-width of that ratio's 95% interval (from blocks of 16 steps). The allowance "
+        "the relative half-width of that ratio's 95-percent interval (from blocks of 16 steps). The allowance "
         "is the noise; a noise above this makes the gate inconclusive (exit status 3), never a pass",
         range=(0.0, 1.0)),
     # Regression guards against the reference round: they fail a round (exit status 1).

@@ -7,7 +7,7 @@ RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, R
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
 With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
 (``tail_blocks.npz``) for the native tail (``runtime.tail``), and every layer's matrices as the
-GGUF stores them (``decode_layers.npz``: Q4_0 / Q4_1 / Q4_K / Q6_K blocks, any mix) for the native
+GGUF stores them (``decode_layers.npz``: Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K blocks, any mix) for the native
 decode layers (``runtime.decode_layers``); a file with another type gets none, and the export says
 which tensor (``no_decode_layers``).
 The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is

@@ -162,9 +162,9 @@ def _round(args, cfg) -> int:
     if failed:
         print(f"FAIL: {len(failed)} gate(s): " + "; ".join(failed), file=sys.stderr)
     if unsure:
-        print(f"{'also ' if failed else ''}INCONCLUSIVE: {len(unsure)} speed gate(s) measured a spread above "
-              f"gates.max_speed_noise ({cfg['gates']['max_speed_noise']:.0%}), too noisy to judge (a busy "
-              "machine?): " + "; ".join(unsure), file=sys.stderr)
+        print(f"{'also ' if failed else ''}INCONCLUSIVE: {len(unsure)} speed gate(s) measured a 95% interval "
+              f"wider than gates.max_speed_noise ({cfg['gates']['max_speed_noise']:.0%}), too noisy to judge "
+              "(a machine whose load changes within a few steps?): " + "; ".join(unsure), file=sys.stderr)
     if overall == "pass":
         print("PASS: every guard" + (" and every target" if args.strict else ""))
     return gates.EXIT_STATUS[overall]
@@ -273,7 +273,10 @@ def main(argv=None) -> int:
         description="The bench and regression harness on the real model.\n\n"
                     "Without a command, runs a round: the runtime cases (bench.cases: baseline = full "
                     "cache, h2o = H2O eviction alone, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
-                    "interleaved A B A B for bench.repetitions, teacher-forced on essay text; then the "
+                    "bench.repetitions times, teacher-forced on essay text, every case in a context of its own "
+                    "with the decode steps of all cases taking turns token by token (a case's speed against the "
+                    "baseline is judged on those paired steps, so another program on the machine barely moves "
+                    "it); then the "
                     "demo cases on real prompts per bucket. Quality (KL, top-1 vs baseline), memory "
                     "(bytes held, RSS) and speed come from the same runs. Two kinds of gates (config "
                     "section `gates`): guards (invariants such as bit-identical lossless modes, and "
@@ -281,7 +284,7 @@ def main(argv=None) -> int:
                     "decide the exit status; targets (the product's goals: ratios, top-1, speed) are "
                     "reported met or missed, and decide it too only with --strict. Exit status: 0 pass, "
                     "1 a guard failed (or a target was missed, with --strict), 2 an error, 3 inconclusive "
-                    "(nothing failed, but a speed gate measured more spread than gates.max_speed_noise). "
+                    "(nothing failed, but a speed ratio's 95% interval was wider than gates.max_speed_noise). "
                     "Writes a run folder: summary.json (docs/summary_schema.md), summary.md, PNG plots, "
                     "config.yaml.",
         epilog="examples:\n"
