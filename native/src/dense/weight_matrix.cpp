@@ -97,21 +97,24 @@ struct RowKernels {
     BlockRowsKernel scalar, avx2, neon;
 };
 
-const RowKernels kRowKernels[] = {
+// A kernel compiled only for its ISA's builds; elsewhere its slot is empty and never chosen.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-    {WeightType::Q4_K, q4_k_rows_scalar, q4_k_rows_avx2, nullptr},
-    {WeightType::Q5_K, q5_k_rows_scalar, q5_k_rows_avx2, nullptr},
-    {WeightType::Q6_K, q6_k_rows_scalar, q6_k_rows_avx2, nullptr},
-#elif defined(__aarch64__)
-    {WeightType::Q4_K, q4_k_rows_scalar, nullptr, q4_k_rows_neon},
-    {WeightType::Q5_K, q5_k_rows_scalar, nullptr, q5_k_rows_neon},
-    {WeightType::Q6_K, q6_k_rows_scalar, nullptr, q6_k_rows_neon},
+#define MNN_H2O_AVX2(f) f
 #else
-    {WeightType::Q4_K, q4_k_rows_scalar, nullptr, nullptr},
-    {WeightType::Q5_K, q5_k_rows_scalar, nullptr, nullptr},
-    {WeightType::Q6_K, q6_k_rows_scalar, nullptr, nullptr},
+#define MNN_H2O_AVX2(f) nullptr
 #endif
+#if defined(__aarch64__)
+#define MNN_H2O_NEON(f) f
+#else
+#define MNN_H2O_NEON(f) nullptr
+#endif
+const RowKernels kRowKernels[] = {
+    {WeightType::Q4_K, q4_k_rows_scalar, MNN_H2O_AVX2(q4_k_rows_avx2), MNN_H2O_NEON(q4_k_rows_neon)},
+    {WeightType::Q5_K, q5_k_rows_scalar, MNN_H2O_AVX2(q5_k_rows_avx2), MNN_H2O_NEON(q5_k_rows_neon)},
+    {WeightType::Q6_K, q6_k_rows_scalar, MNN_H2O_AVX2(q6_k_rows_avx2), MNN_H2O_NEON(q6_k_rows_neon)},
 };
+#undef MNN_H2O_AVX2
+#undef MNN_H2O_NEON
 
 const RowKernels& row_kernels(WeightType type) {
     for (const RowKernels& k : kRowKernels)
