@@ -10,6 +10,7 @@
 
 #include "isa_arg.h"
 #include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/decode_layers.h"
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/dense/weight_types.h"
@@ -68,6 +69,15 @@ const float* floats_of(const py::object& a, py::ssize_t n, const char* name, boo
                               " values, got " + std::to_string(arr.size()));
     if (writable && !arr.writeable()) throw py::value_error(std::string(name) + " must be writable");
     return arr.data();
+}
+
+// The rows of a float32 array of n rows of `width` values (its size a multiple of width, n >= 1).
+py::ssize_t rows_of(const py::object& a, py::ssize_t width, const char* name) {
+    if (!py::isinstance<py::array_t<float>>(a)) throw py::type_error(std::string(name) + " must be a float32 array");
+    const auto arr = py::reinterpret_borrow<py::array>(a);
+    if (arr.size() == 0 || arr.size() % width != 0)
+        throw py::value_error(std::string(name) + " must hold whole rows of " + std::to_string(width) + " values");
+    return arr.size() / width;
 }
 
 std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list& layers, int threads,
@@ -138,7 +148,25 @@ void bind_decode_layers(py::module_& m) {
                 }
                 return y;
             },
-            py::arg("x"), py::arg("isa") = py::none(), "x float32 [cols] -> [rows]");
+            py::arg("x"), py::arg("isa") = py::none(), "x float32 [cols] -> [rows]")
+        .def(
+            "multiply_batch",
+            [](const WeightMatrix& self, Floats x, const py::object& isa) {
+                if (x.ndim() != 2 || x.shape(1) != self.cols())
+                    throw py::value_error("x must be [n, " + std::to_string(self.cols()) + "]");
+                const Isa which = parse_isa(isa);
+                const int n = static_cast<int>(x.shape(0));
+                py::array_t<float> y({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(self.rows())});
+                {
+                    py::gil_scoped_release release;
+                    mnn_h2o::multiply_batch(self, x.data(), n, self.cols(), 0, self.rows(), y.mutable_data(), self.rows(),
+                                            which);
+                }
+                return y;
+            },
+            py::arg("x"), py::arg("isa") = py::none(),
+            "x float32 [n, cols] -> [n, rows]: the batched product (float weights decoded from the blocks, "
+            "native/include/mnn_h2o/dense/batched_product.h)");
     m.def(
         "weight_types",
         []() {
@@ -175,7 +203,7 @@ void bind_decode_layers(py::module_& m) {
         },
         py::arg("type"), py::arg("blocks"), "the core's reference decoding of whole blocks -> float32 values");
 
-    py::class_<DecodeLayers>(m, "DecodeLayers",
+    auto cls = py::class_<DecodeLayers>(m, "DecodeLayers",
                              "the decoder layers' dense math for one decode token "
                              "(native/include/mnn_h2o/dense/decode_layers.h)")
         .def(py::init(&make_layers), py::arg("shape"), py::arg("layers"), py::arg("threads") = 1,
@@ -186,6 +214,7 @@ void bind_decode_layers(py::module_& m) {
              "of out_norm (the final norm) and matrix (the output projection's parts, as a matrix above)")
         .def_property_readonly("n_layers", &DecodeLayers::n_layers)
         .def_property_readonly("has_head", &DecodeLayers::has_head)
+        .def_property_readonly("reads_kquant", &DecodeLayers::reads_kquant)
         .def(
             "logits",
             [](DecodeLayers& self, const py::object& h, const py::object& attn, const py::object& out,
@@ -236,6 +265,56 @@ void bind_decode_layers(py::module_& m) {
             "None, then writes layer i's rotated q, k and v; every array float32 and C-contiguous. rest: the "
             "worker threads sleep after the call (False: they poll for the next, through an attention that "
             "runs on the calling thread)");
+    cls.def(
+            "forward_rows",
+            [](DecodeLayers& self, int i, const py::object& h, const py::object& attn, const py::object& cos,
+               const py::object& sin, const py::object& q, const py::object& k, const py::object& v,
+               const py::object& isa) {
+                const DecodeShape& s = self.shape();
+                const py::ssize_t nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim;
+                const py::ssize_t n = rows_of(h, s.hidden, "h");
+                float* hp = const_cast<float*>(floats_of(h, n * s.hidden, "h", true));
+                const float* ap = attn.is_none() ? nullptr : floats_of(attn, n * nq, "attn", false);
+                const float* cp = floats_of(cos, n * s.head_dim, "cos", false);
+                const float* sp = floats_of(sin, n * s.head_dim, "sin", false);
+                float* qp = const_cast<float*>(floats_of(q, n * nq, "q", true));
+                float* kp = const_cast<float*>(floats_of(k, n * nk, "k", true));
+                float* vp = const_cast<float*>(floats_of(v, n * nk, "v", true));
+                const Isa which = parse_isa(isa);
+                try {
+                    py::gil_scoped_release release;
+                    self.forward_rows(i, static_cast<int>(n), hp, ap, cp, sp, qp, kp, vp, which);
+                } catch (const std::out_of_range& e) {
+                    throw py::index_error(e.what());
+                } catch (const std::invalid_argument& e) {
+                    throw py::value_error(e.what());
+                }
+            },
+            py::arg("i"), py::arg("h"), py::arg("attn"), py::arg("cos"), py::arg("sin"), py::arg("q"), py::arg("k"),
+            py::arg("v"), py::arg("isa") = py::none(),
+            "a prompt chunk of n tokens through layer i's module, as forward does per row: h [n, hidden] (in place), "
+            "attn [n, n_heads head_dim] or None, cos and sin [n, head_dim], q, k, v [n, heads head_dim]; from 16 rows "
+            "the products are batched (float weights, activations not rounded)")
+        .def(
+            "logits_rows",
+            [](DecodeLayers& self, const py::object& h, const py::object& attn, const py::object& out,
+               const py::object& isa) {
+                const DecodeShape& s = self.shape();
+                const py::ssize_t n = rows_of(h, s.hidden, "h");
+                float* hp = const_cast<float*>(floats_of(h, n * s.hidden, "h", true));
+                const float* ap = floats_of(attn, n * s.n_heads * s.head_dim, "attn", false);
+                float* op = const_cast<float*>(floats_of(out, n * self.vocab(), "out", true));
+                const Isa which = parse_isa(isa);
+                try {
+                    py::gil_scoped_release release;
+                    self.logits_rows(static_cast<int>(n), hp, ap, op, which);
+                } catch (const std::invalid_argument& e) {
+                    throw py::value_error(e.what());
+                }
+            },
+            py::arg("h"), py::arg("attn"), py::arg("out"), py::arg("isa") = py::none(),
+            "logits for n rows: h [n, hidden] (in place), attn [n, n_heads head_dim], out [n, vocab]; batched as "
+            "forward_rows");
     // Decode attention uses its threads from this many keys (one query row): the engine lets the
     // decode layers' workers poll through the attention below it and rest from it.
     m.attr("ATTENTION_PARALLEL_MIN_KEYS") = mnn_h2o::kParallelMinQueryKeys;

@@ -124,8 +124,16 @@ SCHEMA: Tuple[Key, ...] = (
         "residual codes), in our core (docs/results.md 'Native decode layers'); a file with another "
         "type is refused, naming the tensor; mnn = MNN's layer modules. Float layers "
         "(model.weight_bits 0) always decode in MNN. "
-        "Prefill (several tokens at once) always runs in MNN",
+        "Prefill (several tokens at once): runtime.prompt_layers",
         choices=("native", "mnn")),
+    Key("runtime", "prompt_layers", str, "auto", "-", "where a prompt's layers run (several tokens "
+        "at once: prefill chunks, the kvzip pass): native = the native decode layers' blocks, each "
+        "product batched over the chunk's rows (16 weight rows decoded to float at a time, float "
+        "multiply-adds, activations not rounded), and then MNN's layer modules are not loaded; mnn = "
+        "MNN's layer modules (batched int8 kernels); auto = native where the decode layers hold a "
+        "k-quant matrix (MNN's modules would hold an int8 re-quantisation of it: a second, lossier copy "
+        "of the weights), else mnn (docs/results.md 'Prompt layers')",
+        choices=("auto", "native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
         "of the three; measured agreement: docs/results.md)",
@@ -372,7 +380,7 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
 # ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
 NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
 ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.tail",
-               "runtime.decode_layers", "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
+               "runtime.decode_layers", "runtime.prompt_layers", "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
                "h2o.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each

@@ -207,14 +207,17 @@ class Llm:
                              and rt["lm_head"] == "native" and rt["tail"] == "native")
         if self._layers_head:
             q8 = tail_file = None
-        names = ([f"layer{i}" for i in range(c.n_layers)]
+        self._prompt_native = self._native_prompt_layers(rt["prompt_layers"])
+        names = (([] if self._prompt_native else [f"layer{i}" for i in range(c.n_layers)])
                  + ([] if tail_file or self._layers_head else ["tail"])
                  + ([] if q8 or self._layers_head else ["lm_head"]))
-        self._modules = []  # layer modules, then MNN's tail and lm_head where they are not native
+        # MNN's modules by name ("layer3", "tail", "lm_head"): only those this runtime uses are
+        # loaded (a module not loaded holds no memory).
+        self._modules = {}
         for name in names:
             m = meta["modules"][name]
-            self._modules.append(MNN.nn.load_module_from_file(
-                os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager))
+            self._modules[name] = MNN.nn.load_module_from_file(
+                os.path.join(export_dir, m["file"]), m["inputs"], m["outputs"], runtime_manager=manager)
         self._native_tail = None
         if tail_file:
             from .native_tail import NativeTail
@@ -246,6 +249,25 @@ class Llm:
         self.configure_kv_dtype(rt["kv_dtype"])
         self._apply_h2o(cfg["h2o"])  # validated above
         self._apply_lossless(cfg["lossless"])
+
+    def _native_prompt_layers(self, choice: str) -> bool:
+        """Whether a prompt's layers run in our core (runtime.prompt_layers): native needs the
+        native decode layers; auto takes them where they hold a k-quant matrix (MNN's modules then
+        hold an int8 re-quantisation of the file: a second, lossier copy of the weights)."""
+        if choice == "mnn":
+            return False
+        if self._decode_layers is None:
+            if choice == "native":
+                raise config_mod.ConfigError("runtime.prompt_layers native runs a prompt on the native decode layers, and "
+                                  "this runtime has none (runtime.decode_layers mnn, or a float export); set "
+                                  "runtime.prompt_layers to auto or mnn")
+            return False
+        return choice == "native" or self._decode_layers.reads_kquant
+
+    @property
+    def prompt_layers(self) -> str:
+        """Where a prompt's layers run: "native" (our core, batched products) or "mnn"."""
+        return "native" if self._prompt_native else "mnn"
 
     @property
     def weights(self) -> str:
@@ -391,6 +413,8 @@ class Llm:
         n = len(ids)
         if n == 1 and self._decode_layers is not None:
             return self._decode_token(int(ids[0]), pos)
+        if self._prompt_native:
+            return self._prompt_rows(ids, pos)
         c = self.config
         mods, cache, perf = self._modules, self.cache, time.perf_counter
         t0 = perf()
@@ -404,7 +428,7 @@ class Llm:
         h = h_in
         # One clock reading between consecutive parts: 4 per layer (~0.1 us each).
         for i in range(c.n_layers):
-            h, q, k, v = mods[i].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
+            h, q, k, v = mods[f"layer{i}"].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
             t2 = perf()
             q, k, v = q.read(), k.read(), v.read()
             t3 = perf()
@@ -451,6 +475,33 @@ class Llm:
         st.convert_s += t1 - t0 - t_dense - t_att
         return h[None], None, attn
 
+    def _prompt_rows(self, ids: Sequence[int], pos: int):
+        """``_layers`` for a prompt chunk through the native layers (runtime.prompt_layers
+        native): batched products over the chunk's rows, the same returns as ``_decode_token``."""
+        c, cache, layers, perf = self.config, self.cache, self._decode_layers, time.perf_counter
+        n = len(ids)
+        t0 = perf()
+        h = np.array(self._embed[np.asarray(ids)], dtype=np.float32)
+        q = np.empty((n, c.n_heads * c.head_dim), np.float32)
+        k, v = (np.empty((n, c.n_kv_heads * c.head_dim), np.float32) for _ in range(2))
+        attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
+        cos, sin = self._cos[pos:pos + n, 0], self._sin[pos:pos + n, 0]
+        t1 = perf()
+        t_dense = t_att = 0.0
+        for i in range(c.n_layers):
+            layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v)
+            t2 = perf()
+            cache.step(i, q, k, v, attn)
+            t3 = perf()
+            t_dense += t2 - t1
+            t_att += t3 - t2
+            t1 = t3
+        st = self.stats
+        st.dense_s += t_dense
+        st.attention_s += t_att
+        st.convert_s += t1 - t0 - t_dense - t_att
+        return h, None, attn
+
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
         """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
@@ -480,12 +531,12 @@ class Llm:
         rows = slice(n - 1, n) if want == "last" else slice(0, n)
         t0 = perf()
         if self._layers_head:
-            h_rows = (h if isinstance(h, np.ndarray) else h.read())[rows]
+            # logits_rows finishes the last layer into its h: a copy
+            h_rows = np.array((h if isinstance(h, np.ndarray) else h.read())[rows], np.float32)
             a_rows = np.ascontiguousarray(attn[rows], dtype=np.float32)
             logits = np.empty((len(h_rows), c.vocab), np.float32)
             t1 = perf()
-            for j in range(len(h_rows)):  # logits() finishes the layer into its h: a copy per row
-                self._decode_layers.logits(np.array(h_rows[j], np.float32), a_rows[j], logits[j])
+            self._decode_layers.logits_rows(h_rows, a_rows, logits)
             st.convert_s += t1 - t0
             st.head_s += perf() - t1
             return logits
@@ -502,7 +553,7 @@ class Llm:
             st.convert_s += t1 - t0
             st.head_s += t2 - t1
         else:
-            x = self._modules[c.n_layers].forward([h, attn_in])[0]
+            x = self._modules["tail"].forward([h, attn_in])[0]
             t1 = perf()
             x = x.read()[rows]
             t2 = perf()
@@ -518,7 +569,7 @@ class Llm:
             return logits
         x = self._F.const(x, [len(x), c.hidden])
         t3 = perf()
-        out = self._modules[-1].forward([x])[0]
+        out = self._modules["lm_head"].forward([x])[0]
         t4 = perf()
         logits = np.array(out.read(), dtype=np.float32, copy=True)
         st.mnn_s += t4 - t3

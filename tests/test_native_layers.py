@@ -106,6 +106,83 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
                        q[:-1], k, v)
 
 
+def test_prompt_rows_are_decoder_layer(smollm2_gguf):
+    """forward_rows: a chunk of 20 rows (batched products: float weights, activations not rounded)
+    against decoder_layer.py in float64 at 1e-5, 1 and 2 threads bit for bit; a chunk of 3 rows
+    (below the batched products' 16) is forward's one-row path, bit for bit."""
+    from mnn_h2o.decoder_layer import finish_layer, start_layer
+    from mnn_h2o.export import decode_layer_arrays
+    from mnn_h2o.native_layers import decode_layers_from_arrays
+    from mnn_h2o.reference import _NumpyOps, rope_tables
+
+    c = smollm2_gguf.config
+    arrays, _ = decode_layer_arrays(smollm2_gguf)
+    layers = decode_layers_from_arrays(arrays, c, threads=2)
+    single = decode_layers_from_arrays(arrays, c, threads=1)
+    rng = np.random.default_rng(1)
+    nq, nk = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    for n in (20, 3):
+        pos = np.arange(40, 40 + n)
+        cos, sin = rope_tables(c, pos, np.float64)
+        ops = _NumpyOps(c, cos, sin)
+        h0 = smollm2_gguf.embedding()[rng.integers(0, c.vocab, n)].astype(np.float64) + rng.standard_normal((n, c.hidden))
+        attn = rng.standard_normal((n, nq))
+        for i in (0, 7):
+            w_prev, w = (smollm2_gguf.layer(i - 1) if i else None), smollm2_gguf.layer(i)
+            h_ref = finish_layer(ops, w_prev, h0, attn) if i else h0
+            refs = [h_ref] + [x.reshape(n, -1) for x in start_layer(ops, c, w, h_ref)]
+            outs = []
+            for engine in (layers, single):
+                h = h0.astype(np.float32)
+                q, k, v = np.empty((n, nq), np.float32), np.empty((n, nk), np.float32), np.empty((n, nk), np.float32)
+                engine.forward_rows(i, h, attn.astype(np.float32) if i else None, cos.astype(np.float32),
+                                    sin.astype(np.float32), q, k, v)
+                outs.append((h, q, k, v))
+            for a, b in zip(*outs):
+                assert np.array_equal(a, b), f"n {n} layer {i}: 1 and 2 threads differ"
+            if n >= 16:
+                for got, ref, name in zip(outs[0], refs, "hqkv"):
+                    err = np.abs(got - ref).max() / np.abs(ref).max()
+                    assert err < 1e-5, f"layer {i} {name}: {err:.2e} from float64"
+            else:  # the one-row path, row by row
+                for r in range(n):
+                    h = h0[r].astype(np.float32)
+                    q, k, v = np.empty(nq, np.float32), np.empty(nk, np.float32), np.empty(nk, np.float32)
+                    layers.forward(i, h, attn[r].astype(np.float32) if i else None, cos[r].astype(np.float32),
+                                   sin[r].astype(np.float32), q, k, v)
+                    for a, b in zip(outs[0], (h, q, k, v)):
+                        assert np.array_equal(a[r], b), f"layer {i} row {r}: not forward's"
+    with pytest.raises(ValueError, match="whole rows"):
+        layers.forward_rows(0, np.zeros((2, c.hidden + 1), np.float32), None, cos, sin, q, k, v)
+
+
+def test_engine_prompt_native_is_exact(reference, tokenizer):
+    """runtime.prompt_layers native: a prompt's layers and its logits in our core (no MNN module
+    loaded, none called), at float precision against the exact model where MNN's int8 modules
+    cost a measurable KL; auto keeps MNN's modules for SmolLM2's Q4_1 layers; native without the
+    native decode layers is refused."""
+    from mnn_h2o.config import ConfigError
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.measure import log_softmax
+
+    ids = essay_tokens(tokenizer, 300)
+    exact = log_softmax(reference.forward(ids, all_logits=True))
+    native, mnn = make_llm(4, head_bits=8, prompt_layers="native"), make_llm(4, head_bits=8, prompt_layers="auto")
+    assert native.prompt_layers == "native" and not native._modules
+    assert mnn.prompt_layers == "mnn" and "layer0" in mnn._modules
+    kl = {}
+    for name, llm in (("native", native), ("mnn", mnn)):
+        got = log_softmax(llm.logits(ids))
+        kl[name] = _kl(exact, got).mean()
+        if name == "native":
+            assert llm.stats.mnn_calls == 0 and llm.stats.dense_s > 0
+            assert np.mean(got.argmax(-1) == exact.argmax(-1)) > 0.99
+    print(f"KL to the exact model over {len(ids)} prompt tokens: native {kl['native']:.2e}, MNN's {kl['mnn']:.2e}")
+    assert kl["native"] < 1e-4 and kl["native"] < 0.1 * kl["mnn"]
+    with pytest.raises(ConfigError, match="prompt_layers native"):
+        make_llm(4, head_bits=8, prompt_layers="native", decode_layers="mnn")
+
+
 def test_engine_decode_native_against_exact_and_mnn(reference, tokenizer):
     """Teacher-forced decode through the native layers: as close to the exact model as MNN's
     modules (measured here on 64 essay tokens after a 192-token prompt), no MNN call per token."""

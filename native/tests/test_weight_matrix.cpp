@@ -3,6 +3,7 @@
 // values they were made from; on random blocks the scalar kernels match a float64 product of the
 // same rounded activation, every SIMD path matches the scalar one, a stack of parts of different
 // types matches each part alone, Q4_0 / Q4_1 parts match Q4Matrix; bad input is refused by name.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/dense/weight_types.h"
 
@@ -364,6 +366,61 @@ static void bad_input() {
     CHECK(throws<std::out_of_range>([&] { m.multiply_rows(a, 0, 2, y, best_isa()); }), "rows past the end");
 }
 
+// The batched product (batched_product.h) of a stack of parts: the scalar path against float64 over
+// the reference dequantiser's values, every SIMD path against the scalar one, any split of the
+// rows (the decode layers' tasks) bit for bit the whole, the ragged edges (rows not a multiple of
+// the panel, a last column panel shorter than 256, activation rows not a multiple of the tile).
+static void batched_product(const std::vector<WeightType>& types, const std::vector<int>& rows, int cols) {
+    std::mt19937 rng(11 + cols);
+    std::vector<WeightMatrix::Part> parts;
+    std::vector<double> w;  // [rows][cols], the reference values
+    for (size_t p = 0; p < types.size(); ++p) {
+        const WeightTypeTraits& t = weight_traits(types[p]);
+        std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
+        std::vector<float> v(static_cast<size_t>(rows[p]) * cols);
+        t.dequantize(b.data(), v.data(), b.size() / t.block_bytes);
+        w.insert(w.end(), v.begin(), v.end());
+        parts.push_back({types[p], rows[p], std::move(b)});
+    }
+    const WeightMatrix m(cols, std::move(parts));
+    const int R = m.rows();
+    std::string name = m.type_names() + " cols " + std::to_string(cols);
+    for (int n : {1, 5, 6, 7, 23}) {
+        const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * cols);
+        std::vector<float> ref(static_cast<size_t>(n) * R);
+        multiply_batch(m, x.data(), n, cols, 0, R, ref.data(), R, Isa::Scalar);
+        double worst = 0, scale = 0;
+        for (int i = 0; i < n; ++i)
+            for (int r = 0; r < R; ++r) {
+                double e = 0;
+                for (int c = 0; c < cols; ++c) e += static_cast<double>(x[static_cast<size_t>(i) * cols + c]) * w[static_cast<size_t>(r) * cols + c];
+                worst = std::max(worst, std::fabs(e - ref[static_cast<size_t>(i) * R + r]));
+                scale = std::max(scale, std::fabs(e));
+            }
+        CHECK(worst <= 1e-5 * scale * std::sqrt(cols / 256.0), "%s n %d: scalar vs float64 %g of %g", name.c_str(), n, worst, scale);
+        for (Isa isa : kIsas) {
+            std::vector<float> y(ref.size());
+            multiply_batch(m, x.data(), n, cols, 0, R, y.data(), R, isa);
+            double d = 0;
+            for (size_t j = 0; j < y.size(); ++j) d = std::max(d, static_cast<double>(std::fabs(y[j] - ref[j])));
+            CHECK(d <= 1e-5 * scale * std::sqrt(cols / 256.0), "%s n %d isa %s: %g from the scalar path", name.c_str(), n,
+                  isa_name(isa), d);
+            // Rows in two ranges split off a panel boundary: the same bits as the whole.
+            const int cut = std::min(R, 16 * ((R / 2 + 15) / 16));
+            std::vector<float> z(ref.size(), -1.f);
+            multiply_batch(m, x.data(), n, cols, 0, cut, z.data(), R, isa);
+            multiply_batch(m, x.data(), n, cols, cut, R, z.data(), R, isa);
+            CHECK(std::memcmp(z.data(), y.data(), y.size() * sizeof(float)) == 0, "%s n %d isa %s: a split differs",
+                  name.c_str(), n, isa_name(isa));
+        }
+    }
+    std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(R));
+    CHECK(throws<std::out_of_range>([&] { multiply_batch(m, x.data(), 1, cols, 0, R + 1, y.data(), R + 1, Isa::Scalar); }),
+          "rows past the matrix");
+    CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, x.data(), 1, cols - 1, 0, R, y.data(), R, Isa::Scalar); }),
+          "a stride shorter than a row");
+}
+
 int main() {
     table();
     kquant_activation();
@@ -374,6 +431,9 @@ int main() {
         random_matrices(t, 8960);  // its ffn (the down projection's columns)
     }
     stacked_parts();
+    batched_product({WeightType::Q4_K, WeightType::Q4_K, WeightType::Q6_K}, {16, 9, 12}, 512);
+    batched_product({WeightType::Q5_K}, {33}, 1536);
+    batched_product({WeightType::Q4_1, WeightType::Q4_0}, {20, 3}, 576);  // a last panel of 64 columns
     bad_input();
     std::printf("test_weight_matrix: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
     return g_failures != 0;

@@ -1,5 +1,7 @@
 #include "mnn_h2o/dense/decode_layers.h"
 
+#include "mnn_h2o/dense/batched_product.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -24,6 +26,28 @@ void check_matrix(const WeightMatrix& m, int rows, int cols, const std::string& 
                                                     std::to_string(m.cols()) + "], the shape needs [" +
                                                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
 }
+
+// One row's q, k, v from its qkv product: q and k rotated (rotate-half) by cos / sin.
+void split_qkv(const DecodeShape& s, const float* qkv, const float* cos, const float* sin, float* q, float* k,
+               float* v) {
+    const int hd = s.head_dim, half = hd / 2;
+    auto rope = [&](const float* in, float* out, int heads) {
+        for (int hh = 0; hh < heads; ++hh) {
+            const float* x = in + hh * hd;
+            float* o = out + hh * hd;
+            for (int j = 0; j < half; ++j) {
+                o[j] = x[j] * cos[j] - x[j + half] * sin[j];
+                o[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
+            }
+        }
+    };
+    const int nq = s.n_heads * hd, nk = s.n_kv_heads * hd;
+    rope(qkv, q, s.n_heads);
+    rope(qkv + nq, k, s.n_kv_heads);
+    std::copy(qkv + nq + nk, qkv + nq + 2 * nk, v);
+}
+
+float silu_times(float g, float u) { return g / (1.f + std::exp(-g)) * u; }
 
 }  // namespace
 
@@ -141,8 +165,7 @@ void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
         w.gate.multiply_rows(xq_, r0, r1, gate_.data() + r0, isa);
         w.up.multiply_rows(xq_, r0, r1, up_.data() + r0, isa);
         for (int j = r0; j < r1; ++j) {
-            const float g = gate_[static_cast<size_t>(j)];
-            act_[static_cast<size_t>(j)] = g / (1.f + std::exp(-g)) * up_[static_cast<size_t>(j)];
+            act_[static_cast<size_t>(j)] = silu_times(gate_[static_cast<size_t>(j)], up_[static_cast<size_t>(j)]);
         }
         act_q_.quantize_blocks(act_.data(), r0 / kQ4Block, r1 / kQ4Block);
     });
@@ -159,21 +182,7 @@ void DecodeLayers::start(int layer, const float* h, const float* cos, const floa
     product(w.qkv, xq_, qkv_.data(), isa);
     if (!w.qkv_bias.empty())
         for (size_t i = 0; i < qkv_.size(); ++i) qkv_[i] += w.qkv_bias[i];
-    const int hd = s.head_dim, half = hd / 2;
-    auto rope = [&](const float* in, float* out, int heads) {
-        for (int hh = 0; hh < heads; ++hh) {
-            const float* x = in + hh * hd;
-            float* o = out + hh * hd;
-            for (int j = 0; j < half; ++j) {
-                o[j] = x[j] * cos[j] - x[j + half] * sin[j];
-                o[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
-            }
-        }
-    };
-    const int nq = s.n_heads * hd, nk = s.n_kv_heads * hd;
-    rope(qkv_.data(), q, s.n_heads);
-    rope(qkv_.data() + nq, k, s.n_kv_heads);
-    std::copy(qkv_.begin() + nq + nk, qkv_.end(), v);
+    split_qkv(s, qkv_.data(), cos, sin, q, k, v);
 }
 
 void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q,
@@ -185,6 +194,106 @@ void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos,
     }
     start(i, h, cos, sin, q, k, v, isa);
     if (rest) team_.rest();
+}
+
+// --- a prompt chunk ------------------------------------------------------------------------------
+
+void DecodeLayers::grow_rows(int n) {
+    if (n <= rows_capacity_) return;
+    const DecodeShape& s = shape_;
+    const size_t rows = static_cast<size_t>(n);
+    xs_.resize(rows * s.hidden);
+    ys_.resize(rows * s.hidden);
+    qkvs_.resize(rows * (s.n_heads + 2 * s.n_kv_heads) * s.head_dim);
+    gates_.resize(rows * s.ffn);
+    ups_.resize(rows * s.ffn);
+    rows_capacity_ = n;
+}
+
+void DecodeLayers::product_rows(const WeightMatrix& m, const float* x, int n, float* y, Isa isa) {
+    const int rows = m.rows(), step = task_rows(rows, kPanelRows);
+    team_.run((rows + step - 1) / step, [&](int task) {
+        const int r0 = task * step;
+        multiply_batch(m, x, n, m.cols(), r0, std::min(rows, r0 + step), y, rows, isa);
+    });
+}
+
+void DecodeLayers::finish_rows(int layer, int n, float* h, const float* attn, Isa isa) {
+    const DecodeShape& s = shape_;
+    const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
+    const size_t hid = static_cast<size_t>(s.hidden), ffn = static_cast<size_t>(s.ffn);
+    product_rows(w.wo, attn, n, ys_.data(), isa);
+    for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
+    for (int r = 0; r < n; ++r) rms_norm(h + r * hid, w.ffn_norm, xs_.data() + r * hid);
+    // Gate and up rows of a task meet in SiLU(gate) * up for every token (into gates_): the
+    // down projection's input is ready when the last task ends.
+    const int step = task_rows(s.ffn, kPanelRows);
+    team_.run((s.ffn + step - 1) / step, [&](int task) {
+        const int r0 = task * step, r1 = std::min(s.ffn, r0 + step);
+        multiply_batch(w.gate, xs_.data(), n, s.hidden, r0, r1, gates_.data(), s.ffn, isa);
+        multiply_batch(w.up, xs_.data(), n, s.hidden, r0, r1, ups_.data(), s.ffn, isa);
+        for (int r = 0; r < n; ++r)
+            for (int j = r0; j < r1; ++j) {
+                const size_t at = static_cast<size_t>(r) * ffn + static_cast<size_t>(j);
+                gates_[at] = silu_times(gates_[at], ups_[at]);
+            }
+    });
+    product_rows(w.down, gates_.data(), n, ys_.data(), isa);
+    for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
+}
+
+void DecodeLayers::start_rows(int layer, int n, const float* h, const float* cos, const float* sin, float* q,
+                              float* k, float* v, Isa isa) {
+    const DecodeShape& s = shape_;
+    const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
+    const size_t hid = static_cast<size_t>(s.hidden), hd = static_cast<size_t>(s.head_dim);
+    const size_t nq = s.n_heads * hd, nk = s.n_kv_heads * hd, width = nq + 2 * nk;
+    for (int r = 0; r < n; ++r) rms_norm(h + r * hid, w.attn_norm, xs_.data() + r * hid);
+    product_rows(w.qkv, xs_.data(), n, qkvs_.data(), isa);
+    for (int r = 0; r < n; ++r) {
+        float* row = qkvs_.data() + r * width;
+        if (!w.qkv_bias.empty())
+            for (size_t j = 0; j < width; ++j) row[j] += w.qkv_bias[j];
+        split_qkv(s, row, cos + r * hd, sin + r * hd, q + r * nq, k + r * nk, v + r * nk);
+    }
+}
+
+void DecodeLayers::forward_rows(int i, int n, float* h, const float* attn, const float* cos, const float* sin,
+                                float* q, float* k, float* v, Isa isa) {
+    if (i < 0 || i >= n_layers()) throw std::out_of_range("DecodeLayers::forward_rows: layer " + std::to_string(i));
+    if (n < 1) throw std::invalid_argument("DecodeLayers::forward_rows: no rows");
+    if (attn != nullptr && i == 0)
+        throw std::invalid_argument("DecodeLayers::forward_rows: layer 0 has no previous layer to finish");
+    const DecodeShape& s = shape_;
+    const size_t hid = static_cast<size_t>(s.hidden), hd = static_cast<size_t>(s.head_dim);
+    const size_t nq = s.n_heads * hd, nk = s.n_kv_heads * hd;
+    if (n < kMinRows) {
+        for (int r = 0; r < n; ++r)
+            forward(i, h + r * hid, attn != nullptr ? attn + r * nq : nullptr, cos + r * hd, sin + r * hd, q + r * nq,
+                    k + r * nk, v + r * nk, isa, false);
+    } else {
+        grow_rows(n);
+        if (attn != nullptr) finish_rows(i - 1, n, h, attn, isa);
+        start_rows(i, n, h, cos, sin, q, k, v, isa);
+    }
+    team_.rest();
+}
+
+void DecodeLayers::logits_rows(int n, float* h, const float* attn, float* out, Isa isa) {
+    if (!has_head()) throw std::invalid_argument("DecodeLayers::logits_rows: no output matrix (set_head)");
+    if (n < 1) throw std::invalid_argument("DecodeLayers::logits_rows: no rows");
+    const DecodeShape& s = shape_;
+    const size_t hid = static_cast<size_t>(s.hidden), nq = static_cast<size_t>(s.n_heads * s.head_dim);
+    const size_t vocab = static_cast<size_t>(head_.rows());
+    if (n < kMinRows) {
+        for (int r = 0; r < n; ++r) logits(h + r * hid, attn + r * nq, out + r * vocab, isa);
+        return;
+    }
+    grow_rows(n);
+    finish_rows(n_layers() - 1, n, h, attn, isa);
+    for (int r = 0; r < n; ++r) rms_norm(h + r * hid, out_norm_, xs_.data() + r * hid);
+    product_rows(head_, xs_.data(), n, out, isa);
+    team_.rest();
 }
 
 }  // namespace mnn_h2o

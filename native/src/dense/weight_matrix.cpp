@@ -234,4 +234,24 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
     }
 }
 
+void WeightMatrix::dequantize_row(int r, int c0, int c1, float* out) const {
+    if (r < 0 || r >= rows_ || c0 < 0 || c1 > cols_ || c0 > c1)
+        throw std::out_of_range("WeightMatrix::dequantize_row: row or columns out of range");
+    for (const Segment& s : segments_) {
+        if (r >= s.row0 + s.rows) continue;
+        const int bv = s.traits->block_values;
+        if (c0 % bv != 0 || c1 % bv != 0)
+            throw std::out_of_range(std::string("WeightMatrix::dequantize_row: columns not whole ") + s.traits->name +
+                                    " blocks");
+        if (s.q4) {
+            s.q4->dequantize_row(r - s.row0, c0 / kQ4Block, c1 / kQ4Block, out);
+        } else {
+            const uint8_t* row = s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes;
+            s.traits->dequantize(row + static_cast<size_t>(c0 / bv) * s.traits->block_bytes, out,
+                                 static_cast<size_t>((c1 - c0) / bv));
+        }
+        return;
+    }
+}
+
 }  // namespace mnn_h2o

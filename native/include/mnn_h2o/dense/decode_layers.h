@@ -58,13 +58,32 @@ public:
     // [vocab, hidden] matrix. Throws std::invalid_argument on a shape that does not fit.
     void set_head(std::vector<float> out_norm, WeightMatrix head);
     bool has_head() const { return head_.rows() > 0; }
+    // Whether a matrix (the head included) is held as k-quant blocks.
+    bool reads_kquant() const { return xq_.kquant_form || attn_q_.kquant_form || act_q_.kquant_form; }
     int vocab() const { return head_.rows(); }
     // The last layer's end from its attention output (into h, in place), the final norm and the
     // logits (vocab values): a token's tail and lm_head in one call. The workers rest after it.
     void logits(float* h, const float* attn, float* out, Isa isa);
 
+    // A prompt chunk of n tokens through layer i's module, as forward does for each row: h
+    // [n][hidden], attn (or nullptr) [n][n_heads head_dim], cos and sin [n][head_dim] (each
+    // row's position), q [n][n_heads head_dim], k and v [n][n_kv_heads head_dim]. From kMinRows
+    // rows the products are batched (dense/batched_product.h: float weights decoded from the
+    // blocks, activations not rounded); below, each row takes forward's one-row products. The
+    // workers rest after the call (the chunk's attention uses its own threads).
+    void forward_rows(int i, int n, float* h, const float* attn, const float* cos, const float* sin, float* q,
+                      float* k, float* v, Isa isa);
+    // logits for n rows (out [n][vocab]), batched as forward_rows is.
+    void logits_rows(int n, float* h, const float* attn, float* out, Isa isa);
+
 private:
     void finish(int layer, float* h, const float* attn, Isa isa);
+    void finish_rows(int layer, int n, float* h, const float* attn, Isa isa);
+    void start_rows(int layer, int n, const float* h, const float* cos, const float* sin, float* q, float* k,
+                    float* v, Isa isa);
+    // y [n][m.rows()] = x [n][m.cols()] m^T, the rows split into tasks on the team.
+    void product_rows(const WeightMatrix& m, const float* x, int n, float* y, Isa isa);
+    void grow_rows(int n);  // the chunk scratch below for n rows
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
                Isa isa);
     void rms_norm(const float* h, const std::vector<float>& w, float* out) const;
@@ -81,6 +100,10 @@ private:
     // Scratch for one token (hence no concurrent calls).
     std::vector<float> x_, y_, qkv_, gate_, up_, act_;
     Q8Activation xq_, attn_q_, act_q_;
+    // Scratch for one prompt chunk, grown to the largest chunk seen: [n][hidden] twice,
+    // [n][qkv rows], [n][ffn] twice.
+    int rows_capacity_ = 0;
+    std::vector<float> xs_, ys_, qkvs_, gates_, ups_;
 };
 
 }  // namespace mnn_h2o
