@@ -80,7 +80,7 @@ py::ssize_t rows_of(const py::object& a, py::ssize_t width, const char* name) {
     return arr.size() / width;
 }
 
-std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list& layers, int threads,
+std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::sequence& layers, int threads,
                                           const py::object& head) {
     DecodeShape s;
     s.hidden = shape["hidden"].cast<int>();
@@ -92,6 +92,8 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::list&
     std::vector<DecodeLayerWeights> ws;
     ws.reserve(layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
+        // Read one layer at a time: a sequence that makes each layer's arrays when asked for it
+        // (native_layers.py) never holds more than one layer twice.
         const py::dict l = layers[i].cast<py::dict>();
         const std::string where = "layer " + std::to_string(i);
         auto vec = [&](const char* key) {

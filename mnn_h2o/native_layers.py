@@ -32,8 +32,7 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
             raise KeyError(f"decode layers: no array {key!r}")
         return np.asarray(arrays[key])
 
-    layers = []
-    for i in range(cfg.n_layers):
+    def layer(i):
         d = {}
         for name in DECODE_MATRICES:
             types = [str(t) for t in get(f"{i}.{name}.types")]
@@ -41,11 +40,40 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
         for key in ("attn_norm", "ffn_norm", "qkv_bias"):
             if f"{i}.{key}" in names:
                 d[key] = np.asarray(arrays[f"{i}.{key}"], np.float32)
-        layers.append(d)
+        return d
+
+    class Layers:  # read from the npz as the core copies each (a layer's blocks held twice, not the model's)
+        def __len__(self):
+            return cfg.n_layers
+
+        def __getitem__(self, i):
+            if not 0 <= i < cfg.n_layers:
+                raise IndexError(i)
+            return layer(i)
+
     shape = {"hidden": cfg.hidden, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
              "head_dim": cfg.head_dim, "ffn": cfg.ffn, "rms_eps": cfg.rms_eps}
     head = None
     if "head.types" in names:
         head = {"out_norm": np.asarray(get("out_norm"), np.float32),
                 "matrix": [(str(t), get(f"head.{j}")) for j, t in enumerate(get("head.types"))]}
-    return native.DecodeLayers(shape, layers, threads=threads, head=head)
+    out = native.DecodeLayers(shape, Layers(), threads=threads, head=head)
+    release_freed_memory()
+    return out
+
+
+def release_freed_memory() -> None:
+    """Hands the C heap's free pages back to the system (glibc's malloc_trim): the arrays read
+    from the npz were freed after the core copied them, but glibc keeps freed blocks below its
+    mmap threshold in the heap, and a process then holds the model's size twice in RSS (measured on
+    Qwen2.5-1.5B: 1.9 GB after loading, 1.1 GB after the trim). Elsewhere it does nothing."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is not None:
+        trim(0)
