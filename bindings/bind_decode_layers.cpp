@@ -161,14 +161,16 @@ void bind_decode_layers(py::module_& m) {
                 py::array_t<float> y({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(self.rows())});
                 {
                     py::gil_scoped_release release;
-                    mnn_h2o::multiply_batch(self, x.data(), n, self.cols(), 0, self.rows(), y.mutable_data(), self.rows(),
-                                            which);
+                    mnn_h2o::Q8Rows xq;
+                    xq.resize(n, self.cols());
+                    xq.quantize_rows(x.data(), self.cols(), 0, n);
+                    mnn_h2o::multiply_batch(self, xq, 0, self.rows(), y.mutable_data(), self.rows(), which);
                 }
                 return y;
             },
             py::arg("x"), py::arg("isa") = py::none(),
-            "x float32 [n, cols] -> [n, rows]: the batched product (float weights decoded from the blocks, "
-            "native/include/mnn_h2o/dense/batched_product.h)");
+            "x float32 [n, cols] -> [n, rows]: the batched product (each row of x rounded once to int8 per block of "
+            "32, the weights' integers: native/include/mnn_h2o/dense/batched_product.h)");
     m.def(
         "weight_types",
         []() {
@@ -296,7 +298,7 @@ void bind_decode_layers(py::module_& m) {
             py::arg("v"), py::arg("isa") = py::none(),
             "a prompt chunk of n tokens through layer i's module, as forward does per row: h [n, hidden] (in place), "
             "attn [n, n_heads head_dim] or None, cos and sin [n, head_dim], q, k, v [n, heads head_dim]; from 16 rows "
-            "the products are batched (float weights, activations not rounded)")
+            "the products are batched (the weights' integers, each activation row rounded once to int8 per block of 32)")
         .def(
             "logits_rows",
             [](DecodeLayers& self, const py::object& h, const py::object& attn, const py::object& out,

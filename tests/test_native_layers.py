@@ -107,9 +107,10 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
 
 
 def test_prompt_rows_are_decoder_layer(smollm2_gguf):
-    """forward_rows: a chunk of 20 rows (batched products: float weights, activations not rounded)
-    against decoder_layer.py in float64 at 1e-5, 1 and 2 threads bit for bit; a chunk of 3 rows
-    (below the batched products' 16) is forward's one-row path, bit for bit."""
+    """forward_rows: a chunk of 20 rows (batched products: the weights' integers, each activation
+    row rounded twice to int8 per block) against decoder_layer.py in float64, as close as forward's
+    one-row products are (1e-3 of each output's norm), 1 and 2 threads bit for bit; a chunk of 3
+    rows (below the batched products' 16) is forward's one-row path, bit for bit."""
     from mnn_h2o.decoder_layer import finish_layer, start_layer
     from mnn_h2o.export import decode_layer_arrays
     from mnn_h2o.native_layers import decode_layers_from_arrays
@@ -142,8 +143,8 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
                 assert np.array_equal(a, b), f"n {n} layer {i}: 1 and 2 threads differ"
             if n >= 16:
                 for got, ref, name in zip(outs[0], refs, "hqkv"):
-                    err = np.abs(got - ref).max() / np.abs(ref).max()
-                    assert err < 1e-5, f"layer {i} {name}: {err:.2e} from float64"
+                    err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+                    assert err.max() < 1e-3, f"layer {i} {name}: {err.max():.2e} from float64"
             else:  # the one-row path, row by row
                 for r in range(n):
                     h = h0[r].astype(np.float32)
@@ -158,9 +159,9 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
 
 def test_engine_prompt_native_is_exact(reference, tokenizer):
     """runtime.prompt_layers native: a prompt's layers and its logits in our core (no MNN module
-    loaded, none called), at float precision against the exact model where MNN's int8 modules
-    cost a measurable KL; auto keeps MNN's modules for SmolLM2's Q4_1 layers; native without the
-    native decode layers is refused."""
+    loaded, none called), closer to the exact model than MNN's int8 modules (measured here over
+    300 teacher-forced prompt tokens: ~3e-6 against ~6e-4); auto keeps MNN's modules for
+    SmolLM2's Q4_1 layers; native without the native decode layers is refused."""
     from mnn_h2o.config import ConfigError
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.measure import log_softmax
@@ -178,7 +179,7 @@ def test_engine_prompt_native_is_exact(reference, tokenizer):
             assert llm.stats.mnn_calls == 0 and llm.stats.dense_s > 0
             assert np.mean(got.argmax(-1) == exact.argmax(-1)) > 0.99
     print(f"KL to the exact model over {len(ids)} prompt tokens: native {kl['native']:.2e}, MNN's {kl['mnn']:.2e}")
-    assert kl["native"] < 1e-4 and kl["native"] < 0.1 * kl["mnn"]
+    assert kl["native"] < 1e-4 and kl["native"] < 0.1 * kl["mnn"]  # one rounding alone: 0.0097
     with pytest.raises(ConfigError, match="prompt_layers native"):
         make_llm(4, head_bits=8, prompt_layers="native", decode_layers="mnn")
 

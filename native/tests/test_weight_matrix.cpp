@@ -366,14 +366,41 @@ static void bad_input() {
     CHECK(throws<std::out_of_range>([&] { m.multiply_rows(a, 0, 2, y, best_isa()); }), "rows past the end");
 }
 
-// The batched product (batched_product.h) of a stack of parts: the scalar path against float64 over
-// the reference dequantiser's values, every SIMD path against the scalar one, any split of the
-// rows (the decode layers' tasks) bit for bit the whole, the ragged edges (rows not a multiple of
-// the panel, a last column panel shorter than 256, activation rows not a multiple of the tile).
+// The weight types' integer form (weight_types.h) is the reference dequantiser's values: a u + b.
+static void integer_forms() {
+    std::mt19937 rng(3);
+    size_t n_types = 0;
+    const WeightTypeTraits* table = weight_traits_table(&n_types);
+    for (size_t k = 0; k < n_types; ++k) {
+        const WeightTypeTraits& t = table[k];
+        if (t.integer_form == nullptr) {
+            CHECK(t.held == HeldAs::None, "%s: held by the decode layers without an integer form", t.name);
+            continue;
+        }
+        const size_t nb = 6, values = nb * t.block_values;
+        const std::vector<uint8_t> b = random_blocks(t.type, nb, rng);
+        std::vector<float> ref(values), a(values / kIntegerGroup), o(values / kIntegerGroup);
+        std::vector<uint8_t> u(values);
+        t.dequantize(b.data(), ref.data(), nb);
+        t.integer_form(b.data(), u.data(), a.data(), o.data(), nb);
+        for (size_t i = 0; i < values; ++i) {
+            const float v = a[i / kIntegerGroup] * u[i] + o[i / kIntegerGroup];
+            CHECK(u[i] <= 63 && std::fabs(v - ref[i]) <= 1e-6f * (std::fabs(ref[i]) + std::fabs(o[i / kIntegerGroup])),
+                  "%s value %zu: u %d, a u + b %g, dequantised %g", t.name, i, u[i], v, ref[i]);
+        }
+    }
+}
+
+// The batched product (batched_product.h) of a stack of parts: the scalar path against float64 of
+// the same rounded activation on the integer form, and within the second rounding's own bound
+// (sum over columns of residual step / 2 |a u|) of the float64 product of the unrounded x and the
+// dequantised values; every SIMD path against the scalar one; any split of the rows (the decode
+// layers' tasks) bit for bit the whole; ragged edges (rows not a multiple of the panel, a last
+// column panel shorter than 256, activation rows not a multiple of any tile).
 static void batched_product(const std::vector<WeightType>& types, const std::vector<int>& rows, int cols) {
     std::mt19937 rng(11 + cols);
     std::vector<WeightMatrix::Part> parts;
-    std::vector<double> w;  // [rows][cols], the reference values
+    std::vector<double> w;  // [rows][cols], the reference dequantiser's values
     for (size_t p = 0; p < types.size(); ++p) {
         const WeightTypeTraits& t = weight_traits(types[p]);
         std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
@@ -383,42 +410,65 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
         parts.push_back({types[p], rows[p], std::move(b)});
     }
     const WeightMatrix m(cols, std::move(parts));
-    const int R = m.rows();
-    std::string name = m.type_names() + " cols " + std::to_string(cols);
-    for (int n : {1, 5, 6, 7, 23}) {
+    const int R = m.rows(), G = cols / kIntegerGroup;
+    std::vector<uint8_t> u(static_cast<size_t>(R) * cols);
+    std::vector<float> a(static_cast<size_t>(R) * G), o(static_cast<size_t>(R) * G);
+    for (int r = 0; r < R; ++r)
+        m.integer_row(r, 0, cols, &u[static_cast<size_t>(r) * cols], &a[static_cast<size_t>(r) * G], &o[static_cast<size_t>(r) * G]);
+    const std::string name = m.type_names() + " cols " + std::to_string(cols);
+    for (int n : {1, 5, 6, 9, 23}) {
         const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * cols);
+        Q8Rows xq;
+        xq.resize(n, cols);
+        xq.quantize_rows(x.data(), cols, 0, n);
         std::vector<float> ref(static_cast<size_t>(n) * R);
-        multiply_batch(m, x.data(), n, cols, 0, R, ref.data(), R, Isa::Scalar);
-        double worst = 0, scale = 0;
+        multiply_batch(m, xq, 0, R, ref.data(), R, Isa::Scalar);
+        double worst = 0, scale = 0, over = 0;
         for (int i = 0; i < n; ++i)
             for (int r = 0; r < R; ++r) {
-                double e = 0;
-                for (int c = 0; c < cols; ++c) e += static_cast<double>(x[static_cast<size_t>(i) * cols + c]) * w[static_cast<size_t>(r) * cols + c];
-                worst = std::max(worst, std::fabs(e - ref[static_cast<size_t>(i) * R + r]));
-                scale = std::max(scale, std::fabs(e));
+                double same = 0, exact = 0, bound = 0;
+                for (int c = 0; c < cols; ++c) {
+                    const size_t rc = static_cast<size_t>(r) * cols + c, ic = static_cast<size_t>(i) * cols + c;
+                    const size_t blk = static_cast<size_t>(i) * (cols / 32) + c / 32;
+                    const double step = xq.steps[blk], rstep = xq.residual_steps[blk];
+                    const double au = static_cast<double>(a[static_cast<size_t>(r) * G + c / kIntegerGroup]) * u[rc];
+                    same += (step * xq.codes[ic] + rstep * xq.residual_codes[ic]) * au;
+                    exact += static_cast<double>(x[ic]) * w[rc];
+                    bound += rstep / 2 * std::fabs(au);
+                }
+                for (int g = 0; g < G; ++g)
+                    same += static_cast<double>(o[static_cast<size_t>(r) * G + g]) * xq.sums[static_cast<size_t>(i) * G + g];
+                const double got = ref[static_cast<size_t>(i) * R + r];
+                worst = std::max(worst, std::fabs(same - got));
+                scale = std::max(scale, std::fabs(same));
+                over = std::max(over, std::fabs(exact - got) - bound * (1 + 1e-3) - 1e-5 * std::fabs(exact));
             }
-        CHECK(worst <= 1e-5 * scale * std::sqrt(cols / 256.0), "%s n %d: scalar vs float64 %g of %g", name.c_str(), n, worst, scale);
+        CHECK(worst <= 1e-5 * scale, "%s n %d: scalar vs float64 %g of %g", name.c_str(), n, worst, scale);
+        CHECK(over <= 0, "%s n %d: %g beyond the rounding's bound from the unrounded product", name.c_str(), n, over);
         for (Isa isa : kIsas) {
             std::vector<float> y(ref.size());
-            multiply_batch(m, x.data(), n, cols, 0, R, y.data(), R, isa);
+            multiply_batch(m, xq, 0, R, y.data(), R, isa);
             double d = 0;
             for (size_t j = 0; j < y.size(); ++j) d = std::max(d, static_cast<double>(std::fabs(y[j] - ref[j])));
-            CHECK(d <= 1e-5 * scale * std::sqrt(cols / 256.0), "%s n %d isa %s: %g from the scalar path", name.c_str(), n,
-                  isa_name(isa), d);
-            // Rows in two ranges split off a panel boundary: the same bits as the whole.
+            CHECK(d <= 1e-5 * scale, "%s n %d isa %s: %g from the scalar path", name.c_str(), n, isa_name(isa), d);
+            // Rows in two ranges split at a panel boundary: the same bits as the whole.
             const int cut = std::min(R, 16 * ((R / 2 + 15) / 16));
             std::vector<float> z(ref.size(), -1.f);
-            multiply_batch(m, x.data(), n, cols, 0, cut, z.data(), R, isa);
-            multiply_batch(m, x.data(), n, cols, cut, R, z.data(), R, isa);
+            multiply_batch(m, xq, 0, cut, z.data(), R, isa);
+            multiply_batch(m, xq, cut, R, z.data(), R, isa);
             CHECK(std::memcmp(z.data(), y.data(), y.size() * sizeof(float)) == 0, "%s n %d isa %s: a split differs",
                   name.c_str(), n, isa_name(isa));
         }
     }
-    std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(R));
-    CHECK(throws<std::out_of_range>([&] { multiply_batch(m, x.data(), 1, cols, 0, R + 1, y.data(), R + 1, Isa::Scalar); }),
+    Q8Rows one, narrow;
+    one.resize(1, cols);
+    narrow.resize(1, cols - 32);
+    std::vector<float> y(static_cast<size_t>(R) + 1);
+    CHECK(throws<std::out_of_range>([&] { multiply_batch(m, one, 0, R + 1, y.data(), R + 1, Isa::Scalar); }),
           "rows past the matrix");
-    CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, x.data(), 1, cols - 1, 0, R, y.data(), R, Isa::Scalar); }),
-          "a stride shorter than a row");
+    CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, narrow, 0, R, y.data(), R, Isa::Scalar); }),
+          "an activation of another width");
+    CHECK(throws<std::invalid_argument>([&] { one.resize(1, 33); }), "a width not a multiple of 32");
 }
 
 int main() {
@@ -431,6 +481,7 @@ int main() {
         random_matrices(t, 8960);  // its ffn (the down projection's columns)
     }
     stacked_parts();
+    integer_forms();
     batched_product({WeightType::Q4_K, WeightType::Q4_K, WeightType::Q6_K}, {16, 9, 12}, 512);
     batched_product({WeightType::Q5_K}, {33}, 1536);
     batched_product({WeightType::Q4_1, WeightType::Q4_0}, {20, 3}, 576);  // a last panel of 64 columns

@@ -1,6 +1,7 @@
 #include "mnn_h2o/dense/batched_product.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -8,13 +9,78 @@
 
 namespace mnn_h2o {
 
+void Q8Rows::resize(int rows, int width) {
+    if (rows < 0 || width <= 0 || width % 32 != 0)
+        throw std::invalid_argument("Q8Rows: " + std::to_string(rows) + " rows of " + std::to_string(width) +
+                                    " values (a positive multiple of 32)");
+    n = rows;
+    cols = width;
+    codes.resize(static_cast<size_t>(rows) * width);
+    residual_codes.resize(static_cast<size_t>(rows) * width);
+    steps.resize(static_cast<size_t>(rows) * (width / 32));
+    residual_steps.resize(static_cast<size_t>(rows) * (width / 32));
+    sums.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
+}
+
+namespace {
+
+// Rounds the 32 values v to codes c; returns the step (amax / 127; 0 for a block of zeros).
+float round_block(const float* v, int8_t* c) {
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding and subtracting rounds to nearest, ties to even
+    float amax = 0.f;
+    for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(v[l]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int l = 0; l < 32; ++l) {
+        const float r = (v[l] * inv + kRound) - kRound;
+        c[l] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+    }
+    return amax / 127.f;
+}
+
+}  // namespace
+
+void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
+    const int nb = cols / 32;
+    for (int i = i0; i < i1; ++i) {
+        const float* row = x + static_cast<size_t>(i) * ldx;
+        const size_t at = static_cast<size_t>(i) * cols;
+        for (int b = 0; b < nb; ++b) {
+            const float* v = row + 32 * b;
+            int8_t* c = codes.data() + at + 32 * b;
+            const float step = round_block(v, c);
+            float left[32], s0 = 0.f, s1 = 0.f;
+            for (int l = 0; l < 32; ++l) left[l] = v[l] - step * static_cast<float>(c[l]);
+            for (int l = 0; l < 16; ++l) s0 += v[l];
+            for (int l = 16; l < 32; ++l) s1 += v[l];
+            steps[static_cast<size_t>(i) * nb + b] = step;
+            residual_steps[static_cast<size_t>(i) * nb + b] = round_block(left, residual_codes.data() + at + 32 * b);
+            sums[static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b] = s0;
+            sums[static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b + 1] = s1;
+        }
+    }
+}
+
 void panel_tile_scalar(const PanelTile& t) {
     for (int i = 0; i < t.n; ++i) {
-        const float* x = t.x + static_cast<size_t>(i) * t.ldx;
+        const int8_t* c = t.codes + static_cast<size_t>(i) * t.ldc;
+        const int8_t* rc = t.residual_codes + static_cast<size_t>(i) * t.ldc;
+        const float* st = t.steps + static_cast<size_t>(i) * t.lds;
+        const float* rst = t.residual_steps + static_cast<size_t>(i) * t.lds;
+        const float* sm = t.sums + static_cast<size_t>(i) * t.ldg;
         float* y = t.y + static_cast<size_t>(i) * t.ldy;
         for (int j = 0; j < t.width; ++j) {
             float acc = 0.f;
-            for (int c = 0; c < t.kc; ++c) acc += x[c] * t.panel[c * kPanelRows + j];
+            for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+                int32_t dot = 0, rdot = 0;
+                for (int l = 0; l < kIntegerGroup; ++l) {
+                    const int col = kIntegerGroup * g + l;
+                    const int32_t u = t.u[(col / 4) * 64 + 4 * j + col % 4];
+                    dot += u * c[col];
+                    rdot += u * rc[col];
+                }
+                const float aj = t.a[g * kPanelRows + j], bj = t.b[g * kPanelRows + j];
+                acc += aj * (st[g / 2] * static_cast<float>(dot) + rst[g / 2] * static_cast<float>(rdot)) + bj * sm[g];
+            }
             y[j] = t.accumulate ? y[j] + acc : acc;
         }
     }
@@ -24,6 +90,7 @@ namespace {
 
 PanelKernel panel_kernel(Isa isa) {
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
+    if (isa == Isa::Avx512 && cpu_features().avx512_vnni) return panel_tile_avx512vnni;
     if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) return panel_tile_avx2;
 #elif defined(__aarch64__)
     if (isa == Isa::Neon) return panel_tile_neon;
@@ -34,16 +101,19 @@ PanelKernel panel_kernel(Isa isa) {
 
 }  // namespace
 
-void multiply_batch(const WeightMatrix& w, const float* x, int n, int ldx, int r0, int r1, float* y, int ldy, Isa isa) {
+void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, float* y, int ldy, Isa isa) {
     if (r0 < 0 || r1 > w.rows() || r0 > r1) throw std::out_of_range("multiply_batch: rows out of range");
-    if (n < 0 || ldx < w.cols() || ldy < r1)
-        throw std::invalid_argument("multiply_batch: n " + std::to_string(n) + ", ldx " + std::to_string(ldx) +
-                                    " (cols " + std::to_string(w.cols()) + "), ldy " + std::to_string(ldy) +
-                                    " (rows to " + std::to_string(r1) + ")");
-    if (n == 0 || r0 == r1) return;
+    if (xq.cols != w.cols() || ldy < r1)
+        throw std::invalid_argument("multiply_batch: an activation of " + std::to_string(xq.cols) +
+                                    " values for a matrix of " + std::to_string(w.cols()) + " columns, ldy " +
+                                    std::to_string(ldy) + " (rows to " + std::to_string(r1) + ")");
+    if (xq.n == 0 || r0 == r1) return;
     const PanelKernel kernel = panel_kernel(isa);
-    alignas(64) float panel[kPanelCols * kPanelRows];
-    alignas(64) float row[kPanelCols];
+    constexpr int kGroups = kPanelCols / kIntegerGroup;
+    alignas(64) uint8_t u[kPanelCols * kPanelRows];
+    alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows];
+    alignas(64) uint8_t row_u[kPanelCols];
+    float row_a[kGroups], row_b[kGroups];
     const int cols = w.cols();
     for (int p0 = r0; p0 < r1; p0 += kPanelRows) {
         const int width = std::min(kPanelRows, r1 - p0);
@@ -51,13 +121,22 @@ void multiply_batch(const WeightMatrix& w, const float* x, int n, int ldx, int r
             const int kc = std::min(kPanelCols, cols - c0);
             for (int j = 0; j < kPanelRows; ++j) {
                 if (j < width) {
-                    w.dequantize_row(p0 + j, c0, c0 + kc, row);
-                    for (int c = 0; c < kc; ++c) panel[c * kPanelRows + j] = row[c];
+                    w.integer_row(p0 + j, c0, c0 + kc, row_u, row_a, row_b);
                 } else {
-                    for (int c = 0; c < kc; ++c) panel[c * kPanelRows + j] = 0.f;
+                    std::fill(row_u, row_u + kc, uint8_t{0});
+                    std::fill(row_a, row_a + kc / kIntegerGroup, 0.f);
+                    std::fill(row_b, row_b + kc / kIntegerGroup, 0.f);
+                }
+                for (int c = 0; c < kc; ++c) u[(c / 4) * 64 + 4 * j + c % 4] = row_u[c];
+                for (int g = 0; g < kc / kIntegerGroup; ++g) {
+                    a[g * kPanelRows + j] = row_a[g];
+                    b[g * kPanelRows + j] = row_b[g];
                 }
             }
-            kernel(PanelTile{panel, kc, x + c0, ldx, n, y + p0, ldy, width, c0 > 0});
+            kernel(PanelTile{u, a, b, kc, xq.codes.data() + c0, xq.residual_codes.data() + c0, xq.cols,
+                             xq.steps.data() + c0 / 32, xq.residual_steps.data() + c0 / 32, xq.cols / 32,
+                             xq.sums.data() + c0 / kIntegerGroup, xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width,
+                             c0 > 0});
         }
     }
 }

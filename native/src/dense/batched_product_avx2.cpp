@@ -1,8 +1,13 @@
-// AVX2 + FMA register tile of the batched product (batched_product_kernels.h): M activation rows
-// (up to 6) by the panel's 16 rows in 12 accumulators; per column two panel loads and M
-// broadcasts feed 2 M FMAs. AVX-512 machines run it too.
+// AVX2 panel kernel of the batched product (batched_product_kernels.h): a register holds four
+// columns of eight panel rows (one 32-bit lane a row); maddubs multiplies them by four codes of an
+// activation row broadcast to every lane (pairs of u <= 63 times |code| <= 127: at most 16002 an
+// int16, no saturation) and madd with ones sums each row's four in int32. Each half of the panel
+// (rows 0-7, 8-15) for M activation rows (up to 3) at a time; per group of 16 columns the int32
+// dots meet the floats. AVX-512 machines without VNNI run it too.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "batched_product_kernels.h"
 #include "mnn_h2o/dense/batched_product.h"
@@ -11,32 +16,59 @@ namespace mnn_h2o {
 
 namespace {
 
+inline int32_t four_codes(const int8_t* c) {
+    int32_t v;
+    std::memcpy(&v, c, 4);
+    return v;
+}
+
 template <int M>
-void tile(const PanelTile& t, const float* x, float* y) {
-    __m256 c[M][2];
-    for (int a = 0; a < M; ++a) c[a][0] = c[a][1] = _mm256_setzero_ps();
-    for (int k = 0; k < t.kc; ++k) {
-        const __m256 w0 = _mm256_load_ps(t.panel + k * kPanelRows), w1 = _mm256_load_ps(t.panel + k * kPanelRows + 8);
-        for (int a = 0; a < M; ++a) {
-            const __m256 xa = _mm256_broadcast_ss(x + static_cast<size_t>(a) * t.ldx + k);
-            c[a][0] = _mm256_fmadd_ps(xa, w0, c[a][0]);
-            c[a][1] = _mm256_fmadd_ps(xa, w1, c[a][1]);
-        }
-    }
+void tile(const PanelTile& t, int i0) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *c[M], *rc[M];
+    const float *st[M], *rst[M], *sm[M];
     for (int a = 0; a < M; ++a) {
-        float* out = y + static_cast<size_t>(a) * t.ldy;
-        if (t.width == kPanelRows) {
-            if (t.accumulate) {
-                c[a][0] = _mm256_add_ps(_mm256_loadu_ps(out), c[a][0]);
-                c[a][1] = _mm256_add_ps(_mm256_loadu_ps(out + 8), c[a][1]);
+        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
+        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
+        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
+        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
+        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
+    }
+    for (int h = 0; h < 2; ++h) {
+        __m256 f[M];
+        for (int a = 0; a < M; ++a) f[a] = _mm256_setzero_ps();
+        for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+            __m256i acc[M], racc[M];
+            for (int a = 0; a < M; ++a) acc[a] = racc[a] = _mm256_setzero_si256();
+            for (int q = 0; q < 4; ++q) {
+                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.u + (4 * g + q) * 64 + 32 * h));
+                const int at = kIntegerGroup * g + 4 * q;
+                for (int a = 0; a < M; ++a) {
+                    const __m256i x = _mm256_set1_epi32(four_codes(c[a] + at)), rx = _mm256_set1_epi32(four_codes(rc[a] + at));
+                    acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+                    racc[a] = _mm256_add_epi32(racc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, rx), ones));
+                }
             }
-            _mm256_storeu_ps(out, c[a][0]);
-            _mm256_storeu_ps(out + 8, c[a][1]);
-        } else {
-            alignas(32) float v[kPanelRows];
-            _mm256_store_ps(v, c[a][0]);
-            _mm256_store_ps(v + 8, c[a][1]);
-            for (int j = 0; j < t.width; ++j) out[j] = t.accumulate ? out[j] + v[j] : v[j];
+            const __m256 A = _mm256_load_ps(t.a + g * kPanelRows + 8 * h), B = _mm256_load_ps(t.b + g * kPanelRows + 8 * h);
+            for (int a = 0; a < M; ++a) {
+                const __m256 dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(st[a][g / 2]),
+                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(rst[a][g / 2])));
+                f[a] = _mm256_fmadd_ps(A, dots, f[a]);
+                f[a] = _mm256_fmadd_ps(B, _mm256_set1_ps(sm[a][g]), f[a]);
+            }
+        }
+        for (int a = 0; a < M; ++a) {
+            float* y = t.y + static_cast<size_t>(i0 + a) * t.ldy + 8 * h;
+            const int w = t.width - 8 * h;  // rows of this half that exist
+            if (w >= 8) {
+                __m256 v = f[a];
+                if (t.accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+                _mm256_storeu_ps(y, v);
+            } else if (w > 0) {
+                alignas(32) float v[8];
+                _mm256_store_ps(v, f[a]);
+                for (int j = 0; j < w; ++j) y[j] = t.accumulate ? y[j] + v[j] : v[j];
+            }
         }
     }
 }
@@ -45,15 +77,10 @@ void tile(const PanelTile& t, const float* x, float* y) {
 
 void panel_tile_avx2(const PanelTile& t) {
     int i = 0;
-    for (; i + 6 <= t.n; i += 6) tile<6>(t, t.x + static_cast<size_t>(i) * t.ldx, t.y + static_cast<size_t>(i) * t.ldy);
-    const float* x = t.x + static_cast<size_t>(i) * t.ldx;
-    float* y = t.y + static_cast<size_t>(i) * t.ldy;
+    for (; i + 3 <= t.n; i += 3) tile<3>(t, i);
     switch (t.n - i) {
-        case 5: tile<5>(t, x, y); break;
-        case 4: tile<4>(t, x, y); break;
-        case 3: tile<3>(t, x, y); break;
-        case 2: tile<2>(t, x, y); break;
-        case 1: tile<1>(t, x, y); break;
+        case 2: tile<2>(t, i); break;
+        case 1: tile<1>(t, i); break;
         default: break;
     }
 }

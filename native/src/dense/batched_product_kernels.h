@@ -1,14 +1,27 @@
-// Internal to batched_product: the register-tile kernels, each adding one decoded panel's products
-// into y as the scalar reference in batched_product.cpp does (dense/batched_product.h).
+// Internal to batched_product: the panel kernels, each adding one unpacked panel's products into y
+// as the scalar reference in batched_product.cpp does (dense/batched_product.h).
 #pragma once
+
+#include <cstdint>
 
 namespace mnn_h2o {
 
+// One panel: kPanelRows weight rows by kc columns (kc a multiple of 16) in the integer form.
 struct PanelTile {
-    const float* panel;  // [kc][kPanelRows]: column c's value of the panel's row j at panel[c * kPanelRows + j]
-    int kc;              // columns in this panel
-    const float* x;      // activation row i's column 0 of the panel at x + i * ldx
-    int ldx;
+    // u: column c of panel row j at u[(c / 4) * 64 + 4 j + c % 4]: four columns of the 16 rows in
+    // 64 bytes, one 32-bit lane a row (vpdpbusd's operand).
+    const uint8_t* u;
+    const float* a;      // group g (16 columns) of row j at a[g * kPanelRows + j]
+    const float* b;      // likewise
+    int kc;
+    const int8_t* codes;           // activation row i's code of column 0 of the panel at codes + i * ldc
+    const int8_t* residual_codes;  // likewise
+    int ldc;
+    const float* steps;            // its block step of the panel's first block at steps + i * lds
+    const float* residual_steps;   // likewise
+    int lds;
+    const float* sums;   // its group sum of the panel's first group at sums + i * ldg
+    int ldg;
     int n;               // activation rows
     float* y;            // output row i's panel row 0 at y + i * ldy
     int ldy;
@@ -21,6 +34,7 @@ using PanelKernel = void (*)(const PanelTile&);
 void panel_tile_scalar(const PanelTile& t);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 void panel_tile_avx2(const PanelTile& t);
+void panel_tile_avx512vnni(const PanelTile& t);
 #endif
 #if defined(__aarch64__)
 void panel_tile_neon(const PanelTile& t);

@@ -1,8 +1,12 @@
-// NEON register tile of the batched product (batched_product_kernels.h): M activation rows (up to
-// 6) by the panel's 16 rows in 24 accumulators of four lanes; per column four panel loads and M
-// broadcasts feed 4 M fused multiply-adds.
+// NEON panel kernel of the batched product (batched_product_kernels.h): 16 bytes hold four
+// columns of four panel rows; u <= 63 is a signed byte too, so vmull_s8 multiplies them by four
+// codes of an activation row broadcast (int16 products), a pairwise add sums each row's pairs
+// (at most 2 x 63 x 127 an int16) and vpadalq the pairs into each row's int32 lane. M activation
+// rows (up to 2) at a time; per group of 16 columns the int32 dots meet the floats.
 #if defined(__aarch64__)
 #include <arm_neon.h>
+
+#include <cstring>
 
 #include "batched_product_kernels.h"
 #include "mnn_h2o/dense/batched_product.h"
@@ -11,24 +15,61 @@ namespace mnn_h2o {
 
 namespace {
 
+inline int8x16_t four_codes(const int8_t* c) {
+    int32_t v;
+    std::memcpy(&v, c, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(v));
+}
+
 template <int M>
-void tile(const PanelTile& t, const float* x, float* y) {
-    float32x4_t c[M][4];
+void tile(const PanelTile& t, int i0) {
+    float32x4_t f[M][4];
     for (int a = 0; a < M; ++a)
-        for (int v = 0; v < 4; ++v) c[a][v] = vdupq_n_f32(0.f);
-    for (int k = 0; k < t.kc; ++k) {
-        const float* p = t.panel + k * kPanelRows;
-        const float32x4_t w[4] = {vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)};
-        for (int a = 0; a < M; ++a) {
-            const float32x4_t xa = vdupq_n_f32(x[static_cast<size_t>(a) * t.ldx + k]);
-            for (int v = 0; v < 4; ++v) c[a][v] = vfmaq_f32(c[a][v], xa, w[v]);
+        for (int r = 0; r < 4; ++r) f[a][r] = vdupq_n_f32(0.f);
+    const int8_t *c[M], *rc[M];
+    const float *st[M], *rst[M], *sm[M];
+    for (int a = 0; a < M; ++a) {
+        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
+        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
+        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
+        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
+        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
+    }
+    auto dot4 = [](int32x4_t acc, int8x16_t w, int8x16_t x) {
+        const int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+        const int16x8_t hi = vmull_s8(vget_high_s8(w), vget_high_s8(x));
+        return vpadalq_s16(acc, vpaddq_s16(lo, hi));
+    };
+    for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+        int32x4_t acc[M][4], racc[M][4];
+        for (int a = 0; a < M; ++a)
+            for (int r = 0; r < 4; ++r) acc[a][r] = racc[a][r] = vdupq_n_s32(0);
+        for (int q = 0; q < 4; ++q) {
+            const int8_t* u = reinterpret_cast<const int8_t*>(t.u + (4 * g + q) * 64);
+            const int at = kIntegerGroup * g + 4 * q;
+            for (int r = 0; r < 4; ++r) {  // rows 4 r .. 4 r + 3
+                const int8x16_t w = vld1q_s8(u + 16 * r);
+                for (int a = 0; a < M; ++a) {
+                    acc[a][r] = dot4(acc[a][r], w, four_codes(c[a] + at));
+                    racc[a][r] = dot4(racc[a][r], w, four_codes(rc[a] + at));
+                }
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            const float32x4_t A = vld1q_f32(t.a + g * kPanelRows + 4 * r), B = vld1q_f32(t.b + g * kPanelRows + 4 * r);
+            for (int a = 0; a < M; ++a) {
+                const float32x4_t dots = vfmaq_n_f32(vmulq_n_f32(vcvtq_f32_s32(racc[a][r]), rst[a][g / 2]),
+                                                     vcvtq_f32_s32(acc[a][r]), st[a][g / 2]);
+                f[a][r] = vfmaq_f32(f[a][r], A, dots);
+                f[a][r] = vfmaq_n_f32(f[a][r], B, sm[a][g]);
+            }
         }
     }
     for (int a = 0; a < M; ++a) {
-        float* out = y + static_cast<size_t>(a) * t.ldy;
+        float* y = t.y + static_cast<size_t>(i0 + a) * t.ldy;
         float v[kPanelRows];
-        for (int q = 0; q < 4; ++q) vst1q_f32(v + 4 * q, c[a][q]);
-        for (int j = 0; j < t.width; ++j) out[j] = t.accumulate ? out[j] + v[j] : v[j];
+        for (int r = 0; r < 4; ++r) vst1q_f32(v + 4 * r, f[a][r]);
+        for (int j = 0; j < t.width; ++j) y[j] = t.accumulate ? y[j] + v[j] : v[j];
     }
 }
 
@@ -36,17 +77,8 @@ void tile(const PanelTile& t, const float* x, float* y) {
 
 void panel_tile_neon(const PanelTile& t) {
     int i = 0;
-    for (; i + 6 <= t.n; i += 6) tile<6>(t, t.x + static_cast<size_t>(i) * t.ldx, t.y + static_cast<size_t>(i) * t.ldy);
-    const float* x = t.x + static_cast<size_t>(i) * t.ldx;
-    float* y = t.y + static_cast<size_t>(i) * t.ldy;
-    switch (t.n - i) {
-        case 5: tile<5>(t, x, y); break;
-        case 4: tile<4>(t, x, y); break;
-        case 3: tile<3>(t, x, y); break;
-        case 2: tile<2>(t, x, y); break;
-        case 1: tile<1>(t, x, y); break;
-        default: break;
-    }
+    for (; i + 2 <= t.n; i += 2) tile<2>(t, i);
+    if (i < t.n) tile<1>(t, i);
 }
 
 }  // namespace mnn_h2o

@@ -1,7 +1,5 @@
 #include "mnn_h2o/dense/decode_layers.h"
 
-#include "mnn_h2o/dense/batched_product.h"
-
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -210,11 +208,19 @@ void DecodeLayers::grow_rows(int n) {
     rows_capacity_ = n;
 }
 
-void DecodeLayers::product_rows(const WeightMatrix& m, const float* x, int n, float* y, Isa isa) {
+void DecodeLayers::quantize_rows(const float* x, int n, int cols, Q8Rows& out) {
+    out.resize(n, cols);
+    const int step = (n + team_.size() - 1) / team_.size();
+    team_.run((n + step - 1) / step, [&](int task) {
+        out.quantize_rows(x, cols, task * step, std::min(n, (task + 1) * step));
+    });
+}
+
+void DecodeLayers::product_rows(const WeightMatrix& m, const Q8Rows& x, float* y, Isa isa) {
     const int rows = m.rows(), step = task_rows(rows, kPanelRows);
     team_.run((rows + step - 1) / step, [&](int task) {
         const int r0 = task * step;
-        multiply_batch(m, x, n, m.cols(), r0, std::min(rows, r0 + step), y, rows, isa);
+        multiply_batch(m, x, r0, std::min(rows, r0 + step), y, rows, isa);
     });
 }
 
@@ -222,23 +228,25 @@ void DecodeLayers::finish_rows(int layer, int n, float* h, const float* attn, Is
     const DecodeShape& s = shape_;
     const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
     const size_t hid = static_cast<size_t>(s.hidden), ffn = static_cast<size_t>(s.ffn);
-    product_rows(w.wo, attn, n, ys_.data(), isa);
+    quantize_rows(attn, n, s.n_heads * s.head_dim, attn_rows_);
+    product_rows(w.wo, attn_rows_, ys_.data(), isa);
     for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
     for (int r = 0; r < n; ++r) rms_norm(h + r * hid, w.ffn_norm, xs_.data() + r * hid);
-    // Gate and up rows of a task meet in SiLU(gate) * up for every token (into gates_): the
-    // down projection's input is ready when the last task ends.
+    quantize_rows(xs_.data(), n, s.hidden, x_rows_);
+    // Gate and up rows of a task meet in SiLU(gate) * up for every token (into gates_).
     const int step = task_rows(s.ffn, kPanelRows);
     team_.run((s.ffn + step - 1) / step, [&](int task) {
         const int r0 = task * step, r1 = std::min(s.ffn, r0 + step);
-        multiply_batch(w.gate, xs_.data(), n, s.hidden, r0, r1, gates_.data(), s.ffn, isa);
-        multiply_batch(w.up, xs_.data(), n, s.hidden, r0, r1, ups_.data(), s.ffn, isa);
+        multiply_batch(w.gate, x_rows_, r0, r1, gates_.data(), s.ffn, isa);
+        multiply_batch(w.up, x_rows_, r0, r1, ups_.data(), s.ffn, isa);
         for (int r = 0; r < n; ++r)
             for (int j = r0; j < r1; ++j) {
                 const size_t at = static_cast<size_t>(r) * ffn + static_cast<size_t>(j);
                 gates_[at] = silu_times(gates_[at], ups_[at]);
             }
     });
-    product_rows(w.down, gates_.data(), n, ys_.data(), isa);
+    quantize_rows(gates_.data(), n, s.ffn, act_rows_);
+    product_rows(w.down, act_rows_, ys_.data(), isa);
     for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
 }
 
@@ -249,7 +257,8 @@ void DecodeLayers::start_rows(int layer, int n, const float* h, const float* cos
     const size_t hid = static_cast<size_t>(s.hidden), hd = static_cast<size_t>(s.head_dim);
     const size_t nq = s.n_heads * hd, nk = s.n_kv_heads * hd, width = nq + 2 * nk;
     for (int r = 0; r < n; ++r) rms_norm(h + r * hid, w.attn_norm, xs_.data() + r * hid);
-    product_rows(w.qkv, xs_.data(), n, qkvs_.data(), isa);
+    quantize_rows(xs_.data(), n, s.hidden, x_rows_);
+    product_rows(w.qkv, x_rows_, qkvs_.data(), isa);
     for (int r = 0; r < n; ++r) {
         float* row = qkvs_.data() + r * width;
         if (!w.qkv_bias.empty())
@@ -292,7 +301,8 @@ void DecodeLayers::logits_rows(int n, float* h, const float* attn, float* out, I
     grow_rows(n);
     finish_rows(n_layers() - 1, n, h, attn, isa);
     for (int r = 0; r < n; ++r) rms_norm(h + r * hid, out_norm_, xs_.data() + r * hid);
-    product_rows(head_, xs_.data(), n, out, isa);
+    quantize_rows(xs_.data(), n, s.hidden, x_rows_);
+    product_rows(head_, x_rows_, out, isa);
     team_.rest();
 }
 

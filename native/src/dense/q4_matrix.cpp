@@ -40,18 +40,19 @@ void q4_rows_scalar(const Q4Rows& p, int r0, int r1) {
 
 }  // namespace
 
-void Q4Matrix::dequantize_row(int r, int b0, int b1, float* out) const {
+void Q4Matrix::integer_row(int r, int b0, int b1, uint8_t* u, float* a, float* b) const {
     if (r < 0 || r >= rows_ || b0 < 0 || b1 > cols_ / kQ4Block || b0 > b1)
-        throw std::out_of_range("Q4Matrix::dequantize_row: row or blocks out of range");
-    for (int b = b0; b < b1; ++b, out += kQ4Block) {
-        const size_t pair = static_cast<size_t>(r) * pairs_ + static_cast<size_t>(b / 2);
-        const int half = b % 2;
+        throw std::out_of_range("Q4Matrix::integer_row: row or blocks out of range");
+    for (int blk = b0; blk < b1; ++blk, u += kQ4Block, a += 2, b += 2) {
+        const size_t pair = static_cast<size_t>(r) * pairs_ + static_cast<size_t>(blk / 2);
+        const int half = blk % 2;
         const uint8_t* q = nibbles_.data() + pair * 32 + half * 16;
-        const float scale = fp16_to_fp32(scale_mins_[pair * 4 + half]), min = fp16_to_fp32(scale_mins_[pair * 4 + 2 + half]);
         for (int j = 0; j < 16; ++j) {
-            out[j] = static_cast<float>(q[j] & 15) * scale + min;
-            out[j + 16] = static_cast<float>(q[j] >> 4) * scale + min;
+            u[j] = q[j] & 15;
+            u[j + 16] = q[j] >> 4;
         }
+        a[0] = a[1] = fp16_to_fp32(scale_mins_[pair * 4 + half]);
+        b[0] = b[1] = fp16_to_fp32(scale_mins_[pair * 4 + 2 + half]);
     }
 }
 

@@ -173,6 +173,8 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             seg.q4 = std::make_shared<Q4Matrix>(part.rows, cols, nibbles, scales, mins);
         } else {
             row_kernels(t.type);  // a type the table holds as blocks has its kernels here
+            if (t.integer_form == nullptr)  // and the batched product's form (weight_types.cpp)
+                throw std::logic_error(std::string("WeightMatrix: no integer form for ") + t.name);
             seg.blocks = std::move(part.blocks);
         }
         rows_ += part.rows;
@@ -234,21 +236,21 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
     }
 }
 
-void WeightMatrix::dequantize_row(int r, int c0, int c1, float* out) const {
+void WeightMatrix::integer_row(int r, int c0, int c1, uint8_t* u, float* a, float* b) const {
     if (r < 0 || r >= rows_ || c0 < 0 || c1 > cols_ || c0 > c1)
-        throw std::out_of_range("WeightMatrix::dequantize_row: row or columns out of range");
+        throw std::out_of_range("WeightMatrix::integer_row: row or columns out of range");
     for (const Segment& s : segments_) {
         if (r >= s.row0 + s.rows) continue;
         const int bv = s.traits->block_values;
         if (c0 % bv != 0 || c1 % bv != 0)
-            throw std::out_of_range(std::string("WeightMatrix::dequantize_row: columns not whole ") + s.traits->name +
+            throw std::out_of_range(std::string("WeightMatrix::integer_row: columns not whole ") + s.traits->name +
                                     " blocks");
         if (s.q4) {
-            s.q4->dequantize_row(r - s.row0, c0 / kQ4Block, c1 / kQ4Block, out);
+            s.q4->integer_row(r - s.row0, c0 / kQ4Block, c1 / kQ4Block, u, a, b);
         } else {
             const uint8_t* row = s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes;
-            s.traits->dequantize(row + static_cast<size_t>(c0 / bv) * s.traits->block_bytes, out,
-                                 static_cast<size_t>((c1 - c0) / bv));
+            s.traits->integer_form(row + static_cast<size_t>(c0 / bv) * s.traits->block_bytes, u, a, b,
+                                   static_cast<size_t>((c1 - c0) / bv));
         }
         return;
     }

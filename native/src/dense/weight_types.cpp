@@ -75,15 +75,72 @@ void dequantize_q6_k(const uint8_t* b, float* out, size_t n) {
     }
 }
 
+// The integer forms (weight_types.h): Q4_0's (n - 8) d is n d + (-8 d); Q4_K's sub-block of 32
+// is two groups with its d s_j and -dmin m_j; Q6_K's (q - 32) d sc is q (d sc) + (-32 d sc).
+void integer_q4_0(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 18, u += 32, a += 2, o += 2) {
+        const float d = half(b);
+        for (int i = 0; i < 16; ++i) {
+            u[i] = b[2 + i] & 15;
+            u[i + 16] = b[2 + i] >> 4;
+        }
+        a[0] = a[1] = d;
+        o[0] = o[1] = -8.f * d;
+    }
+}
+
+void integer_q4_1(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 20, u += 32, a += 2, o += 2) {
+        for (int i = 0; i < 16; ++i) {
+            u[i] = b[4 + i] & 15;
+            u[i + 16] = b[4 + i] >> 4;
+        }
+        a[0] = a[1] = half(b);
+        o[0] = o[1] = half(b + 2);
+    }
+}
+
+template <bool kFifthBit>
+void integer_q45_k(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
+    for (size_t k = 0; k < n; ++k, b += kBytes, u += 256, a += 16, o += 16) {
+        const float d = half(b), dmin = half(b + 2);
+        uint8_t s[8], m[8];
+        q4_k_scales_mins(b + 4, s, m);
+        for (int j = 0; j < 8; ++j) {
+            const uint8_t* q = b + kQs + 32 * (j / 2);
+            for (int l = 0; l < 32; ++l) {
+                int v = (j % 2) ? (q[l] >> 4) : (q[l] & 15);
+                if (kFifthBit) v += 16 * ((b[16 + l] >> j) & 1);
+                u[32 * j + l] = static_cast<uint8_t>(v);
+            }
+            a[2 * j] = a[2 * j + 1] = d * static_cast<float>(s[j]);
+            o[2 * j] = o[2 * j + 1] = -(dmin * static_cast<float>(m[j]));
+        }
+    }
+}
+
+void integer_q6_k(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 210, u += 256, a += 16, o += 16) {
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float d = half(b + 208);
+        q6_k_values(b, u);
+        for (int g = 0; g < 16; ++g) {
+            a[g] = d * static_cast<float>(sc[g]);
+            o[g] = -32.f * a[g];
+        }
+    }
+}
+
 // Id order. HeldAs: Q4_0 / Q4_1 keep the pair layout their kernels were measured on (q4_matrix.h);
 // the k-quants run on the GGUF's own bytes; Q8_0 is decoded (the head's and tail's rows, tests).
 constexpr WeightTypeTraits kTable[] = {
-    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0},
-    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1},
-    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, {0, -1}, dequantize_q8_0},
-    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>},
-    {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>},
-    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k},
+    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0, integer_q4_0},
+    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1, integer_q4_1},
+    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, {0, -1}, dequantize_q8_0, nullptr},
+    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>, integer_q45_k<false>},
+    {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>, integer_q45_k<true>},
+    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k, integer_q6_k},
 };
 
 }  // namespace

@@ -1,18 +1,26 @@
 // A matrix of GGUF weight blocks times many activation rows at once: a prompt chunk's products in
 // the decode layers (dense/decode_layers.h), Y = X W^T.
 //
-// Why not the one-row kernels n times: they decode every block's integers again for each row, and
-// round each activation row twice to int8 first (q4_matrix.h). Here a panel of kPanelRows weight
-// rows is decoded to float once per kPanelCols columns (WeightMatrix::dequantize_row, the type's
-// reference dequantiser), and each decoded value multiplies every activation row: the decoding
-// costs 1/n of what it costs a one-row product, the products are float multiply-adds (an FMA
-// register tile on SIMD), and no activation is rounded. Below kMinRows rows the decoding is
-// not paid back, and the callers use the one-row kernels.
+// Why not the one-row kernels n times: they unpack every block's integers again for each row, and
+// round each activation row anew. Here the activation rows are rounded to int8 once for every
+// product that reads them (Q8Rows), and a panel of kPanelRows weight rows is unpacked once per kPanelCols
+// columns into the weight types' integer form (weight_types.h: value = u a + b per group of 16,
+// u <= 63), shared by every activation row: per group, integer dots of u with the codes and the
+// residual codes, then
+//   y += a * (step * dot(u, codes) + residual_step * dot(u, residual codes)) + b * sum
+// with the activation block's step and the group's float sum of the unrounded values (so a
+// type's offsets and mins, Q4_K's dmin m_j, Q6_K's -32, meet exact sums: only the a u part sees
+// the rounding). On x86 the dots are AVX-512 VNNI (64 multiply-adds an instruction) or AVX2
+// maddubs; below kMinRows rows the unpacking is not paid back and the callers use the one-row
+// kernels.
 //
-// Summation order: for each output, the column panels in order, and within one panel the columns
-// in order (the scalar path with a separate multiply and add, the SIMD paths with FMA): the same
-// for any split of the rows over threads.
+// Summation order: per output, the column panels in order, within a panel the groups in order,
+// the integer dots exact: every ISA's float sums in the same order, and any split of the rows
+// over threads gives the same bits.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/runtime/cpu_features.h"
@@ -23,9 +31,27 @@ constexpr int kPanelRows = 16;
 constexpr int kPanelCols = 256;
 constexpr int kMinRows = 16;
 
-// y[i * ldy + r] = sum_c x[i * ldx + c] w[r][c] for activation rows i < n and weight rows r in
-// [r0, r1). ldx >= w.cols(), ldy >= r1. isa Scalar: the reference. Throws std::out_of_range on a
-// row range outside the matrix, std::invalid_argument on n < 0 or strides too small.
-void multiply_batch(const WeightMatrix& w, const float* x, int n, int ldx, int r0, int r1, float* y, int ldy, Isa isa);
+// n activation rows of cols values (cols a multiple of 32) rounded twice per block of 32, as the
+// one-row products' activation is (q4_matrix.h): value c of row i ~ steps[i][c / 32] *
+// codes[i][c] + residual_steps[i][c / 32] * residual_codes[i][c] (each round to nearest, |code| <=
+// 127, step = amax / 127 of what is rounded), sums[i][c / 16] the float sum of the group's
+// unrounded values. One rounding alone cost 15x MNN's int8 KL on SmolLM2's prompts (0.0097
+// against 0.0006 over 320 teacher-forced tokens: docs/results.md 'Prompt layers').
+struct Q8Rows {
+    int n = 0, cols = 0;
+    std::vector<int8_t> codes, residual_codes;  // [n][cols]
+    std::vector<float> steps, residual_steps;   // [n][cols / 32]
+    std::vector<float> sums;                    // [n][cols / 16]
+
+    void resize(int n, int cols);
+    // Rows [i0, i1) of x (row i at x + i * ldx), after resize: disjoint row ranges may be written
+    // from different threads.
+    void quantize_rows(const float* x, int ldx, int i0, int i1);
+};
+
+// y[i * ldy + r] = sum_c x_i[c] w[r][c] for the rows i of xq and weight rows r in [r0, r1), ldy >=
+// r1. isa Scalar: the reference. Throws std::out_of_range on a row range outside the matrix,
+// std::invalid_argument on an activation of another width or ldy too small.
+void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, float* y, int ldy, Isa isa);
 
 }  // namespace mnn_h2o

@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/runtime/spin_team.h"
@@ -68,8 +69,9 @@ public:
     // A prompt chunk of n tokens through layer i's module, as forward does for each row: h
     // [n][hidden], attn (or nullptr) [n][n_heads head_dim], cos and sin [n][head_dim] (each
     // row's position), q [n][n_heads head_dim], k and v [n][n_kv_heads head_dim]. From kMinRows
-    // rows the products are batched (dense/batched_product.h: float weights decoded from the
-    // blocks, activations not rounded); below, each row takes forward's one-row products. The
+    // rows the products are batched (dense/batched_product.h: the weights' integers unpacked once
+    // for every row, each activation row rounded once to int8 per block of 32); below, each row
+    // takes forward's one-row products. The
     // workers rest after the call (the chunk's attention uses its own threads).
     void forward_rows(int i, int n, float* h, const float* attn, const float* cos, const float* sin, float* q,
                       float* k, float* v, Isa isa);
@@ -81,8 +83,10 @@ private:
     void finish_rows(int layer, int n, float* h, const float* attn, Isa isa);
     void start_rows(int layer, int n, const float* h, const float* cos, const float* sin, float* q, float* k,
                     float* v, Isa isa);
-    // y [n][m.rows()] = x [n][m.cols()] m^T, the rows split into tasks on the team.
-    void product_rows(const WeightMatrix& m, const float* x, int n, float* y, Isa isa);
+    // y [n][m.rows()] = x m^T for the rows of x, the rows of m split into tasks on the team.
+    void product_rows(const WeightMatrix& m, const Q8Rows& x, float* y, Isa isa);
+    // n rows of cols values (row i at x + i * cols) rounded once per block into out, on the team.
+    void quantize_rows(const float* x, int n, int cols, Q8Rows& out);
     void grow_rows(int n);  // the chunk scratch below for n rows
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
                Isa isa);
@@ -104,6 +108,7 @@ private:
     // [n][qkv rows], [n][ffn] twice.
     int rows_capacity_ = 0;
     std::vector<float> xs_, ys_, qkvs_, gates_, ups_;
+    Q8Rows x_rows_, attn_rows_, act_rows_;
 };
 
 }  // namespace mnn_h2o

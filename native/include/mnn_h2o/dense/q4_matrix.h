@@ -87,9 +87,10 @@ public:
     // order); the SIMD paths compute the same integer dots and sum the floats in another order.
     void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
 
-    // Row r's values of blocks [b0, b1) (32 each) into out, as the GGUF's dequantiser forms them
-    // (nibble * scale + min in float): the batched product's weights (dense/batched_product.h).
-    void dequantize_row(int r, int b0, int b1, float* out) const;
+    // Row r's blocks [b0, b1) (32 values each) in the weight types' integer form (weight_types.h:
+    // value = u a + b per group of 16; here u the nibble, a the scale, b the min): the batched
+    // product's weights (dense/batched_product.h).
+    void integer_row(int r, int b0, int b1, uint8_t* u, float* a, float* b) const;
 
 private:
     int rows_, cols_, pairs_;  // pairs_: block pairs per row

@@ -54,11 +54,11 @@ public:
     // y[r - r0] for rows [r0, r1); x must have cols values. isa Scalar: the reference.
     void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
 
-    // Row r's values of columns [c0, c1) into out, decoded as the type's reference dequantiser
-    // does (weight_types.h): the batched product's weights (dense/batched_product.h). c0 and c1
-    // must be whole blocks of the row's type (256 for a k-quant part); throws std::out_of_range
-    // otherwise.
-    void dequantize_row(int r, int c0, int c1, float* out) const;
+    // Row r's columns [c0, c1) in the weight types' integer form (weight_types.h: value = u a + b
+    // per group of 16): u gets c1 - c0 bytes, a and b (c1 - c0) / 16 floats. The batched product's
+    // weights (dense/batched_product.h). c0 and c1 must be whole blocks of the row's type (256 for a
+    // k-quant part); throws std::out_of_range otherwise.
+    void integer_row(int r, int c0, int c1, uint8_t* u, float* a, float* b) const;
 
 private:
     struct Segment {

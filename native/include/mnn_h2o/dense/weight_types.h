@@ -51,7 +51,13 @@ struct WeightTypeTraits {
     // The reference decoding of n_blocks consecutive blocks into n_blocks * block_values floats
     // (every fp16 converted exactly; products in float as ggml's dequantisers form them).
     void (*dequantize)(const uint8_t* blocks, float* out, size_t n_blocks);
+    // The same values as a u + b per group of 16 (kIntegerGroup), u an unsigned integer at most 63:
+    // u gets n_blocks * block_values bytes, a and b one float per group (nullptr: not in this form).
+    // The batched product's form (dense/batched_product.h): its integer dots take u.
+    void (*integer_form)(const uint8_t* blocks, uint8_t* u, float* a, float* b, size_t n_blocks);
 };
+
+constexpr int kIntegerGroup = 16;
 
 // The entry of a type; throws std::invalid_argument naming the id for one the table lacks.
 const WeightTypeTraits& weight_traits(WeightType type);

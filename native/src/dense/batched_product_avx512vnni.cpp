@@ -1,0 +1,87 @@
+// AVX-512 VNNI panel kernel of the batched product (batched_product_kernels.h): a register holds
+// four columns of the panel's 16 rows (one 32-bit lane a row), and vpdpbusd multiplies them by
+// four codes of an activation row broadcast to every lane: 64 multiply-adds an instruction, the
+// unsigned u (<= 63) times the signed codes summed in int32 lanes without saturation. M
+// activation rows (up to 8) at a time; per group of 16 columns the int32 dots meet the floats.
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+// GCC 12 warns of an uninitialised variable inside its own _mm512_cvtepi32_ps (its header passes
+// an undefined vector as the unused merge source).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "batched_product_kernels.h"
+#include "mnn_h2o/dense/batched_product.h"
+
+namespace mnn_h2o {
+
+namespace {
+
+inline int32_t four_codes(const int8_t* c) {
+    int32_t v;
+    std::memcpy(&v, c, 4);
+    return v;
+}
+
+template <int M>
+void tile(const PanelTile& t, int i0) {
+    __m512 f[M];
+    for (int a = 0; a < M; ++a) f[a] = _mm512_setzero_ps();
+    const int8_t *c[M], *rc[M];
+    const float *st[M], *rst[M], *sm[M];
+    for (int a = 0; a < M; ++a) {
+        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
+        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
+        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
+        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
+        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
+    }
+    for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+        __m512i acc[M], racc[M];
+        for (int a = 0; a < M; ++a) acc[a] = racc[a] = _mm512_setzero_si512();
+        for (int q = 0; q < 4; ++q) {
+            const __m512i w = _mm512_load_si512(t.u + (4 * g + q) * 64);
+            const int at = kIntegerGroup * g + 4 * q;
+            for (int a = 0; a < M; ++a) {
+                acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(c[a] + at)));
+                racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(rc[a] + at)));
+            }
+        }
+        const __m512 A = _mm512_load_ps(t.a + g * kPanelRows), B = _mm512_load_ps(t.b + g * kPanelRows);
+        for (int a = 0; a < M; ++a) {
+            const __m512 dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(st[a][g / 2]),
+                                                _mm512_mul_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(rst[a][g / 2])));
+            f[a] = _mm512_fmadd_ps(A, dots, f[a]);
+            f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(sm[a][g]), f[a]);
+        }
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << t.width) - 1u);
+    for (int a = 0; a < M; ++a) {
+        float* y = t.y + static_cast<size_t>(i0 + a) * t.ldy;
+        __m512 v = f[a];
+        if (t.accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v);
+        _mm512_mask_storeu_ps(y, mask, v);
+    }
+}
+
+}  // namespace
+
+void panel_tile_avx512vnni(const PanelTile& t) {
+    int i = 0;
+    for (; i + 8 <= t.n; i += 8) tile<8>(t, i);
+    switch (t.n - i) {
+        case 7: tile<7>(t, i); break;
+        case 6: tile<6>(t, i); break;
+        case 5: tile<5>(t, i); break;
+        case 4: tile<4>(t, i); break;
+        case 3: tile<3>(t, i); break;
+        case 2: tile<2>(t, i); break;
+        case 1: tile<1>(t, i); break;
+        default: break;
+    }
+}
+
+}  // namespace mnn_h2o
+
+#endif  // MNN_H2O_HAVE_X86_KERNELS
