@@ -126,14 +126,15 @@ SCHEMA: Tuple[Key, ...] = (
         "(model.weight_bits 0) always decode in MNN. "
         "Prefill (several tokens at once): runtime.prompt_layers",
         choices=("native", "mnn")),
-    Key("runtime", "prompt_layers", str, "auto", "-", "where a prompt's layers run (several tokens "
-        "at once: prefill chunks, the kvzip pass): native = the native decode layers' blocks, each "
-        "product batched over the chunk's rows (16 weight rows decoded to float at a time, float "
-        "multiply-adds, activations not rounded), and then MNN's layer modules are not loaded; mnn = "
-        "MNN's layer modules (batched int8 kernels); auto = native where the decode layers hold a "
-        "k-quant matrix (MNN's modules would hold an int8 re-quantisation of it: a second, lossier copy "
-        "of the weights), else mnn (docs/results.md 'Prompt layers')",
-        choices=("auto", "native", "mnn")),
+    Key("runtime", "prompt_layers", str, "native", "-", "where a prompt's layers run (several tokens "
+        "at once: prefill chunks, the kvzip pass) when the export is quantised: native = the native "
+        "decode layers' blocks, each product batched over the chunk (16 weight rows unpacked to "
+        "their integers at a time, each activation row rounded twice to int8 per block of 32, "
+        "integer dots: AVX-512 VNNI, AVX2, NEON), and MNN's layer modules are then not loaded (one "
+        "copy of the weights); it needs runtime.decode_layers native. mnn = MNN's layer modules "
+        "(batched int8 kernels on its own re-quantisation). Float layers (model.weight_bits 0) "
+        "always run in MNN (docs/results.md 'Prompt layers')",
+        choices=("native", "mnn")),
     Key("runtime", "dynamic_quant", int, 2, "-", "MNN's dynamic activation quantisation with "
         "memory low: 0 one scale per tensor, 1 per batch, 2 per block asymmetric (the most accurate "
         "of the three; measured agreement: docs/results.md)",

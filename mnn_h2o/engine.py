@@ -251,18 +251,16 @@ class Llm:
         self._apply_lossless(cfg["lossless"])
 
     def _native_prompt_layers(self, choice: str) -> bool:
-        """Whether a prompt's layers run in our core (runtime.prompt_layers): native needs the
-        native decode layers; auto takes them where they hold a k-quant matrix (MNN's modules then
-        hold an int8 re-quantisation of the file: a second, lossier copy of the weights)."""
+        """Whether a prompt's layers run in our core (runtime.prompt_layers native): on the native
+        decode layers, so it needs them; a float export has none and runs in MNN, as its decode
+        does."""
         if choice == "mnn":
             return False
-        if self._decode_layers is None:
-            if choice == "native":
-                raise config_mod.ConfigError("runtime.prompt_layers native runs a prompt on the native decode layers, and "
-                                  "this runtime has none (runtime.decode_layers mnn, or a float export); set "
-                                  "runtime.prompt_layers to auto or mnn")
-            return False
-        return choice == "native" or self._decode_layers.reads_kquant
+        if self._decode_layers is None and self.cfg["runtime"]["decode_layers"] == "mnn":
+            raise config_mod.ConfigError("runtime.prompt_layers native runs a prompt on the native decode layers, "
+                                         "and runtime.decode_layers mnn loads none; set runtime.prompt_layers=mnn "
+                                         "too")
+        return self._decode_layers is not None
 
     @property
     def prompt_layers(self) -> str:

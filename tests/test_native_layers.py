@@ -160,15 +160,15 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
 def test_engine_prompt_native_is_exact(reference, tokenizer):
     """runtime.prompt_layers native: a prompt's layers and its logits in our core (no MNN module
     loaded, none called), closer to the exact model than MNN's int8 modules (measured here over
-    300 teacher-forced prompt tokens: ~3e-6 against ~6e-4); auto keeps MNN's modules for
-    SmolLM2's Q4_1 layers; native without the native decode layers is refused."""
+    300 teacher-forced prompt tokens: ~6e-7 against ~6e-4); native without the native decode
+    layers is refused."""
     from mnn_h2o.config import ConfigError
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.measure import log_softmax
 
     ids = essay_tokens(tokenizer, 300)
     exact = log_softmax(reference.forward(ids, all_logits=True))
-    native, mnn = make_llm(4, head_bits=8, prompt_layers="native"), make_llm(4, head_bits=8, prompt_layers="auto")
+    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, prompt_layers="mnn")
     assert native.prompt_layers == "native" and not native._modules
     assert mnn.prompt_layers == "mnn" and "layer0" in mnn._modules
     kl = {}
@@ -190,7 +190,7 @@ def test_engine_decode_native_against_exact_and_mnn(reference, tokenizer):
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.measure import log_softmax
 
-    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, decode_layers="mnn")
+    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, decode_layers="mnn", prompt_layers="mnn")
     assert native._decode_layers is not None and mnn._decode_layers is None
     ids = essay_tokens(tokenizer, 256)
     prompt, cont = ids[:192], ids[192:]

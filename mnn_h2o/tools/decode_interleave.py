@@ -16,7 +16,7 @@ runtime.kv_dtype, POLICY none or an h2o.policy, RATIO its h2o.target_lossy_ratio
 weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
 layers with an 8-bit lm_head), MEMORY its runtime.memory (default the config's; normal =
 float activations), LM_HEAD its runtime.lm_head, TAIL its runtime.tail and DECODE_LAYERS its
-runtime.decode_layers (native or mnn; default the config's; LM_HEAD alone sets the tail too).
+runtime.decode_layers and runtime.prompt_layers (native or mnn; default the config's; LM_HEAD alone sets the tail too).
 """
 import argparse
 import copy
@@ -96,7 +96,8 @@ def main():
     engines = []
     for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
         c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers)
+        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers,
+                            prompt_layers=decode_layers)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)

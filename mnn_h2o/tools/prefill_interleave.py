@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in (parse_engine(s, cfg)
                                                                                for s in args.engines):
         c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers)
+        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers,
+                            prompt_layers=decode_layers)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         if max(args.contexts) > llm.max_context:
