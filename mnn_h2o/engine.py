@@ -1,9 +1,10 @@
-"""The decoding engine: MNN runs each layer's dense math, the native core caches K/V and attends.
+"""The decoding engine: the native core runs the layers' dense math (or MNN's modules do), caches
+K/V and attends.
 
 One decode step, top to bottom (llama2.c style):
 
     h = embed[token]
-    for i in layers:       # MNN module: finish layer i-1, then norm + QKV + RoPE of layer i
+    for i in layers:       # native (or MNN module): finish layer i-1, then norm + QKV + RoPE of layer i
         h, q, k, v = layer_i(h, attn, cos[pos], sin[pos])
         attn = cache.step(i, q, k, v)      # native: append K/V, exact softmax attention
     x = tail(h, attn)                      # native: finish the last layer, final norm (runtime.tail)

@@ -1,11 +1,12 @@
-"""A decode token's layers in our core (native DecodeLayers), from the export's decode_layers.npz.
+"""The layers in our core (native DecodeLayers), from the export's decode_layers.npz: a decode
+token's (``forward``) and a prompt chunk's (``forward_rows``, runtime.prompt_layers native).
 
 Why: one-row products are where MNN's int4 modules are slowest (AVX2 kernels, their threads
 synchronised per op: ~200 us a layer at 512 tokens of context). DecodeLayers runs the same two
 halves of decoder_layer.py on the GGUF's own blocks (Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K, mixed per matrix
 as Q4_K_M files are: native/include/mnn_h2o/dense/weight_matrix.h), each product's activation
-rounded twice to int8 per block of 32 (codes, then residual codes: dense/q4_matrix.h).
-Prefill stays with MNN's modules.
+rounded twice to int8 per block of 32 (codes, then residual codes: dense/q4_matrix.h); a prompt
+chunk's products batched over its rows (dense/batched_product.h).
 """
 from __future__ import annotations
 

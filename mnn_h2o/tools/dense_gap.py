@@ -68,7 +68,7 @@ def _measure(args) -> int:
     from .. import config as config_mod
     from ..engine import Llm
 
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, {"runtime.prompt_layers": "mnn"})  # the MNN modules it times
     llm = Llm.load(None, cfg, progress=False)
     c, mods, perf = llm.config, llm._modules, time.perf_counter
     if args.context + WARMUP + args.tokens > llm.max_context:
@@ -89,7 +89,7 @@ def _measure(args) -> int:
         h = h_in
         for i in range(c.n_layers):
             t0 = perf()
-            h, q, k, v = mods[i].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
+            h, q, k, v = mods[f"layer{i}"].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
             q, k, v = q.read(), k.read(), v.read()
             t1 = perf()
             t_mnn += t1 - t0

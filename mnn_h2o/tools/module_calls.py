@@ -75,7 +75,7 @@ def _measure(args) -> int:
     from ..engine import Llm, runtime_manager
     from ..mnn_runtime import import_mnn
 
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, {"runtime.prompt_layers": "mnn"})  # the export's layer modules
     llm = Llm.load(None, cfg, progress=False)
     c = llm.config
     MNN = import_mnn()
@@ -95,7 +95,7 @@ def _measure(args) -> int:
     cos_in.write(np.ones((1, 1, c.head_dim), np.float32))
     sin_in.write(np.zeros((1, 1, c.head_dim), np.float32))
     inputs = [h_in, attn_in, cos_in, sin_in]
-    modules = {"stand-in (no math)": stand_in, "layer1 (the export's)": llm._modules[1]}
+    modules = {"stand-in (no math)": stand_in, "layer1 (the export's)": llm._modules["layer1"]}
     times = {name: [] for name in modules}
     for name, m in modules.items():  # warm-up: first calls resize MNN's graph
         timed_blocks(m, inputs, attn_in, attn, 2)

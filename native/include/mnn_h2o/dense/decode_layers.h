@@ -1,11 +1,14 @@
-// The decoder layers' dense math for one decode token, in our core: what MNN's layer modules do
-// (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own blocks (Q4_0, Q4_1, Q4_K, Q6_K: dense/weight_types.h).
+// The decoder layers' dense math in our core, for one decode token or a prompt chunk's rows: what
+// MNN's layer modules do (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own blocks
+// (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: dense/weight_types.h).
 //
 // Why not MNN for decode: the wheel's int4 kernels are AVX2 only and spend much of a one-row
 // product synchronising their threads (a layer module ~200 us at 512 tokens of context, 30 per
-// token); here the products are VNNI / maddubs dot products (Q4Matrix) shared by a SpinTeam, so the
-// dense part of a token takes about a third of MNN's (docs/results.md). Prefill (many rows at once)
-// stays with MNN, whose batched kernels are made for it.
+// token); here the products are VNNI / maddubs dot products (Q4Matrix, WeightMatrix) shared by a
+// SpinTeam, so the dense part of a token takes about a third of MNN's (docs/results.md). For a
+// prompt chunk (forward_rows) the products are batched (dense/batched_product.h): faster than
+// MNN's modules on the measured models, and MNN's modules (its own int8 copy of the weights)
+// need not be loaded at all.
 //
 // Layer i's call continues from where the engine's module i starts: it finishes layer i - 1 from
 // its attention output (h += attn Wo; h += (SiLU(x Wgate) * x Wup) Wdown with x = RMSNorm(h)), then
