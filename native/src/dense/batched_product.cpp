@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -127,7 +128,8 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                     std::fill(row_a, row_a + kc / kIntegerGroup, 0.f);
                     std::fill(row_b, row_b + kc / kIntegerGroup, 0.f);
                 }
-                for (int c = 0; c < kc; ++c) u[(c / 4) * 64 + 4 * j + c % 4] = row_u[c];
+                // Four columns of a row are one 32-bit lane of the panel: copied as words.
+                for (int q = 0; q < kc / 4; ++q) std::memcpy(u + q * 64 + 4 * j, row_u + 4 * q, 4);
                 for (int g = 0; g < kc / kIntegerGroup; ++g) {
                     a[g * kPanelRows + j] = row_a[g];
                     b[g * kPanelRows + j] = row_b[g];

@@ -1,0 +1,171 @@
+// DecodeLayers on a small random model (Q4_K, Q6_K and Q4_1 parts, a qkv bias, a Q6_K head): a
+// prompt chunk's forward_rows against forward row by row (batched products round the activation
+// per block of 32, the one-row ones in the k-quant form: close, not equal), one and two threads
+// bit for bit, a chunk below the batched products' 16 rows exactly forward's; logits_rows
+// likewise; bad calls refused. Run under ASan / UBSan in the sanitizer tier.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/dense/decode_layers.h"
+#include "mnn_h2o/dense/weight_types.h"
+
+#include "test_support.h"
+
+using namespace mnn_h2o;
+
+namespace {
+
+std::vector<uint8_t> random_blocks(WeightType type, int rows, int cols, std::mt19937& rng) {
+    const WeightTypeTraits& t = weight_traits(type);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint8_t> b(static_cast<size_t>(rows) * weight_row_bytes(t, cols));
+    for (auto& v : b) v = static_cast<uint8_t>(byte(rng));
+    auto put = [&](uint8_t* p, float v) {
+        const uint16_t h = fp32_to_fp16(v);
+        std::memcpy(p, &h, 2);
+    };
+    for (size_t k = 0; k < b.size() / t.block_bytes; ++k) {
+        uint8_t* p = &b[k * t.block_bytes];
+        if (type == WeightType::Q6_K) {
+            put(p + 208, normal(rng) * 0.0004f);
+        } else if (type == WeightType::Q4_1) {
+            put(p, std::fabs(normal(rng)) * 0.004f);
+            put(p + 2, normal(rng) * 0.02f);
+        } else {
+            put(p, std::fabs(normal(rng)) * 0.0015f);
+            put(p + 2, std::fabs(normal(rng)) * 0.0015f);
+        }
+    }
+    return b;
+}
+
+WeightMatrix matrix(std::vector<std::pair<WeightType, int>> parts, int cols, std::mt19937& rng) {
+    std::vector<WeightMatrix::Part> ps;
+    for (auto [type, rows] : parts) ps.push_back({type, rows, random_blocks(type, rows, cols, rng)});
+    return WeightMatrix(cols, std::move(ps));
+}
+
+double rel(const float* a, const float* b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; ++i) {
+        d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+        s += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(d / (s > 0 ? s : 1));
+}
+
+struct Model {
+    DecodeShape shape;
+    std::unique_ptr<DecodeLayers> layers;
+};
+
+Model make(int threads) {
+    std::mt19937 rng(5);  // the same weights for every thread count
+    DecodeShape s;
+    s.hidden = 512;
+    s.n_heads = 4;
+    s.n_kv_heads = 2;
+    s.head_dim = 64;
+    s.ffn = 768;
+    s.rms_eps = 1e-5f;
+    std::vector<DecodeLayerWeights> ws;
+    for (int i = 0; i < 2; ++i) {
+        DecodeLayerWeights w;
+        w.attn_norm = random_vec(rng, s.hidden, 0.2f);
+        w.ffn_norm = random_vec(rng, s.hidden, 0.2f);
+        for (float& v : w.attn_norm) v += 1.f;
+        for (float& v : w.ffn_norm) v += 1.f;
+        const int nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim;
+        w.qkv = matrix({{WeightType::Q4_K, nq + nk}, {WeightType::Q6_K, nk}}, s.hidden, rng);
+        w.qkv_bias = random_vec(rng, nq + 2 * nk, 0.1f);
+        w.wo = matrix({{WeightType::Q4_K, s.hidden}}, nq, rng);
+        w.gate = matrix({{WeightType::Q4_K, s.ffn}}, s.hidden, rng);
+        w.up = matrix({{WeightType::Q4_1, s.ffn}}, s.hidden, rng);
+        w.down = matrix({{WeightType::Q6_K, s.hidden}}, s.ffn, rng);
+        ws.push_back(std::move(w));
+    }
+    Model m{s, std::make_unique<DecodeLayers>(s, std::move(ws), threads)};
+    std::vector<float> out_norm = random_vec(rng, s.hidden, 0.1f);
+    for (float& v : out_norm) v += 1.f;
+    m.layers->set_head(out_norm, matrix({{WeightType::Q6_K, 1000}}, s.hidden, rng));
+    return m;
+}
+
+struct Rows {
+    std::vector<float> h, q, k, v;
+};
+
+// Layer 1 of a chunk of n rows (finishing layer 0 from attn first), by forward_rows or row by row.
+Rows run(DecodeLayers& l, const DecodeShape& s, int n, bool batched, const std::vector<float>& h0,
+         const std::vector<float>& attn, const std::vector<float>& cos, const std::vector<float>& sin) {
+    const size_t nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim, hd = s.head_dim;
+    Rows r{std::vector<float>(h0.begin(), h0.begin() + static_cast<long>(n) * s.hidden),
+           std::vector<float>(n * nq), std::vector<float>(n * nk), std::vector<float>(n * nk)};
+    if (batched) {
+        l.forward_rows(1, n, r.h.data(), attn.data(), cos.data(), sin.data(), r.q.data(), r.k.data(), r.v.data(),
+                       best_isa());
+    } else {
+        for (int i = 0; i < n; ++i)
+            l.forward(1, r.h.data() + i * s.hidden, attn.data() + i * nq, cos.data() + i * hd, sin.data() + i * hd,
+                      r.q.data() + i * nq, r.k.data() + i * nk, r.v.data() + i * nk, best_isa(), true);
+    }
+    return r;
+}
+
+}  // namespace
+
+int main() {
+    Model one = make(1), two = make(2);
+    const DecodeShape& s = one.shape;
+    std::mt19937 rng(9);
+    const int n_max = 21;
+    const size_t nq = s.n_heads * s.head_dim;
+    const std::vector<float> h0 = random_vec(rng, n_max * s.hidden), attn = random_vec(rng, n_max * nq);
+    std::vector<float> cos(n_max * s.head_dim), sin(n_max * s.head_dim);
+    for (int i = 0; i < n_max; ++i)
+        for (int j = 0; j < s.head_dim; ++j) {
+            const double th = (40 + i) * std::pow(10000.0, -2.0 * (j % (s.head_dim / 2)) / s.head_dim);
+            cos[i * s.head_dim + j] = static_cast<float>(std::cos(th));
+            sin[i * s.head_dim + j] = static_cast<float>(std::sin(th));
+        }
+    for (int n : {21, 3}) {
+        const Rows a = run(*one.layers, s, n, true, h0, attn, cos, sin);
+        const Rows b = run(*two.layers, s, n, true, h0, attn, cos, sin);
+        const Rows ref = run(*one.layers, s, n, false, h0, attn, cos, sin);
+        const std::vector<float>* pa[] = {&a.h, &a.q, &a.k, &a.v};
+        const std::vector<float>* pb[] = {&b.h, &b.q, &b.k, &b.v};
+        const std::vector<float>* pr[] = {&ref.h, &ref.q, &ref.k, &ref.v};
+        const char* names[] = {"h", "q", "k", "v"};
+        for (int t = 0; t < 4; ++t) {
+            CHECK(std::memcmp(pa[t]->data(), pb[t]->data(), pa[t]->size() * sizeof(float)) == 0,
+                  "n %d %s: one and two threads differ", n, names[t]);
+            const double e = rel(pa[t]->data(), pr[t]->data(), pa[t]->size());
+            if (n >= kMinRows) {
+                CHECK(e < 2e-3, "n %d %s: batched %g from row by row", n, names[t], e);
+            } else {
+                CHECK(e == 0, "n %d %s: below %d rows not forward's (%g)", n, names[t], kMinRows, e);
+            }
+        }
+    }
+    // logits_rows against logits row by row.
+    const int n = 18;
+    std::vector<float> ha(h0.begin(), h0.begin() + n * s.hidden), hb = ha;
+    std::vector<float> la(static_cast<size_t>(n) * 1000), lb(la.size());
+    one.layers->logits_rows(n, ha.data(), attn.data(), la.data(), best_isa());
+    for (int i = 0; i < n; ++i) one.layers->logits(hb.data() + i * s.hidden, attn.data() + i * nq, lb.data() + i * 1000, best_isa());
+    CHECK(rel(la.data(), lb.data(), la.size()) < 2e-3, "logits_rows %g from logits", rel(la.data(), lb.data(), la.size()));
+    std::vector<float> q(nq);
+    CHECK(throws<std::invalid_argument>([&] { one.layers->forward_rows(0, 1, ha.data(), attn.data(), cos.data(), sin.data(), q.data(), q.data(), q.data(), best_isa()); }),
+          "layer 0 with an attention to finish");
+    CHECK(throws<std::out_of_range>([&] { one.layers->forward_rows(2, 1, ha.data(), nullptr, cos.data(), sin.data(), q.data(), q.data(), q.data(), best_isa()); }),
+          "a layer past the last");
+    CHECK(throws<std::invalid_argument>([&] { one.layers->forward_rows(1, 0, ha.data(), attn.data(), cos.data(), sin.data(), q.data(), q.data(), q.data(), best_isa()); }),
+          "no rows");
+    std::printf("test_decode_layers: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
+    return g_failures != 0;
+}
