@@ -96,9 +96,12 @@ LOSSY_RATIO_IN_USE_MIN = 1.0
 SCHEMA: Tuple[Key, ...] = (
     Key("model", "name", str, "smollm2", "-",
         "named model (smollm2, qwen2.5-0.5b, qwen2.5-1.5b) or a path to a Llama-family GGUF file"),
-    Key("model", "weight_bits", int, -1, "bits", "weight quantisation of the layer modules "
+    Key("model", "weight_bits", int, -1, "bits", "weight quantisation of MNN's layer modules "
         "(block 32): 8, 4, 0 = float, or -1 = the fewest bits that hold the GGUF's own values "
-        "(4 when every layer matrix is Q4_0/Q4_1, else 8)", choices=(-1, 0, 4, 8)),
+        "(4 when every layer matrix is Q4_0/Q4_1, else 8). The native layers (runtime.decode_layers, "
+        "runtime.prompt_layers native, the defaults) read the GGUF's own blocks whatever it says, "
+        "so it matters where MNN's modules run; 0 (float) has no native layers",
+        choices=(-1, 0, 4, 8)),
     Key("model", "head_bits", int, -1, "bits", "weight quantisation of the output projection "
         "(lm_head, which is the embedding table in tied models) on its own: 8, 4, 0 = float, or "
         "-1 = as the GGUF stores it (as weight_bits decides; float when weight_bits is 0); the "

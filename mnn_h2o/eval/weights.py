@@ -93,8 +93,10 @@ def sweep(args, config_mod) -> int:
     base = config_mod.load(args.config, {"model.name": args.model} if args.model else {})
     llms = {}
     for bits in variants:
+        # The export's precision lives in MNN's modules: the prompt runs there (the native layers
+        # read the GGUF's own blocks whatever model.weight_bits says).
         cfg = config_mod.load(args.config, {"model.name": base["model"]["name"], "model.weight_bits": bits[0],
-                                            "model.head_bits": bits[1]})
+                                            "model.head_bits": bits[1], "runtime.prompt_layers": "mnn"})
         llms[name_of(bits)] = Llm(ensure_exported(cfg["model"]), cfg)
     tok = next(iter(llms.values())).tokenizer
 
