@@ -449,46 +449,42 @@ class Llm:
     def _decode_token(self, token: int, pos: int):
         """``_layers`` for one token through the native decode layers: the same returns, with the
         hidden state as numpy ([1, hidden]) and MNN's attention input None."""
-        c, cache, layers, perf = self.config, self.cache, self._decode_layers, time.perf_counter
+        layers = self._decode_layers
         q, k, v = self._q, self._k, self._v
-        t0 = perf()
+        t0 = time.perf_counter()
         h = np.array(self._embed[token], dtype=np.float32)
         attn = self._input_vars(1)[4]
         cos, sin = self._cos[pos, 0], self._sin[pos, 0]
         # The layers' workers poll through an attention on one thread, and sleep through one on
         # its own threads (native/include/mnn_h2o/runtime/spin_team.h).
         rest = pos + 1 >= self._attention_threads_from
-        t1 = perf()
-        t_dense = t_att = 0.0
-        for i in range(c.n_layers):
-            layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v, rest=rest)
-            t2 = perf()
-            cache.step(i, q, k, v, attn)
-            t3 = perf()
-            t_dense += t2 - t1
-            t_att += t3 - t2
-            t1 = t3
-        st = self.stats
-        st.dense_s += t_dense
-        st.attention_s += t_att
-        st.convert_s += t1 - t0 - t_dense - t_att
+        self._native_steps(lambda i: layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v, rest=rest),
+                           q, k, v, attn, t0)
         return h[None], None, attn
 
     def _prompt_rows(self, ids: Sequence[int], pos: int):
         """``_layers`` for a prompt chunk through the native layers (runtime.prompt_layers
         native): batched products over the chunk's rows, the same returns as ``_decode_token``."""
-        c, cache, layers, perf = self.config, self.cache, self._decode_layers, time.perf_counter
+        c, layers = self.config, self._decode_layers
         n = len(ids)
-        t0 = perf()
+        t0 = time.perf_counter()
         h = np.array(self._embed[np.asarray(ids)], dtype=np.float32)
         q = np.empty((n, c.n_heads * c.head_dim), np.float32)
         k, v = (np.empty((n, c.n_kv_heads * c.head_dim), np.float32) for _ in range(2))
         attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
         cos, sin = self._cos[pos:pos + n, 0], self._sin[pos:pos + n, 0]
+        self._native_steps(lambda i: layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v),
+                           q, k, v, attn, t0)
+        return h, None, attn
+
+    def _native_steps(self, layer, q, k, v, attn, t0: float) -> None:
+        """Every layer's ``layer(i)`` (the native layers' call, writing q, k, v) and its cache
+        step, timed as dense, attention and (since t0, the inputs' preparation) convert."""
+        cache, perf = self.cache, time.perf_counter
         t1 = perf()
         t_dense = t_att = 0.0
-        for i in range(c.n_layers):
-            layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v)
+        for i in range(self.config.n_layers):
+            layer(i)
             t2 = perf()
             cache.step(i, q, k, v, attn)
             t3 = perf()
@@ -499,7 +495,6 @@ class Llm:
         st.dense_s += t_dense
         st.attention_s += t_att
         st.convert_s += t1 - t0 - t_dense - t_att
-        return h, None, attn
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:

@@ -63,11 +63,9 @@ void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
 
 void panel_tile_scalar(const PanelTile& t) {
     for (int i = 0; i < t.n; ++i) {
-        const int8_t* c = t.codes + static_cast<size_t>(i) * t.ldc;
-        const int8_t* rc = t.residual_codes + static_cast<size_t>(i) * t.ldc;
-        const float* st = t.steps + static_cast<size_t>(i) * t.lds;
-        const float* rst = t.residual_steps + static_cast<size_t>(i) * t.lds;
-        const float* sm = t.sums + static_cast<size_t>(i) * t.ldg;
+        const TileRow x(t, i);
+        const int8_t *c = x.codes, *rc = x.residual_codes;
+        const float *st = x.steps, *rst = x.residual_steps, *sm = x.sums;
         float* y = t.y + static_cast<size_t>(i) * t.ldy;
         for (int j = 0; j < t.width; ++j) {
             float acc = 0.f;

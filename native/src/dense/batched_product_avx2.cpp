@@ -7,8 +7,6 @@
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "batched_product_kernels.h"
 #include "mnn_h2o/dense/batched_product.h"
 
@@ -16,24 +14,11 @@ namespace mnn_h2o {
 
 namespace {
 
-inline int32_t four_codes(const int8_t* c) {
-    int32_t v;
-    std::memcpy(&v, c, 4);
-    return v;
-}
-
 template <int M>
 void tile(const PanelTile& t, int i0) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const int8_t *c[M], *rc[M];
-    const float *st[M], *rst[M], *sm[M];
-    for (int a = 0; a < M; ++a) {
-        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
-        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
-        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
-        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
-        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
-    }
+    TileRow row[M];
+    for (int a = 0; a < M; ++a) row[a] = TileRow(t, i0 + a);
     for (int h = 0; h < 2; ++h) {
         __m256 f[M];
         for (int a = 0; a < M; ++a) f[a] = _mm256_setzero_ps();
@@ -44,17 +29,17 @@ void tile(const PanelTile& t, int i0) {
                 const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.u + (4 * g + q) * 64 + 32 * h));
                 const int at = kIntegerGroup * g + 4 * q;
                 for (int a = 0; a < M; ++a) {
-                    const __m256i x = _mm256_set1_epi32(four_codes(c[a] + at)), rx = _mm256_set1_epi32(four_codes(rc[a] + at));
+                    const __m256i x = _mm256_set1_epi32(four_codes(row[a].codes + at)), rx = _mm256_set1_epi32(four_codes(row[a].residual_codes + at));
                     acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
                     racc[a] = _mm256_add_epi32(racc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, rx), ones));
                 }
             }
             const __m256 A = _mm256_load_ps(t.a + g * kPanelRows + 8 * h), B = _mm256_load_ps(t.b + g * kPanelRows + 8 * h);
             for (int a = 0; a < M; ++a) {
-                const __m256 dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(st[a][g / 2]),
-                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(rst[a][g / 2])));
+                const __m256 dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(row[a].steps[g / 2]),
+                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(row[a].residual_steps[g / 2])));
                 f[a] = _mm256_fmadd_ps(A, dots, f[a]);
-                f[a] = _mm256_fmadd_ps(B, _mm256_set1_ps(sm[a][g]), f[a]);
+                f[a] = _mm256_fmadd_ps(B, _mm256_set1_ps(row[a].sums[g]), f[a]);
             }
         }
         for (int a = 0; a < M; ++a) {

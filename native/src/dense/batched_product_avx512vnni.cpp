@@ -9,8 +9,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "batched_product_kernels.h"
 #include "mnn_h2o/dense/batched_product.h"
 
@@ -18,25 +16,12 @@ namespace mnn_h2o {
 
 namespace {
 
-inline int32_t four_codes(const int8_t* c) {
-    int32_t v;
-    std::memcpy(&v, c, 4);
-    return v;
-}
-
 template <int M>
 void tile(const PanelTile& t, int i0) {
     __m512 f[M];
     for (int a = 0; a < M; ++a) f[a] = _mm512_setzero_ps();
-    const int8_t *c[M], *rc[M];
-    const float *st[M], *rst[M], *sm[M];
-    for (int a = 0; a < M; ++a) {
-        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
-        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
-        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
-        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
-        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
-    }
+    TileRow row[M];
+    for (int a = 0; a < M; ++a) row[a] = TileRow(t, i0 + a);
     for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
         __m512i acc[M], racc[M];
         for (int a = 0; a < M; ++a) acc[a] = racc[a] = _mm512_setzero_si512();
@@ -44,16 +29,16 @@ void tile(const PanelTile& t, int i0) {
             const __m512i w = _mm512_load_si512(t.u + (4 * g + q) * 64);
             const int at = kIntegerGroup * g + 4 * q;
             for (int a = 0; a < M; ++a) {
-                acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(c[a] + at)));
-                racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(rc[a] + at)));
+                acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(row[a].codes + at)));
+                racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(row[a].residual_codes + at)));
             }
         }
         const __m512 A = _mm512_load_ps(t.a + g * kPanelRows), B = _mm512_load_ps(t.b + g * kPanelRows);
         for (int a = 0; a < M; ++a) {
-            const __m512 dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(st[a][g / 2]),
-                                                _mm512_mul_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(rst[a][g / 2])));
+            const __m512 dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(row[a].steps[g / 2]),
+                                                _mm512_mul_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(row[a].residual_steps[g / 2])));
             f[a] = _mm512_fmadd_ps(A, dots, f[a]);
-            f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(sm[a][g]), f[a]);
+            f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(row[a].sums[g]), f[a]);
         }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << t.width) - 1u);

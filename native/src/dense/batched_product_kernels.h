@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace mnn_h2o {
 
@@ -30,6 +31,26 @@ struct PanelTile {
 };
 
 using PanelKernel = void (*)(const PanelTile&);
+
+// Activation row i of a tile: where its codes, steps and group sums of the panel start.
+struct TileRow {
+    const int8_t *codes, *residual_codes;
+    const float *steps, *residual_steps, *sums;
+    TileRow() = default;
+    TileRow(const PanelTile& t, int i)
+        : codes(t.codes + static_cast<size_t>(i) * t.ldc),
+          residual_codes(t.residual_codes + static_cast<size_t>(i) * t.ldc),
+          steps(t.steps + static_cast<size_t>(i) * t.lds),
+          residual_steps(t.residual_steps + static_cast<size_t>(i) * t.lds),
+          sums(t.sums + static_cast<size_t>(i) * t.ldg) {}
+};
+
+// Four consecutive codes as one 32-bit word (the lane a kernel broadcasts).
+inline int32_t four_codes(const int8_t* c) {
+    int32_t v;
+    std::memcpy(&v, c, 4);
+    return v;
+}
 
 void panel_tile_scalar(const PanelTile& t);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)

@@ -6,8 +6,6 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
-#include <cstring>
-
 #include "batched_product_kernels.h"
 #include "mnn_h2o/dense/batched_product.h"
 
@@ -15,26 +13,15 @@ namespace mnn_h2o {
 
 namespace {
 
-inline int8x16_t four_codes(const int8_t* c) {
-    int32_t v;
-    std::memcpy(&v, c, 4);
-    return vreinterpretq_s8_s32(vdupq_n_s32(v));
-}
+inline int8x16_t four_codes_s8(const int8_t* c) { return vreinterpretq_s8_s32(vdupq_n_s32(four_codes(c))); }
 
 template <int M>
 void tile(const PanelTile& t, int i0) {
     float32x4_t f[M][4];
     for (int a = 0; a < M; ++a)
         for (int r = 0; r < 4; ++r) f[a][r] = vdupq_n_f32(0.f);
-    const int8_t *c[M], *rc[M];
-    const float *st[M], *rst[M], *sm[M];
-    for (int a = 0; a < M; ++a) {
-        c[a] = t.codes + static_cast<size_t>(i0 + a) * t.ldc;
-        rc[a] = t.residual_codes + static_cast<size_t>(i0 + a) * t.ldc;
-        st[a] = t.steps + static_cast<size_t>(i0 + a) * t.lds;
-        rst[a] = t.residual_steps + static_cast<size_t>(i0 + a) * t.lds;
-        sm[a] = t.sums + static_cast<size_t>(i0 + a) * t.ldg;
-    }
+    TileRow row[M];
+    for (int a = 0; a < M; ++a) row[a] = TileRow(t, i0 + a);
     auto dot4 = [](int32x4_t acc, int8x16_t w, int8x16_t x) {
         const int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
         const int16x8_t hi = vmull_s8(vget_high_s8(w), vget_high_s8(x));
@@ -50,18 +37,18 @@ void tile(const PanelTile& t, int i0) {
             for (int r = 0; r < 4; ++r) {  // rows 4 r .. 4 r + 3
                 const int8x16_t w = vld1q_s8(u + 16 * r);
                 for (int a = 0; a < M; ++a) {
-                    acc[a][r] = dot4(acc[a][r], w, four_codes(c[a] + at));
-                    racc[a][r] = dot4(racc[a][r], w, four_codes(rc[a] + at));
+                    acc[a][r] = dot4(acc[a][r], w, four_codes_s8(row[a].codes + at));
+                    racc[a][r] = dot4(racc[a][r], w, four_codes_s8(row[a].residual_codes + at));
                 }
             }
         }
         for (int r = 0; r < 4; ++r) {
             const float32x4_t A = vld1q_f32(t.a + g * kPanelRows + 4 * r), B = vld1q_f32(t.b + g * kPanelRows + 4 * r);
             for (int a = 0; a < M; ++a) {
-                const float32x4_t dots = vfmaq_n_f32(vmulq_n_f32(vcvtq_f32_s32(racc[a][r]), rst[a][g / 2]),
-                                                     vcvtq_f32_s32(acc[a][r]), st[a][g / 2]);
+                const float32x4_t dots = vfmaq_n_f32(vmulq_n_f32(vcvtq_f32_s32(racc[a][r]), row[a].residual_steps[g / 2]),
+                                                     vcvtq_f32_s32(acc[a][r]), row[a].steps[g / 2]);
                 f[a][r] = vfmaq_f32(f[a][r], A, dots);
-                f[a][r] = vfmaq_n_f32(f[a][r], B, sm[a][g]);
+                f[a][r] = vfmaq_n_f32(f[a][r], B, row[a].sums[g]);
             }
         }
     }
