@@ -555,6 +555,45 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"), py::arg("reconstruction") = false,
             "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet); "
             "reconstruction=True: the reconstruction scores (kvzip) instead.")
+        .def_property_readonly("h2o_predicts", locked(&KvCache::h2o_predicts),
+                               "Whether the eviction policy takes predicted reconstruction scores "
+                               "(predicted_kvzip: set_token_scores after each step, no pass).")
+        .def(
+            "set_token_scores",
+            [](PyKvCache& self, int layer, const py::object& scores) {
+                const py::ssize_t heads = self.cache.config().n_kv_heads;
+                py::array_t<float, py::array::c_style | py::array::forcecast> a(scores);
+                if (a.ndim() != 2 || a.shape(0) != heads)
+                    throw py::value_error("set_token_scores: scores must be [n_kv_heads=" + std::to_string(heads) +
+                                          ", n_tokens], got " + std::to_string(a.ndim()) + " dimensions");
+                NativeCall call(self);
+                self.cache.set_token_scores(layer, a.data(), static_cast<int>(a.shape(1)));
+            },
+            py::arg("layer"), py::arg("scores"),
+            "Predicted reconstruction scores in [0, 1] of the last n tokens each kv head of an evicting layer holds "
+            "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless h2o_predicts.")
+        .def(
+            "token_scores",
+            [](PyKvCache& self, int layer) {
+                std::vector<std::vector<float>> rows;
+                size_t n = 0;
+                {
+                    NativeCall call(self);
+                    for (int h = 0; h < self.cache.config().n_kv_heads; ++h) {
+                        rows.push_back(self.cache.token_scores(layer, h));
+                        n = std::max(n, rows.back().size());
+                    }
+                }
+                py::array_t<float> out({static_cast<py::ssize_t>(rows.size()), static_cast<py::ssize_t>(n)});
+                auto o = out.mutable_unchecked<2>();
+                for (size_t h = 0; h < rows.size(); ++h)
+                    for (size_t t = 0; t < n; ++t)
+                        o(h, t) = t < rows[h].size() ? rows[h][t] : std::numeric_limits<float>::quiet_NaN();
+                return out;
+            },
+            py::arg("layer"),
+            "The pending token scores of layer (a pass's peaks, or set_token_scores'), float32 [n_kv_heads, n] "
+            "with n the most tokens a head holds; NaN where none (until the layer's next update consumes them).")
         .def_property_readonly("h2o_reconstructs", locked(&KvCache::h2o_reconstructs),
                                "Whether the eviction policy scores blocks by a context reconstruction pass (kvzip).")
         .def_property_readonly("reconstructing", locked(&KvCache::reconstructing),

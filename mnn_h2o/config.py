@@ -163,11 +163,13 @@ SCHEMA: Tuple[Key, ...] = (
         "of a Gaussian of the recent queries), streaming (sink + most recent, StreamingLLM), random "
         "(baseline), kvzip (KVzip: the most attention a block gets while the model repeats the "
         "prompt, a reconstruction pass after each prompt that about doubles the prefill work; "
-        "query-agnostic; meant with layer_budget global)",
+        "query-agnostic; meant with layer_budget global), predicted_kvzip (kvzip's scores predicted "
+        "from each token's hidden state by a per-layer linear map fitted once per model, "
+        "python -m mnn_h2o.tools.fit_scorer: no pass)",
         # The native registry (eviction_policies.cpp) holds one class per name; a static_assert
         # there and tests/test_config.py check that its names are these.
         choices=("h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
-                 "kvzip")),
+                 "kvzip", "predicted_kvzip")),
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
     Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window; at "

@@ -179,6 +179,7 @@ class Llm:
         with open(os.path.join(export_dir, "model.json")) as f:
             meta = json.load(f)
         self.meta = meta
+        self.export_dir = export_dir
         self.config: ModelConfig = ModelConfig.from_dict(meta["config"])
         c = self.config
         self.tokenizer = Tokenizer.load(os.path.join(export_dir, meta["tokenizer"]))
@@ -247,6 +248,10 @@ class Llm:
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
+        self._scorer = None  # h2o.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
+        # A callable (layer, h rows) given every layer's input hidden states ([n, hidden]) as they
+        # are computed, instead of the scorer: tools.fit_scorer collects its data through it.
+        self.hidden_observer = None
         self.configure_kv_dtype(rt["kv_dtype"])
         self._apply_h2o(cfg["h2o"])  # validated above
         self._apply_lossless(cfg["lossless"])
@@ -358,8 +363,33 @@ class Llm:
             self.cache.disable_h2o()
             self.h2o = None
             return
+        if h2o["policy"] == "predicted_kvzip" and self._scorer is None:
+            from .token_scorer import load_for_export
+
+            self._scorer = load_for_export(self.export_dir, self.meta, self.config, self._evicting_layers(h2o))
         self.cache.enable_h2o(**config_mod.native_args("h2o", h2o))
         self.h2o = h2o
+
+    def _evicting_layers(self, h2o: dict) -> tuple:
+        end = h2o["layer_end"]
+        return h2o["layer_start"], self.config.n_layers if end < 0 else min(end, self.config.n_layers)
+
+    def _observer(self):
+        """What sees each layer's input hidden states in this forward: tools.fit_scorer's
+        hidden_observer, else, with h2o.policy predicted_kvzip, the scorer, whose predictions go to
+        the cache for the tokens the layer's step has just appended; None for everything else."""
+        if self.hidden_observer is not None:
+            return self.hidden_observer
+        h2o = self.h2o
+        if h2o is None or h2o["policy"] != "predicted_kvzip":
+            return None
+        scorer, cache = self._scorer, self.cache
+        lo, hi = self._evicting_layers(h2o)
+
+        def score(i: int, rows: np.ndarray) -> None:
+            if lo <= i < hi:
+                cache.set_token_scores(i, scorer.scores(i, rows))
+        return score
 
     def configure_lossless(self, lossless: Optional[dict]) -> None:
         """Turn the lossless store on (a ``lossless`` config section, missing keys at their
@@ -421,10 +451,11 @@ class Llm:
         h_in.write(np.asarray(self._embed[np.asarray(ids)], dtype=np.float32))
         cos_in.write(self._cos[pos:pos + n])
         sin_in.write(self._sin[pos:pos + n])
-        t_mnn = t_att = 0.0
+        t_mnn = t_att = t_obs = 0.0
         t1 = perf()
         t_conv = t1 - t0
         h = h_in
+        observe = self._observer()
         # One clock reading between consecutive parts: 4 per layer (~0.1 us each).
         for i in range(c.n_layers):
             h, q, k, v = mods[f"layer{i}"].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
@@ -433,6 +464,10 @@ class Llm:
             t3 = perf()
             cache.step(i, q, k, v, attn)
             t4 = perf()
+            if observe is not None:  # timed as policy
+                observe(i, h.read())
+                t_obs += perf() - t4
+                t4 = perf()
             attn_in.write(attn)
             t5 = perf()
             t_mnn += t2 - t1
@@ -444,6 +479,7 @@ class Llm:
         st.mnn_calls += c.n_layers
         st.convert_s += t_conv
         st.attention_s += t_att
+        st.policy_s += t_obs
         return h, attn_in, attn
 
     def _decode_token(self, token: int, pos: int):
@@ -459,7 +495,7 @@ class Llm:
         # its own threads (native/include/mnn_h2o/runtime/spin_team.h).
         rest = pos + 1 >= self._attention_threads_from
         self._native_steps(lambda i: layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v, rest=rest),
-                           q, k, v, attn, t0)
+                           h, q, k, v, attn, t0)
         return h[None], None, attn
 
     def _prompt_rows(self, ids: Sequence[int], pos: int):
@@ -474,15 +510,17 @@ class Llm:
         attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
         cos, sin = self._cos[pos:pos + n, 0], self._sin[pos:pos + n, 0]
         self._native_steps(lambda i: layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v),
-                           q, k, v, attn, t0)
+                           h, q, k, v, attn, t0)
         return h, None, attn
 
-    def _native_steps(self, layer, q, k, v, attn, t0: float) -> None:
-        """Every layer's ``layer(i)`` (the native layers' call, writing q, k, v) and its cache
-        step, timed as dense, attention and (since t0, the inputs' preparation) convert."""
+    def _native_steps(self, layer, h, q, k, v, attn, t0: float) -> None:
+        """Every layer's ``layer(i)`` (the native layers' call, writing h, the layer's input
+        hidden states, and q, k, v) and its cache step, timed as dense, attention and (since t0,
+        the inputs' preparation) convert."""
         cache, perf = self.cache, time.perf_counter
+        observe = self._observer()
         t1 = perf()
-        t_dense = t_att = 0.0
+        t_dense = t_att = t_obs = 0.0
         for i in range(self.config.n_layers):
             layer(i)
             t2 = perf()
@@ -490,11 +528,17 @@ class Llm:
             t3 = perf()
             t_dense += t2 - t1
             t_att += t3 - t2
+            if observe is not None:  # timed as policy
+                observe(i, h)
+                t4 = perf()
+                t_obs += t4 - t3
+                t3 = t4
             t1 = t3
         st = self.stats
         st.dense_s += t_dense
         st.attention_s += t_att
-        st.convert_s += t1 - t0 - t_dense - t_att
+        st.policy_s += t_obs
+        st.convert_s += t1 - t0 - t_dense - t_att - t_obs
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:

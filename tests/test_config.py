@@ -128,7 +128,7 @@ def test_policy_choices_are_the_native_registry():
     names = core.policy_names()
     assert list(config.key("h2o.policy").choices) == names
     assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
-            "kvzip"} == set(names)
+            "kvzip", "predicted_kvzip"} == set(names)
     with pytest.raises(config.ConfigError) as e:
         config.validate({"h2o": {"policy": "lru"}})
     assert all(n in str(e.value) for n in names)

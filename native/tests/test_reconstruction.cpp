@@ -426,12 +426,98 @@ static void test_global_budget() {
           "global budget: at most 4096 pairs");
 }
 
+// predicted_kvzip: the engine gives each token's score as it enters (set_token_scores), no pass;
+// the scores are kept per token until the next update, which ranks tokens by them as it ranks a
+// pass's peaks (the floors, then the highest scores), and each block's score is its tokens' max.
+static void test_predicted_scores() {
+    std::mt19937 rng(33);
+    const int L = 2, H = 2, hd = 32, n = 160;
+    const KvCacheConfig cc = cache_config(L, H, 512);
+    KvCache cache(cc);
+    H2oConfig h = kvzip_config(0.5);  // 5 of 10 blocks' tokens: 80
+    h.policy = "predicted_kvzip";
+    h.layer_start = 1;  // layer 0 keeps everything and takes no scores
+    cache.enable_h2o(h);
+    CHECK(cache.h2o_predicts() && !cache.h2o_reconstructs(), "predicted: scores given, no pass");
+    CHECK(throws<std::invalid_argument>([&] { cache.begin_reconstruction(); }), "no pass for predicted scores");
+    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+    const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
+    // Token t of head hh scores 0.01 + 1e-4 t, except 24 tokens per head at 0.5 + 0.01 t / n.
+    auto score = [](int hh, int t) {
+        const bool high = hh == 0 ? (t >= 40 && t < 64) : (t >= 100 && t < 124);
+        return high ? 0.5f + 0.01f * t / 160 : 0.01f + 1e-4f * t;
+    };
+    const int chunks[2][2] = {{0, 96}, {96, 64}};  // (first token, tokens)
+    for (const auto& c : chunks) {
+        std::vector<float> qc(q.begin() + static_cast<size_t>(c[0]) * 2 * H * hd, q.begin() + static_cast<size_t>(c[0] + c[1]) * 2 * H * hd);
+        std::vector<float> kc(k.begin() + static_cast<size_t>(c[0]) * H * hd, k.begin() + static_cast<size_t>(c[0] + c[1]) * H * hd);
+        std::vector<float> vc(v.begin() + static_cast<size_t>(c[0]) * H * hd, v.begin() + static_cast<size_t>(c[0] + c[1]) * H * hd);
+        step_all(cache, qc, kc, vc, c[1]);
+        std::vector<float> s(static_cast<size_t>(H) * c[1]);
+        for (int hh = 0; hh < H; ++hh)
+            for (int i = 0; i < c[1]; ++i) s[static_cast<size_t>(hh) * c[1] + i] = score(hh, c[0] + i);
+        cache.set_token_scores(1, s.data(), c[1]);
+        CHECK(throws<std::invalid_argument>([&] { cache.set_token_scores(0, s.data(), c[1]); }),
+              "layer 0 does not evict: no scores");
+    }
+    std::vector<float> bad(static_cast<size_t>(H) * (n + 1), 0.1f);
+    CHECK(throws<std::invalid_argument>([&] { cache.set_token_scores(1, bad.data(), n + 1); }), "more tokens than held");
+    bad[3] = 1.5f;
+    CHECK(throws<std::invalid_argument>([&] { cache.set_token_scores(1, bad.data(), 4); }), "a score above 1");
+    bad[3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(throws<std::invalid_argument>([&] { cache.set_token_scores(1, bad.data(), 4); }), "a NaN score");
+    for (int hh = 0; hh < H; ++hh) {
+        const std::vector<float> ts = cache.token_scores(1, hh);
+        bool same = ts.size() == static_cast<size_t>(n);
+        for (int t = 0; same && t < n; ++t) same = ts[t] == score(hh, t);
+        CHECK(same, "head %d: the token scores are those given (the rejected calls changed nothing)", hh);
+        for (int b = 0; b < 10; ++b) {
+            float want = 0;
+            for (int t = b * 16; t < b * 16 + 16; ++t) want = std::max(want, score(hh, t));
+            CHECK(cache.h2o_state()->reconstruction_score(1, hh, b) == want, "head %d block %d: its tokens' max", hh, b);
+        }
+    }
+    CHECK(cache.end_step(n, true), "the prompt is cut");
+    for (int hh = 0; hh < H; ++hh) {
+        CHECK(cache.length(0, hh) == n, "layer 0 keeps everything");
+        CHECK(cache.length(1, hh) <= 80 && cache.length(1, hh) > 64, "head %d keeps within its 5 blocks (%d tokens)", hh,
+              cache.length(1, hh));
+        std::vector<float> k1(static_cast<size_t>(cache.length(1, hh)) * hd), v1(k1.size());
+        cache.read(1, hh, k1.data(), v1.data());
+        int found = 0;  // every high-scored token is among the kept rows
+        const int first = hh == 0 ? 40 : 100;
+        for (int t = first; t < first + 24; ++t)
+            for (int r = 0; r < cache.length(1, hh); ++r)
+                if (std::memcmp(&k1[static_cast<size_t>(r) * hd], &k[(static_cast<size_t>(t) * H + hh) * hd], hd * sizeof(float)) == 0) {
+                    ++found;
+                    break;
+                }
+        CHECK(found == 24, "head %d kept %d of its 24 high-scored tokens", hh, found);
+        const std::vector<float> ts = cache.token_scores(1, hh);
+        CHECK(std::all_of(ts.begin(), ts.end(), [](float x) { return std::isnan(x); }), "the update consumed the scores");
+    }
+    // A decode token's score waits for the next update like the prompt's did.
+    std::vector<float> one_q(static_cast<size_t>(2 * H * hd), 0.1f), one_k(static_cast<size_t>(H * hd), 0.2f);
+    step_all(cache, one_q, one_k, one_k, 1);
+    const float s1[2] = {0.25f, 0.75f};
+    cache.set_token_scores(1, s1, 1);
+    for (int hh = 0; hh < H; ++hh) {
+        const std::vector<float> ts = cache.token_scores(1, hh);
+        CHECK(ts.back() == s1[hh], "head %d: the decode token's score is pending", hh);
+    }
+    KvCache kvzip(cc);
+    kvzip.enable_h2o(kvzip_config(0.5));
+    step_all(kvzip, q, k, v, n);
+    CHECK(throws<std::invalid_argument>([&] { kvzip.set_token_scores(1, bad.data(), 1); }), "kvzip takes a pass, not scores");
+}
+
 int main() {
     test_block_max();
     test_pass();
     test_window_pass(KvDtype::F32);
     test_window_pass(KvDtype::Q8);
     test_global_budget();
+    test_predicted_scores();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);
         return 1;

@@ -72,7 +72,7 @@ struct block_tokens { static constexpr const char* kName = "block_tokens"; stati
 
 namespace h2o {
 // h2o.policy: str, -
-struct policy { static constexpr const char* kName = "policy"; static constexpr const char* kDefault = "kvzip"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random", "kvzip"}; static constexpr int kChoiceCount = 9; static constexpr const char* kAllowed = "one of 'h2o', 'snapkv', 'tova', 'keydiff', 'vatp', 'expected_attention', 'streaming', 'random', 'kvzip'"; };
+struct policy { static constexpr const char* kName = "policy"; static constexpr const char* kDefault = "kvzip"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random", "kvzip", "predicted_kvzip"}; static constexpr int kChoiceCount = 10; static constexpr const char* kAllowed = "one of 'h2o', 'snapkv', 'tova', 'keydiff', 'vatp', 'expected_attention', 'streaming', 'random', 'kvzip', 'predicted_kvzip'"; };
 // h2o.sink_tokens: int, tokens
 struct sink_tokens { static constexpr const char* kName = "sink_tokens"; static constexpr int64_t kDefault = 64; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1048576]"; };
 // h2o.recent_tokens: int, tokens

@@ -431,6 +431,39 @@ void KvCache::end_reconstruction() {
     reconstructing_ = false;
 }
 
+void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {
+    require(h2o_predicts(), "set_token_scores: the eviction policy takes no predicted scores "
+                            "(enable_h2o with policy 'predicted_kvzip')");
+    require_no_pass("set_token_scores");
+    check_layer(layer);
+    const H2oConfig& c = h2o_->config();
+    require(layer >= c.layer_start && layer < c.layer_end,
+            "set_token_scores: layer " + std::to_string(layer) + " is outside the evicting layers [" +
+                std::to_string(c.layer_start) + ", " + std::to_string(c.layer_end) + ")");
+    require(n_tokens >= 0, "set_token_scores: n_tokens must be >= 0, got " + std::to_string(n_tokens));
+    for (int h = 0; h < cfg_.n_kv_heads; ++h)
+        require(n_tokens <= head(layer, h).length,
+                "set_token_scores: " + std::to_string(n_tokens) + " tokens, but kv head " + std::to_string(h) +
+                    " of layer " + std::to_string(layer) + " holds " + std::to_string(head(layer, h).length));
+    const size_t n = static_cast<size_t>(cfg_.n_kv_heads) * n_tokens;
+    for (size_t i = 0; i < n; ++i)
+        require(scores[i] >= 0.f && scores[i] <= 1.f,  // false for NaN
+                "set_token_scores: scores must be in [0, 1], got " + std::to_string(scores[i]) + " at " +
+                    std::to_string(i));
+    for (int h = 0; h < cfg_.n_kv_heads; ++h)
+        h2o_->add_token_scores(layer, h, head(layer, h).length, n_tokens, scores + static_cast<size_t>(h) * n_tokens);
+}
+
+std::vector<float> KvCache::token_scores(int layer, int h) const {
+    require(h2o_ && h2o_->signals().reconstruction,
+            "token_scores: the eviction policy takes no reconstruction scores (kvzip, predicted_kvzip)");
+    const int length = head(layer, h).length;
+    std::vector<float> out(static_cast<size_t>(length), std::numeric_limits<float>::quiet_NaN());
+    if (!h2o_->collects(layer)) return out;
+    for (int t = 0; t < length; ++t) out[t] = h2o_->token_score(layer, h, t);
+    return out;
+}
+
 int KvCache::length(int layer, int h) const { return head(layer, h).length; }
 
 KvHeadView KvCache::view(int layer, int h) const {

@@ -210,6 +210,23 @@ public:
     }
 };
 
+// KVzip without its pass (KVzap's idea, arXiv 2601.07891): each token's reconstruction score is
+// predicted from its hidden state by a map the engine fitted to kvzip's own scores
+// (mnn_h2o/token_scorer.py) and given as the token enters the cache; ranked as kvzip's. Blocks
+// without a score (tokens written before scoring was on) rank first, as kvzip's unscored do.
+class PredictedKvzipPolicy final : public EvictionPolicy {
+public:
+    void rank(const ScoreContext& head, float* priority) override { kvzip_.rank(head, priority); }
+    PolicySignals signals() const override {
+        PolicySignals s = kvzip_.signals();
+        s.predicted = true;
+        return s;
+    }
+
+private:
+    KvzipPolicy kvzip_;
+};
+
 // StreamingLLM: no scores; the budget beyond the floors goes to the most recent blocks.
 class StreamingPolicy final : public EvictionPolicy {
 public:
@@ -269,6 +286,7 @@ constexpr Entry kRegistry[] = {
     {"streaming", make_plain<StreamingPolicy>},
     {"random", make_random},
     {"kvzip", make_plain<KvzipPolicy>},
+    {"predicted_kvzip", make_plain<PredictedKvzipPolicy>},
 };
 
 // The names are h2o.policy's choices, in their order (mnn_h2o/config.py, config_schema.h): adding a

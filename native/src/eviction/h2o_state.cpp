@@ -158,6 +158,24 @@ float* H2oState::token_peak_accumulator(int layer) {
     return signals_.reconstruction ? ls.tpeak.data() : nullptr;
 }
 
+void H2oState::add_token_scores(int layer, int head, int length, int n, const float* scores) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    const int first = length - n;
+    // As finish_reconstruction: the block scores from before the first scores since the last
+    // update are what the older tokens' scores fall back to.
+    if (hs.n_tpeak == 0) std::copy(hs.recon.begin(), hs.recon.begin() + blocks_of(first), hs.recon_prev.begin());
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    for (int i = 0; i < n; ++i) {
+        const int t = first + i;
+        const float s = scores[i];
+        tp[t] = std::isnan(s) ? 0.f : s;
+        float& block = hs.recon[t / block_tokens_];
+        if (!std::isnan(s)) block = std::isnan(block) ? s : std::max(block, s);
+    }
+    hs.n_tpeak = std::max(hs.n_tpeak, length);
+}
+
 bool H2oState::token_peaks_pending(int layer) const {
     const LayerScores& ls = layer_scores(layer);
     return std::any_of(ls.heads.begin(), ls.heads.end(), [](const HeadScores& h) { return h.n_tpeak > 0; });

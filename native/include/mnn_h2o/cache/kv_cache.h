@@ -126,7 +126,21 @@ public:
     // --- Context reconstruction (KVzip; docs/h2o.md "Reconstruction") ------------------------
     // Whether the eviction policy scores blocks by a reconstruction pass (the engine then runs
     // one after each prompt).
-    bool h2o_reconstructs() const { return h2o_ && h2o_->signals().reconstruction; }
+    bool h2o_reconstructs() const { return h2o_ && h2o_->signals().reconstruction && !h2o_->signals().predicted; }
+    // Whether it takes predicted reconstruction scores instead (set_token_scores; no pass).
+    bool h2o_predicts() const { return h2o_ && h2o_->signals().predicted; }
+    // The predicted reconstruction scores of the last n_tokens tokens each kv head of an evicting
+    // layer holds (the tokens its last step() appended), scores [n_kv_heads][n_tokens], each a
+    // probability in [0, 1]. They are what a pass's peaks would be: each block's
+    // reconstruction score becomes the largest of its tokens', and the tokens wait, ranked one
+    // by one, for the layer's next update. Throws std::invalid_argument unless h2o_predicts(),
+    // during a pass, for a layer outside [layer_start, layer_end), for more tokens than a head
+    // holds, or for a score outside [0, 1] (NaN included; nothing changes then).
+    void set_token_scores(int layer, const float* scores, int n_tokens);
+    // A head's pending token scores (a pass's peaks or set_token_scores'), one per token it
+    // holds: NaN for a token without one or when none are pending. Throws std::invalid_argument
+    // unless the policy takes reconstruction scores; std::out_of_range for a bad layer or head.
+    std::vector<float> token_scores(int layer, int head) const;
     // Starts a pass: the tokens stepped from now on (the repeat prompt and the context again) are
     // the pass's. Their queries attend as usual, but the evicting layers collect the largest
     // probability each block receives instead of the H2O scores, and tokens_seen ignores them.

@@ -73,9 +73,13 @@ struct PolicySignals {
     bool queries = false;  // mean / variance of the window's queries
     bool keys = false;     // the head's K rows at plan time
     bool values = false;   // the head's V rows at plan time
-    // Peaks of a context reconstruction pass (KvCache::begin_reconstruction): the engine runs the
-    // pass after each prompt for such a policy.
+    // Reconstruction scores, per block and (until the next update) per token, on KVzip's scale:
+    // the peaks of a context reconstruction pass (KvCache::begin_reconstruction), which the engine
+    // runs after each prompt for such a policy, unless `predicted`.
     bool reconstruction = false;
+    // The reconstruction scores are predicted, not measured: the engine gives each token's as it
+    // enters the cache (KvCache::set_token_scores), and no pass runs.
+    bool predicted = false;
 };
 
 class EvictionPolicy {

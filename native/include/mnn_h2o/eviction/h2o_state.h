@@ -108,6 +108,10 @@ public:
     // not blocks (plan_tokens), and the compaction it makes gives each new block the largest
     // score of its kept tokens; then they are dropped.
     float* token_peak_accumulator(int layer);
+    // Predicted peaks (signals().predicted): the last n of the `length` tokens head h holds get
+    // scores[0, n) as their token peaks, and each of their blocks' reconstruction score the
+    // largest of its tokens' so far; they wait for the next update as a pass's peaks do.
+    void add_token_scores(int layer, int head, int length, int n, const float* scores);
     size_t token_stride() const { return token_stride_; }
     bool token_peaks_pending(int layer) const;
     // A head's token score: the largest of its pass peak and its block's score from before the
