@@ -25,3 +25,12 @@ def test_prefill_interleave_refuses_a_context_past_the_limit():
 
     with pytest.raises(SystemExit, match="max_context"):
         main(["--contexts", "100000", "--engines", "q8:h2o"])
+
+
+def test_prefill_interleave_names_an_unknown_llama_config():
+    import pytest
+
+    from mnn_h2o.tools.prefill_interleave import main
+
+    with pytest.raises(SystemExit, match="--llama: unknown config.*llama_f16"):
+        main(["--contexts", "48", "--engines", "q8:h2o", "--llama", "llama_f99"])

@@ -39,6 +39,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if args.llama:
+        from ..bench.llama_peer import CONFIGS
+
+        bad = [n for n in args.llama if n not in CONFIGS]
+        if bad:
+            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
     cfg = load(args.config, {"model.name": args.model} if args.model else None)
     cfg["lossless"]["mode"] = "off"
     engines = []
@@ -56,12 +62,9 @@ def main(argv=None) -> int:
         engines.append((label, llm))
     peers = {}
     if args.llama:
-        from ..bench.llama_peer import CONFIGS, make_peers
+        from ..bench.llama_peer import make_peers
         from ..model_source import resolve_gguf
 
-        bad = [n for n in args.llama if n not in CONFIGS]
-        if bad:
-            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
         peers = make_peers(resolve_gguf(cfg["model"]["name"]), max(args.contexts) + 8, cfg["runtime"]["threads"],
                            args.llama)
         engines += list(peers.items())
