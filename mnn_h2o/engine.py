@@ -249,9 +249,8 @@ class Llm:
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
         self._scorer = None  # h2o.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
-        # A callable (layer, h, k, v) given every layer's input hidden states ([n, hidden]) and
-        # the keys and values its step appended ([n, n_kv_heads * head_dim]) as they are computed,
-        # instead of the scorer: tools.fit_scorer collects its data through it.
+        # A callable (layer, h rows) given every layer's input hidden states ([n, hidden]) as they
+        # are computed, instead of the scorer: tools.fit_scorer collects its data through it.
         self.hidden_observer = None
         self.configure_kv_dtype(rt["kv_dtype"])
         self._apply_h2o(cfg["h2o"])  # validated above
@@ -387,7 +386,7 @@ class Llm:
         scorer, cache = self._scorer, self.cache
         lo, hi = self._evicting_layers(h2o)
 
-        def score(i: int, rows: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        def score(i: int, rows: np.ndarray) -> None:
             if lo <= i < hi:
                 cache.set_token_scores(i, scorer.scores(i, rows))
         return score
@@ -466,7 +465,7 @@ class Llm:
             cache.step(i, q, k, v, attn)
             t4 = perf()
             if observe is not None:  # timed as policy
-                observe(i, h.read(), k, v)
+                observe(i, h.read())
                 t_obs += perf() - t4
                 t4 = perf()
             attn_in.write(attn)
@@ -530,7 +529,7 @@ class Llm:
             t_dense += t2 - t1
             t_att += t3 - t2
             if observe is not None:  # timed as policy
-                observe(i, h, k, v)
+                observe(i, h)
                 t4 = perf()
                 t_obs += t4 - t3
                 t3 = t4

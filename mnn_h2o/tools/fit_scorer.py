@@ -36,7 +36,7 @@ def _collect(llm, prompt, lo: int, hi: int, keep_features: bool):
 
     feats = {i: [] for i in range(lo, hi)}
 
-    def record(i: int, h: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    def record(i: int, h: np.ndarray) -> None:
         if lo <= i < hi:
             feats[i].append(features(h).astype(np.float16 if keep_features else np.float32))
 
