@@ -217,6 +217,8 @@ def _frontier(args, config_mod) -> int:
 
     ours = F.OursEngine(cfg)
     tok = ours.tokenizer
+    if any(m.engine == "ours" and m.policy == "predicted_kvzip" for m in methods):
+        ours.check_scorer()  # before the sweep, not at its first predicted_kvzip run
     engines = {"ours": ours}
     if any(m.engine == "kvpress" for m in methods):
         from ..model_source import resolve_gguf
