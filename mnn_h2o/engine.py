@@ -363,10 +363,12 @@ class Llm:
             self.cache.disable_h2o()
             self.h2o = None
             return
-        if h2o["policy"] == "predicted_kvzip" and self._scorer is None:
-            from .token_scorer import load_for_export
+        if h2o["policy"] == "predicted_kvzip":
+            from .token_scorer import check_layers, load_for_export
 
-            self._scorer = load_for_export(self.export_dir, self.meta, self.config, self._evicting_layers(h2o))
+            if self._scorer is None:  # the file is read once; every context's layers are checked
+                self._scorer = load_for_export(self.export_dir, self.meta, self.config)
+            check_layers(self._scorer, self._evicting_layers(h2o))
         self.cache.enable_h2o(**config_mod.native_args("h2o", h2o))
         self.h2o = h2o
 

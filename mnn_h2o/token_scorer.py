@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -122,17 +122,19 @@ def scorer_path(export_dir: str) -> str:
     return os.path.join(export_dir, FILE_NAME)
 
 
-def load_for_export(export_dir: str, meta: dict, config, layers: Sequence[int]) -> Optional[TokenScorer]:
-    """The export's scorer, or ScorerFileError saying how to make it; ``layers`` = the evicting
-    layers [start, end) the config asks for, which the fit must cover."""
+def load_for_export(export_dir: str, meta: dict, config) -> TokenScorer:
+    """The export's scorer, or ScorerFileError saying how to make it."""
     path = scorer_path(export_dir)
     if not os.path.exists(path):
         raise ScorerFileError(
             f"h2o.policy predicted_kvzip needs the scorer fitted for this model, and {path} does not exist: "
             f"python -m mnn_h2o.tools.fit_scorer --export {export_dir} makes it (a few minutes once per model: "
             "kvzip passes over dev-split text)")
-    s = TokenScorer.load(path, meta["source_sha256"], config.n_layers, config.hidden, config.n_kv_heads)
-    if layers[0] < s.layers[0] or layers[1] > s.layers[1]:
-        raise ScorerFileError(f"{path}: fitted for layers [{s.layers[0]}, {s.layers[1]}), the config evicts "
-                              f"[{layers[0]}, {layers[1]})")
-    return s
+    return TokenScorer.load(path, meta["source_sha256"], config.n_layers, config.hidden, config.n_kv_heads)
+
+
+def check_layers(scorer: TokenScorer, layers: Sequence[int]) -> None:
+    """ScorerFileError unless the fit covers the evicting layers [start, end) a config asks for."""
+    if layers[0] < scorer.layers[0] or layers[1] > scorer.layers[1]:
+        raise ScorerFileError(f"the predicted_kvzip scorer was fitted for layers [{scorer.layers[0]}, "
+                              f"{scorer.layers[1]}), the config evicts [{layers[0]}, {layers[1]})")

@@ -154,10 +154,10 @@ class OursEngine:
     def check_scorer(self) -> None:
         """ScorerFileError now, naming the command, when h2o.policy predicted_kvzip has no
         scorer fitted for this export."""
-        from ..token_scorer import load_for_export
+        from ..token_scorer import check_layers, load_for_export
 
         llm = self._llm("f16")
-        load_for_export(llm.export_dir, llm.meta, llm.config, llm._evicting_layers(self.cfg["h2o"]))
+        check_layers(load_for_export(llm.export_dir, llm.meta, llm.config), llm._evicting_layers(self.cfg["h2o"]))
 
     def _configure(self, m: Method, ratio: Optional[float]):
         from .quality import h2o_section

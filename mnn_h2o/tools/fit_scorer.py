@@ -176,8 +176,6 @@ def main(argv=None) -> int:
         "lambdas_tried": [{kk: v for kk, v in r.items() if kk != "weights"} for r in results],
         "collect_s": round(t_collect, 1), "created": datetime.datetime.now().isoformat(timespec="seconds"),
     }
-    for r in results:
-        r.pop("weights", None)
     path = scorer_path(export_dir)
     TokenScorer(w, (lo, hi), meta).save(path)
     print(f"fit_scorer: lambda {best['lambda']:g} (held-out R^2 {best['heldout_r2']:.3f}; kvzip's kept tokens "
