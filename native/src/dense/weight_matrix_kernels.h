@@ -21,6 +21,10 @@ struct BlockRows {
 
 using BlockRowsKernel = void (*)(const BlockRows&, int r0, int r1);
 
+// The codes' centres at which the kernels take the activation's rounding errors (q4_matrix.h):
+// the middle of Q4_K's 0..15 and Q5_K's 0..31 (Q6_K's is its offset, 32).
+constexpr float kQ4KCentre = 7.5f, kQ5KCentre = 15.5f;
+
 // Q4_K's eight 6-bit scales s[j] and mins m[j] of a super-block (weight_types.h), in bytes of four 32-bit words
 // (the 12 scale bytes as u0, u1, u2: s 0-3 = u0 & 63, m 0-3 = u1 & 63, s 4-7 = u2's low nibbles
 // with u0's top two bits, m 4-7 = u2's high nibbles with u1's top two bits).

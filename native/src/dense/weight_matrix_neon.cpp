@@ -1,6 +1,5 @@
 // NEON k-quant row kernels of WeightMatrix (weight_matrix_kernels.h): per activation block of 32,
-// the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, so also valid int8) times the activation's codes and
-// residual codes with widening multiplies (at most 2 x 63 x 127 per int16 lane), pairwise-added to
+// the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, so also valid int8) times the activation's codes with widening multiplies (at most 2 x 63 x 127 per int16 lane), pairwise-added to
 // int32 (lanes 0-1: values 0-15, lanes 2-3: values 16-31), then float per block (the activation's
 // k-quant form, q4_matrix.h), as the scalar reference sums them.
 #if defined(__aarch64__)
@@ -33,14 +32,11 @@ inline int32x4_t dot32(int8x16_t w0, int8x16_t w1, const int8_t* c) {
                         vpadd_s32(vget_low_s32(vpaddlq_s16(b)), vget_high_s32(vpaddlq_s16(b))));
 }
 
-// Block blk's codes and residual codes against w, each times its step (the super-block's step
-// times the block's shift: the activation's k-quant form, q4_matrix.h).
+// Block blk's codes against w, times its step (the super-block's step times the block's
+// multiplier: the activation's k-quant form, q4_matrix.h).
 inline float32x4_t block_dot(int8x16_t w0, int8x16_t w1, const Q8Activation& x, size_t blk) {
-    const size_t k = blk / 8;
     const float32x4_t d = vcvtq_f32_s32(dot32(w0, w1, x.seq_codes.data() + blk * 32));
-    const float32x4_t r = vcvtq_f32_s32(dot32(w0, w1, x.seq_residual_codes.data() + blk * 32));
-    return vfmaq_n_f32(vmulq_n_f32(r, x.super_residual_steps[k] * x.residual_shifts[blk]), d,
-                       x.super_steps[k] * x.shifts[blk]);
+    return vmulq_n_f32(d, x.super_steps[blk / 8] * x.multipliers[blk]);
 }
 
 }  // namespace
@@ -77,7 +73,8 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
                     const size_t blk = static_cast<size_t>(8 * k + j);
                     acc = vfmaq_n_f32(acc, block_dot(vreinterpretq_s8_u8(u0), vreinterpretq_s8_u8(u1), x, blk),
                                       d * static_cast<float>(s));
-                    mins += dmin * static_cast<float>(m) * x.sums[blk];
+                    mins += dmin * static_cast<float>(m) * x.sums[blk] -
+                            d * static_cast<float>(s) * (kFifthBit ? kQ5KCentre : kQ4KCentre) * x.rounding_errors[blk];
                 }
             }
         }
@@ -113,7 +110,7 @@ void q6_k_rows_neon(const BlockRows& p, int r0, int r1) {
             float ds[16];
             for (int s = 0; s < 16; ++s) {
                 ds[s] = d * static_cast<float>(sc[s]);
-                offset += ds[s] * x.sums16[static_cast<size_t>(16 * k + s)];
+                offset += ds[s] * x.rounded_sums16[static_cast<size_t>(16 * k + s)];
             }
             for (int h = 0; h < 2; ++h) {
                 const uint8_t* L = b + 64 * h;

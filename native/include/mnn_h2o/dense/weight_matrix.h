@@ -1,18 +1,18 @@
-// A matrix of GGUF weight blocks times one activation row rounded twice to int8 per block of 32
-// (Q8Activation, dense/q4_matrix.h): the decode layers' products, for every type whose traits
+// A matrix of GGUF weight blocks times one activation row rounded to int8 (Q8Activation,
+// dense/q4_matrix.h): the decode layers' products, for every type whose traits
 // (dense/weight_types.h) say the decode layers hold it.
 //
 // A matrix is a stack of row segments, each one GGUF tensor of its own type: a Q4_K_M file stores
 // a layer's attn_q and attn_k as Q4_K and often attn_v as Q6_K, and the decode layers compute the
-// three as one product (rows q, k, v). Q4_0 / Q4_1 segments are held as Q4Matrix's block pairs;
-// k-quant segments as the GGUF's bytes, read by the row kernels of weight_matrix.cpp on the
-// activation's k-quant form (q4_matrix.h: per super-block k a step T_k and residual step R_k, per
-// block b of 32 power-of-two shifts f_b, g_b):
-//   Q4_K: per sub-block j of 32 (activation block b), d s_j (T_k f_b dot(n, codes) + R_k g_b
-//         dot(n, residual codes)) - dmin m_j x.sums[b]
-//   Q5_K: as Q4_K, n the 5-bit values (the nibble plus 16 times the fifth bit)
-//   Q6_K: per sub-block of 16, d sc (T_k f_b dot(q, codes) + R_k g_b dot(q, residual codes) -
-//         32 x.sums16[..]), q the unsigned 6-bit values
+// three as one product (rows q, k, v). Q4_0 / Q4_1 segments are held as Q4Matrix's block pairs
+// (on the activation rounded twice per block of 32); k-quant segments as the GGUF's bytes, read by
+// the row kernels of weight_matrix.cpp on the activation's k-quant form (q4_matrix.h: rounded
+// once; per super-block k a step T_k, per block b of 32 an integer multiplier f_b, the block's
+// rounding error E_b and, per 16 values, the rounded sums X16):
+//   Q4_K: per sub-block j of 32 (activation block b), d s_j (T_k f_b dot(n, codes) + 7.5 E_b)
+//         - dmin m_j x.sums[b]
+//   Q5_K: as Q4_K, n the 5-bit values (the nibble plus 16 times the fifth bit), centre 15.5
+//   Q6_K: per sub-block of 16, d sc (T_k f_b dot(q, codes) - 32 X16), q the unsigned 6-bit values
 // with integer dots (the scalar reference sums them in float in block order; the SIMD paths sum a
 // super-block's s_j f_b products in int32 first).
 #pragma once
