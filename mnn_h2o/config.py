@@ -122,9 +122,10 @@ SCHEMA: Tuple[Key, ...] = (
         "'The native tail and lm_head'). Float layers always run it in MNN",
         choices=("native", "mnn")),
     Key("runtime", "decode_layers", str, "native", "-", "where a decode token's layers run when the "
-        "export is quantised: native = the GGUF's own blocks (q4_0, q4_1, q4_k, q6_k, mixed per matrix "
-        "as Q4_K_M files are) times activations rounded twice to int8 per block of 32 (codes, then "
-        "residual codes), in our core (docs/results.md 'Native decode layers'); a file with another "
+        "export is quantised: native = the GGUF's own blocks (q4_0, q4_1, q4_k, q5_k, q6_k, mixed per "
+        "matrix as Q4_K_M files are) times activations rounded to int8 (per block of 32: twice for "
+        "q4_0 / q4_1; once for the k-quants, their rounding errors taken at the codes' centre), in our "
+        "core (docs/results.md 'Native decode layers', 'Qwen2.5-Coder-1.5B'); a file with another "
         "type is refused, naming the tensor; mnn = MNN's layer modules. Float layers "
         "(model.weight_bits 0) always decode in MNN. "
         "Prefill (several tokens at once): runtime.prompt_layers",
