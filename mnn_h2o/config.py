@@ -125,7 +125,7 @@ SCHEMA: Tuple[Key, ...] = (
         "export is quantised: native = the GGUF's own blocks (q4_0, q4_1, q4_k, q5_k, q6_k, mixed per "
         "matrix as Q4_K_M files are) times activations rounded to int8 (per block of 32: twice for "
         "q4_0 / q4_1; once for the k-quants, their rounding errors taken at the codes' centre), in our "
-        "core (docs/results.md 'Native decode layers', 'Qwen2.5-Coder-1.5B'); a file with another "
+        "core (docs/results.md 'Native decode layers'; native/include/mnn_h2o/dense/q4_matrix.h); a file with another "
         "type is refused, naming the tensor; mnn = MNN's layer modules. Float layers "
         "(model.weight_bits 0) always decode in MNN. "
         "Prefill (several tokens at once): runtime.prompt_layers",

@@ -425,9 +425,9 @@ static void integer_forms() {
 }
 
 // The batched product (batched_product.h) of a stack of parts: the scalar path against float64 of
-// the same rounded activation on the integer form, and within the second rounding's own bound
-// (sum over columns of residual step / 2 |a u|) of the float64 product of the unrounded x and the
-// dequantised values; every SIMD path against the scalar one; any split of the rows (the decode
+// the same rounded activation on the integer form (rounded twice, and for k-quant rows once too;
+// the rounding errors at each group's mean u), and within the last rounding's own bound of what is
+// left (sum over columns of its step / 2 |a (u - mean u)|) of the float64 product of the unrounded x and the dequantised values; every SIMD path against the scalar one; any split of the rows (the decode
 // layers' tasks) bit for bit the whole; ragged edges (rows not a multiple of the panel, a last
 // column panel shorter than 256, activation rows not a multiple of any tile).
 static void batched_product(const std::vector<WeightType>& types, const std::vector<int>& rows, int cols) {
@@ -449,9 +449,12 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
     for (int r = 0; r < R; ++r)
         m.integer_row(r, 0, cols, &u[static_cast<size_t>(r) * cols], &a[static_cast<size_t>(r) * G], &o[static_cast<size_t>(r) * G]);
     const std::string name = m.type_names() + " cols " + std::to_string(cols);
-    for (int n : {1, 5, 6, 9, 23}) {
+    for (int n : {1, 5, 6, 9, 23})
+    for (bool twice : {true, false}) {
+        if (!twice && m.reads_pair_form()) continue;  // Q4_0 / Q4_1 rows need both roundings
         const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * cols);
         Q8Rows xq;
+        xq.residual = twice;
         xq.resize(n, cols);
         xq.quantize_rows(x.data(), cols, 0, n);
         std::vector<float> ref(static_cast<size_t>(n) * R);
@@ -460,17 +463,25 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
         for (int i = 0; i < n; ++i)
             for (int r = 0; r < R; ++r) {
                 double same = 0, exact = 0, bound = 0;
+                std::vector<double> mean(static_cast<size_t>(G), 0.0);
+                for (int c = 0; c < cols; ++c) mean[c / kIntegerGroup] += u[static_cast<size_t>(r) * cols + c] / 16.0;
                 for (int c = 0; c < cols; ++c) {
                     const size_t rc = static_cast<size_t>(r) * cols + c, ic = static_cast<size_t>(i) * cols + c;
                     const size_t blk = static_cast<size_t>(i) * (cols / 32) + c / 32;
-                    const double step = xq.steps[blk], rstep = xq.residual_steps[blk];
-                    const double au = static_cast<double>(a[static_cast<size_t>(r) * G + c / kIntegerGroup]) * u[rc];
-                    same += (step * xq.codes[ic] + rstep * xq.residual_codes[ic]) * au;
+                    const double step = xq.steps[blk], ag = a[static_cast<size_t>(r) * G + c / kIntegerGroup];
+                    double value = step * xq.codes[ic], last = step;  // the rounded value, the last rounding's step
+                    if (twice) {
+                        last = xq.residual_steps[blk];
+                        value += last * xq.residual_codes[ic];
+                    }
+                    same += value * ag * u[rc];
                     exact += static_cast<double>(x[ic]) * w[rc];
-                    bound += rstep / 2 * std::fabs(au);
+                    bound += last / 2 * std::fabs(ag * (u[rc] - mean[c / kIntegerGroup]));
                 }
-                for (int g = 0; g < G; ++g)
-                    same += static_cast<double>(o[static_cast<size_t>(r) * G + g]) * xq.sums[static_cast<size_t>(i) * G + g];
+                for (int g = 0; g < G; ++g) {
+                    const size_t at = static_cast<size_t>(i) * G + g, wg = static_cast<size_t>(r) * G + g;
+                    same += static_cast<double>(o[wg]) * xq.sums[at] + a[wg] * mean[g] * xq.errors[at];
+                }
                 const double got = ref[static_cast<size_t>(i) * R + r];
                 worst = std::max(worst, std::fabs(same - got));
                 scale = std::max(scale, std::fabs(same));
@@ -502,6 +513,14 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
     CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, narrow, 0, R, y.data(), R, Isa::Scalar); }),
           "an activation of another width");
     CHECK(throws<std::invalid_argument>([&] { one.resize(1, 33); }), "a width not a multiple of 32");
+    Q8Rows once;
+    once.residual = false;
+    once.resize(1, cols);
+    if (m.reads_pair_form())
+        CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, once, 0, R, y.data(), R, Isa::Scalar); }),
+              "%s: an activation rounded once", name.c_str());
+    else
+        CHECK(once.residual_codes.empty() && once.residual_steps.empty(), "%s: rounded once holds no residual", name.c_str());
 }
 
 int main() {

@@ -17,10 +17,11 @@ void Q8Rows::resize(int rows, int width) {
     n = rows;
     cols = width;
     codes.resize(static_cast<size_t>(rows) * width);
-    residual_codes.resize(static_cast<size_t>(rows) * width);
+    residual_codes.resize(residual ? static_cast<size_t>(rows) * width : 0);
     steps.resize(static_cast<size_t>(rows) * (width / 32));
-    residual_steps.resize(static_cast<size_t>(rows) * (width / 32));
+    residual_steps.resize(residual ? static_cast<size_t>(rows) * (width / 32) : 0);
     sums.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
+    errors.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
 }
 
 namespace {
@@ -49,14 +50,26 @@ void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
             const float* v = row + 32 * b;
             int8_t* c = codes.data() + at + 32 * b;
             const float step = round_block(v, c);
-            float left[32], s0 = 0.f, s1 = 0.f;
+            float left[32];
             for (int l = 0; l < 32; ++l) left[l] = v[l] - step * static_cast<float>(c[l]);
-            for (int l = 0; l < 16; ++l) s0 += v[l];
-            for (int l = 16; l < 32; ++l) s1 += v[l];
+            if (residual) {
+                int8_t* rc = residual_codes.data() + at + 32 * b;
+                const float rstep = round_block(left, rc);
+                residual_steps[static_cast<size_t>(i) * nb + b] = rstep;
+                for (int l = 0; l < 32; ++l) left[l] -= rstep * static_cast<float>(rc[l]);
+            }
+            // The errors summed as differences: the difference of the sums would cancel.
+            for (int h = 0; h < 2; ++h) {
+                float sum = 0.f, error = 0.f;
+                for (int l = 16 * h; l < 16 * h + 16; ++l) {
+                    sum += v[l];
+                    error += left[l];
+                }
+                const size_t g = static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b + h;
+                sums[g] = sum;
+                errors[g] = error;
+            }
             steps[static_cast<size_t>(i) * nb + b] = step;
-            residual_steps[static_cast<size_t>(i) * nb + b] = round_block(left, residual_codes.data() + at + 32 * b);
-            sums[static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b] = s0;
-            sums[static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b + 1] = s1;
         }
     }
 }
@@ -64,8 +77,6 @@ void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
 void panel_tile_scalar(const PanelTile& t) {
     for (int i = 0; i < t.n; ++i) {
         const TileRow x(t, i);
-        const int8_t *c = x.codes, *rc = x.residual_codes;
-        const float *st = x.steps, *rst = x.residual_steps, *sm = x.sums;
         float* y = t.y + static_cast<size_t>(i) * t.ldy;
         for (int j = 0; j < t.width; ++j) {
             float acc = 0.f;
@@ -74,11 +85,13 @@ void panel_tile_scalar(const PanelTile& t) {
                 for (int l = 0; l < kIntegerGroup; ++l) {
                     const int col = kIntegerGroup * g + l;
                     const int32_t u = t.u[(col / 4) * 64 + 4 * j + col % 4];
-                    dot += u * c[col];
-                    rdot += u * rc[col];
+                    dot += u * x.codes[col];
+                    if (x.residual_codes) rdot += u * x.residual_codes[col];
                 }
-                const float aj = t.a[g * kPanelRows + j], bj = t.b[g * kPanelRows + j];
-                acc += aj * (st[g / 2] * static_cast<float>(dot) + rst[g / 2] * static_cast<float>(rdot)) + bj * sm[g];
+                const size_t at = static_cast<size_t>(g * kPanelRows + j);
+                float dots = x.steps[g / 2] * static_cast<float>(dot);
+                if (x.residual_codes) dots += x.residual_steps[g / 2] * static_cast<float>(rdot);
+                acc += t.a[at] * dots + t.b[at] * x.sums[g] + t.centre[at] * x.errors[g];
             }
             y[j] = t.accumulate ? y[j] + acc : acc;
         }
@@ -106,11 +119,16 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
         throw std::invalid_argument("multiply_batch: an activation of " + std::to_string(xq.cols) +
                                     " values for a matrix of " + std::to_string(w.cols()) + " columns, ldy " +
                                     std::to_string(ldy) + " (rows to " + std::to_string(r1) + ")");
+    if (w.reads_pair_form() && xq.residual_codes.empty())
+        throw std::invalid_argument("multiply_batch: " + w.type_names() + " rows need the activation rounded twice");
     if (xq.n == 0 || r0 == r1) return;
+    // Both roundings where the activation has them (Q4_0 / Q4_1 rows need them, as their pair
+    // form does: q4_matrix.h); its errors are what all of its roundings left.
+    const bool twice = !xq.residual_codes.empty();
     const PanelKernel kernel = panel_kernel(isa);
     constexpr int kGroups = kPanelCols / kIntegerGroup;
     alignas(64) uint8_t u[kPanelCols * kPanelRows];
-    alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows];
+    alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows], centre[kGroups * kPanelRows];
     alignas(64) uint8_t row_u[kPanelCols];
     float row_a[kGroups], row_b[kGroups];
     const int cols = w.cols();
@@ -129,14 +147,18 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                 // Four columns of a row are one 32-bit lane of the panel: copied as words.
                 for (int q = 0; q < kc / 4; ++q) std::memcpy(u + q * 64 + 4 * j, row_u + 4 * q, 4);
                 for (int g = 0; g < kc / kIntegerGroup; ++g) {
+                    int u_sum = 0;
+                    for (int l = 0; l < kIntegerGroup; ++l) u_sum += row_u[kIntegerGroup * g + l];
                     a[g * kPanelRows + j] = row_a[g];
                     b[g * kPanelRows + j] = row_b[g];
+                    centre[g * kPanelRows + j] = row_a[g] * static_cast<float>(u_sum) / kIntegerGroup;
                 }
             }
-            kernel(PanelTile{u, a, b, kc, xq.codes.data() + c0, xq.residual_codes.data() + c0, xq.cols,
-                             xq.steps.data() + c0 / 32, xq.residual_steps.data() + c0 / 32, xq.cols / 32,
-                             xq.sums.data() + c0 / kIntegerGroup, xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width,
-                             c0 > 0});
+            kernel(PanelTile{u, a, b, centre, kc, xq.codes.data() + c0, twice ? xq.residual_codes.data() + c0 : nullptr,
+                             xq.cols, xq.steps.data() + c0 / 32, twice ? xq.residual_steps.data() + c0 / 32 : nullptr,
+                             xq.cols / 32,
+                             xq.sums.data() + c0 / kIntegerGroup, xq.errors.data() + c0 / kIntegerGroup,
+                             xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width, c0 > 0});
         }
     }
 }

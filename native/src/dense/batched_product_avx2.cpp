@@ -14,7 +14,7 @@ namespace mnn_h2o {
 
 namespace {
 
-template <int M>
+template <bool kResidual, int M>
 void tile(const PanelTile& t, int i0) {
     const __m256i ones = _mm256_set1_epi16(1);
     TileRow row[M];
@@ -29,17 +29,23 @@ void tile(const PanelTile& t, int i0) {
                 const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.u + (4 * g + q) * 64 + 32 * h));
                 const int at = kIntegerGroup * g + 4 * q;
                 for (int a = 0; a < M; ++a) {
-                    const __m256i x = _mm256_set1_epi32(four_codes(row[a].codes + at)), rx = _mm256_set1_epi32(four_codes(row[a].residual_codes + at));
+                    const __m256i x = _mm256_set1_epi32(four_codes(row[a].codes + at));
                     acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-                    racc[a] = _mm256_add_epi32(racc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, rx), ones));
+                    if (kResidual) {
+                        const __m256i rx = _mm256_set1_epi32(four_codes(row[a].residual_codes + at));
+                        racc[a] = _mm256_add_epi32(racc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, rx), ones));
+                    }
                 }
             }
-            const __m256 A = _mm256_load_ps(t.a + g * kPanelRows + 8 * h), B = _mm256_load_ps(t.b + g * kPanelRows + 8 * h);
+            const __m256 A = _mm256_load_ps(t.a + g * kPanelRows + 8 * h), B = _mm256_load_ps(t.b + g * kPanelRows + 8 * h),
+                         C = _mm256_load_ps(t.centre + g * kPanelRows + 8 * h);
             for (int a = 0; a < M; ++a) {
-                const __m256 dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(row[a].steps[g / 2]),
-                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(row[a].residual_steps[g / 2])));
+                __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(row[a].steps[g / 2]));
+                if (kResidual)
+                    dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(row[a].residual_steps[g / 2]), dots);
                 f[a] = _mm256_fmadd_ps(A, dots, f[a]);
                 f[a] = _mm256_fmadd_ps(B, _mm256_set1_ps(row[a].sums[g]), f[a]);
+                f[a] = _mm256_fmadd_ps(C, _mm256_set1_ps(row[a].errors[g]), f[a]);
             }
         }
         for (int a = 0; a < M; ++a) {
@@ -60,14 +66,20 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-void panel_tile_avx2(const PanelTile& t) {
+template <bool kResidual>
+static void tiles(const PanelTile& t) {
     int i = 0;
-    for (; i + 3 <= t.n; i += 3) tile<3>(t, i);
+    for (; i + 3 <= t.n; i += 3) tile<kResidual, 3>(t, i);
     switch (t.n - i) {
-        case 2: tile<2>(t, i); break;
-        case 1: tile<1>(t, i); break;
+        case 2: tile<kResidual, 2>(t, i); break;
+        case 1: tile<kResidual, 1>(t, i); break;
         default: break;
     }
+}
+
+void panel_tile_avx2(const PanelTile& t) {
+    if (t.residual_codes) tiles<true>(t);
+    else tiles<false>(t);
 }
 
 }  // namespace mnn_h2o

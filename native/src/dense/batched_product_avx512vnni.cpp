@@ -16,7 +16,7 @@ namespace mnn_h2o {
 
 namespace {
 
-template <int M>
+template <bool kResidual, int M>
 void tile(const PanelTile& t, int i0) {
     __m512 f[M];
     for (int a = 0; a < M; ++a) f[a] = _mm512_setzero_ps();
@@ -30,15 +30,19 @@ void tile(const PanelTile& t, int i0) {
             const int at = kIntegerGroup * g + 4 * q;
             for (int a = 0; a < M; ++a) {
                 acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(row[a].codes + at)));
-                racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(row[a].residual_codes + at)));
+                if (kResidual)
+                    racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(row[a].residual_codes + at)));
             }
         }
-        const __m512 A = _mm512_load_ps(t.a + g * kPanelRows), B = _mm512_load_ps(t.b + g * kPanelRows);
+        const __m512 A = _mm512_load_ps(t.a + g * kPanelRows), B = _mm512_load_ps(t.b + g * kPanelRows),
+                     C = _mm512_load_ps(t.centre + g * kPanelRows);
         for (int a = 0; a < M; ++a) {
-            const __m512 dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(row[a].steps[g / 2]),
-                                                _mm512_mul_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(row[a].residual_steps[g / 2])));
+            __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(row[a].steps[g / 2]));
+            if (kResidual)
+                dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(row[a].residual_steps[g / 2]), dots);
             f[a] = _mm512_fmadd_ps(A, dots, f[a]);
             f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(row[a].sums[g]), f[a]);
+            f[a] = _mm512_fmadd_ps(C, _mm512_set1_ps(row[a].errors[g]), f[a]);
         }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << t.width) - 1u);
@@ -52,19 +56,25 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-void panel_tile_avx512vnni(const PanelTile& t) {
+template <bool kResidual>
+static void tiles(const PanelTile& t) {
     int i = 0;
-    for (; i + 8 <= t.n; i += 8) tile<8>(t, i);
+    for (; i + 8 <= t.n; i += 8) tile<kResidual, 8>(t, i);
     switch (t.n - i) {
-        case 7: tile<7>(t, i); break;
-        case 6: tile<6>(t, i); break;
-        case 5: tile<5>(t, i); break;
-        case 4: tile<4>(t, i); break;
-        case 3: tile<3>(t, i); break;
-        case 2: tile<2>(t, i); break;
-        case 1: tile<1>(t, i); break;
+        case 7: tile<kResidual, 7>(t, i); break;
+        case 6: tile<kResidual, 6>(t, i); break;
+        case 5: tile<kResidual, 5>(t, i); break;
+        case 4: tile<kResidual, 4>(t, i); break;
+        case 3: tile<kResidual, 3>(t, i); break;
+        case 2: tile<kResidual, 2>(t, i); break;
+        case 1: tile<kResidual, 1>(t, i); break;
         default: break;
     }
+}
+
+void panel_tile_avx512vnni(const PanelTile& t) {
+    if (t.residual_codes) tiles<true>(t);
+    else tiles<false>(t);
 }
 
 }  // namespace mnn_h2o

@@ -14,14 +14,16 @@ struct PanelTile {
     const uint8_t* u;
     const float* a;      // group g (16 columns) of row j at a[g * kPanelRows + j]
     const float* b;      // likewise
+    const float* centre; // likewise: a times the group's mean u (the rounding errors' weight)
     int kc;
     const int8_t* codes;           // activation row i's code of column 0 of the panel at codes + i * ldc
-    const int8_t* residual_codes;  // likewise
+    const int8_t* residual_codes;  // likewise, nullptr where the activation is rounded once
     int ldc;
     const float* steps;            // its block step of the panel's first block at steps + i * lds
-    const float* residual_steps;   // likewise
+    const float* residual_steps;   // likewise (nullptr with residual_codes)
     int lds;
-    const float* sums;   // its group sum of the panel's first group at sums + i * ldg
+    const float* sums;    // its group sum of the panel's first group at sums + i * ldg
+    const float* errors;  // its group's rounding error likewise
     int ldg;
     int n;               // activation rows
     float* y;            // output row i's panel row 0 at y + i * ldy
@@ -35,14 +37,15 @@ using PanelKernel = void (*)(const PanelTile&);
 // Activation row i of a tile: where its codes, steps and group sums of the panel start.
 struct TileRow {
     const int8_t *codes, *residual_codes;
-    const float *steps, *residual_steps, *sums;
+    const float *steps, *residual_steps, *sums, *errors;
     TileRow() = default;
     TileRow(const PanelTile& t, int i)
         : codes(t.codes + static_cast<size_t>(i) * t.ldc),
-          residual_codes(t.residual_codes + static_cast<size_t>(i) * t.ldc),
+          residual_codes(t.residual_codes ? t.residual_codes + static_cast<size_t>(i) * t.ldc : nullptr),
           steps(t.steps + static_cast<size_t>(i) * t.lds),
-          residual_steps(t.residual_steps + static_cast<size_t>(i) * t.lds),
-          sums(t.sums + static_cast<size_t>(i) * t.ldg) {}
+          residual_steps(t.residual_steps ? t.residual_steps + static_cast<size_t>(i) * t.lds : nullptr),
+          sums(t.sums + static_cast<size_t>(i) * t.ldg),
+          errors(t.errors + static_cast<size_t>(i) * t.ldg) {}
 };
 
 // Four consecutive codes as one 32-bit word (the lane a kernel broadcasts).

@@ -15,7 +15,7 @@ namespace {
 
 inline int8x16_t four_codes_s8(const int8_t* c) { return vreinterpretq_s8_s32(vdupq_n_s32(four_codes(c))); }
 
-template <int M>
+template <bool kResidual, int M>
 void tile(const PanelTile& t, int i0) {
     float32x4_t f[M][4];
     for (int a = 0; a < M; ++a)
@@ -38,17 +38,19 @@ void tile(const PanelTile& t, int i0) {
                 const int8x16_t w = vld1q_s8(u + 16 * r);
                 for (int a = 0; a < M; ++a) {
                     acc[a][r] = dot4(acc[a][r], w, four_codes_s8(row[a].codes + at));
-                    racc[a][r] = dot4(racc[a][r], w, four_codes_s8(row[a].residual_codes + at));
+                    if (kResidual) racc[a][r] = dot4(racc[a][r], w, four_codes_s8(row[a].residual_codes + at));
                 }
             }
         }
         for (int r = 0; r < 4; ++r) {
-            const float32x4_t A = vld1q_f32(t.a + g * kPanelRows + 4 * r), B = vld1q_f32(t.b + g * kPanelRows + 4 * r);
+            const float32x4_t A = vld1q_f32(t.a + g * kPanelRows + 4 * r), B = vld1q_f32(t.b + g * kPanelRows + 4 * r),
+                              C = vld1q_f32(t.centre + g * kPanelRows + 4 * r);
             for (int a = 0; a < M; ++a) {
-                const float32x4_t dots = vfmaq_n_f32(vmulq_n_f32(vcvtq_f32_s32(racc[a][r]), row[a].residual_steps[g / 2]),
-                                                     vcvtq_f32_s32(acc[a][r]), row[a].steps[g / 2]);
+                float32x4_t dots = vmulq_n_f32(vcvtq_f32_s32(acc[a][r]), row[a].steps[g / 2]);
+                if (kResidual) dots = vfmaq_n_f32(dots, vcvtq_f32_s32(racc[a][r]), row[a].residual_steps[g / 2]);
                 f[a][r] = vfmaq_f32(f[a][r], A, dots);
                 f[a][r] = vfmaq_n_f32(f[a][r], B, row[a].sums[g]);
+                f[a][r] = vfmaq_n_f32(f[a][r], C, row[a].errors[g]);
             }
         }
     }
@@ -62,10 +64,16 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-void panel_tile_neon(const PanelTile& t) {
+template <bool kResidual>
+static void tiles(const PanelTile& t) {
     int i = 0;
-    for (; i + 2 <= t.n; i += 2) tile<2>(t, i);
-    if (i < t.n) tile<1>(t, i);
+    for (; i + 2 <= t.n; i += 2) tile<kResidual, 2>(t, i);
+    if (i < t.n) tile<kResidual, 1>(t, i);
+}
+
+void panel_tile_neon(const PanelTile& t) {
+    if (t.residual_codes) tiles<true>(t);
+    else tiles<false>(t);
 }
 
 }  // namespace mnn_h2o

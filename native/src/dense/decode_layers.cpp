@@ -78,6 +78,13 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         attn_kq = attn_kq || w.wo.reads_kquant_form();
         act_kq = act_kq || w.down.reads_kquant_form();
     }
+    // A prompt chunk's rows are rounded a second time only where a Q4_0 / Q4_1 matrix reads them.
+    x_rows_.residual = attn_rows_.residual = act_rows_.residual = false;
+    for (const DecodeLayerWeights& w : layers_) {
+        x_rows_.residual = x_rows_.residual || w.qkv.reads_pair_form() || w.gate.reads_pair_form() || w.up.reads_pair_form();
+        attn_rows_.residual = attn_rows_.residual || w.wo.reads_pair_form();
+        act_rows_.residual = act_rows_.residual || w.down.reads_pair_form();
+    }
     xq_.kquant_form = hidden_kq;
     attn_q_.kquant_form = attn_kq;
     act_q_.kquant_form = act_kq;
@@ -107,6 +114,7 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
               "], the shape needs [vocab, " + std::to_string(shape_.hidden) + "]");
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
+    x_rows_.residual = x_rows_.residual || head_.reads_pair_form();  // it reads a chunk's final norms too
     if (head_.reads_kquant_form() && !xq_.kquant_form) {  // the head reads the final norm's activation
         xq_.kquant_form = true;
         xq_.resize(shape_.hidden);

@@ -194,6 +194,12 @@ std::string WeightMatrix::type_names() const {
     return out;
 }
 
+bool WeightMatrix::reads_pair_form() const {
+    for (const Segment& s : segments_)
+        if (s.q4) return true;
+    return false;
+}
+
 bool WeightMatrix::reads_kquant_form() const {
     for (const Segment& s : segments_)
         if (!s.q4) return true;

@@ -5,11 +5,12 @@
 // round each activation row anew. Here the activation rows are rounded to int8 once for every
 // product that reads them (Q8Rows), and a panel of kPanelRows weight rows is unpacked once per kPanelCols
 // columns into the weight types' integer form (weight_types.h: value = u a + b per group of 16,
-// u <= 63), shared by every activation row: per group, integer dots of u with the codes and the
-// residual codes, then
-//   y += a * (step * dot(u, codes) + residual_step * dot(u, residual codes)) + b * sum
-// with the activation block's step and the group's float sum of the unrounded values (so a
-// type's offsets and mins, Q4_K's dmin m_j, Q6_K's -32, meet exact sums: only the a u part sees
+// u <= 63), shared by every activation row: per group, the integer dot of u with the codes, then
+//   y += a * step * dot(u, codes) + b * sum + a * mean(u) * error
+// with the activation block's step, the group's float sum of the unrounded values (so a type's
+// offsets and mins, Q4_K's dmin m_j, Q6_K's -32, meet exact sums) and the group's rounding error
+// (the sum of the values less that of the rounded ones): u is unsigned, so the errors e meet it as
+// sum u e, whose part at u's mean is known exactly; only sum (u - mean(u)) e is left of
 // the rounding). On x86 the dots are AVX-512 VNNI (64 multiply-adds an instruction) or AVX2
 // maddubs; below kMinRows rows the unpacking is not paid back and the callers use the one-row
 // kernels.
@@ -31,17 +32,20 @@ constexpr int kPanelRows = 16;
 constexpr int kPanelCols = 256;
 constexpr int kMinRows = 16;
 
-// n activation rows of cols values (cols a multiple of 32) rounded twice per block of 32, as the
-// one-row products' activation is (q4_matrix.h): value c of row i ~ steps[i][c / 32] *
-// codes[i][c] + residual_steps[i][c / 32] * residual_codes[i][c] (each round to nearest, |code| <=
-// 127, step = amax / 127 of what is rounded), sums[i][c / 16] the float sum of the group's
-// unrounded values. One rounding alone cost 15x MNN's int8 KL on SmolLM2's prompts (0.0097
-// against 0.0006 over 320 teacher-forced tokens: docs/results.md 'Prompt layers').
+// n activation rows of cols values (cols a multiple of 32) rounded per block of 32: value c of row
+// i ~ steps[i][c / 32] * codes[i][c] (+ residual_steps[i][c / 32] * residual_codes[i][c] where
+// residual: the remainder rounded again) (round to nearest, |code| <= 127, step = amax / 127 of
+// what is rounded), sums[i][c / 16] the float sum of the group's unrounded values, errors[i][c /
+// 16] what the roundings left of it (summed as differences). k-quant rows read the codes alone,
+// Q4_0 / Q4_1 rows (as their pair form, q4_matrix.h) both: on SmolLM2's Q4_1 prompts one centred
+// rounding cost KL 0.0015 to the exact model (MNN's int8 modules 0.0006, two roundings 6e-7), on
+// the 1.5B's k-quant prompts below 1e-5 (docs/notebook/kquant_one_rounding.md).
 struct Q8Rows {
+    bool residual = true;  // whether resize makes (and quantize_rows writes) the residual codes
     int n = 0, cols = 0;
     std::vector<int8_t> codes, residual_codes;  // [n][cols]
     std::vector<float> steps, residual_steps;   // [n][cols / 32]
-    std::vector<float> sums;                    // [n][cols / 16]
+    std::vector<float> sums, errors;            // [n][cols / 16]
 
     void resize(int n, int cols);
     // Rows [i0, i1) of x (row i at x + i * ldx), after resize: disjoint row ranges may be written
@@ -51,7 +55,8 @@ struct Q8Rows {
 
 // y[i * ldy + r] = sum_c x_i[c] w[r][c] for the rows i of xq and weight rows r in [r0, r1), ldy >=
 // r1. isa Scalar: the reference. Throws std::out_of_range on a row range outside the matrix,
-// std::invalid_argument on an activation of another width or ldy too small.
+// std::invalid_argument on an activation of another width, ldy too small, or one rounded once for
+// a matrix with Q4_0 / Q4_1 rows.
 void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, float* y, int ldy, Isa isa);
 
 }  // namespace mnn_h2o
