@@ -133,7 +133,7 @@ SCHEMA: Tuple[Key, ...] = (
     Key("runtime", "prompt_layers", str, "native", "-", "where a prompt's layers run (several tokens "
         "at once: prefill chunks, the kvzip pass) when the export is quantised: native = the native "
         "decode layers' blocks, each product batched over the chunk (16 weight rows unpacked to "
-        "their integers at a time, each activation row rounded twice to int8 per block of 32, "
+        "their integers at a time, each activation row rounded to int8 per block of 32, twice for q4_0 / q4_1 rows, once for k-quant ones, "
         "integer dots: AVX-512 VNNI, AVX2, NEON), and MNN's layer modules are then not loaded (one "
         "copy of the weights); it needs runtime.decode_layers native. mnn = MNN's layer modules "
         "(batched int8 kernels on its own re-quantisation). Float layers (model.weight_bits 0) "

@@ -38,8 +38,9 @@ constexpr int kMinRows = 16;
 // what is rounded), sums[i][c / 16] the float sum of the group's unrounded values, errors[i][c /
 // 16] what the roundings left of it (summed as differences). k-quant rows read the codes alone,
 // Q4_0 / Q4_1 rows (as their pair form, q4_matrix.h) both: on SmolLM2's Q4_1 prompts one centred
-// rounding cost KL 0.0015 to the exact model (MNN's int8 modules 0.0006, two roundings 6e-7), on
-// the 1.5B's k-quant prompts below 1e-5 (docs/notebook/kquant_one_rounding.md).
+// rounding cost KL 0.0015 to the exact model (MNN's int8 modules 0.0006, two roundings 5e-7), on
+// the 1.5B's k-quant prompts 0.0007 (two: 4e-6) for 1.4x the prefill speed
+// (docs/notebook/kquant_one_rounding.md).
 struct Q8Rows {
     bool residual = true;  // whether resize makes (and quantize_rows writes) the residual codes
     int n = 0, cols = 0;
