@@ -144,8 +144,10 @@ def test_frontier_quick_runs(tmp_path):
     rows = data["rows"]
     kl = [r for r in rows if r["kind"] == "kl"]
     assert {r["domain"] for r in kl} == set(D.DOMAINS)
-    assert {r["method"] for r in kl} == ({"ours:none", "ours:none@q8", "ours:h2o@q8"}
-                                         | {f"ours:{p}" for p in F.our_policies()})
+    # Every policy, but predicted_kvzip only where its scorer is fitted (a bare `ours` skips it
+    # with a note otherwise; fitting takes minutes).
+    every = {"ours:none", "ours:none@q8", "ours:h2o@q8"} | {f"ours:{p}" for p in F.our_policies()}
+    assert every - {"ours:predicted_kvzip"} <= {r["method"] for r in kl} <= every
     for r in kl:
         assert r["bytes_held"] > 0 and r["kl"] >= 0 and 0 <= r["top1"] <= 1
         if r["method"] == "ours:none":
