@@ -71,23 +71,20 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         check_matrix(w.up, s.ffn, s.hidden, l + "up");
         check_matrix(w.down, s.hidden, s.ffn, l + "down");
     }
-    // Each activation gets the k-quant form only where a matrix reading it is a k-quant one.
-    bool hidden_kq = false, attn_kq = false, act_kq = false;
-    for (const DecodeLayerWeights& w : layers_) {
-        hidden_kq = hidden_kq || w.qkv.reads_kquant_form() || w.gate.reads_kquant_form() || w.up.reads_kquant_form();
-        attn_kq = attn_kq || w.wo.reads_kquant_form();
-        act_kq = act_kq || w.down.reads_kquant_form();
-    }
-    // A prompt chunk's rows are rounded a second time only where a Q4_0 / Q4_1 matrix reads them.
+    // Each activation gets the k-quant form only where a k-quant matrix reads it, and a prompt
+    // chunk's rows their second rounding only where a Q4_0 / Q4_1 one does.
+    xq_.kquant_form = attn_q_.kquant_form = act_q_.kquant_form = false;
     x_rows_.residual = attn_rows_.residual = act_rows_.residual = false;
     for (const DecodeLayerWeights& w : layers_) {
-        x_rows_.residual = x_rows_.residual || w.qkv.reads_pair_form() || w.gate.reads_pair_form() || w.up.reads_pair_form();
+        for (const WeightMatrix* m : {&w.qkv, &w.gate, &w.up}) {
+            xq_.kquant_form = xq_.kquant_form || m->reads_kquant_form();
+            x_rows_.residual = x_rows_.residual || m->reads_pair_form();
+        }
+        attn_q_.kquant_form = attn_q_.kquant_form || w.wo.reads_kquant_form();
         attn_rows_.residual = attn_rows_.residual || w.wo.reads_pair_form();
+        act_q_.kquant_form = act_q_.kquant_form || w.down.reads_kquant_form();
         act_rows_.residual = act_rows_.residual || w.down.reads_pair_form();
     }
-    xq_.kquant_form = hidden_kq;
-    attn_q_.kquant_form = attn_kq;
-    act_q_.kquant_form = act_kq;
     x_.resize(static_cast<size_t>(s.hidden));
     y_.resize(static_cast<size_t>(s.hidden));
     qkv_.resize(static_cast<size_t>(qkv_rows));
