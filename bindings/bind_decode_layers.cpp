@@ -183,14 +183,13 @@ void bind_decode_layers(py::module_& m) {
                 d["ggml_id"] = static_cast<int>(t[i].type);
                 d["block_values"] = t[i].block_values;
                 d["block_bytes"] = t[i].block_bytes;
-                d["decode_layers"] = t[i].held != mnn_h2o::HeldAs::None;
                 d["half_offsets"] = py::make_tuple(t[i].half_offsets[0], t[i].half_offsets[1]);
                 out.append(d);
             }
             return out;
         },
         "the core's weight block types (native/include/mnn_h2o/dense/weight_types.h): name, ggml_id, "
-        "block_values, block_bytes, decode_layers (whether the decode layers run it), half_offsets (byte "
+        "block_values, block_bytes, half_offsets (byte "
         "offsets of a block's fp16 scales, -1: none)");
     m.def(
         "dequantize_blocks",

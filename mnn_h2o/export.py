@@ -7,8 +7,8 @@ RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, R
 maps normed hidden states to logits (separate so a prefill computes logits for one row only).
 With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
 (``tail_blocks.npz``) for the native tail (``runtime.tail``), and every layer's matrices as the
-GGUF stores them (``decode_layers.npz``: Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K blocks, any mix) for the native
-decode layers (``runtime.decode_layers``); a file with another type gets none, and the export says
+GGUF stores them (``decode_layers.npz``: blocks of any type in the core's table,
+native/include/mnn_h2o/dense/weight_types.h, any mix) for the native decode layers (``runtime.decode_layers``); a file with another type gets none, and the export says
 which tensor (``no_decode_layers``).
 The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
 also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
@@ -116,7 +116,7 @@ def tail_arrays(g: GgufModel, last_w: dict) -> dict:
     """The native tail's arrays (mnn_h2o/native_tail.py) from ``g`` and its last layer's weights
     ``last_w`` (GgufModel.layer): per matrix of the layer's end its blocks of 32 as
     ``<name>.codes`` (int8), ``<name>.scales`` and ``<name>.mins`` (fp16; value = code * scale +
-    min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 tensors are stored as
+    min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 / Q5_0 tensors are stored as
     the GGUF holds them, exactly; other types as q8_0 (mins 0)."""
     last, w = g.config.n_layers - 1, last_w
     out = {"ffn_norm": np.asarray(w["ffn_norm"], np.float32), "out_norm": np.asarray(g.output_norm(), np.float32)}
@@ -144,7 +144,7 @@ def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
     from . import native
 
     c = g.config
-    runs = [w["name"] for w in native.weight_types() if w["decode_layers"]]
+    runs = [w["name"] for w in native.weight_types()]
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
     for i in range(c.n_layers):  # every type first: an unsupported one is found before any copy
         for tensors in DECODE_MATRICES.values():
@@ -165,10 +165,12 @@ def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
         if c.qkv_bias:  # un-permuted as the rows are (GgufModel.layer)
             w = g.layer(i)
             out[f"{i}.qkv_bias"] = np.concatenate([w["bq"], w["bk"], w["bv"]]).astype(np.float32)
-    # The output end too, where the layers hold the output matrix's type (a k-quant head; not
-    # SmolLM2's Q8_0 embedding, whose rows the native head of lm_head_q8 multiplies instead).
+    # The output end too, where the layers hold the output matrix's type, but for Q8_0: the native
+    # head (lm_head_q8) multiplies those very rows with the float activation, and at the head the
+    # activation's rounding reaches the logits directly (docs/results.md, "The native tail and
+    # lm_head"); the other types' blocks have no such kernel.
     head = "token_embd.weight" if c.tied_embeddings else "output.weight"
-    if g.tensors[head].tensor_type.name in runs:
+    if g.tensors[head].tensor_type.name in runs and g.tensors[head].tensor_type.name != "Q8_0":
         kind, blocks = g.weight_blocks(head)
         out["head.types"], out["head.0"] = np.array([kind]), blocks
         out["out_norm"] = np.asarray(g.output_norm(), np.float32)

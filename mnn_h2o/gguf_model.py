@@ -326,12 +326,13 @@ class GgufModel:
         return w
 
     # Block-32 GGUF types as (codes, fp16 scale, fp16 min) per block: ggml's block_q8_0 {d, qs[32]},
-    # block_q4_0 {d, qs[16]} (value (nibble - 8) * d) and block_q4_1 {d, m, qs[16]} (nibble * d + m);
-    # nibble j of a block is qs[j] & 15 for j < 16, qs[j - 16] >> 4 after.
-    _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+    # block_q4_0 {d, qs[16]} (value (nibble - 8) * d), block_q4_1 {d, m, qs[16]} (nibble * d + m)
+    # and block_q5_0 {d, qh[4], qs[16]} ((nibble + 16 bit - 16) * d, bit j of qh as one
+    # little-endian word); nibble j of a block is qs[j] & 15 for j < 16, qs[j - 16] >> 4 after.
+    _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22}
 
     def blocks(self, name: str) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The stored blocks of a Q8_0 / Q4_0 / Q4_1 matrix (not for the permuted Q/K): int8 codes
+        """The stored blocks of a Q8_0 / Q4_0 / Q4_1 / Q5_0 matrix (not for the permuted Q/K): int8 codes
         [out, in], fp16 scales and mins [out, in / 32], whose ``codes * scale + min`` are exactly
         :meth:`tensor`'s values (checked); None for any other type."""
         t = self.tensors.get(name)
@@ -351,10 +352,13 @@ class GgufModel:
         if kind == "Q8_0":
             codes = raw[..., 2:].view(np.int8)
         else:
-            qs = raw[..., 4:] if kind == "Q4_1" else raw[..., 2:]
+            qs = raw[..., {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6}[kind]:]
             codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int8)
             if kind == "Q4_1":
                 mins = np.ascontiguousarray(raw[..., 2:4]).view(np.float16)[..., 0]
+            elif kind == "Q5_0":
+                qh = np.ascontiguousarray(raw[..., 2:6]).view("<u4")
+                codes += (((qh >> np.arange(32, dtype=np.uint32)) & 1) * 16).astype(np.int8) - 16
             else:
                 codes -= 8
         values = codes * scales.astype(np.float32)[..., None] + mins.astype(np.float32)[..., None]

@@ -1,4 +1,4 @@
-// The weight types' table and WeightMatrix: hand-made Q4_K, Q5_K and Q6_K blocks packed here from the
+// The weight types' table and WeightMatrix: hand-made Q5_0, Q8_0, Q4_K, Q5_K and Q6_K blocks packed here from the
 // layout in weight_types.h (an independent packer, not the decoder run backwards) decode to the
 // values they were made from; on random blocks the scalar kernels match a float64 product of the
 // same rounded activation, every SIMD path matches the scalar one, a stack of parts of different
@@ -127,7 +127,7 @@ static void kquant_activation() {
 static void table() {
     size_t n = 0;
     const WeightTypeTraits* t = weight_traits_table(&n);
-    CHECK(n == 6, "%zu types", n);
+    CHECK(n == 7, "%zu types", n);
     for (size_t i = 0; i < n; ++i) {
         CHECK(&weight_traits(t[i].type) == &t[i], "%s by type", t[i].name);
         CHECK(find_weight_traits(t[i].name) == &t[i], "%s by name", t[i].name);
@@ -136,8 +136,10 @@ static void table() {
               weight_traits(WeightType::Q6_K).block_bytes == 210,
           "k-quant block bytes");
     CHECK(weight_row_bytes(weight_traits(WeightType::Q4_K), 1536) == 6 * 144, "Q4_K row bytes");
-    CHECK(throws<std::invalid_argument>([] { weight_traits(6); }), "Q5_0 (6) is not in the table");
-    CHECK(find_weight_traits("Q5_0") == nullptr, "Q5_0 by name");
+    CHECK(throws<std::invalid_argument>([] { weight_traits(7); }), "Q5_1 (7) is not in the table");
+    CHECK(find_weight_traits("Q5_1") == nullptr, "Q5_1 by name");
+    CHECK(weight_traits(WeightType::Q5_0).block_bytes == 22 && weight_traits(WeightType::Q8_0).block_bytes == 34,
+          "Q5_0 / Q8_0 block bytes");
     CHECK(throws<std::invalid_argument>([] { weight_row_bytes(weight_traits(WeightType::Q4_K), 288); }),
           "a Q4_K row of 288");
 }
@@ -173,6 +175,29 @@ static void hand_made_blocks() {
         if (out[i] != 0.5f * sc[i / 16] * (q[i] - 32)) ++bad;
     CHECK(bad == 0, "Q6_K: %d of 256 values differ from d sc (q - 32)", bad);
 
+    // Q5_0: value i = (nibble + 16 bit i of qh - 16) d, packed here bit by bit.
+    std::vector<uint8_t> q50(22, 0);
+    put_half(&q50[0], 0.5f);
+    int n50[32];
+    for (int i = 0; i < 32; ++i) {
+        n50[i] = (i * 11 + 3) % 32;
+        q50[6 + i % 16] |= static_cast<uint8_t>((n50[i] & 15) << (i < 16 ? 0 : 4));
+        q50[2 + i / 8] |= static_cast<uint8_t>((n50[i] >> 4) << (i % 8));
+    }
+    std::vector<float> o50(32);
+    weight_traits(WeightType::Q5_0).dequantize(q50.data(), o50.data(), 1);
+    bad = 0;
+    for (int i = 0; i < 32; ++i) bad += o50[i] != 0.5f * (n50[i] - 16);
+    CHECK(bad == 0, "Q5_0: %d of 32 values differ from (n - 16) d", bad);
+    std::vector<uint8_t> q80(34);
+    put_half(&q80[0], 0.25f);
+    for (int i = 0; i < 32; ++i) q80[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(i * 8 - 128));
+    std::vector<float> o80(32);
+    weight_traits(WeightType::Q8_0).dequantize(q80.data(), o80.data(), 1);
+    bad = 0;
+    for (int i = 0; i < 32; ++i) bad += o80[i] != 0.25f * (i * 8 - 128);
+    CHECK(bad == 0, "Q8_0: %d of 32 values differ from q d", bad);
+
     // Q4_0 and Q4_1: the classic blocks.
     std::vector<uint8_t> q40(18), q41(20);
     put_half(&q40[0], 2.f);
@@ -196,7 +221,9 @@ static std::vector<uint8_t> random_blocks(WeightType type, size_t n_blocks, std:
     for (size_t k = 0; k < n_blocks; ++k) {
         uint8_t* p = &b[k * t.block_bytes];
         switch (type) {
-            case WeightType::Q4_0: put_half(p, std::fabs(normal(rng)) * 0.01f); break;
+            case WeightType::Q4_0:
+            case WeightType::Q5_0:
+            case WeightType::Q8_0: put_half(p, std::fabs(normal(rng)) * 0.01f); break;
             case WeightType::Q4_1:
                 put_half(p, std::fabs(normal(rng)) * 0.01f);
                 put_half(p + 2, normal(rng) * 0.05f);
@@ -221,6 +248,18 @@ static double exact_row(WeightType type, const uint8_t* row, int cols, const Q8A
                         bool centred = true) {
     const int sb = cols / 256;
     double acc = 0;
+    if (type == WeightType::Q5_0 || type == WeightType::Q8_0) {  // the pair form's first rounding
+        const WeightTypeTraits& t = weight_traits(type);
+        for (int b = 0; b < cols / 32; ++b) {
+            float v[32];
+            t.dequantize(row + static_cast<size_t>(b) * t.block_bytes, v, 1);
+            for (int i = 0; i < 32; ++i) {
+                const int8_t c = a.codes[64 * static_cast<size_t>(b / 2) + 16 * (b % 2) + (i < 16 ? i : i + 16)];
+                acc += static_cast<double>(v[i]) * a.scales[static_cast<size_t>(b)] * c;
+            }
+        }
+        return acc;
+    }
     auto rounded = [&](int i) {
         return a.seq_codes[i] * static_cast<double>(a.super_steps[i / 256]) * a.multipliers[i / 32];
     };
@@ -302,8 +341,9 @@ static void random_matrices(WeightType type, int cols) {
     // over a row those errors meet the weights centred, which the uncentred product does not.
     CHECK(worst_plain < 5e-3, "%s cols %d: scalar vs float64 of the float activation: relative error %g", t.name, cols,
           worst_plain);
-    CHECK(off < 0.8 * off_uncentred, "%s cols %d: the centred product's mean error %g, uncentred %g", t.name, cols,
-          off / rows, off_uncentred / rows);
+    if (t.block_values == 256)  // the k-quant form's centring (Q5_0 / Q8_0's codes are centred on 0)
+        CHECK(off < 0.8 * off_uncentred, "%s cols %d: the centred product's mean error %g, uncentred %g", t.name, cols,
+              off / rows, off_uncentred / rows);
     for (Isa isa : kIsas) {
         std::vector<float> y(static_cast<size_t>(rows), NAN);
         mat.multiply_rows(a, 0, 40, y.data(), isa);  // two calls over a row split, as the tasks do
@@ -323,35 +363,36 @@ static void stacked_parts() {
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.f, 1.f);
     const int cols = 512;
-    const WeightType types[] = {WeightType::Q4_K, WeightType::Q4_1, WeightType::Q6_K, WeightType::Q4_0, WeightType::Q5_K};
-    const int rows[] = {64, 32, 40, 24, 16};
+    const WeightType types[] = {WeightType::Q4_K, WeightType::Q4_1, WeightType::Q6_K, WeightType::Q4_0,
+                                WeightType::Q5_K, WeightType::Q5_0, WeightType::Q8_0};
+    const int rows[] = {64, 32, 40, 24, 16, 8, 24};
     std::vector<WeightMatrix::Part> parts;
     std::vector<WeightMatrix> alone;
-    for (int p = 0; p < 5; ++p) {
+    for (int p = 0; p < 7; ++p) {
         const WeightTypeTraits& t = weight_traits(types[p]);
         std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
         parts.push_back({types[p], rows[p], b});
         alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b}});
     }
     const WeightMatrix stack(cols, parts);
-    CHECK(stack.rows() == 176 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0+Q5_K", "%d rows, %s", stack.rows(),
+    CHECK(stack.rows() == 208 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0+Q5_K+Q5_0+Q8_0", "%d rows, %s", stack.rows(),
           stack.type_names().c_str());
     std::vector<float> x(cols);
     for (auto& v : x) v = normal(rng);
     Q8Activation a;
     a.quantize(x.data(), cols);
     for (Isa isa : kIsas) {
-        std::vector<float> y(176), want;
+        std::vector<float> y(208), want;
         stack.multiply_rows(a, 0, 50, y.data(), isa);  // a split inside the first part
-        stack.multiply_rows(a, 50, 176, y.data() + 50, isa);
+        stack.multiply_rows(a, 50, 208, y.data() + 50, isa);
         for (const WeightMatrix& m : alone) {
             std::vector<float> part(static_cast<size_t>(m.rows()));
             m.multiply_rows(a, 0, m.rows(), part.data(), isa);
             want.insert(want.end(), part.begin(), part.end());
         }
         int bad = 0;
-        for (int r = 0; r < 176; ++r) bad += y[r] != want[r];
-        CHECK(bad == 0, "%s: %d of 176 stacked rows differ from their part alone", isa_name(isa), bad);
+        for (int r = 0; r < 208; ++r) bad += y[r] != want[r];
+        CHECK(bad == 0, "%s: %d of 208 stacked rows differ from their part alone", isa_name(isa), bad);
     }
     // Q4_1 through WeightMatrix against Q4Matrix over the same nibbles, scales and mins.
     const std::vector<uint8_t>& b = parts[1].blocks;
@@ -375,8 +416,11 @@ static void bad_input() {
     const std::vector<uint8_t> one = random_blocks(WeightType::Q4_K, 1, rng);
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 2, one}}); }), "short blocks");
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(288, {{WeightType::Q4_K, 1, one}}); }), "288 columns of Q4_K");
-    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(32, {{WeightType::Q8_0, 1, std::vector<uint8_t>(34)}}); }),
-          "Q8_0 is not held by the decode layers");
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(64, {{WeightType::Q8_0, 1, std::vector<uint8_t>(34)}}); }),
+          "one Q8_0 block for a row of 64");
+    std::vector<uint8_t> q5 = random_blocks(WeightType::Q5_0, 1, rng);
+    put_half(&q5[0], INFINITY);
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(32, {{WeightType::Q5_0, 1, q5}}); }), "an infinite Q5_0 d");
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {}); }), "no parts");
     std::vector<uint8_t> nan = one;
     put_half(&nan[0], NAN);
@@ -385,8 +429,8 @@ static void bad_input() {
     put_half(&q6[208], INFINITY);
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q6_K, 1, q6}}); }), "an infinite Q6_K d");
     try {
-        WeightMatrix(256, {{WeightType::Q4_K, 1, one}, {WeightType::Q8_0, 1, std::vector<uint8_t>(8 * 34)}});
-        CHECK(false, "a Q8_0 part was accepted");
+        WeightMatrix(256, {{WeightType::Q4_K, 1, one}, {WeightType::Q8_0, 1, std::vector<uint8_t>(7 * 34)}});
+        CHECK(false, "a short Q8_0 part was accepted");
     } catch (const std::invalid_argument& e) {
         CHECK(std::string(e.what()).find("part 1 (Q8_0)") != std::string::npos, "message: %s", e.what());
     }
@@ -406,10 +450,9 @@ static void integer_forms() {
     const WeightTypeTraits* table = weight_traits_table(&n_types);
     for (size_t k = 0; k < n_types; ++k) {
         const WeightTypeTraits& t = table[k];
-        if (t.integer_form == nullptr) {
-            CHECK(t.held == HeldAs::None, "%s: held by the decode layers without an integer form", t.name);
-            continue;
-        }
+        CHECK(t.integer_form != nullptr, "%s: held by the decode layers without an integer form", t.name);
+        if (t.integer_form == nullptr) continue;
+        const int u_max = t.type == WeightType::Q8_0 ? 255 : 63;  // Q8_0's q + 128: split by the batched product
         const size_t nb = 6, values = nb * t.block_values;
         const std::vector<uint8_t> b = random_blocks(t.type, nb, rng);
         std::vector<float> ref(values), a(values / kIntegerGroup), o(values / kIntegerGroup);
@@ -418,7 +461,7 @@ static void integer_forms() {
         t.integer_form(b.data(), u.data(), a.data(), o.data(), nb);
         for (size_t i = 0; i < values; ++i) {
             const float v = a[i / kIntegerGroup] * u[i] + o[i / kIntegerGroup];
-            CHECK(u[i] <= 63 && std::fabs(v - ref[i]) <= 1e-6f * (std::fabs(ref[i]) + std::fabs(o[i / kIntegerGroup])),
+            CHECK(u[i] <= u_max && std::fabs(v - ref[i]) <= 1e-6f * (std::fabs(ref[i]) + std::fabs(o[i / kIntegerGroup])),
                   "%s value %zu: u %d, a u + b %g, dequantised %g", t.name, i, u[i], v, ref[i]);
         }
     }
@@ -532,11 +575,18 @@ int main() {
         random_matrices(t, 1536);  // Qwen2.5-1.5B's hidden size
         random_matrices(t, 8960);  // its ffn (the down projection's columns)
     }
+    for (WeightType t : {WeightType::Q5_0, WeightType::Q8_0}) {
+        random_matrices(t, 32);    // one block (an odd count: the pair form's zero block)
+        random_matrices(t, 896);   // Qwen2.5-0.5B's hidden size (not a multiple of 256)
+        random_matrices(t, 4864);  // its ffn
+    }
     stacked_parts();
     integer_forms();
     batched_product({WeightType::Q4_K, WeightType::Q4_K, WeightType::Q6_K}, {16, 9, 12}, 512);
     batched_product({WeightType::Q5_K}, {33}, 1536);
     batched_product({WeightType::Q4_1, WeightType::Q4_0}, {20, 3}, 576);  // a last panel of 64 columns
+    batched_product({WeightType::Q5_0, WeightType::Q5_0, WeightType::Q8_0}, {14, 2, 7}, 896);  // Q8_0's split panels
+    batched_product({WeightType::Q8_0}, {33}, 4864);
     bad_input();
     std::printf("test_weight_matrix: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
     return g_failures != 0;

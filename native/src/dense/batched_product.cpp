@@ -127,8 +127,12 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
     const bool twice = !xq.residual_codes.empty();
     const PanelKernel kernel = panel_kernel(isa);
     constexpr int kGroups = kPanelCols / kIntegerGroup;
-    alignas(64) uint8_t u[kPanelCols * kPanelRows];
+    // A panel's u as u & 63 and, where some u is larger (Q8_0's q + 128), u >> 6 as a second panel
+    // of 64 times the scales: the kernels' integer dots take u <= 63 (batched_product_kernels.h).
+    alignas(64) uint8_t u[kPanelCols * kPanelRows], u_high[kPanelCols * kPanelRows];
     alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows], centre[kGroups * kPanelRows];
+    alignas(64) float a_high[kGroups * kPanelRows], b_high[kGroups * kPanelRows], centre_high[kGroups * kPanelRows];
+    std::fill(b_high, b_high + kGroups * kPanelRows, 0.f);
     alignas(64) uint8_t row_u[kPanelCols];
     float row_a[kGroups], row_b[kGroups];
     const int cols = w.cols();
@@ -136,6 +140,7 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
         const int width = std::min(kPanelRows, r1 - p0);
         for (int c0 = 0; c0 < cols; c0 += kPanelCols) {
             const int kc = std::min(kPanelCols, cols - c0);
+            bool wide = false;
             for (int j = 0; j < kPanelRows; ++j) {
                 if (j < width) {
                     w.integer_row(p0 + j, c0, c0 + kc, row_u, row_a, row_b);
@@ -145,20 +150,43 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                     std::fill(row_b, row_b + kc / kIntegerGroup, 0.f);
                 }
                 // Four columns of a row are one 32-bit lane of the panel: copied as words.
-                for (int q = 0; q < kc / 4; ++q) std::memcpy(u + q * 64 + 4 * j, row_u + 4 * q, 4);
+                for (int q = 0; q < kc / 4; ++q) {
+                    uint32_t word, high;
+                    std::memcpy(&word, row_u + 4 * q, 4);
+                    high = (word >> 6) & 0x03030303u;
+                    wide |= high != 0;
+                    word &= 0x3f3f3f3fu;
+                    std::memcpy(u + q * 64 + 4 * j, &word, 4);
+                    std::memcpy(u_high + q * 64 + 4 * j, &high, 4);
+                }
                 for (int g = 0; g < kc / kIntegerGroup; ++g) {
-                    int u_sum = 0;
-                    for (int l = 0; l < kIntegerGroup; ++l) u_sum += row_u[kIntegerGroup * g + l];
-                    a[g * kPanelRows + j] = row_a[g];
-                    b[g * kPanelRows + j] = row_b[g];
-                    centre[g * kPanelRows + j] = row_a[g] * static_cast<float>(u_sum) / kIntegerGroup;
+                    int low_sum = 0, high_sum = 0;
+                    for (int l = 0; l < kIntegerGroup; ++l) {
+                        low_sum += row_u[kIntegerGroup * g + l] & 63;
+                        high_sum += row_u[kIntegerGroup * g + l] >> 6;
+                    }
+                    const int at = g * kPanelRows + j;
+                    a[at] = row_a[g];
+                    b[at] = row_b[g];
+                    centre[at] = row_a[g] * static_cast<float>(low_sum) / kIntegerGroup;
+                    a_high[at] = 64.f * row_a[g];
+                    centre_high[at] = a_high[at] * static_cast<float>(high_sum) / kIntegerGroup;
                 }
             }
-            kernel(PanelTile{u, a, b, centre, kc, xq.codes.data() + c0, twice ? xq.residual_codes.data() + c0 : nullptr,
-                             xq.cols, xq.steps.data() + c0 / 32, twice ? xq.residual_steps.data() + c0 / 32 : nullptr,
-                             xq.cols / 32,
-                             xq.sums.data() + c0 / kIntegerGroup, xq.errors.data() + c0 / kIntegerGroup,
-                             xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width, c0 > 0});
+            PanelTile tile{u, a, b, centre, kc, xq.codes.data() + c0, twice ? xq.residual_codes.data() + c0 : nullptr,
+                           xq.cols, xq.steps.data() + c0 / 32, twice ? xq.residual_steps.data() + c0 / 32 : nullptr,
+                           xq.cols / 32,
+                           xq.sums.data() + c0 / kIntegerGroup, xq.errors.data() + c0 / kIntegerGroup,
+                           xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width, c0 > 0};
+            kernel(tile);
+            if (wide) {
+                tile.u = u_high;
+                tile.a = a_high;
+                tile.b = b_high;
+                tile.centre = centre_high;
+                tile.accumulate = true;
+                kernel(tile);
+            }
         }
     }
 }

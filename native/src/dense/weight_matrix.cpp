@@ -38,7 +38,7 @@ static void q45_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float acc = 0.f;
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             const float d = half_at(b), dmin = half_at(b + 2);
             uint8_t s[8], m[8];
@@ -70,7 +70,7 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float acc = 0.f;
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
@@ -88,12 +88,42 @@ void q6_k_rows_scalar(const BlockRows& p, int r0, int r1) {
     }
 }
 
+// Q5_0 and Q8_0: signed codes w (Q5_0: n - 16) and one scale d per block of 32, on the
+// activation's first rounding in its pair form (q4_matrix.h: per block of 32 its own step, for
+// any width): y = sum over blocks b of d_b scales[b] dot(w_b, codes_b). One rounding is enough
+// here, as llama.cpp's q8_0 activations are: the codes are centred on 0 (Q5_0's mean -0.5), so the
+// rounding errors meet them without the offset that makes k-quant and Q4 products need more.
+template <bool kQ5>
+static void signed_rows_scalar(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kQ5 ? 22 : 34;
+    const Q8Activation& x = *p.x;
+    for (int r = r0; r < r1; ++r) {
+        const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
+        float acc = 0.f;
+        for (int b = 0; b < p.cols / 32; ++b) {
+            const uint8_t* blk = row + static_cast<size_t>(b) * kBytes;
+            int8_t w[32];
+            if (kQ5) q5_0_values(blk, w);
+            else std::memcpy(w, blk + 2, 32);
+            const int8_t* c = pair_codes(x, b);
+            const int32_t dot = idot(w, c, 16) + idot(w + 16, c + 32, 16);
+            acc += half_at(blk) * x.scales[static_cast<size_t>(b)] * static_cast<float>(dot);
+        }
+        p.y[r - r0] = acc;
+    }
+}
+
+void q5_0_rows_scalar(const BlockRows& p, int r0, int r1) { signed_rows_scalar<true>(p, r0, r1); }
+void q8_0_rows_scalar(const BlockRows& p, int r0, int r1) { signed_rows_scalar<false>(p, r0, r1); }
+
 namespace {
 
 // The row kernels of each type held as GGUF blocks (HeldAs::GgufBlocks), per ISA: scalar (the
-// reference), AVX2 (x86; AVX-512 machines too), NEON (aarch64).
+// reference), AVX2 (x86; AVX-512 machines too), NEON (aarch64), and the activation form they read
+// (q4_matrix.h): the k-quant form, or the pair form's first rounding.
 struct RowKernels {
     WeightType type;
+    bool kquant_form;
     BlockRowsKernel scalar, avx2, neon;
 };
 
@@ -109,9 +139,11 @@ struct RowKernels {
 #define MNN_H2O_NEON(f) nullptr
 #endif
 const RowKernels kRowKernels[] = {
-    {WeightType::Q4_K, q4_k_rows_scalar, MNN_H2O_AVX2(q4_k_rows_avx2), MNN_H2O_NEON(q4_k_rows_neon)},
-    {WeightType::Q5_K, q5_k_rows_scalar, MNN_H2O_AVX2(q5_k_rows_avx2), MNN_H2O_NEON(q5_k_rows_neon)},
-    {WeightType::Q6_K, q6_k_rows_scalar, MNN_H2O_AVX2(q6_k_rows_avx2), MNN_H2O_NEON(q6_k_rows_neon)},
+    {WeightType::Q5_0, false, q5_0_rows_scalar, MNN_H2O_AVX2(q5_0_rows_avx2), MNN_H2O_NEON(q5_0_rows_neon)},
+    {WeightType::Q8_0, false, q8_0_rows_scalar, MNN_H2O_AVX2(q8_0_rows_avx2), MNN_H2O_NEON(q8_0_rows_neon)},
+    {WeightType::Q4_K, true, q4_k_rows_scalar, MNN_H2O_AVX2(q4_k_rows_avx2), MNN_H2O_NEON(q4_k_rows_neon)},
+    {WeightType::Q5_K, true, q5_k_rows_scalar, MNN_H2O_AVX2(q5_k_rows_avx2), MNN_H2O_NEON(q5_k_rows_neon)},
+    {WeightType::Q6_K, true, q6_k_rows_scalar, MNN_H2O_AVX2(q6_k_rows_avx2), MNN_H2O_NEON(q6_k_rows_neon)},
 };
 #undef MNN_H2O_AVX2
 #undef MNN_H2O_NEON
@@ -133,8 +165,6 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
         Part& part = parts[pi];
         const WeightTypeTraits& t = weight_traits(part.type);
         const std::string what = "WeightMatrix part " + std::to_string(pi) + " (" + t.name + "): ";
-        if (t.held == HeldAs::None)
-            throw std::invalid_argument(what + "the decode layers do not run " + t.name + " matrices");
         if (part.rows <= 0) throw std::invalid_argument(what + "rows must be positive");
         if (cols % t.block_values != 0)
             throw std::invalid_argument(what + "a row of " + std::to_string(cols) + " values is not a whole number of " +
@@ -202,7 +232,7 @@ bool WeightMatrix::reads_pair_form() const {
 
 bool WeightMatrix::reads_kquant_form() const {
     for (const Segment& s : segments_)
-        if (!s.q4) return true;
+        if (!s.q4 && row_kernels(s.traits->type).kquant_form) return true;
     return false;
 }
 
@@ -212,7 +242,8 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
     const size_t kq = reads_kquant_form() ? n : x.seq_codes.size();  // the activation's k-quant form (q4_matrix.h)
     if (x.cols != cols_ || x.seq_codes.size() != kq || x.rounded_sums16.size() != kq / 16 ||
         x.super_steps.size() != kq / 256 || x.multipliers.size() != kq / 32 || x.rounding_errors.size() != kq / 32 ||
-        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block)
+        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block ||
+        x.codes.size() < n)
         throw std::invalid_argument("WeightMatrix::multiply_rows: an activation of " + std::to_string(x.cols) +
                                     " values for a matrix of " + std::to_string(cols_) + " columns");
     for (const Segment& s : segments_) {
@@ -235,8 +266,8 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
 #else
         (void)isa;
 #endif
-        const BlockRows p{s.blocks.data() + static_cast<size_t>(a - s.row0) * s.row_bytes, s.row_bytes,
-                          cols_ / 256, &x, out};
+        const BlockRows p{s.blocks.data() + static_cast<size_t>(a - s.row0) * s.row_bytes, s.row_bytes, cols_, &x,
+                          out};
         kernel(p, 0, b - a);
     }
 }

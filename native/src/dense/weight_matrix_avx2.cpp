@@ -1,4 +1,4 @@
-// AVX2 k-quant row kernels of WeightMatrix (weight_matrix_kernels.h), on the activation's k-quant
+// AVX2 row kernels of WeightMatrix (weight_matrix_kernels.h), on the activation's k-quant
 // form (q4_matrix.h): a super-block's integer dots summed in int32 before any float. Per block of
 // 32 weights: maddubs of the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) with the
 // activation's codes (at most 2 x 63 x 127 per int16: no saturation), then madd with the int16
@@ -74,7 +74,7 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         // acc: the dots; sums: the mins against the block sums, less the errors' part at the centre
         __m256 acc = _mm256_setzero_ps(), sums = _mm256_setzero_ps();
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             uint8_t s8[8], m8[8];
             q4_k_scales_mins(b + 4, s8, m8);
@@ -133,7 +133,7 @@ void q6_k_rows_avx2(const BlockRows& p, int r0, int r1) {
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         __m256 acc = _mm256_setzero_ps(), offset = _mm256_setzero_ps();
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
@@ -164,6 +164,50 @@ void q6_k_rows_avx2(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = hsum(acc) - 32.f * hsum(offset);
     }
 }
+
+// Q5_0 and Q8_0 (signed codes, one d per block of 32) on the activation's pair form: a block's
+// 32 weights against its codes gathered from the pair layout's two halves; the signed product as
+// maddubs of |w| (at most 128 as an unsigned byte) with the codes carrying w's sign (at most 2 x
+// 128 x 127 per int16), then float per block.
+template <bool kQ5>
+static void signed_rows(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kQ5 ? 22 : 34;
+    const Q8Activation& x = *p.x;
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+    // Q5_0's fifth bits: value i takes byte i / 8 of qh (per 128-bit lane: values 0-15, 16-31)
+    // and tests bit i % 8.
+    const __m256i which = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                           3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    for (int r = r0; r < r1; ++r) {
+        const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
+        __m256 acc = _mm256_setzero_ps();
+        for (int b = 0; b < p.cols / 32; ++b) {
+            const uint8_t* blk = row + static_cast<size_t>(b) * kBytes;
+            __m256i w;
+            if (kQ5) {
+                const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+                const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low);
+                uint32_t qh;
+                std::memcpy(&qh, blk + 2, 4);
+                const __m256i set = _mm256_cmpeq_epi8(
+                    _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), which), bit), bit);
+                w = _mm256_sub_epi8(_mm256_or_si256(n, _mm256_and_si256(set, sixteen)), sixteen);
+            } else {
+                w = load(blk + 2);
+            }
+            const int8_t* c = pair_codes(x, b);
+            const __m256i cv = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 32)),
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(cv, w)), ones);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(half_at(blk) * x.scales[static_cast<size_t>(b)]), acc);
+        }
+        p.y[r - r0] = hsum(acc);
+    }
+}
+
+void q5_0_rows_avx2(const BlockRows& p, int r0, int r1) { signed_rows<true>(p, r0, r1); }
+void q8_0_rows_avx2(const BlockRows& p, int r0, int r1) { signed_rows<false>(p, r0, r1); }
 
 }  // namespace mnn_h2o
 

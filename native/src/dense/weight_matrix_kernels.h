@@ -1,6 +1,6 @@
-// Internal to weight_matrix: the k-quant row kernels, each computing y[r - r0] for rows [r0, r1) of
-// one segment as the scalar reference in weight_matrix.cpp does (layouts: weight_types.h, the
-// products: weight_matrix.h).
+// Internal to weight_matrix: the row kernels of the types held as GGUF blocks, each computing
+// y[r - r0] for rows [r0, r1) of one segment as the scalar reference in weight_matrix.cpp does
+// (layouts: weight_types.h, the products: weight_matrix.h).
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@ namespace mnn_h2o {
 struct BlockRows {
     const uint8_t* blocks;  // row r at blocks + r * row_bytes
     size_t row_bytes;
-    int superblocks;        // per row (256 values each)
+    int cols;               // per row: cols / 256 super-blocks of a k-quant, cols / 32 blocks of Q5_0 / Q8_0
     const Q8Activation* x;
     float* y;
 };
@@ -54,18 +54,39 @@ inline void q6_k_values(const uint8_t* b, uint8_t q[256]) {
     }
 }
 
+// Q5_0's 32 values of a block as signed codes n - 16 (weight_types.h).
+inline void q5_0_values(const uint8_t* b, int8_t w[32]) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    for (int i = 0; i < 32; ++i) {
+        const int nibble = i < 16 ? (b[6 + i] & 15) : (b[6 + i - 16] >> 4);
+        w[i] = static_cast<int8_t>(nibble + 16 * static_cast<int>((qh >> i) & 1u) - 16);
+    }
+}
+
+// Block b's codes in the activation's pair form (q4_matrix.h): values 0-15 here, 16-31 at + 32.
+inline const int8_t* pair_codes(const Q8Activation& x, int b) {
+    return x.codes.data() + 64 * static_cast<size_t>(b / 2) + 16 * (b % 2);
+}
+
 void q4_k_rows_scalar(const BlockRows& p, int r0, int r1);
 void q5_k_rows_scalar(const BlockRows& p, int r0, int r1);
 void q6_k_rows_scalar(const BlockRows& p, int r0, int r1);
+void q5_0_rows_scalar(const BlockRows& p, int r0, int r1);
+void q8_0_rows_scalar(const BlockRows& p, int r0, int r1);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 void q4_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q5_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q6_k_rows_avx2(const BlockRows& p, int r0, int r1);
+void q5_0_rows_avx2(const BlockRows& p, int r0, int r1);
+void q8_0_rows_avx2(const BlockRows& p, int r0, int r1);
 #endif
 #if defined(__aarch64__)
 void q4_k_rows_neon(const BlockRows& p, int r0, int r1);
 void q5_k_rows_neon(const BlockRows& p, int r0, int r1);
 void q6_k_rows_neon(const BlockRows& p, int r0, int r1);
+void q5_0_rows_neon(const BlockRows& p, int r0, int r1);
+void q8_0_rows_neon(const BlockRows& p, int r0, int r1);
 #endif
 
 }  // namespace mnn_h2o

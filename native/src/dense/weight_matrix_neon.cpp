@@ -1,4 +1,4 @@
-// NEON k-quant row kernels of WeightMatrix (weight_matrix_kernels.h): per activation block of 32,
+// NEON row kernels of WeightMatrix (weight_matrix_kernels.h): per activation block of 32,
 // the unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, so also valid int8) times the activation's codes with widening multiplies (at most 2 x 63 x 127 per int16 lane), pairwise-added to
 // int32 (lanes 0-1: values 0-15, lanes 2-3: values 16-31), then float per block (the activation's
 // k-quant form, q4_matrix.h), as the scalar reference sums them.
@@ -51,7 +51,7 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float32x4_t acc = vdupq_n_f32(0.f);
         float mins = 0.f;
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             const float d = half_at(b), dmin = half_at(b + 2);
             uint8_t s8[8], m8[8];
@@ -103,7 +103,7 @@ void q6_k_rows_neon(const BlockRows& p, int r0, int r1) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         float32x4_t acc = vdupq_n_f32(0.f);
         float offset = 0.f;
-        for (int k = 0; k < p.superblocks; ++k) {
+        for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
@@ -131,6 +131,51 @@ void q6_k_rows_neon(const BlockRows& p, int r0, int r1) {
         p.y[r - r0] = vaddvq_f32(acc) - 32.f * offset;
     }
 }
+
+// Q5_0 and Q8_0 (signed codes, one d per block of 32) on the activation's pair form: widening
+// signed multiplies (at most 2 x 128 x 127 per int16 lane), pairwise-added to int32, then float
+// per block.
+template <bool kQ5>
+static void signed_rows(const BlockRows& p, int r0, int r1) {
+    constexpr int kBytes = kQ5 ? 22 : 34;
+    const Q8Activation& x = *p.x;
+    const uint8x16_t low = vdupq_n_u8(15), sixteen = vdupq_n_u8(16);
+    const uint8_t kBits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t bits = vld1q_u8(kBits);
+    for (int r = r0; r < r1; ++r) {
+        const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
+        float32x4_t acc = vdupq_n_f32(0.f);
+        for (int b = 0; b < p.cols / 32; ++b) {
+            const uint8_t* blk = row + static_cast<size_t>(b) * kBytes;
+            int8x16_t w0, w1;
+            if (kQ5) {
+                const uint8x16_t qs = vld1q_u8(blk + 6);
+                // value i's fifth bit: bit i % 8 of qh byte i / 8
+                const uint8x16_t h0 = vtstq_u8(vcombine_u8(vdup_n_u8(blk[2]), vdup_n_u8(blk[3])), bits);
+                const uint8x16_t h1 = vtstq_u8(vcombine_u8(vdup_n_u8(blk[4]), vdup_n_u8(blk[5])), bits);
+                w0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(qs, low), vandq_u8(h0, sixteen))),
+                              vreinterpretq_s8_u8(sixteen));
+                w1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(qs, 4), vandq_u8(h1, sixteen))),
+                              vreinterpretq_s8_u8(sixteen));
+            } else {
+                w0 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
+                w1 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+            }
+            const int8_t* c = pair_codes(x, b);
+            const int8x16_t c0 = vld1q_s8(c), c1 = vld1q_s8(c + 32);
+            int16x8_t a = vmull_s8(vget_low_s8(w0), vget_low_s8(c0));
+            a = vmlal_s8(a, vget_high_s8(w0), vget_high_s8(c0));
+            int16x8_t e = vmull_s8(vget_low_s8(w1), vget_low_s8(c1));
+            e = vmlal_s8(e, vget_high_s8(w1), vget_high_s8(c1));
+            const int32x4_t dot = vaddq_s32(vpaddlq_s16(a), vpaddlq_s16(e));
+            acc = vfmaq_n_f32(acc, vcvtq_f32_s32(dot), half_at(blk) * x.scales[static_cast<size_t>(b)]);
+        }
+        p.y[r - r0] = vaddvq_f32(acc);
+    }
+}
+
+void q5_0_rows_neon(const BlockRows& p, int r0, int r1) { signed_rows<true>(p, r0, r1); }
+void q8_0_rows_neon(const BlockRows& p, int r0, int r1) { signed_rows<false>(p, r0, r1); }
 
 }  // namespace mnn_h2o
 

@@ -38,6 +38,15 @@ void dequantize_q4_1(const uint8_t* b, float* out, size_t n) {
     }
 }
 
+void dequantize_q5_0(const uint8_t* b, float* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 22, out += 32) {
+        const float d = half(b);
+        int8_t w[32];
+        q5_0_values(b, w);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(w[i]) * d;
+    }
+}
+
 void dequantize_q8_0(const uint8_t* b, float* out, size_t n) {
     for (size_t k = 0; k < n; ++k, b += 34, out += 32) {
         const float d = half(b);
@@ -100,6 +109,27 @@ void integer_q4_1(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
     }
 }
 
+void integer_q5_0(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 22, u += 32, a += 2, o += 2) {
+        const float d = half(b);
+        int8_t w[32];
+        q5_0_values(b, w);
+        for (int i = 0; i < 32; ++i) u[i] = static_cast<uint8_t>(w[i] + 16);
+        a[0] = a[1] = d;
+        o[0] = o[1] = -16.f * d;
+    }
+}
+
+// Q8_0's signed code q as q + 128 (0..255), its offset -128 d.
+void integer_q8_0(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
+    for (size_t k = 0; k < n; ++k, b += 34, u += 32, a += 2, o += 2) {
+        const float d = half(b);
+        for (int i = 0; i < 32; ++i) u[i] = static_cast<uint8_t>(static_cast<int8_t>(b[2 + i]) + 128);
+        a[0] = a[1] = d;
+        o[0] = o[1] = -128.f * d;
+    }
+}
+
 template <bool kFifthBit>
 void integer_q45_k(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
     constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
@@ -133,11 +163,12 @@ void integer_q6_k(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
 }
 
 // Id order. HeldAs: Q4_0 / Q4_1 keep the pair layout their kernels were measured on (q4_matrix.h);
-// the k-quants run on the GGUF's own bytes; Q8_0 is decoded (the head's and tail's rows, tests).
+// the others run on the GGUF's own bytes.
 constexpr WeightTypeTraits kTable[] = {
     {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0, integer_q4_0},
     {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1, integer_q4_1},
-    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::None, {0, -1}, dequantize_q8_0, nullptr},
+    {WeightType::Q5_0, "Q5_0", 32, 22, HeldAs::GgufBlocks, {0, -1}, dequantize_q5_0, integer_q5_0},
+    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::GgufBlocks, {0, -1}, dequantize_q8_0, integer_q8_0},
     {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>, integer_q45_k<false>},
     {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>, integer_q45_k<true>},
     {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k, integer_q6_k},

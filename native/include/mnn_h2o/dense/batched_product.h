@@ -5,7 +5,8 @@
 // round each activation row anew. Here the activation rows are rounded to int8 once for every
 // product that reads them (Q8Rows), and a panel of kPanelRows weight rows is unpacked once per kPanelCols
 // columns into the weight types' integer form (weight_types.h: value = u a + b per group of 16,
-// u <= 63), shared by every activation row: per group, the integer dot of u with the codes, then
+// u <= 63; Q8_0's u = q + 128 is split as 64 (u >> 6) + (u & 63), two panels), shared by every
+// activation row: per group, the integer dot of u with the codes, then
 //   y += a * step * dot(u, codes) + b * sum + a * mean(u) * error
 // with the activation block's step, the group's float sum of the unrounded values (so a type's
 // offsets and mins, Q4_K's dmin m_j, Q6_K's -32, meet exact sums) and the group's rounding error

@@ -58,7 +58,7 @@ public:
                  float* v, Isa isa, bool rest);
 
     // The output end on the same team, where the file's output matrix is a type the layers hold
-    // (Qwen2.5's Q6_K; not SmolLM2's Q8_0 embedding): the final norm's weights and the
+    // (a k-quant; a Q8_0 one stays with the native lm_head, export.decode_layer_arrays): the final norm's weights and the
     // [vocab, hidden] matrix. Throws std::invalid_argument on a shape that does not fit.
     void set_head(std::vector<float> out_norm, WeightMatrix head);
     bool has_head() const { return head_.rows() > 0; }

@@ -5,10 +5,13 @@
 // A matrix is a stack of row segments, each one GGUF tensor of its own type: a Q4_K_M file stores
 // a layer's attn_q and attn_k as Q4_K and often attn_v as Q6_K, and the decode layers compute the
 // three as one product (rows q, k, v). Q4_0 / Q4_1 segments are held as Q4Matrix's block pairs
-// (on the activation rounded twice per block of 32); k-quant segments as the GGUF's bytes, read by
-// the row kernels of weight_matrix.cpp on the activation's k-quant form (q4_matrix.h: rounded
-// once; per super-block k a step T_k, per block b of 32 an integer multiplier f_b, the block's
-// rounding error E_b and, per 16 values, the rounded sums X16):
+// (on the activation rounded twice per block of 32); Q5_0 / Q8_0 segments as the GGUF's bytes, on
+// the pair form's first rounding (per block b its step S_b and codes):
+//   Q5_0 / Q8_0: per block of 32, d S_b dot(w, codes), w the signed codes (Q5_0: n - 16)
+// and k-quant segments as the GGUF's bytes, read by the row kernels of weight_matrix.cpp on the
+// activation's k-quant form (q4_matrix.h: rounded once; per super-block k a step T_k, per block b
+// of 32 an integer multiplier f_b, the block's rounding error E_b and, per 16 values, the rounded
+// sums X16):
 //   Q4_K: per sub-block j of 32 (activation block b), d s_j (T_k f_b dot(n, codes) + 7.5 E_b)
 //         - dmin m_j x.sums[b]
 //   Q5_K: as Q4_K, n the 5-bit values (the nibble plus 16 times the fifth bit), centre 15.5

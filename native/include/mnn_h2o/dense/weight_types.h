@@ -6,6 +6,8 @@
 //   Q4_0  18 bytes / 32 values: d fp16, qs[16];  v = (n_i - 8) d, n_i = qs[i] & 15 (i < 16),
 //         qs[i - 16] >> 4 (i >= 16)
 //   Q4_1  20 bytes / 32 values: d fp16, m fp16, qs[16];  v = n_i d + m (n_i as Q4_0's)
+//   Q5_0  22 bytes / 32 values: d fp16, qh[4], qs[16];  v = (n_i - 16) d, n_i = Q4_0's nibble plus
+//         16 times bit i of qh (read as one little-endian 32-bit word)
 //   Q8_0  34 bytes / 32 values: d fp16, qs[32] int8;  v = qs[i] d
 //   Q4_K 144 bytes / 256 values: d fp16, dmin fp16, scales[12], qs[128]. Eight sub-blocks of 32,
 //         sub-block j with a 6-bit scale s_j and min m_j packed in scales[] (j < 4: s = sc[j] & 63,
@@ -32,12 +34,12 @@
 namespace mnn_h2o {
 
 // ggml's type ids (the GGUF's tensor type field).
-enum class WeightType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum class WeightType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 // How WeightMatrix holds a type's blocks: repacked into Q4Matrix's block pairs (its own kernels,
 // dense/q4_matrix.h), or as the GGUF stores them with row kernels of their own (dense/
-// weight_matrix.cpp); None: the decode layers cannot run it (dequantise only).
-enum class HeldAs { Q4Pairs, GgufBlocks, None };
+// weight_matrix.cpp).
+enum class HeldAs { Q4Pairs, GgufBlocks };
 
 struct WeightTypeTraits {
     WeightType type;
@@ -51,9 +53,10 @@ struct WeightTypeTraits {
     // The reference decoding of n_blocks consecutive blocks into n_blocks * block_values floats
     // (every fp16 converted exactly; products in float as ggml's dequantisers form them).
     void (*dequantize)(const uint8_t* blocks, float* out, size_t n_blocks);
-    // The same values as a u + b per group of 16 (kIntegerGroup), u an unsigned integer at most 63:
-    // u gets n_blocks * block_values bytes, a and b one float per group (nullptr: not in this form).
-    // The batched product's form (dense/batched_product.h): its integer dots take u.
+    // The same values as a u + b per group of 16 (kIntegerGroup), u an unsigned byte (at most 63
+    // but for Q8_0's q + 128, which the batched product splits as 64 (u >> 6) + (u & 63)): u gets
+    // n_blocks * block_values bytes, a and b one float per group (nullptr: not in this form). The
+    // batched product's form (dense/batched_product.h): its integer dots take u.
     void (*integer_form)(const uint8_t* blocks, uint8_t* u, float* a, float* b, size_t n_blocks);
 };
 
