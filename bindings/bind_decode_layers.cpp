@@ -89,6 +89,8 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::seque
     s.head_dim = shape["head_dim"].cast<int>();
     s.ffn = shape["ffn"].cast<int>();
     s.rms_eps = shape["rms_eps"].cast<float>();
+    if (!shape.contains("form")) throw py::value_error("shape: no 'form' (mnn_h2o/architecture.py, LayerForm.options)");
+    for (const auto& kv : shape["form"].cast<py::dict>()) s.form[kv.first.cast<std::string>()] = kv.second.cast<std::string>();
     std::vector<DecodeLayerWeights> ws;
     ws.reserve(layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -172,6 +174,19 @@ void bind_decode_layers(py::module_& m) {
             "x float32 [n, cols] -> [n, rows]: the batched product (each row of x rounded once to int8 per block of "
             "32, the weights' integers: native/include/mnn_h2o/dense/batched_product.h)");
     m.def(
+        "decode_layer_options",
+        []() {
+            py::dict out;
+            for (const mnn_h2o::LayerOption& o : mnn_h2o::decode_layer_options()) {
+                py::tuple values(o.values.size());
+                for (size_t i = 0; i < o.values.size(); ++i) values[i] = o.values[i];
+                out[o.name] = values;
+            }
+            return out;
+        },
+        "the decoder layer's options the native decode layers implement, each with its values "
+        "(native/include/mnn_h2o/dense/decode_layers.h; mnn_h2o/architecture.py names each architecture's)");
+    m.def(
         "weight_types",
         []() {
             size_t n = 0;
@@ -211,7 +226,7 @@ void bind_decode_layers(py::module_& m) {
                              "(native/include/mnn_h2o/dense/decode_layers.h)")
         .def(py::init(&make_layers), py::arg("shape"), py::arg("layers"), py::arg("threads") = 1,
              py::arg("head") = py::none(),
-             "shape: dict of hidden, n_heads, n_kv_heads, head_dim, ffn, rms_eps; layers: one dict per "
+             "shape: dict of hidden, n_heads, n_kv_heads, head_dim, ffn, rms_eps, form (the layer's options by name); layers: one dict per "
              "layer of attn_norm, ffn_norm, optional qkv_bias, and qkv, wo, gate, up, down: each a list of "
              "(GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows (WeightMatrix); head: None or a dict "
              "of out_norm (the final norm) and matrix (the output projection's parts, as a matrix above)")

@@ -18,7 +18,21 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .architecture import ARCHITECTURES, missing
+from .errors import ModelFileError
 from .gguf_model import ModelConfig
+
+# The layer options these halves implement (mnn_h2o/architecture.py): the numpy reference and the
+# MNN export refuse a model with any other (check_form).
+IMPLEMENTS = {"qkv_bias": ("false", "true"), "norm": ("rms",), "mlp": ("swiglu",), "qk_norm": ("false",),
+              "post_norms": ("false",)}
+
+
+def check_form(cfg: ModelConfig) -> None:
+    """ModelFileError naming the options of the model's layer that these halves lack."""
+    lacks = missing(ARCHITECTURES[cfg.arch], IMPLEMENTS)
+    if lacks:
+        raise ModelFileError(f"architecture {cfg.arch}: decoder_layer.py does not implement {', '.join(lacks)}")
 
 
 class LayerOps(Protocol):

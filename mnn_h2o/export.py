@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from .cli_errors import run
-from .decoder_layer import finish_layer, start_layer
+from .decoder_layer import check_form, finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from . import q8_0
@@ -142,8 +142,12 @@ def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
     blocks as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the
     layers hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
     from . import native
+    from .architecture import ARCHITECTURES, missing
 
     c = g.config
+    lacks = missing(ARCHITECTURES[c.arch], native.decode_layer_options())
+    if lacks:
+        return None, f"the native decode layers do not implement {', '.join(lacks)} (architecture {c.arch})"
     runs = [w["name"] for w in native.weight_types()]
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
     for i in range(c.n_layers):  # every type first: an unsupported one is found before any copy
@@ -246,6 +250,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     from tqdm import tqdm
 
     g = GgufModel(gguf_path)
+    check_form(g.config)
     weight_bits, head_bits = resolve_bits(g, weight_bits, head_bits)
     sha = file_digest(gguf_path)
     out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha, head_bits)

@@ -1,6 +1,7 @@
 """Read a Llama-family GGUF file into an architecture description and HF-layout float weights.
 
-Supported architectures: ``llama`` (Llama, SmolLM) and ``qwen2`` (Q/K/V biases). Weights are
+Supported architectures: those mnn_h2o/architecture.py describes (``llama``: Llama, SmolLM;
+``qwen2``: Q/K/V biases). Weights are
 dequantised with the ``gguf`` package straight to the HF ``[out, in]`` layout. llama.cpp stores
 the rows of ``attn_q``/``attn_k`` of ``llama`` models permuted for its interleaved RoPE; we undo
 that so the rotate-half RoPE of the HF reference applies (qwen2 is stored unpermuted).
@@ -16,9 +17,10 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+from .architecture import ARCHITECTURES
 from .errors import ModelFileError
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = tuple(ARCHITECTURES)  # each one's layer: mnn_h2o/architecture.py
 
 # Bounds on what a model file may claim. Far above any model we run, low enough that a damaged
 # size field is refused before something is allocated or looped over from it.
@@ -285,11 +287,14 @@ class GgufModel:
             rope_theta=self._positive_float(p + "rope.freq_base", 10000.0),
             rms_eps=self._positive_float(p + "attention.layer_norm_rms_epsilon"),
             tied_embeddings="output.weight" not in self.tensors,
-            qkv_bias="blk.0.attn_q.bias" in self.tensors,
+            qkv_bias=ARCHITECTURES[arch].qkv_bias,
             bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
             eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
             name=name if isinstance(name, str) else os.path.basename(self.path),
         )
+        if not cfg.qkv_bias and "blk.0.attn_q.bias" in self.tensors:
+            raise ModelFileError(f"{self.path}: Q/K/V biases in a {arch} file, whose layer has none "
+                                 "(mnn_h2o/architecture.py)")
         # head_dim must be even: RoPE rotates halves and llama's q/k rows are un-permuted in pairs.
         if cfg.n_heads * cfg.head_dim != cfg.hidden or cfg.n_heads % cfg.n_kv_heads or cfg.head_dim % 2:
             raise ModelFileError(f"{self.path}: inconsistent head layout {cfg}")
@@ -410,7 +415,7 @@ class GgufModel:
         return bits(layers), bits([head])
 
     def _unpermute(self, w: np.ndarray, n_head: int) -> np.ndarray:
-        if self.config.arch != "llama":
+        if not ARCHITECTURES[self.config.arch].permuted_qk:
             return w
         hd = self.config.head_dim
         if w.ndim == 1:

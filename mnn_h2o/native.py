@@ -5,8 +5,8 @@ one file, and a missing or stale build is one clear error rather than an ImportE
 deep in the stack."""
 try:
     from ._core import (ATTENTION_PARALLEL_MIN_KEYS, DecodeLayers, GearCodec, GearError, KvCache, Q8Matrix, WeightMatrix,
-                        best_isa, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes, kv_rows_encode,
-                        policy_names, weight_types)
+                        best_isa, decode_layer_options, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes,
+                        kv_rows_encode, policy_names, weight_types)
 except ImportError as e:
     raise ImportError(
         f"mnn_h2o's native core (mnn_h2o._core) is not built, or is stale, for this Python: {e}. "
@@ -15,5 +15,5 @@ except ImportError as e:
     ) from e
 
 __all__ = ["ATTENTION_PARALLEL_MIN_KEYS", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q8Matrix", "WeightMatrix",
-           "best_isa", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
+           "best_isa", "decode_layer_options", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
            "policy_names", "weight_types"]

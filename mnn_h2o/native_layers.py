@@ -3,7 +3,7 @@ token's (``forward``) and a prompt chunk's (``forward_rows``, runtime.prompt_lay
 
 Why: one-row products are where MNN's int4 modules are slowest (AVX2 kernels, their threads
 synchronised per op: ~200 us a layer at 512 tokens of context). DecodeLayers runs the same two
-halves of decoder_layer.py on the GGUF's own blocks (Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K, mixed per matrix
+halves of decoder_layer.py on the GGUF's own blocks (Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K, mixed per matrix
 as Q4_K_M files are: native/include/mnn_h2o/dense/weight_matrix.h), each product's activation
 rounded twice to int8 per block of 32 (codes, then residual codes: dense/q4_matrix.h); a prompt
 chunk's products batched over its rows (dense/batched_product.h).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
+from .architecture import ARCHITECTURES
 from .export import DECODE_MATRICES
 from .gguf_model import ModelConfig
 
@@ -53,7 +54,8 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
             return layer(i)
 
     shape = {"hidden": cfg.hidden, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-             "head_dim": cfg.head_dim, "ffn": cfg.ffn, "rms_eps": cfg.rms_eps}
+             "head_dim": cfg.head_dim, "ffn": cfg.ffn, "rms_eps": cfg.rms_eps,
+             "form": ARCHITECTURES[cfg.arch].options()}
     head = None
     if "head.types" in names:
         head = {"out_norm": np.asarray(get("out_norm"), np.float32),

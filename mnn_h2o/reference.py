@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decoder_layer import finish_layer, start_layer
+from .decoder_layer import check_form, finish_layer, start_layer
 from .gguf_model import GgufModel, ModelConfig
 
 
@@ -63,6 +63,7 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 class ReferenceModel:
     def __init__(self, gguf: GgufModel, dtype=np.float64):
+        check_form(gguf.config)
         self.cfg = gguf.config
         self.dtype = dtype
         self.layers = [{k: v.astype(dtype) for k, v in w.items()} for _, w in gguf.layers()]

@@ -52,7 +52,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from .decoder_layer import finish_layer, start_layer
+from .decoder_layer import check_form, finish_layer, start_layer
 from .errors import ModelFileError
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
@@ -397,6 +397,7 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
         raise ValueError(f"out_dir {out_dir!r} exists and is not a directory")
 
     model = GgufModel(gguf_path)  # raises ModelFileError (a ValueError) for bad files
+    check_form(model.config)
     c = model.config
     if weight_bits and quant_block and any(n % quant_block for n in (c.hidden, c.ffn, c.n_heads * c.head_dim)):
         raise ValueError(f"quant_block {quant_block} does not divide the model's input widths "

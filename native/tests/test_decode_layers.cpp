@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mnn_h2o/cache/fp16.h"
@@ -73,6 +74,7 @@ Model make(int threads) {
     s.head_dim = 64;
     s.ffn = 768;
     s.rms_eps = 1e-5f;
+    s.form = {{"qkv_bias", "true"}, {"norm", "rms"}, {"mlp", "swiglu"}, {"qk_norm", "false"}, {"post_norms", "false"}};
     std::vector<DecodeLayerWeights> ws;
     for (int i = 0; i < 2; ++i) {
         DecodeLayerWeights w;
@@ -94,6 +96,55 @@ Model make(int threads) {
     for (float& v : out_norm) v += 1.f;
     m.layers->set_head(out_norm, matrix({{WeightType::Q6_K, 1000}}, s.hidden, rng));
     return m;
+}
+
+// The layer's form (decode_layers.h): an option missing, unknown, or of a value these layers do
+// not implement is refused by name, and the biases must match qkv_bias.
+void form_refusals(const DecodeShape& good) {
+    std::mt19937 rng(3);
+    auto layer = [&](bool bias) {
+        DecodeLayerWeights w;
+        w.attn_norm.assign(good.hidden, 1.f);
+        w.ffn_norm.assign(good.hidden, 1.f);
+        const int nq = good.n_heads * good.head_dim, nk = good.n_kv_heads * good.head_dim;
+        w.qkv = matrix({{WeightType::Q4_K, nq + 2 * nk}}, good.hidden, rng);
+        if (bias) w.qkv_bias.assign(nq + 2 * nk, 0.f);
+        w.wo = matrix({{WeightType::Q4_K, good.hidden}}, nq, rng);
+        w.gate = matrix({{WeightType::Q4_K, good.ffn}}, good.hidden, rng);
+        w.up = matrix({{WeightType::Q4_K, good.ffn}}, good.hidden, rng);
+        w.down = matrix({{WeightType::Q4_K, good.hidden}}, good.ffn, rng);
+        return w;
+    };
+    auto refused = [&](DecodeShape s, bool bias, const char* want) {
+        try {
+            std::vector<DecodeLayerWeights> ws;
+            ws.push_back(layer(bias));
+            DecodeLayers l(s, std::move(ws), 1);
+        } catch (const std::invalid_argument& e) {
+            CHECK(std::string(e.what()).find(want) != std::string::npos, "message '%s' lacks '%s'", e.what(), want);
+            return;
+        }
+        CHECK(false, "a form was accepted where '%s' was expected", want);
+    };
+    DecodeShape s = good;
+    s.form["qk_norm"] = "true";
+    refused(s, true, "do not implement qk_norm true");
+    s = good;
+    s.form.erase("mlp");
+    refused(s, true, "has no mlp");
+    s = good;
+    s.form["sliding_window"] = "512";
+    refused(s, true, "the option sliding_window");
+    s = good;
+    s.form["qkv_bias"] = "false";
+    refused(s, true, "qkv_bias given where the form has none");
+    refused(good, false, "one value per qkv row");
+    std::vector<DecodeLayerWeights> ws;
+    ws.push_back(layer(false));
+    s = good;
+    s.form["qkv_bias"] = "false";
+    DecodeLayers ok(s, std::move(ws), 1);  // llama's form: no biases
+    CHECK(ok.n_layers() == 1, "the llama form");
 }
 
 struct Rows {
@@ -122,6 +173,7 @@ Rows run(DecodeLayers& l, const DecodeShape& s, int n, bool batched, const std::
 int main() {
     Model one = make(1), two = make(2);
     const DecodeShape& s = one.shape;
+    form_refusals(s);
     std::mt19937 rng(9);
     const int n_max = 21;
     const size_t nq = s.n_heads * s.head_dim;

@@ -49,9 +49,30 @@ float silu_times(float g, float u) { return g / (1.f + std::exp(-g)) * u; }
 
 }  // namespace
 
+const std::vector<LayerOption>& decode_layer_options() {
+    static const std::vector<LayerOption> options = {
+        {"qkv_bias", {"false", "true"}}, {"norm", {"rms"}}, {"mlp", {"swiglu"}}, {"qk_norm", {"false"}},
+        {"post_norms", {"false"}},
+    };
+    return options;
+}
+
 DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> layers, int n_threads)
     : shape_(shape), layers_(std::move(layers)), team_(n_threads) {
     const DecodeShape& s = shape_;
+    for (const LayerOption& o : decode_layer_options()) {
+        const auto it = s.form.find(o.name);
+        check(it != s.form.end(), std::string("the layer's form has no ") + o.name);
+        bool known = false;
+        for (const std::string& v : o.values) known = known || v == it->second;
+        check(known, std::string("these layers do not implement ") + o.name + " " + it->second);
+    }
+    for (const auto& kv : s.form) {
+        bool known = false;
+        for (const LayerOption& o : decode_layer_options()) known = known || kv.first == o.name;
+        check(known, "these layers do not implement the option " + kv.first);
+    }
+    const bool bias = s.form.at("qkv_bias") == "true";
     check(s.hidden > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.ffn > 0 && s.rms_eps > 0.f,
           "every size and the epsilon must be positive");
     check(s.head_dim % 2 == 0 && s.n_heads % s.n_kv_heads == 0, "head_dim must be even, n_heads a multiple of n_kv_heads");
@@ -65,7 +86,8 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         check(w.attn_norm.size() == static_cast<size_t>(s.hidden) && w.ffn_norm.size() == static_cast<size_t>(s.hidden),
               l + "norms must have hidden values");
         check_matrix(w.qkv, qkv_rows, s.hidden, l + "qkv");
-        check(w.qkv_bias.empty() || w.qkv_bias.size() == static_cast<size_t>(qkv_rows), l + "qkv_bias must be empty or one per qkv row");
+        check(w.qkv_bias.size() == (bias ? static_cast<size_t>(qkv_rows) : 0u),
+              l + (bias ? "qkv_bias must have one value per qkv row" : "qkv_bias given where the form has none"));
         check_matrix(w.wo, s.hidden, s.n_heads * s.head_dim, l + "wo");
         check_matrix(w.gate, s.ffn, s.hidden, l + "gate");
         check_matrix(w.up, s.ffn, s.hidden, l + "up");

@@ -1,6 +1,6 @@
 // The decoder layers' dense math in our core, for one decode token or a prompt chunk's rows: what
 // MNN's layer modules do (mnn_h2o/export.py, mnn_h2o/decoder_layer.py), on the GGUF's own blocks
-// (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: dense/weight_types.h).
+// (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: dense/weight_types.h).
 //
 // Why not MNN for decode: the wheel's int4 kernels are AVX2 only and spend much of a one-row
 // product synchronising their threads (a layer module ~200 us at 512 tokens of context, 30 per
@@ -15,6 +15,8 @@
 // starts layer i (x = RMSNorm(h); q, k, v = x Wq, x Wk, x Wv (+ bias); RoPE on q and k, rotate-half).
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "mnn_h2o/dense/batched_product.h"
@@ -24,9 +26,21 @@
 
 namespace mnn_h2o {
 
+// The decoder layer's options (mnn_h2o/architecture.py describes each architecture by them) and
+// the values these layers implement: a model asking for another value is refused by name, never
+// run with this layer's math.
+struct LayerOption {
+    const char* name;
+    std::vector<std::string> values;
+};
+const std::vector<LayerOption>& decode_layer_options();
+
 struct DecodeShape {
     int hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0;
     float rms_eps = 1e-5f;
+    // Every option of decode_layer_options() by name ("qkv_bias" -> "true"); qkv_bias true: every
+    // layer has one bias per qkv row, false: none.
+    std::map<std::string, std::string> form;
 };
 
 struct DecodeLayerWeights {
@@ -40,7 +54,8 @@ struct DecodeLayerWeights {
 
 class DecodeLayers {
 public:
-    // Throws std::invalid_argument on a shape that does not fit (every matrix and vector checked).
+    // Throws std::invalid_argument on a shape that does not fit (every matrix and vector checked),
+    // or a form with an option missing, unknown or of a value not implemented (naming it).
     DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> layers, int n_threads);
 
     int n_layers() const { return static_cast<int>(layers_.size()); }

@@ -1,0 +1,55 @@
+"""Each model architecture's decoder layer, described once as options of the one layer that
+decoder_layer.py states.
+
+The implementations of that layer (decoder_layer.py's halves, which the numpy reference and the
+MNN export run, and the native decode layers of native/src/dense/decode_layers.cpp) each say
+which values of each option they implement: ``decoder_layer.IMPLEMENTS``, and the core's own
+table for the native layers (``native.decode_layer_options()``). A model whose options an
+implementation lacks is refused there by name, so a new architecture cannot run with another
+one's math: GgufModel refuses an architecture not described here, the reference and the export
+one decoder_layer.py does not implement, and the export writes no native decode layers for one
+the core does not implement (``runtime.decode_layers native`` then says why).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerForm:
+    """What one architecture's decoder layer is made of."""
+
+    # Biases on the Q, K and V projections (Qwen2).
+    qkv_bias: bool
+    # llama.cpp stored the Q / K rows permuted for its interleaved RoPE (llama): GgufModel
+    # un-permutes them on load, so every implementation rotates halves.
+    permuted_qk: bool
+    # The norm before attention and before the MLP.
+    norm: str = "rms"
+    # The MLP: SiLU(x Wgate) * x Wup, then Wdown.
+    mlp: str = "swiglu"
+    # An RMSNorm of each head's q and k before RoPE (Gemma 3, Qwen3).
+    qk_norm: bool = False
+    # Norms after attention and after the MLP too, before each residual add (Gemma's "sandwich").
+    post_norms: bool = False
+
+    def options(self) -> Dict[str, str]:
+        """The layer's options as the implementations' tables name them (permuted_qk is the
+        loader's, not the layer's: every implementation sees un-permuted rows)."""
+        return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "permuted_qk"}
+
+
+ARCHITECTURES: Dict[str, LayerForm] = {
+    "llama": LayerForm(qkv_bias=False, permuted_qk=True),   # Llama, SmolLM
+    "qwen2": LayerForm(qkv_bias=True, permuted_qk=False),
+}
+
+
+def _text(v) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def missing(form: LayerForm, implemented: Mapping[str, Sequence[str]]) -> List[str]:
+    """The options of ``form`` that ``implemented`` lacks, as "name value" (empty: it runs)."""
+    return [f"{k} {v}" for k, v in form.options().items() if v not in implemented.get(k, ())]

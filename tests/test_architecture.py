@@ -1,0 +1,50 @@
+"""The architectures' layer descriptions (mnn_h2o/architecture.py) against the implementations'
+tables of what they implement, matched by name: every described architecture runs everywhere, and
+a layer option one implementation lacks is refused by that implementation, naming it."""
+import dataclasses
+
+import pytest
+
+from mnn_h2o import architecture, decoder_layer, native
+from mnn_h2o.architecture import ARCHITECTURES, LayerForm, missing
+from mnn_h2o.errors import ModelFileError
+
+
+def test_every_table_names_the_same_options():
+    options = set(LayerForm(qkv_bias=False, permuted_qk=False).options())
+    assert set(decoder_layer.IMPLEMENTS) == options
+    assert set(native.decode_layer_options()) == options
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_architecture_runs_in_every_implementation(arch):
+    assert missing(ARCHITECTURES[arch], decoder_layer.IMPLEMENTS) == []
+    assert missing(ARCHITECTURES[arch], native.decode_layer_options()) == []
+
+
+def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch):
+    """SmolLM2 described with QK-norm: the reference and the export refuse it (decoder_layer's
+    check_form), the export writes no native decode layers and says why, and the core itself
+    refuses the form if handed it."""
+    import numpy as np
+
+    from mnn_h2o.export import decode_layer_arrays
+    from mnn_h2o.native_layers import decode_layers_from_arrays
+
+    arrays, why_not = decode_layer_arrays(smollm2_gguf)
+    assert why_not is None
+    c = smollm2_gguf.config
+    qk = dataclasses.replace(ARCHITECTURES[c.arch], qk_norm=True)
+    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, qk)
+    with pytest.raises(ModelFileError, match="decoder_layer.py does not implement qk_norm true"):
+        decoder_layer.check_form(c)
+    none, why_not = decode_layer_arrays(smollm2_gguf)
+    assert none is None and why_not == f"the native decode layers do not implement qk_norm true (architecture {c.arch})"
+    with pytest.raises(ValueError, match="do not implement qk_norm true"):
+        decode_layers_from_arrays(arrays, c, threads=1)
+    # Biases handed to a layer whose form has none are refused too.
+    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, dataclasses.replace(qk, qk_norm=False))
+    biased = dict(arrays)
+    biased["0.qkv_bias"] = np.zeros((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, np.float32)
+    with pytest.raises(ValueError, match="qkv_bias given where the form has none"):
+        decode_layers_from_arrays(biased, c, threads=1)
