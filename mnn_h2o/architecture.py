@@ -18,10 +18,9 @@ from typing import Dict, List, Mapping, Sequence
 
 @dataclasses.dataclass(frozen=True)
 class LayerForm:
-    """What one architecture's decoder layer is made of."""
+    """What one architecture's decoder layer is made of (whether its Q, K and V projections have
+    biases is the file's: Qwen2's do, and llama.cpp's llama files may)."""
 
-    # Biases on the Q, K and V projections (Qwen2).
-    qkv_bias: bool
     # llama.cpp stored the Q / K rows permuted for its interleaved RoPE (llama): GgufModel
     # un-permutes them on load, so every implementation rotates halves.
     permuted_qk: bool
@@ -34,15 +33,18 @@ class LayerForm:
     # Norms after attention and after the MLP too, before each residual add (Gemma's "sandwich").
     post_norms: bool = False
 
-    def options(self) -> Dict[str, str]:
-        """The layer's options as the implementations' tables name them (permuted_qk is the
-        loader's, not the layer's: every implementation sees un-permuted rows)."""
-        return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "permuted_qk"}
+    def options(self, qkv_bias: bool) -> Dict[str, str]:
+        """The layer's options as the implementations' tables name them, for a file with or without
+        Q/K/V biases (permuted_qk is the loader's, not the layer's: every implementation sees
+        un-permuted rows)."""
+        out = {"qkv_bias": _text(qkv_bias)}
+        out.update((f.name, _text(getattr(self, f.name))) for f in dataclasses.fields(self) if f.name != "permuted_qk")
+        return out
 
 
 ARCHITECTURES: Dict[str, LayerForm] = {
-    "llama": LayerForm(qkv_bias=False, permuted_qk=True),   # Llama, SmolLM
-    "qwen2": LayerForm(qkv_bias=True, permuted_qk=False),
+    "llama": LayerForm(permuted_qk=True),    # Llama, SmolLM
+    "qwen2": LayerForm(permuted_qk=False),
 }
 
 
@@ -50,6 +52,11 @@ def _text(v) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
-def missing(form: LayerForm, implemented: Mapping[str, Sequence[str]]) -> List[str]:
-    """The options of ``form`` that ``implemented`` lacks, as "name value" (empty: it runs)."""
-    return [f"{k} {v}" for k, v in form.options().items() if v not in implemented.get(k, ())]
+def layer_options(cfg) -> Dict[str, str]:
+    """A model's layer options (cfg: gguf_model.ModelConfig)."""
+    return ARCHITECTURES[cfg.arch].options(cfg.qkv_bias)
+
+
+def missing(cfg, implemented: Mapping[str, Sequence[str]]) -> List[str]:
+    """The options of a model's layer that ``implemented`` lacks, as "name value" (empty: it runs)."""
+    return [f"{k} {v}" for k, v in layer_options(cfg).items() if v not in implemented.get(k, ())]

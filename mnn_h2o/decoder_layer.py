@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .architecture import ARCHITECTURES, missing
+from .architecture import missing
 from .errors import ModelFileError
 from .gguf_model import ModelConfig
 
@@ -30,7 +30,7 @@ IMPLEMENTS = {"qkv_bias": ("false", "true"), "norm": ("rms",), "mlp": ("swiglu",
 
 def check_form(cfg: ModelConfig) -> None:
     """ModelFileError naming the options of the model's layer that these halves lack."""
-    lacks = missing(ARCHITECTURES[cfg.arch], IMPLEMENTS)
+    lacks = missing(cfg, IMPLEMENTS)
     if lacks:
         raise ModelFileError(f"architecture {cfg.arch}: decoder_layer.py does not implement {', '.join(lacks)}")
 

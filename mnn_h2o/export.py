@@ -142,10 +142,10 @@ def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
     blocks as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the
     layers hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
     from . import native
-    from .architecture import ARCHITECTURES, missing
+    from .architecture import missing
 
     c = g.config
-    lacks = missing(ARCHITECTURES[c.arch], native.decode_layer_options())
+    lacks = missing(c, native.decode_layer_options())
     if lacks:
         return None, f"the native decode layers do not implement {', '.join(lacks)} (architecture {c.arch})"
     runs = [w["name"] for w in native.weight_types()]

@@ -287,14 +287,11 @@ class GgufModel:
             rope_theta=self._positive_float(p + "rope.freq_base", 10000.0),
             rms_eps=self._positive_float(p + "attention.layer_norm_rms_epsilon"),
             tied_embeddings="output.weight" not in self.tensors,
-            qkv_bias=ARCHITECTURES[arch].qkv_bias,
+            qkv_bias="blk.0.attn_q.bias" in self.tensors,
             bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
             eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
             name=name if isinstance(name, str) else os.path.basename(self.path),
         )
-        if not cfg.qkv_bias and "blk.0.attn_q.bias" in self.tensors:
-            raise ModelFileError(f"{self.path}: Q/K/V biases in a {arch} file, whose layer has none "
-                                 "(mnn_h2o/architecture.py)")
         # head_dim must be even: RoPE rotates halves and llama's q/k rows are un-permuted in pairs.
         if cfg.n_heads * cfg.head_dim != cfg.hidden or cfg.n_heads % cfg.n_kv_heads or cfg.head_dim % 2:
             raise ModelFileError(f"{self.path}: inconsistent head layout {cfg}")

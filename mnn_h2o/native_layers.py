@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
-from .architecture import ARCHITECTURES
+from .architecture import layer_options
 from .export import DECODE_MATRICES
 from .gguf_model import ModelConfig
 
@@ -55,7 +55,7 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
 
     shape = {"hidden": cfg.hidden, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
              "head_dim": cfg.head_dim, "ffn": cfg.ffn, "rms_eps": cfg.rms_eps,
-             "form": ARCHITECTURES[cfg.arch].options()}
+             "form": layer_options(cfg)}
     head = None
     if "head.types" in names:
         head = {"out_norm": np.asarray(get("out_norm"), np.float32),

@@ -11,15 +11,17 @@ from mnn_h2o.errors import ModelFileError
 
 
 def test_every_table_names_the_same_options():
-    options = set(LayerForm(qkv_bias=False, permuted_qk=False).options())
+    options = set(LayerForm(permuted_qk=False).options(qkv_bias=False))
     assert set(decoder_layer.IMPLEMENTS) == options
     assert set(native.decode_layer_options()) == options
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_every_architecture_runs_in_every_implementation(arch):
-    assert missing(ARCHITECTURES[arch], decoder_layer.IMPLEMENTS) == []
-    assert missing(ARCHITECTURES[arch], native.decode_layer_options()) == []
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_architecture_runs_in_every_implementation(smollm2_gguf, arch, bias):
+    cfg = dataclasses.replace(smollm2_gguf.config, arch=arch, qkv_bias=bias)
+    assert missing(cfg, decoder_layer.IMPLEMENTS) == []
+    assert missing(cfg, native.decode_layer_options()) == []
 
 
 def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch):
@@ -44,6 +46,7 @@ def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch)
         decode_layers_from_arrays(arrays, c, threads=1)
     # Biases handed to a layer whose form has none are refused too.
     monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, dataclasses.replace(qk, qk_norm=False))
+    assert not c.qkv_bias
     biased = dict(arrays)
     biased["0.qkv_bias"] = np.zeros((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, np.float32)
     with pytest.raises(ValueError, match="qkv_bias given where the form has none"):
