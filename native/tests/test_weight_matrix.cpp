@@ -494,7 +494,7 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
     const std::string name = m.type_names() + " cols " + std::to_string(cols);
     for (int n : {1, 5, 6, 9, 23})
     for (bool twice : {true, false}) {
-        if (!twice && m.reads_pair_form()) continue;  // Q4_0 / Q4_1 rows need both roundings
+        if (!twice && m.reads_twice_rounded()) continue;  // Q4_0 / Q4_1 rows need both roundings
         const std::vector<float> x = random_vec(rng, static_cast<size_t>(n) * cols);
         Q8Rows xq;
         xq.residual = twice;
@@ -559,7 +559,7 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
     Q8Rows once;
     once.residual = false;
     once.resize(1, cols);
-    if (m.reads_pair_form())
+    if (m.reads_twice_rounded())
         CHECK(throws<std::invalid_argument>([&] { multiply_batch(m, once, 0, R, y.data(), R, Isa::Scalar); }),
               "%s: an activation rounded once", name.c_str());
     else

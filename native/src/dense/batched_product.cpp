@@ -119,7 +119,7 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
         throw std::invalid_argument("multiply_batch: an activation of " + std::to_string(xq.cols) +
                                     " values for a matrix of " + std::to_string(w.cols()) + " columns, ldy " +
                                     std::to_string(ldy) + " (rows to " + std::to_string(r1) + ")");
-    if (w.reads_pair_form() && xq.residual_codes.empty())
+    if (w.reads_twice_rounded() && xq.residual_codes.empty())
         throw std::invalid_argument("multiply_batch: " + w.type_names() + " rows need the activation rounded twice");
     if (xq.n == 0 || r0 == r1) return;
     // Both roundings where the activation has them (Q4_0 / Q4_1 rows need them, as their pair

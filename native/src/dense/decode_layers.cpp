@@ -100,12 +100,12 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
     for (const DecodeLayerWeights& w : layers_) {
         for (const WeightMatrix* m : {&w.qkv, &w.gate, &w.up}) {
             xq_.kquant_form = xq_.kquant_form || m->reads_kquant_form();
-            x_rows_.residual = x_rows_.residual || m->reads_pair_form();
+            x_rows_.residual = x_rows_.residual || m->reads_twice_rounded();
         }
         attn_q_.kquant_form = attn_q_.kquant_form || w.wo.reads_kquant_form();
-        attn_rows_.residual = attn_rows_.residual || w.wo.reads_pair_form();
+        attn_rows_.residual = attn_rows_.residual || w.wo.reads_twice_rounded();
         act_q_.kquant_form = act_q_.kquant_form || w.down.reads_kquant_form();
-        act_rows_.residual = act_rows_.residual || w.down.reads_pair_form();
+        act_rows_.residual = act_rows_.residual || w.down.reads_twice_rounded();
     }
     x_.resize(static_cast<size_t>(s.hidden));
     y_.resize(static_cast<size_t>(s.hidden));
@@ -133,7 +133,7 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
               "], the shape needs [vocab, " + std::to_string(shape_.hidden) + "]");
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
-    x_rows_.residual = x_rows_.residual || head_.reads_pair_form();  // it reads a chunk's final norms too
+    x_rows_.residual = x_rows_.residual || head_.reads_twice_rounded();  // it reads a chunk's final norms too
     if (head_.reads_kquant_form() && !xq_.kquant_form) {  // the head reads the final norm's activation
         xq_.kquant_form = true;
         xq_.resize(shape_.hidden);

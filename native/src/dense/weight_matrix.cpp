@@ -224,7 +224,7 @@ std::string WeightMatrix::type_names() const {
     return out;
 }
 
-bool WeightMatrix::reads_pair_form() const {
+bool WeightMatrix::reads_twice_rounded() const {
     for (const Segment& s : segments_)
         if (s.q4) return true;
     return false;

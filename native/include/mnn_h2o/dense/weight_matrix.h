@@ -53,9 +53,10 @@ public:
     std::string type_names() const;
     // Whether a part reads the activation's k-quant form (q4_matrix.h).
     bool reads_kquant_form() const;
-    // Whether a part is Q4_0 / Q4_1 (the pair form, whose products take the activation rounded
-    // twice, in a prompt's batched product too: dense/batched_product.h).
-    bool reads_pair_form() const;
+    // Whether a part is Q4_0 / Q4_1, held in block pairs, whose products take the activation
+    // rounded twice (its pair form's residual too), in a prompt's batched product as well
+    // (dense/batched_product.h). Q5_0 / Q8_0 read the pair form's first rounding only.
+    bool reads_twice_rounded() const;
 
     // y[r - r0] for rows [r0, r1); x must have cols values. isa Scalar: the reference.
     void multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const;
