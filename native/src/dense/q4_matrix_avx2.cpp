@@ -6,6 +6,7 @@
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
+#include "../runtime/prefetch_ahead.h"
 #include "q4_matrix_kernels.h"
 
 namespace mnn_h2o {
@@ -26,6 +27,8 @@ void q4_rows_avx2(const Q4Rows& p, int r0, int r1) {
         const uint16_t* sm = p.scale_mins + static_cast<size_t>(r) * p.pairs * 4;
         __m256 acc = _mm256_setzero_ps();
         for (int k = 0; k < p.pairs; ++k) {
+            if (k % 2 == 0) prefetch_ahead<64>(q + k * 32);
+            if (k % 8 == 0) prefetch_ahead<64>(sm + k * 4);
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 32));
             const __m256i lo = _mm256_and_si256(v, low);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);

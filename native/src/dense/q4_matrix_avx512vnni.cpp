@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 
+#include "../runtime/prefetch_ahead.h"
 #include "q4_matrix_kernels.h"
 
 namespace mnn_h2o {
@@ -51,6 +52,8 @@ void q4_rows_avx512vnni(const Q4Rows& p, int r0, int r1) {
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
         int k = 0;
         for (; k + 1 < p.pairs; k += 2) {
+            prefetch_ahead<64>(q + k * 32);
+            if (k % 8 == 0) prefetch_ahead<64>(sm + k * 4);
             acc0 = pair.step(q, sm, k, acc0);
             acc1 = pair.step(q, sm, k + 1, acc1);
         }

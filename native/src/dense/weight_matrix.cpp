@@ -119,19 +119,20 @@ void q8_0_rows_scalar(const BlockRows& p, int r0, int r1) { signed_rows_scalar<f
 namespace {
 
 // The row kernels of each type held as GGUF blocks (HeldAs::GgufBlocks), per ISA: scalar (the
-// reference), AVX2 (x86; AVX-512 machines too), NEON (aarch64), and the activation form they read
-// (q4_matrix.h): the k-quant form, or the pair form's first rounding.
+// reference), AVX2 (x86), AVX-512 VNNI (where written: the k-quants; AVX-512 machines run the AVX2
+// kernel of a type without one), NEON (aarch64), and the activation form they read (q4_matrix.h):
+// the k-quant form, or the pair form's first rounding.
 struct RowKernels {
     WeightType type;
     bool kquant_form;
-    BlockRowsKernel scalar, avx2, neon;
+    BlockRowsKernel scalar, avx2, avx512vnni, neon;
 };
 
 // A kernel compiled only for its ISA's builds; elsewhere its slot is empty and never chosen.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-#define MNN_H2O_AVX2(f) f
+#define MNN_H2O_X86(f) f
 #else
-#define MNN_H2O_AVX2(f) nullptr
+#define MNN_H2O_X86(f) nullptr
 #endif
 #if defined(__aarch64__)
 #define MNN_H2O_NEON(f) f
@@ -139,13 +140,16 @@ struct RowKernels {
 #define MNN_H2O_NEON(f) nullptr
 #endif
 const RowKernels kRowKernels[] = {
-    {WeightType::Q5_0, false, q5_0_rows_scalar, MNN_H2O_AVX2(q5_0_rows_avx2), MNN_H2O_NEON(q5_0_rows_neon)},
-    {WeightType::Q8_0, false, q8_0_rows_scalar, MNN_H2O_AVX2(q8_0_rows_avx2), MNN_H2O_NEON(q8_0_rows_neon)},
-    {WeightType::Q4_K, true, q4_k_rows_scalar, MNN_H2O_AVX2(q4_k_rows_avx2), MNN_H2O_NEON(q4_k_rows_neon)},
-    {WeightType::Q5_K, true, q5_k_rows_scalar, MNN_H2O_AVX2(q5_k_rows_avx2), MNN_H2O_NEON(q5_k_rows_neon)},
-    {WeightType::Q6_K, true, q6_k_rows_scalar, MNN_H2O_AVX2(q6_k_rows_avx2), MNN_H2O_NEON(q6_k_rows_neon)},
+    {WeightType::Q5_0, false, q5_0_rows_scalar, MNN_H2O_X86(q5_0_rows_avx2), nullptr, MNN_H2O_NEON(q5_0_rows_neon)},
+    {WeightType::Q8_0, false, q8_0_rows_scalar, MNN_H2O_X86(q8_0_rows_avx2), nullptr, MNN_H2O_NEON(q8_0_rows_neon)},
+    {WeightType::Q4_K, true, q4_k_rows_scalar, MNN_H2O_X86(q4_k_rows_avx2), MNN_H2O_X86(q4_k_rows_avx512vnni),
+     MNN_H2O_NEON(q4_k_rows_neon)},
+    {WeightType::Q5_K, true, q5_k_rows_scalar, MNN_H2O_X86(q5_k_rows_avx2), MNN_H2O_X86(q5_k_rows_avx512vnni),
+     MNN_H2O_NEON(q5_k_rows_neon)},
+    {WeightType::Q6_K, true, q6_k_rows_scalar, MNN_H2O_X86(q6_k_rows_avx2), MNN_H2O_X86(q6_k_rows_avx512vnni),
+     MNN_H2O_NEON(q6_k_rows_neon)},
 };
-#undef MNN_H2O_AVX2
+#undef MNN_H2O_X86
 #undef MNN_H2O_NEON
 
 const RowKernels& row_kernels(WeightType type) {
@@ -258,9 +262,8 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
         const RowKernels& rk = row_kernels(s.traits->type);
         BlockRowsKernel kernel = rk.scalar;
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-        // AVX-512 machines run the AVX2 kernels: their per-sub-block integer scales ride on
-        // madd, which VNNI's vpdpbusd has no form of.
-        if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) kernel = rk.avx2;
+        if (isa == Isa::Avx512 && cpu_features().avx512_vnni && rk.avx512vnni) kernel = rk.avx512vnni;
+        else if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) kernel = rk.avx2;
 #elif defined(__aarch64__)
         if (isa == Isa::Neon) kernel = rk.neon;
 #else

@@ -6,8 +6,8 @@
 // Q6_K |.| <= 128 x 128); the int32 lanes meet the floats (the weight's d, the activation's
 // super-block step) once per super-block (Q4_K: at most 8 x 2 x 3810 x 8064 < 2^31 per lane) or
 // per pair of blocks (Q6_K: 2 x 2 x 16002 x 16384 < 2^31). Q4_K's mins and the rounding errors'
-// part, and Q6_K's offset of 32, meet the activation's float sums in vectors. AVX-512 machines run
-// these too.
+// part, and Q6_K's offset of 32, meet the activation's float sums in vectors. AVX-512 VNNI
+// machines run these for Q5_0 / Q8_0 (the k-quants: weight_matrix_avx512vnni.cpp).
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
@@ -76,6 +76,7 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
         __m256 acc = _mm256_setzero_ps(), sums = _mm256_setzero_ps();
         for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
+            prefetch_ahead<kBytes>(b);
             uint8_t s8[8], m8[8];
             q4_k_scales_mins(b + 4, s8, m8);
             const float d = half_at(b);
@@ -135,6 +136,7 @@ void q6_k_rows_avx2(const BlockRows& p, int r0, int r1) {
         __m256 acc = _mm256_setzero_ps(), offset = _mm256_setzero_ps();
         for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * 210;
+            prefetch_ahead<210>(b);
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = half_at(b + 208);
             const __m256 dv = _mm256_set1_ps(d);
@@ -184,6 +186,7 @@ static void signed_rows(const BlockRows& p, int r0, int r1) {
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < p.cols / 32; ++b) {
             const uint8_t* blk = row + static_cast<size_t>(b) * kBytes;
+            if (b % 2 == 0) prefetch_ahead<2 * kBytes>(blk);
             __m256i w;
             if (kQ5) {
                 const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));

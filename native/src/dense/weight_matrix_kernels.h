@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../runtime/prefetch_ahead.h"
 #include "mnn_h2o/dense/q4_matrix.h"
 
 namespace mnn_h2o {
@@ -80,6 +81,9 @@ void q5_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q6_k_rows_avx2(const BlockRows& p, int r0, int r1);
 void q5_0_rows_avx2(const BlockRows& p, int r0, int r1);
 void q8_0_rows_avx2(const BlockRows& p, int r0, int r1);
+void q4_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
+void q5_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
+void q6_k_rows_avx512vnni(const BlockRows& p, int r0, int r1);
 #endif
 #if defined(__aarch64__)
 void q4_k_rows_neon(const BlockRows& p, int r0, int r1);

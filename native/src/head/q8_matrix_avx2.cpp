@@ -23,6 +23,8 @@ void q8_rows_avx2(const Q8Rows& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < nb; ++b) {
+            if (b % 2 == 0) prefetch_ahead<64>(c + b * kQ8Block);
+            if (b % 32 == 0) prefetch_ahead<64>(s + b);
             const int8_t* cb = c + b * kQ8Block;
             const float* xb = x + b * kQ8Block;
             __m256 dot = _mm256_mul_ps(codes8(cb), _mm256_loadu_ps(xb));

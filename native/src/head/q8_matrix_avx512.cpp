@@ -19,6 +19,8 @@ void q8_rows_avx512(const Q8Rows& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         __m512 acc = _mm512_setzero_ps();
         for (int b = 0; b < nb; ++b) {
+            if (b % 2 == 0) prefetch_ahead<64>(c + b * kQ8Block);
+            if (b % 32 == 0) prefetch_ahead<64>(s + b);
             const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + b * kQ8Block));
             const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
             const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../runtime/prefetch_ahead.h"
 #include "mnn_h2o/head/q8_matrix.h"
 
 namespace mnn_h2o {
