@@ -217,19 +217,9 @@ void decode_impl(const DecodeArgs& a) {
     for (int r = 0; r < a.n_rows; ++r)
         for (int c = 0; c < hd; c += V::W) V::store(q + r * hd + c, V::mul(V::load(a.q_rows[r] + c), scale));
 
-    // Each block asks for the next one's bytes first: the blocks are separate allocations (one run
-    // of them per head after packing), and the hardware prefetchers measured here did not follow
-    // such a stream from DRAM (runtime/prefetch_ahead.h has the weights' figures).
-    const size_t block_bytes = kv_row_bytes(s.dtype, hd) * static_cast<size_t>(bt);
-    const auto prefetch_block = [block_bytes](const void* blk) {
-        if (!blk) return;
-        for (size_t o = 0; o < block_bytes; o += 64) __builtin_prefetch(static_cast<const char*>(blk) + o);
-    };
-
     // Scores, block by block; all rows of the group reuse each key row while it is in L1.
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* kblk = a.kv->k_blocks[k0 / bt];
-        if (k0 + bt < a.key_end) prefetch_block(a.kv->k_blocks[k0 / bt + 1]);
         const int nk = imin<V>(bt, a.key_end - k0);
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             qk_rows<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
@@ -267,7 +257,6 @@ void decode_impl(const DecodeArgs& a) {
     // Weighted values, again block by block with all rows sharing each value row.
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* vblk = a.kv->v_blocks[k0 / bt];
-        if (k0 + bt < a.key_end) prefetch_block(a.kv->v_blocks[k0 / bt + 1]);
         const int nk = imin<V>(bt, a.key_end - k0);
         for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
             pv_rows_n<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
