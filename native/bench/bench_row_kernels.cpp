@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "mnn_h2o/cache/fp16.h"
 #include "mnn_h2o/dense/q4_matrix.h"
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/dense/weight_types.h"
@@ -30,15 +31,6 @@ using namespace mnn_h2o;
 
 namespace {
 
-uint16_t half_bits(float f) {
-    // Positive normal values only (the scales written below): round to nearest of 10 mantissa bits.
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    const int e = static_cast<int>((u >> 23) & 255) - 127 + 15;
-    const uint32_t m = (u >> 13) & 1023;
-    return static_cast<uint16_t>((e << 10) | m);
-}
-
 // Random bytes with finite, modest scales where the type keeps its fp16 fields.
 std::vector<uint8_t> random_blocks(const WeightTypeTraits& t, size_t n_blocks, std::mt19937& rng) {
     std::uniform_int_distribution<int> byte(0, 255);
@@ -47,7 +39,7 @@ std::vector<uint8_t> random_blocks(const WeightTypeTraits& t, size_t n_blocks, s
     for (size_t k = 0; k < n_blocks; ++k)
         for (int off : t.half_offsets)
             if (off >= 0) {
-                const uint16_t h = half_bits(0.001f + 0.001f * static_cast<float>(byte(rng)) / 255.f);
+                const uint16_t h = fp32_to_fp16(0.001f + 0.001f * static_cast<float>(byte(rng)) / 255.f);
                 std::memcpy(&b[k * t.block_bytes + static_cast<size_t>(off)], &h, 2);
             }
     return b;
