@@ -214,7 +214,11 @@ class Llm:
                  + ([] if tail_file or self._layers_head else ["tail"])
                  + ([] if q8 or self._layers_head else ["lm_head"]))
         # MNN's modules by name ("layer3", "tail", "lm_head"): only those this runtime uses are
-        # loaded (a module not loaded holds no memory).
+        # loaded (a module not loaded holds no memory), and built the first time one is needed.
+        if any(n not in meta["modules"] for n in names):
+            from .export import ensure_modules
+
+            meta = self.meta = ensure_modules(export_dir)
         self._modules = {}
         for name in names:
             m = meta["modules"][name]

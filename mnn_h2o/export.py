@@ -1,24 +1,28 @@
-"""Export a Llama-family GGUF model as per-layer MNN modules for the engine.
+"""Export a Llama-family GGUF model for the engine: the files the native core reads, and MNN's
+per-layer modules when a runtime asks for them.
 
-The model is cut at the attention op, which our native core runs. Module ``layer{i}`` takes the
-residual stream ``h`` and the attention output of layer i-1, finishes layer i-1 (o_proj, residual,
-RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V projections, RoPE), returning
-``h, q, k, v``. Module ``tail`` finishes the last layer and applies the final norm; ``lm_head``
-maps normed hidden states to logits (separate so a prefill computes logits for one row only).
-With quantised layers the tail's weights are also stored as the GGUF's blocks of 32
-(``tail_blocks.npz``) for the native tail (``runtime.tail``), and every layer's matrices as the
-GGUF stores them (``decode_layers.npz``: blocks of any type in the core's table,
-native/include/mnn_h2o/dense/weight_types.h, any mix) for the native decode layers (``runtime.decode_layers``); a file with another type gets none, and the export says
-which tensor (``no_decode_layers``).
-The embedding table is stored as an fp16 ``.npy`` read through a memory map. An 8-bit head is
-also stored as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
+Always written: the embedding table as an fp16 ``.npy`` read through a memory map; with quantised
+layers every layer's matrices as the GGUF stores them (``decode_layers.npz``: blocks of any type
+in the core's table, native/include/mnn_h2o/dense/weight_types.h, any mix) for the native decode
+and prompt layers (``runtime.decode_layers``, ``runtime.prompt_layers``; a file with another type
+gets none, and the export says which tensor: ``no_decode_layers``), the tail's weights as the
+GGUF's blocks of 32 (``tail_blocks.npz``) for the native tail (``runtime.tail``), and an 8-bit
+head also as llama.cpp q8_0 rows (``lm_head_q8_*.npy``: int8 codes, fp16 scales per 32) for the
 native head (``runtime.lm_head``), which multiplies them with the float activation.
+
+MNN's modules (``ensure_modules``: built the first time a runtime loads one, or by ``--modules``;
+always for float layers) cut the model at the attention op, which our native core runs. Module
+``layer{i}`` takes the residual stream ``h`` and the attention output of layer i-1, finishes layer
+i-1 (o_proj, residual, RMSNorm, SwiGLU MLP, residual) and starts layer i (RMSNorm, Q/K/V
+projections, RoPE), returning ``h, q, k, v``. Module ``tail`` finishes the last layer and applies
+the final norm; ``lm_head`` maps normed hidden states to logits (separate so a prefill computes
+logits for one row only).
 
 Weights are quantised by MNN's converter (``-f MNN --optimizeLevel 2 --weightQuantBits N
 --weightQuantBlock 32``); block 32 is the GGUF Q4_1/Q8_0 block and reproduces their weights
 exactly (block 128 does not divide 576-wide rows and silently falls back to per-channel int4).
 
-    python -m mnn_h2o.export --model smollm2 [--weight-bits -1|8|4|0] [--head-bits -1|8|4|0] [--out DIR]
+    python -m mnn_h2o.export --model smollm2 [--weight-bits -1|8|4|0] [--head-bits -1|8|4|0] [--modules] [--out DIR]
     python -m mnn_h2o.export --gguf PATH.gguf
     python -m mnn_h2o.export --stock          # the stock MNN.llm baseline of the same weights
 """
@@ -36,6 +40,7 @@ import numpy as np
 
 from .cli_errors import run
 from .decoder_layer import check_form, finish_layer, start_layer
+from .errors import ModelFileError
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
 from . import q8_0
@@ -244,9 +249,14 @@ def resolve_bits(g: GgufModel, weight_bits: int, head_bits: int | None) -> tuple
 
 
 def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
-           progress: bool = True, force: bool = False, head_bits: int | None = None) -> str:
+           progress: bool = True, force: bool = False, head_bits: int | None = None,
+           modules: bool = False) -> str:
     """Export (or re-use a cached export of) ``gguf_path``; returns the export directory.
-    ``weight_bits`` / ``head_bits``: the layers' and the lm_head module's bits (see resolve_bits)."""
+    ``weight_bits`` / ``head_bits``: the layers' and the lm_head module's bits (see resolve_bits).
+    MNN's modules are built with ``modules`` True, or where the layers are float (no native
+    layers to run them), else later by ensure_modules when a runtime first loads one: the default
+    runtime (native layers, tail and head) uses none, and on a 1.5B they are most of the export's
+    minutes and 1.6 GB of its disk."""
     from tqdm import tqdm
 
     g = GgufModel(gguf_path)
@@ -254,15 +264,16 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     weight_bits, head_bits = resolve_bits(g, weight_bits, head_bits)
     sha = file_digest(gguf_path)
     out_dir = out_dir or export_dir_for(gguf_path, weight_bits, sha, head_bits)
+    modules = modules or not weight_bits
     if not force and is_complete(out_dir):
         with open(os.path.join(out_dir, "model.json")) as f:
             meta = json.load(f)
         if (meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits
                 and meta.get("head_bits", weight_bits) == head_bits):
+            if modules:
+                ensure_modules(out_dir, progress)
             return out_dir
     cfg = g.config
-    MNN = import_mnn()
-    F = MNN.expr
     from .tokenizer import load_tokenizer
 
     tok = load_tokenizer(g)
@@ -271,33 +282,15 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     # leaves a folder that looks complete.
     work = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out_dir)))
     try:
-        io = module_io(cfg)
-        steps = tqdm(total=cfg.n_layers + 3, desc=f"export {os.path.basename(out_dir)}",
-                     disable=not progress, unit="module")
+        steps = tqdm(total=5, desc=f"export {os.path.basename(out_dir)}", disable=not progress, unit="step")
         emb = g.embedding()
         np.save(os.path.join(work, "embed_f16.npy"), emb.astype(np.float16))
         steps.update(1)
-        modules = {}
-
-        def save(name, outs, bits=weight_bits):
-            raw = os.path.join(work, name + ".float.mnn")
-            F.save(outs, raw)
-            _convert(raw, os.path.join(work, name + ".mnn"), bits)
-            os.remove(raw)
-            ins, outn = io[name]
-            modules[name] = {"file": name + ".mnn", "inputs": ins, "outputs": outn}
-            steps.update(1)
-
-        prev = None
-        for i in range(cfg.n_layers):
-            w = g.layer(i)
-            save(f"layer{i}", build_layer(F, cfg, prev, w))
-            prev = w
-        save("tail", build_tail(F, cfg, prev, g.output_norm()))
         tail_blocks = None
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
             tail_blocks = "tail_blocks.npz"
-            np.savez(os.path.join(work, tail_blocks), **tail_arrays(g, prev))
+            np.savez(os.path.join(work, tail_blocks), **tail_arrays(g, g.layer(cfg.n_layers - 1)))
+        steps.update(1)
         decode_layers, no_decode_layers = None, "the export's layers are float (model.weight_bits 0)"
         if weight_bits:  # the native decode layers' weights (runtime.decode_layers)
             arrays, no_decode_layers = decode_layer_arrays(g)
@@ -305,16 +298,18 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
                 decode_layers = "decode_layers.npz"
                 np.savez(os.path.join(work, decode_layers), **arrays)
                 del arrays
-        head = emb if cfg.tied_embeddings else g.lm_head()
-        save("lm_head", build_lm_head(F, cfg, head), head_bits)
+        steps.update(1)
         head_q8 = None
         if head_bits == 8:  # the native head's rows (runtime.lm_head): the same values as MNN's module
-            codes, scales = q8_0.quantize(head)
+            codes, scales = q8_0.quantize(emb if cfg.tied_embeddings else g.lm_head())
             head_q8 = {"codes": "lm_head_q8_codes.npy", "scales": "lm_head_q8_scales.npy"}
             np.save(os.path.join(work, head_q8["codes"]), codes)
             np.save(os.path.join(work, head_q8["scales"]), scales)
-        steps.close()
+        del emb
+        steps.update(1)
         tok.save(os.path.join(work, "tokenizer.json"))
+        steps.update(1)
+        steps.close()
         meta = {
             "export_version": EXPORT_VERSION,
             "config": cfg.to_dict(),
@@ -323,7 +318,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "quant_block": QUANT_BLOCK if weight_bits or head_bits else 0,
             "source": os.path.abspath(gguf_path),
             "source_sha256": sha,
-            "modules": modules,
+            "modules": {},  # MNN's, by name: written by ensure_modules
             "embedding": "embed_f16.npy",
             "lm_head_q8": head_q8,
             "tail_blocks": tail_blocks,
@@ -332,8 +327,9 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "tokenizer": "tokenizer.json",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        with open(os.path.join(work, "model.json"), "w") as f:
-            json.dump(meta, f, indent=1)
+        if modules:
+            meta["modules"] = _write_modules(g, work, weight_bits, head_bits, progress, os.path.basename(out_dir))
+        _write_meta(work, meta)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.replace(work, out_dir)
@@ -341,6 +337,77 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         shutil.rmtree(work, ignore_errors=True)
         raise
     return out_dir
+
+
+def module_names(cfg: ModelConfig) -> list:
+    """MNN's modules of an export, by name: every layer's, the tail and the head."""
+    return [f"layer{i}" for i in range(cfg.n_layers)] + ["tail", "lm_head"]
+
+
+def _write_modules(g: GgufModel, folder: str, weight_bits: int, head_bits: int, progress: bool, label: str) -> dict:
+    """MNN's modules of ``g`` written into ``folder``: {name: {file, inputs, outputs}}."""
+    from tqdm import tqdm
+
+    MNN = import_mnn()
+    F = MNN.expr
+    cfg = g.config
+    io = module_io(cfg)
+    steps = tqdm(total=cfg.n_layers + 2, desc=f"MNN modules {label}", disable=not progress, unit="module")
+    modules = {}
+
+    def save(name, outs, bits=weight_bits):
+        raw = os.path.join(folder, name + ".float.mnn")
+        F.save(outs, raw)
+        _convert(raw, os.path.join(folder, name + ".mnn"), bits)
+        os.remove(raw)
+        ins, outn = io[name]
+        modules[name] = {"file": name + ".mnn", "inputs": ins, "outputs": outn}
+        steps.update(1)
+
+    prev = None
+    for i in range(cfg.n_layers):
+        w = g.layer(i)
+        save(f"layer{i}", build_layer(F, cfg, prev, w))
+        prev = w
+    save("tail", build_tail(F, cfg, prev, g.output_norm()))
+    save("lm_head", build_lm_head(F, cfg, g.embedding() if cfg.tied_embeddings else g.lm_head()), head_bits)
+    steps.close()
+    return modules
+
+
+def _write_meta(folder: str, meta: dict) -> None:
+    tmp = os.path.join(folder, "model.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(tmp, os.path.join(folder, "model.json"))
+
+
+def ensure_modules(export_dir: str, progress: bool = True) -> dict:
+    """The export's metadata with MNN's modules, built now into ``export_dir`` from its source GGUF
+    (digest checked) if it has not got them yet. Files go to a sibling folder first and are moved
+    in before the metadata names them, so an interrupted build leaves an export without modules,
+    never one that names a missing or partial file."""
+    with open(os.path.join(export_dir, "model.json")) as f:
+        meta = json.load(f)
+    cfg = ModelConfig.from_dict(meta["config"])
+    if set(meta["modules"]) >= set(module_names(cfg)):
+        return meta
+    src = meta["source"]
+    if not os.path.isfile(src) or file_digest(src) != meta["source_sha256"]:
+        raise ModelFileError(f"{export_dir}: MNN's modules are needed (a runtime.* setting is mnn) and the GGUF "
+                             f"it was exported from ({src}) is gone or changed; export again "
+                             "(python -m mnn_h2o.export --force with that model)")
+    work = tempfile.mkdtemp(prefix=".modules-", dir=os.path.dirname(os.path.abspath(export_dir)))
+    try:
+        modules = _write_modules(GgufModel(src), work, meta["weight_bits"], meta.get("head_bits", meta["weight_bits"]),
+                                 progress, os.path.basename(export_dir))
+        for m in modules.values():
+            os.replace(os.path.join(work, m["file"]), os.path.join(export_dir, m["file"]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta["modules"] = modules
+    _write_meta(export_dir, meta)
+    return meta
 
 
 def ensure_exported(model: dict, progress: bool = True) -> str:
@@ -370,6 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="output folder (default: the cache folder, printed at the end)")
     ap.add_argument("--stock", action="store_true",
                     help="write a stock MNN.llm model directory (fused Attention op, MNN's own KV cache)")
+    ap.add_argument("--modules", action="store_true",
+                    help="also build MNN's modules now (else the first run with a runtime.* setting mnn builds them)")
     ap.add_argument("--force", action="store_true", help="re-export even if a cached export matches")
     args = ap.parse_args(argv)
 
@@ -381,7 +450,8 @@ def main(argv=None) -> int:
             out = args.out or stock_dir_for(path, args.weight_bits)
             print(export_stock(path, out, weight_bits=args.weight_bits))
         else:
-            print(export(path, args.out, args.weight_bits, force=args.force, head_bits=args.head_bits))
+            print(export(path, args.out, args.weight_bits, force=args.force, head_bits=args.head_bits,
+                         modules=args.modules))
         return 0
 
     return run(body)

@@ -269,3 +269,42 @@ def test_native_head_refuses_bad_shapes():
         m.multiply(np.ones((1, 32), np.float32))
     with pytest.raises(ValueError):
         m.multiply(np.ones((1, 64), np.float32), isa="sse")
+
+
+def test_mnn_modules_are_built_when_a_runtime_first_needs_them(tmp_path, smollm2_path, tokenizer):
+    """The export writes what the native core reads; MNN's modules come the first time an engine
+    asks for one (runtime.prompt_layers mnn here), into the same folder, named in its metadata;
+    an export whose source GGUF is gone says so instead of building from nothing."""
+    import json
+    import os
+    import shutil
+
+    from mnn_h2o import config
+    from mnn_h2o.engine import Llm
+    from mnn_h2o.errors import ModelFileError
+    from mnn_h2o.export import export, module_names
+
+    out = export(smollm2_path, str(tmp_path / "e"), weight_bits=8, progress=False)
+    meta = lambda d: json.load(open(os.path.join(d, "model.json")))
+    assert meta(out)["modules"] == {} and not [f for f in os.listdir(out) if f.endswith(".mnn")]
+    cfg = lambda **rt: config.validate({"runtime": dict(kv_dtype="f16", **rt), "h2o": {"enabled": False}})
+    native = Llm(out, cfg())
+    assert not native._modules and meta(out)["modules"] == {}
+
+    orphan = str(tmp_path / "orphan")
+    shutil.copytree(out, orphan)
+    m = meta(orphan)
+    m["source"] = str(tmp_path / "moved.gguf")
+    json.dump(m, open(os.path.join(orphan, "model.json"), "w"))
+    with pytest.raises(ModelFileError, match="export again"):
+        Llm(orphan, cfg(prompt_layers="mnn"))
+
+    mnn = Llm(out, cfg(prompt_layers="mnn"))
+    names = module_names(native.config)
+    assert sorted(meta(out)["modules"]) == sorted(names)
+    assert all(os.path.getsize(os.path.join(out, f"{n}.mnn")) > 0 for n in names)
+    assert "layer0" in mnn._modules and mnn.prompt_layers == "mnn"
+    ids = tokenizer.encode("The capital of France is")
+    a, b = native.prefill(ids), mnn.prefill(ids)
+    assert int(np.argmax(a)) == int(np.argmax(b))
+    assert np.corrcoef(a, b)[0, 1] > 0.99

@@ -61,8 +61,8 @@ def test_mixed_export_quantises_only_the_head_differently(smollm2_path, tokenize
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.export import export
 
-    mixed = export(smollm2_path, weight_bits=4, head_bits=8, progress=False)
-    w4 = export(smollm2_path, weight_bits=4, progress=False)
+    mixed = export(smollm2_path, weight_bits=4, head_bits=8, progress=False, modules=True)
+    w4 = export(smollm2_path, weight_bits=4, progress=False, modules=True)
     with open(os.path.join(mixed, "model.json")) as f:
         meta = json.load(f)
     assert (meta["weight_bits"], meta["head_bits"]) == (4, 8)

@@ -7,9 +7,16 @@ part spent in our native cache step (append + attention + policy), the KV bytes 
 whole-model ratio, and the speed-up over the first engine: ratio of means, and its median and
 range over blocks of 50 tokens.
 
-    python -m mnn_h2o.tools.decode_interleave [--context 4096] [--tokens 400]
+    python -m mnn_h2o.tools.decode_interleave [--model M] [--context 4096] [--tokens 400]
         [--engines f16:none q8:none f16:h2o q8:h2o@6 f16:h2o+4/8 q8:h2o~normal q8:none^mnn
                    q8:none^native/mnn q8:none^native/native/mnn]
+        [--llama llama_f16 llama_f16_fa llama_q8_fa] [--json FILE]
+
+--llama adds llama.cpp peers (bench.llama_peer's configs, the same GGUF and prompt ids, the
+`llama` extra) to the rotation, and each of our engines' speed-up over the fastest of them
+(measure.paired_ratio over blocks of 16 steps, with its 95% noise). This is the long-context
+measurement: every engine prefills once (that one prefill's time is printed, a single sample,
+not a prefill benchmark: use prefill_interleave for that), so 16K-32K tokens fit in one run.
 
 An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]]: DTYPE a
 runtime.kv_dtype, POLICY none or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
@@ -20,15 +27,19 @@ runtime.decode_layers and runtime.prompt_layers (native or mnn; default the conf
 """
 import argparse
 import copy
+import hashlib
+import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from .. import config as config_mod
 from ..config import load
 from ..engine import Llm
 from ..export import ensure_exported
 from ..essays import essay_tokens
+from ..measure import RATIO_BLOCK_STEPS, paired_ratio
 
 
 def parse_weights(spec: str, text: str, cfg: dict):
@@ -80,19 +91,7 @@ def parse_engine(spec: str, cfg: dict):
     return spec, h2o, dtype, weights, memory, ends
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="h2o.yaml")
-    ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
-    ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
-    ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
-                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]] per "
-                         "engine; speed-ups are against the first (default f16:none f16:h2o)")
-    args = ap.parse_args()
-    cfg = load(args.config)
-    cfg["lossless"]["mode"] = "off"
-    name = cfg["model"]["name"]
-    specs = [parse_engine(s, cfg) for s in args.engines]
+def _make_engines(cfg: dict, specs) -> list:
     engines = []
     for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
         c = copy.deepcopy(cfg)
@@ -102,36 +101,126 @@ def main():
         llm = Llm(ensure_exported(c["model"], progress=False), c)
         llm.configure_h2o(h2o)
         engines.append((label, llm))
-    ids = essay_tokens(engines[0][1].tokenizer, args.context + args.tokens)
-    for _, llm in engines:
-        llm.reset()
-        llm.prefill(ids[:args.context])
+    return engines
+
+
+def _step(engine, token: int) -> tuple:
+    """(seconds, of them our native cache step's) of one decode step."""
+    a0 = engine.stats.attention_s if isinstance(engine, Llm) else 0.0
+    t0 = time.perf_counter()
+    engine.decode(token)
+    t = time.perf_counter() - t0
+    return t, (engine.stats.attention_s - a0 if isinstance(engine, Llm) else 0.0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="h2o.yaml")
+    ap.add_argument("--model", help="named model or GGUF path (default: the config's model.name)")
+    ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
+    ap.add_argument("--tokens", type=int, default=400, help="decode steps per engine (default 400)")
+    ap.add_argument("--engines", nargs="+", default=["f16:none", "f16:h2o"],
+                    help="DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]] per "
+                         "engine; speed-ups are against the first (default f16:none f16:h2o)")
+    ap.add_argument("--llama", nargs="*", default=[], metavar="CONFIG",
+                    help="llama.cpp peers in the rotation (bench.llama_peer.CONFIGS: llama_f16 llama_f16_fa "
+                         "llama_q8_fa)")
+    ap.add_argument("--json", help="also write the figures (every step's seconds included) to this file")
+    args = ap.parse_args(argv)
+    if args.tokens < 2 * RATIO_BLOCK_STEPS:
+        raise SystemExit(f"--tokens must be at least {2 * RATIO_BLOCK_STEPS} (two blocks of the paired ratio)")
+    if args.llama:
+        from ..bench.llama_peer import CONFIGS
+
+        bad = [n for n in args.llama if n not in CONFIGS]
+        if bad:
+            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
+    cfg = load(args.config, {"model.name": args.model} if args.model else None)
+    cfg["lossless"]["mode"] = "off"
+    engines = _make_engines(cfg, [parse_engine(s, cfg) for s in args.engines])
+    limit = min(llm.max_context for _, llm in engines)
+    if args.context + args.tokens > limit:
+        raise SystemExit(f"--context + --tokens: {args.context + args.tokens} tokens is past the context limit "
+                         f"{limit} (runtime.max_context / the model's)")
+    ours = len(engines)
+    peers = {}
+    if args.llama:
+        from ..bench.llama_peer import make_peers
+        from ..model_source import resolve_gguf
+
+        peers = make_peers(resolve_gguf(cfg["model"]["name"]), args.context + args.tokens + 8,
+                           cfg["runtime"]["threads"], args.llama)
+        engines += list(peers.items())
+    try:
+        result = _run(engines, ours, cfg, args)
+    finally:
+        for p in peers.values():
+            p.close()
+    if args.json:
+        import json
+
+        from ..bench.environment import environment
+
+        with open(args.json, "w") as f:
+            json.dump({"environment": environment(), "argv": argv if argv is not None else sys.argv[1:], **result}, f,
+                      indent=1)
+    return 0
+
+
+def _run(engines, ours: int, cfg: dict, args) -> dict:
+    tokenizer = engines[0][1].tokenizer
+    ids = essay_tokens(tokenizer, args.context + args.tokens)
+    prefill_s = []
+    for label, engine in tqdm(engines, desc=f"prefill {args.context}", unit="engine"):
+        engine.reset()
+        t0 = time.perf_counter()
+        engine.prefill(ids[:args.context])
+        prefill_s.append(time.perf_counter() - t0)
+        if not isinstance(engine, Llm) and engine.tokens_in() != list(ids[:args.context]):
+            raise RuntimeError(f"{label}: llama.cpp evaluated other token ids than the prompt's")
     n = len(engines)
     times = [[] for _ in engines]
     native = [0.0] * n
-    for i, token in enumerate(ids[args.context:]):
+    for i, token in enumerate(tqdm(ids[args.context:], desc="decode, interleaved", unit="step")):
         for j in range(n):
             e = (i + j) % n
-            llm = engines[e][1]
-            a0 = llm.stats.attention_s
-            t0 = time.perf_counter()
-            llm.decode(int(token))
-            times[e].append(time.perf_counter() - t0)
-            native[e] += llm.stats.attention_s - a0
-    print(f"{name}, {args.context}-token prompt, {args.tokens} decode steps per engine, "
-          f"{cfg['runtime']['threads']} threads, interleaved")
-    print(f"{'engine':>16} {'ms/token':>9} {'mean':>6} {'cache ms':>8} {'KV MiB':>7} {'vs f16 x':>8} "
-          f"{'speed-up (blocks of 50)':>26}")
-    t_first = np.array(times[0])
-    for (label, llm), t, cache_s in zip(engines, times, native):
-        t = np.array(t)
-        blocks = [t_first[i:i + 50].mean() / t[i:i + 50].mean() for i in range(0, len(t), 50)]
-        up = f"{t_first.mean() / t.mean():.3f} ({np.median(blocks):.3f}, {min(blocks):.3f}-{max(blocks):.3f})"
-        st = llm.stats
-        print(f"{label:>16} {np.median(t) * 1e3:>9.2f} {t.mean() * 1e3:>6.2f} "
-              f"{cache_s / len(t) * 1e3:>8.2f} {st.kv_bytes_held / 2**20:>7.1f} "
-              f"{st.whole_model_ratio:>8.2f} {up:>26}")
+            t, cache_s = _step(engines[e][1], int(token))
+            times[e].append(t)
+            native[e] += cache_s
+    rows = {}
+    for (label, engine), t, cache_s, p in zip(engines, times, native, prefill_s):
+        row = {"prefill_s": p, "decode_ms_median": float(np.median(t)) * 1e3, "decode_ms_mean": float(np.mean(t)) * 1e3,
+               "step_s": t}
+        if isinstance(engine, Llm):
+            st = engine.stats
+            row.update(cache_ms=cache_s / len(t) * 1e3, kv_bytes_held=st.kv_bytes_held,
+                       whole_model_ratio=st.whole_model_ratio, reconstruct_s=st.reconstruct_s)
+        else:
+            row.update(kv_bytes_held=engine.kv_buffer_bytes, flash_attn=engine.flash_attn, type_k=engine.type_k,
+                       type_v=engine.type_v)
+        row["vs_first"] = paired_ratio([times[0]], [t])
+        rows[label] = row
+    llama_best = min(engines[ours:], key=lambda e: rows[e[0]]["decode_ms_mean"])[0] if len(engines) > ours else None
+    if llama_best:
+        for label, _ in engines[:ours]:
+            rows[label]["vs_llama_best"] = paired_ratio([rows[llama_best]["step_s"]], [rows[label]["step_s"]])
+    print(f"{cfg['model']['name']}, {args.context}-token essay prompt (one prefill per engine), {args.tokens} decode "
+          f"steps per engine, {cfg['runtime']['threads']} threads, interleaved")
+    print(f"{'engine':>16} {'prefill s':>9} {'ms/token':>9} {'mean':>6} {'cache ms':>8} {'KV MiB':>7} {'ratio':>6} "
+          f"{'vs first (95%)':>15}" + (f" {'vs ' + llama_best:>22}" if llama_best else ""))
+    fmt = lambda r: f"{r['ratio']:.3f} ±{r['noise'] * 100:.1f}%"
+    for label, _ in engines:
+        r = rows[label]
+        cache = f"{r['cache_ms']:>8.2f}" if "cache_ms" in r else f"{'':>8}"
+        ratio = f"{r['whole_model_ratio']:>6.2f}" if "whole_model_ratio" in r else f"{'':>6}"
+        print(f"{label:>16} {r['prefill_s']:>9.1f} {r['decode_ms_median']:>9.2f} {r['decode_ms_mean']:>6.2f} {cache} "
+              f"{r['kv_bytes_held'] / 2**20:>7.1f} {ratio} {fmt(r['vs_first']):>15}"
+              + (f" {fmt(r['vs_llama_best']):>22}" if "vs_llama_best" in r else ""))
+    return {"model": cfg["model"]["name"], "context": args.context, "tokens": args.tokens,
+            "threads": cfg["runtime"]["threads"], "prompt_ids_sha256": hashlib.sha256(
+                np.asarray(ids[:args.context], np.int64).tobytes()).hexdigest(),
+            "llama_best": llama_best, "engines": rows}
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
