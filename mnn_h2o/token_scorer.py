@@ -10,7 +10,9 @@ text (``python -m mnn_h2o.tools.fit_scorer``). The engine applies it to every to
 enters the cache (prompt chunks and decode tokens), and the cache ranks tokens by it exactly as
 it ranks kvzip's peaks (docs/h2o.md "Predicted scores").
 
-The file (``predicted_kvzip.npz`` beside the export) holds, by name:
+The file (``predicted_kvzip.npz`` beside the export; where there is none, the one fitted for the
+same GGUF that ships in ``mnn_h2o/scorers/`` under the first 16 hex digits of its sha256, as
+for the named models) holds, by name:
 
     weights   float32 [n_layers, hidden + 1, n_kv_heads]  log-score = [x, 1] @ weights[layer]
     layers    int32 [2]                                   the evicting layers [start, end) fitted
@@ -122,9 +124,16 @@ def scorer_path(export_dir: str) -> str:
     return os.path.join(export_dir, FILE_NAME)
 
 
+def shipped_path(source_sha256: str) -> str:
+    """Where the package keeps the scorer fitted for the GGUF with this digest (fit_scorer --ship)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "scorers", source_sha256[:16] + ".npz")
+
+
 def load_for_export(export_dir: str, meta: dict, config) -> TokenScorer:
-    """The export's scorer, or ScorerFileError saying how to make it."""
+    """The export's scorer (else the package's for its GGUF), or ScorerFileError saying how to make it."""
     path = scorer_path(export_dir)
+    if not os.path.exists(path) and os.path.exists(shipped_path(meta["source_sha256"])):
+        path = shipped_path(meta["source_sha256"])
     if not os.path.exists(path):
         raise ScorerFileError(
             f"h2o.policy predicted_kvzip needs the scorer fitted for this model, and {path} does not exist: "

@@ -137,3 +137,35 @@ def test_a_fit_on_smollm2_agrees_with_kvzip_on_held_out_text(tmp_path):
                             meta["config"]["hidden"], meta["config"]["n_kv_heads"])
     assert s.meta["keep_overlap_3.2x"] > 0.6, s.meta
     assert s.meta["heldout_r2"] > 0.5, s.meta
+
+
+def test_an_export_without_a_scorer_uses_the_one_shipped_for_its_gguf(tmp_path, monkeypatch):
+    from mnn_h2o.engine import Llm
+
+    d, meta = _scored_copy(tmp_path)
+    shipped = tmp_path / "shipped.npz"
+    os.replace(os.path.join(d, ts.FILE_NAME), shipped)
+    monkeypatch.setattr(ts, "shipped_path", lambda sha: str(shipped) if sha == meta["source_sha256"] else "/nonexistent")
+    llm = Llm(d, _cfg())
+    llm.prefill([1, 2, 3])
+    assert np.allclose(llm.cache.token_scores(0), 0.1, rtol=1e-6)
+
+
+def test_the_shipped_scorers_are_valid_and_named_by_their_ggufs_digest():
+    """Each file in mnn_h2o/scorers/ is a readable scorer of the GGUF whose digest names it, fitted
+    on dev text only; the 1.5B's is among them (read without the model)."""
+    import glob
+
+    from mnn_h2o.model_source import SPLIT_MODELS
+
+    files = glob.glob(os.path.join(os.path.dirname(ts.shipped_path("0" * 64)), "*.npz"))
+    qwen15 = next(m for m in SPLIT_MODELS if m.model == "qwen2.5-1.5b")
+    assert ts.shipped_path(qwen15.sha256) in files
+    for path in files:
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+        assert os.path.basename(path) == meta["source_sha256"][:16] + ".npz"
+        s = ts.TokenScorer.load(path, meta["source_sha256"], meta["n_layers"], meta["hidden"], meta["n_kv_heads"])
+        assert s.meta["fitted"] and s.meta["keep_overlap_3.2x"] > 0.5
+        assert all(f["split"] == "dev" for f in s.meta["fitted"]) and s.meta["heldout"]["split"] == "dev"
+    assert (ts.TokenScorer.load(ts.shipped_path(qwen15.sha256), qwen15.sha256, 28, 1536, 2).layers == (0, 28))

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -85,13 +86,16 @@ def main(argv=None) -> int:
                                                                   "measures the agreement (default 1)")
     ap.add_argument("--lambdas", type=float, nargs="+", default=[1e-4, 1e-3, 1e-2, 1e-1],
                     help="ridge weights tried (default 1e-4 1e-3 1e-2 1e-1)")
+    ap.add_argument("--ship", action="store_true",
+                    help="also copy the file into the package (mnn_h2o/scorers/, keyed by the GGUF's digest), "
+                         "where every export of the same GGUF finds it: how the named models' scorers ship")
     args = ap.parse_args(argv)
 
     from .. import config as config_mod
     from ..engine import Llm
     from ..eval import domains as D
     from ..export import ensure_exported
-    from ..token_scorer import TokenScorer, scorer_path, solve_ridge
+    from ..token_scorer import TokenScorer, scorer_path, shipped_path, solve_ridge
 
     overrides = {"h2o.policy": "kvzip", "h2o.enabled": True}
     if args.model:
@@ -181,6 +185,10 @@ def main(argv=None) -> int:
     print(f"fit_scorer: lambda {best['lambda']:g} (held-out R^2 {best['heldout_r2']:.3f}; kvzip's kept tokens "
           f"also kept {best['keep_overlap_3.2x']:.3f} at 3.2x, {best['keep_overlap_6x']:.3f} at 6x); "
           f"{t_collect / 60:.1f} min; wrote {path}")
+    if args.ship:
+        os.makedirs(os.path.dirname(shipped_path(meta["source_sha256"])), exist_ok=True)
+        shutil.copyfile(path, shipped_path(meta["source_sha256"]))
+        print(f"fit_scorer: shipped as {shipped_path(meta['source_sha256'])}")
     return 0
 
 
