@@ -91,7 +91,18 @@ def parse_engine(spec: str, cfg: dict):
     return spec, h2o, dtype, weights, memory, ends
 
 
-def _make_engines(cfg: dict, specs) -> list:
+def check_llama_configs(names) -> None:
+    """SystemExit naming any --llama config that bench.llama_peer does not know."""
+    if names:
+        from ..bench.llama_peer import CONFIGS
+
+        bad = [n for n in names if n not in CONFIGS]
+        if bad:
+            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
+
+
+def make_engines(cfg: dict, specs) -> list:
+    """(label, Llm) of each parse_engine spec, eviction configured."""
     engines = []
     for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
         c = copy.deepcopy(cfg)
@@ -129,15 +140,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 2 * RATIO_BLOCK_STEPS:
         raise SystemExit(f"--tokens must be at least {2 * RATIO_BLOCK_STEPS} (two blocks of the paired ratio)")
-    if args.llama:
-        from ..bench.llama_peer import CONFIGS
-
-        bad = [n for n in args.llama if n not in CONFIGS]
-        if bad:
-            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
+    check_llama_configs(args.llama)
     cfg = load(args.config, {"model.name": args.model} if args.model else None)
     cfg["lossless"]["mode"] = "off"
-    engines = _make_engines(cfg, [parse_engine(s, cfg) for s in args.engines])
+    engines = make_engines(cfg, [parse_engine(s, cfg) for s in args.engines])
     limit = min(llm.max_context for _, llm in engines)
     if args.context + args.tokens > limit:
         raise SystemExit(f"--context + --tokens: {args.context + args.tokens} tokens is past the context limit "

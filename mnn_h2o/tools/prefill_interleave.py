@@ -13,7 +13,6 @@ point where ours can sample the first token too (time to first token).
         [--engines q8:h2o q8:kvzip] [--llama llama_f16_fa llama_q8_fa]
 """
 import argparse
-import copy
 import time
 
 import numpy as np
@@ -21,8 +20,7 @@ import numpy as np
 from ..config import load
 from ..engine import Llm
 from ..essays import essay_tokens
-from ..export import ensure_exported
-from .decode_interleave import parse_engine
+from .decode_interleave import check_llama_configs, make_engines, parse_engine
 
 
 def main(argv=None) -> int:
@@ -39,27 +37,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    if args.llama:
-        from ..bench.llama_peer import CONFIGS
-
-        bad = [n for n in args.llama if n not in CONFIGS]
-        if bad:
-            raise SystemExit(f"--llama: unknown config(s) {', '.join(bad)}: use {', '.join(CONFIGS)}")
+    check_llama_configs(args.llama)
     cfg = load(args.config, {"model.name": args.model} if args.model else None)
     cfg["lossless"]["mode"] = "off"
-    engines = []
-    for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in (parse_engine(s, cfg)
-                                                                               for s in args.engines):
-        c = copy.deepcopy(cfg)
-        c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers,
-                            prompt_layers=decode_layers)
-        c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
-        llm = Llm(ensure_exported(c["model"], progress=False), c)
-        if max(args.contexts) > llm.max_context:
-            raise SystemExit(f"--contexts: {max(args.contexts)} tokens is past the context limit {llm.max_context} "
-                             "(runtime.max_context / the model's)")
-        llm.configure_h2o(h2o)
-        engines.append((label, llm))
+    engines = make_engines(cfg, [parse_engine(s, cfg) for s in args.engines])
+    limit = min(llm.max_context for _, llm in engines)
+    if max(args.contexts) > limit:
+        raise SystemExit(f"--contexts: {max(args.contexts)} tokens is past the context limit {limit} "
+                         "(runtime.max_context / the model's)")
     peers = {}
     if args.llama:
         from ..bench.llama_peer import make_peers
