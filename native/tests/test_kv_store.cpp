@@ -577,9 +577,11 @@ static void test_v_dedup() {
                   "%s: held = sum of parts", what.c_str());
             if (budget > 0) CHECK(st.total.cache_hits > 0, "%s: cache never hit", what.c_str());
             if (async == 0) {
+                // To the sink block, which no chunk holds: a survivor chunk of an earlier eviction
+                // may end within any longer prefix and keep its rows in the table.
                 for (int head = 0; head < kKv; ++head) {
-                    raw.truncate(1, head, 40);
-                    cache.truncate(1, head, 40);
+                    raw.truncate(1, head, 16);
+                    cache.truncate(1, head, 16);
                 }
                 CHECK(cache.store_stats().layers[1].table_bytes == 0, "%s: layer 1 table %zu after truncation",
                       what.c_str(), cache.store_stats().layers[1].table_bytes);

@@ -511,6 +511,53 @@ static void test_predicted_scores() {
     CHECK(throws<std::invalid_argument>([&] { kvzip.set_token_scores(1, bad.data(), 1); }), "kvzip takes a pass, not scores");
 }
 
+// Decode under a global budget: a plan made exactly to the budget is followed by another at the
+// next block boundary of any head, so a decode plan keeps one block per head in hand. Counted
+// here: the cache never holds more blocks than the budget, and plans come every ~headroom /
+// growth steps, not nearly every step.
+static void test_decode_headroom() {
+    std::mt19937 rng(41);
+    const int L = 2, H = 2, hd = 32, n = 320, steps = 256, bt = 16;
+    KvCache cache(cache_config(L, H, 1024));
+    H2oConfig h = kvzip_config(0.5);
+    h.policy = "predicted_kvzip";
+    h.layer_budget = "global";
+    h.update_interval = 100000;  // only the budget triggers a plan
+    cache.enable_h2o(h);
+    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+    const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
+    std::uniform_real_distribution<float> u(0.001f, 0.9f);
+    auto give_scores = [&](int count) {
+        std::vector<float> s(static_cast<size_t>(H) * count);
+        for (float& x : s) x = u(rng);
+        for (int layer = 0; layer < L; ++layer) cache.set_token_scores(layer, s.data(), count);
+    };
+    step_all(cache, q, k, v, n);
+    give_scores(n);
+    CHECK(cache.end_step(n, true), "the prompt is cut");
+    auto held_blocks = [&] {
+        int b = 0;
+        for (int layer = 0; layer < L; ++layer)
+            for (int hh = 0; hh < H; ++hh) b += (cache.length(layer, hh) + bt - 1) / bt;
+        return b;
+    };
+    const int pooled_prompt = L * H * cache.h2o_state()->budget_blocks(n);
+    CHECK(held_blocks() == pooled_prompt, "the prompt's cut is exactly to the budget (%d of %d blocks)", held_blocks(),
+          pooled_prompt);
+    int plans = 0, over = 0;
+    for (int t = 0; t < steps; ++t) {
+        const auto q1 = random_vec(rng, static_cast<size_t>(2 * H * hd)), k1 = random_vec(rng, static_cast<size_t>(H * hd));
+        step_all(cache, q1, k1, k1, 1);
+        give_scores(1);
+        plans += cache.end_step(1, false) ? 1 : 0;
+        const int pooled = L * H * cache.h2o_state()->budget_blocks(n + t + 1);
+        over += held_blocks() > pooled ? 1 : 0;
+    }
+    CHECK(over == 0, "the cache never holds more blocks than its budget (%d steps over)", over);
+    // Growth 4 heads x (1 - 0.5) tokens a step against 4 blocks of headroom: a plan every ~32 steps.
+    CHECK(plans >= steps / 64 && plans <= steps / 16, "%d plans in %d decode steps", plans, steps);
+}
+
 int main() {
     test_block_max();
     test_pass();
@@ -518,6 +565,7 @@ int main() {
     test_window_pass(KvDtype::Q8);
     test_global_budget();
     test_predicted_scores();
+    test_decode_headroom();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);
         return 1;

@@ -591,7 +591,7 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
 bool KvCache::evict_due(int n_tokens, bool prefill) {
     // Counted in decode tokens, the same for every layer (not in layer calls).
     const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
-    if (h2o_->global_budget()) return evict_global(decode_due);
+    if (h2o_->global_budget()) return evict_global(decode_due, prefill);
     const H2oConfig& c = h2o_->config();
     bool updated = false, evicted = false;
     for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
@@ -616,7 +616,7 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
     return evicted;
 }
 
-bool KvCache::evict_global(bool due) {
+bool KvCache::evict_global(bool due, bool prefill) {
     const H2oConfig& c = h2o_->config();
     const int n = c.layer_end - c.layer_start, H = cfg_.n_kv_heads;
     seen_.resize(static_cast<size_t>(n));
@@ -624,11 +624,11 @@ bool KvCache::evict_global(bool due) {
         seen_[i] = stats_[c.layer_start + i].tokens_seen;
         for (int h = 0; h < H; ++h) lengths_[static_cast<size_t>(i) * H + h] = head(c.layer_start + i, h).length;
     }
-    // In a prefill (due is false) only when the model as a whole is over its budget.
+    // Otherwise only when the model as a whole is over its budget; a decode plan leaves headroom.
     if (!due && !h2o_->over_budget_global(seen_.data(), lengths_.data())) return false;
     const Clock::time_point t0 = Clock::now();
     for (int i = 0; i < n; ++i) h2o_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
-    h2o_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_);
+    h2o_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_, !prefill);
     // One plan for all layers: its time is shared equally among them.
     const double us = micros_since(t0) / n;
     bool evicted = false;

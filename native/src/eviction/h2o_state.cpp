@@ -555,7 +555,7 @@ bool H2oState::over_budget_global(const int64_t* tokens_seen, const int* lengths
 }
 
 void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-                           H2oLayerStats* stats, const HeadRowReader* rows) {
+                           H2oLayerStats* stats, const HeadRowReader* rows, bool headroom) {
     const int n_layers = cfg_.layer_end - cfg_.layer_start;
     plans->resize(static_cast<size_t>(n_layers) * n_kv_heads_);
     for (auto& p : *plans) p.clear();
@@ -582,17 +582,18 @@ void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::
     bool tokens = false;
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end && signals_.reconstruction; ++layer)
         tokens = tokens || token_peaks_pending(layer);
+    const int64_t spare = headroom ? static_cast<int64_t>(pool_.size()) : 0;
     if (!tokens) {
-        plan_pooled(rows);
+        plan_pooled(rows, spare);
         return;
     }
-    plan_tokens();
+    plan_tokens(spare);
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer)
         for (int h = 0; h < n_kv_heads_; ++h)
             if ((*plans)[static_cast<size_t>(layer - cfg_.layer_start) * n_kv_heads_ + h].empty()) drop_token_peaks(layer, h);
 }
 
-void H2oState::plan_tokens() {
+void H2oState::plan_tokens(int64_t spare) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0, n_tokens = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -609,6 +610,7 @@ void H2oState::plan_tokens() {
         for (const PoolHead& e : pool_) ++e.stats->skipped[static_cast<int>(r)];
         return;
     }
+    const int64_t target = std::max(floors, pooled - spare);
     if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
     token_priority_.resize(static_cast<size_t>(n_tokens));
     token_heads_.clear();
@@ -650,10 +652,10 @@ void H2oState::plan_tokens() {
                 if ((*th.keep)[t]) prio[t] = inf;
         }
     }
-    select_tokens(token_heads_, pooled * block_tokens_ - floor_tokens, &candidates_);
+    select_tokens(token_heads_, target * block_tokens_ - floor_tokens, &candidates_);
 
     // Partial last blocks: a head keeping k tokens holds ceil(k / B) blocks, so the pool may hold
-    // up to one block per head more than its budget. The heads with the fewest tokens in their
+    // up to one block per head more than its target. The heads with the fewest tokens in their
     // last block give those up (their lowest-scored non-floor tokens) until it does not.
     int64_t blocks = 0;
     std::vector<std::pair<int, int>>& partial = partial_;
@@ -667,7 +669,7 @@ void H2oState::plan_tokens() {
         if (rest > 0 && chosen >= rest) partial.push_back({rest, static_cast<int>(i)});
     }
     std::sort(partial.begin(), partial.end());
-    for (size_t j = 0; j < partial.size() && blocks > pooled; ++j, --blocks) {
+    for (size_t j = 0; j < partial.size() && blocks > target; ++j, --blocks) {
         const SelectTokensHead& th = token_heads_[partial[j].second];
         trim_.clear();
         for (int t = th.sink; t < th.length - th.recent; ++t)
@@ -683,7 +685,7 @@ void H2oState::plan_tokens() {
     }
 }
 
-void H2oState::plan_pooled(const HeadRowReader* rows) {
+void H2oState::plan_pooled(const HeadRowReader* rows, int64_t spare) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -717,7 +719,7 @@ void H2oState::plan_pooled(const HeadRowReader* rows) {
                     prio[b] = std::numeric_limits<float>::infinity();
         }
     }
-    select_blocks(select_, static_cast<int>(pooled - floors), &candidates_);
+    select_blocks(select_, static_cast<int>(std::max(floors, pooled - spare) - floors), &candidates_);
     for (size_t i = 0; i < pool_.size(); ++i) {
         const std::vector<uint8_t>& keep = keep_[i];
         if (std::count(keep.begin(), keep.end(), uint8_t{1}) < select_[i].n_blocks)

@@ -218,7 +218,7 @@ private:
     // The same with the window of set_reconstruction_window, and the window's block peaks.
     void add_window_peaks(int layer, const float* q, int n_tokens);
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
-    bool evict_global(bool due);
+    bool evict_global(bool due, bool prefill);
     void require_no_pass(const char* what) const;
     // read() in the storage space (rotated dtypes stay rotated); k or v may be null.
     void read_stored(int layer, int head, float* k_out, float* v_out) const;
