@@ -517,8 +517,8 @@ static void test_predicted_scores() {
 // growth steps, not nearly every step.
 static void test_decode_headroom() {
     std::mt19937 rng(41);
-    const int L = 2, H = 2, hd = 32, n = 320, steps = 256, bt = 16;
-    KvCache cache(cache_config(L, H, 1024));
+    const int L = 2, H = 2, hd = 32, n = 2048, steps = 256, bt = 16;  // 64 blocks a head: 1/64 is a block
+    KvCache cache(cache_config(L, H, 4096));
     H2oConfig h = kvzip_config(0.5);
     h.policy = "predicted_kvzip";
     h.layer_budget = "global";

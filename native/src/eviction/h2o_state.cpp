@@ -582,18 +582,17 @@ void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::
     bool tokens = false;
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end && signals_.reconstruction; ++layer)
         tokens = tokens || token_peaks_pending(layer);
-    const int64_t spare = headroom ? static_cast<int64_t>(pool_.size()) : 0;
     if (!tokens) {
-        plan_pooled(rows, spare);
+        plan_pooled(rows, headroom);
         return;
     }
-    plan_tokens(spare);
+    plan_tokens(headroom);
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer)
         for (int h = 0; h < n_kv_heads_; ++h)
             if ((*plans)[static_cast<size_t>(layer - cfg_.layer_start) * n_kv_heads_ + h].empty()) drop_token_peaks(layer, h);
 }
 
-void H2oState::plan_tokens(int64_t spare) {
+void H2oState::plan_tokens(bool headroom) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0, n_tokens = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -610,7 +609,7 @@ void H2oState::plan_tokens(int64_t spare) {
         for (const PoolHead& e : pool_) ++e.stats->skipped[static_cast<int>(r)];
         return;
     }
-    const int64_t target = std::max(floors, pooled - spare);
+    const int64_t target = std::max(floors, pooled - (headroom ? spare_blocks(pooled) : 0));
     if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
     token_priority_.resize(static_cast<size_t>(n_tokens));
     token_heads_.clear();
@@ -685,7 +684,12 @@ void H2oState::plan_tokens(int64_t spare) {
     }
 }
 
-void H2oState::plan_pooled(const HeadRowReader* rows, int64_t spare) {
+int64_t H2oState::spare_blocks(int64_t pooled) const {
+    // At most 1/64 of the budget, so a short context's ratio stays within ~1.6% of its target.
+    return std::min(static_cast<int64_t>(pool_.size()), pooled / 64);
+}
+
+void H2oState::plan_pooled(const HeadRowReader* rows, bool headroom) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -719,7 +723,8 @@ void H2oState::plan_pooled(const HeadRowReader* rows, int64_t spare) {
                     prio[b] = std::numeric_limits<float>::infinity();
         }
     }
-    select_blocks(select_, static_cast<int>(std::max(floors, pooled - spare) - floors), &candidates_);
+    const int64_t target = std::max(floors, pooled - (headroom ? spare_blocks(pooled) : 0));
+    select_blocks(select_, static_cast<int>(target - floors), &candidates_);
     for (size_t i = 0; i < pool_.size(); ++i) {
         const std::vector<uint8_t>& keep = keep_[i];
         if (std::count(keep.begin(), keep.end(), uint8_t{1}) < select_[i].n_blocks)

@@ -168,8 +168,8 @@ public:
     // over the evicting layers, i = layer - layer_start: tokens_seen[i], lengths[i * n_kv_heads + h],
     // (*plans)[i * n_kv_heads + h] (empty: head left alone); stats[layer] (indexed by layer).
     bool over_budget_global(const int64_t* tokens_seen, const int* lengths) const;
-    // headroom: the plan keeps one block per pooled head less than the budget (while the floors
-    // allow), for decode: the cache grows by a token per head a step, so a plan made exactly to the
+    // headroom: the plan keeps one block per pooled head less than the budget (at most 1/64 of
+    // it, and while the floors allow), for decode: the cache grows by a token per head a step, so a plan made exactly to the
     // budget is followed by another on the next block boundary of any head, nearly every step, and
     // each plan ranks every held block (every held token under predicted scores).
     void plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
@@ -242,13 +242,14 @@ private:
     void place_blocks(int layer, int64_t tokens_seen, const int* lengths);
     // The pooled heads keep the sum of their budgets between them (per_head_budget within a layer,
     // or the global budget): ranked together, AdaKV's per-head minimum first.
-    // spare: blocks kept below the summed budget (plan_global's headroom).
-    void plan_pooled(const HeadRowReader* rows, int64_t spare = 0);
+    // headroom: plan_global's, spare_blocks() below the summed budget.
+    void plan_pooled(const HeadRowReader* rows, bool headroom = false);
+    int64_t spare_blocks(int64_t pooled) const;
     // plan_pooled() for a reconstruction policy's first update after a pass: the pooled heads keep
     // budget * block_tokens tokens between them (the floors in tokens), the highest token scores
     // (unscored tokens first); then, so the blocks held stay within the summed budget, the heads
     // with the smallest partial last blocks drop those tokens (their lowest-scored non-floor ones).
-    void plan_tokens(int64_t spare = 0);
+    void plan_tokens(bool headroom = false);
     float token_score(const LayerScores& ls, const HeadScores& hs, int head, int t) const;
     // Forgets a head's pending token peaks (its block scores already hold the pass's peaks).
     void drop_token_peaks(int layer, int head);
