@@ -157,7 +157,9 @@ SCHEMA: Tuple[Key, ...] = (
         range=(0, 1 << 20)),
     Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
         "layers [layer_start, layer_end)"),
-    Key("h2o", "policy", str, "kvzip", "-", "which blocks to keep (docs/h2o.md 'Policies'): h2o "
+    Key("h2o", "policy", str, "auto", "-", "which blocks to keep (docs/h2o.md 'Policies'): auto "
+        "(predicted_kvzip where the package ships a scorer for the model's GGUF, i.e. one whose "
+        "dev-split check it passed; kvzip for every other model), h2o "
         "(highest attention EMA), snapkv (attention of the last h2o.observation_window queries), "
         "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
         "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
@@ -168,8 +170,8 @@ SCHEMA: Tuple[Key, ...] = (
         "from each token's hidden state by a per-layer linear map fitted once per model, "
         "python -m mnn_h2o.tools.fit_scorer: no pass)",
         # The native registry (eviction_policies.cpp) holds one class per name; a static_assert
-        # there and tests/test_config.py check that its names are these.
-        choices=("h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
+        # there and tests/test_config.py check that its names are these but auto (ENGINE_VALUES).
+        choices=("auto", "h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
                  "kvzip", "predicted_kvzip")),
     Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
@@ -390,6 +392,10 @@ ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "ru
                "runtime.decode_layers", "runtime.prompt_layers", "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
                "h2o.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
+# Values of native keys that the engine resolves per model before the core sees them, each with
+# what it means to the core alone (the C API, which knows no model): the native header's choices
+# and default leave them out, validation asks the core about their meaning.
+ENGINE_VALUES = {"h2o.policy": {"auto": "kvzip"}}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each
 # enum's table of names, e.g. kv_dtype.h); the C API holds the enum's value as an int32.
 NATIVE_ENUMS = {"runtime.kv_dtype": "KvDtype", "lossless.mode": "StoreMode", "lossless.scope": "StoreScope"}
@@ -403,8 +409,23 @@ def native_keys(section: str) -> Tuple[Key, ...]:
 
 
 def native_args(section: str, values: Dict[str, Any]) -> Dict[str, Any]:
-    """The native keyword arguments of a validated section: its values, unchanged."""
-    return {NATIVE_NAMES.get(k.path, k.name): values[k.name] for k in native_keys(section)}
+    """The native keyword arguments of a validated section: its values, those of ENGINE_VALUES
+    as the core alone would take them."""
+    return {NATIVE_NAMES.get(k.path, k.name): ENGINE_VALUES.get(k.path, {}).get(values[k.name], values[k.name])
+            for k in native_keys(section)}
+
+
+def native_choices(k: Key) -> Sequence[Any]:
+    """The values of a native key that the core itself takes (its choices but ENGINE_VALUES)."""
+    return tuple(c for c in k.choices if c not in ENGINE_VALUES.get(k.path, {}))
+
+
+def check_prefill_eviction(h2o: Dict[str, Any]) -> None:
+    """ConfigError when an h2o section's policy cannot evict in prompt chunks as it asks."""
+    if h2o["enabled"] and h2o["policy"] == "kvzip" and h2o["prefill_eviction"] == "chunk":
+        raise ConfigError("h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip: its scores come "
+                          "from a reconstruction pass over the whole prompt, so the prompt is evicted once, "
+                          "after it (prefill_eviction end)")
 
 
 QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
@@ -415,10 +436,7 @@ def _check_together(cfg) -> None:
     validation (h2o_config.cpp, store_config.cpp), asked through the binding so that each is
     written once; its messages start with the field they name. The engine's own rule is here."""
     h = cfg["h2o"]
-    if h["enabled"] and h["policy"] == "kvzip" and h["prefill_eviction"] == "chunk":
-        raise ConfigError("h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip: its scores come "
-                          "from a reconstruction pass over the whole prompt, so the prompt is evicted once, "
-                          "after it (prefill_eviction end)")
+    check_prefill_eviction(h)  # for auto, once the engine knows which policy it is
     from . import _core  # here, not at the top: importing this module needs no built native module
 
     ll = cfg["lossless"]
@@ -525,13 +543,15 @@ def _native_key(k: Key) -> list:
     """One key's struct in the native header: a comment line and a line of members, so that the
     keys read as a table."""
     t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
+    default = ENGINE_VALUES.get(k.path, {}).get(k.default, k.default)
     members = [f"static constexpr const char* kName = {_cpp_text(k.name)};",
-               f"static constexpr {t} kDefault = {_cpp_value(k, k.default)};"]
+               f"static constexpr {t} kDefault = {_cpp_value(k, default)};"]
     if k.choices is not None:
+        choices = native_choices(k)
         members += ["static constexpr Check kCheck = Check::kChoices;",
-                    f"static constexpr {t} kChoices[] = {{{', '.join(_cpp_value(k, c) for c in k.choices)}}};",
-                    f"static constexpr int kChoiceCount = {len(k.choices)};",
-                    f"static constexpr const char* kAllowed = {_cpp_text('one of ' + ', '.join(repr(c) for c in k.choices))};"]
+                    f"static constexpr {t} kChoices[] = {{{', '.join(_cpp_value(k, c) for c in choices)}}};",
+                    f"static constexpr int kChoiceCount = {len(choices)};",
+                    f"static constexpr const char* kAllowed = {_cpp_text('one of ' + ', '.join(repr(c) for c in choices))};"]
     elif k.type in (int, float):
         if k.range is None or None in k.range:
             raise ValueError(f"{k.path}: a native number needs choices or both bounds")

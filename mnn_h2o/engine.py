@@ -361,12 +361,16 @@ class Llm:
 
     def _apply_h2o(self, h2o: Optional[dict]) -> None:
         """configure_h2o of a validated section (or None): its values go to the native cache as
-        they are (prefill_eviction is the engine's: which end_step calls say prefill)."""
+        they are (prefill_eviction is the engine's: which end_step calls say prefill), policy
+        auto as this model's (token_scorer.default_policy), which ``self.h2o`` then names."""
         self.reset()
         if h2o is None or not h2o.get("enabled", True):
             self.cache.disable_h2o()
             self.h2o = None
             return
+        if h2o["policy"] == "auto":
+            h2o = dict(h2o, policy=self.policy_of(h2o))
+            config_mod.check_prefill_eviction(h2o)
         if h2o["policy"] == "predicted_kvzip":
             from .token_scorer import check_layers, load_for_export
 
@@ -375,6 +379,15 @@ class Llm:
             check_layers(self._scorer, self._evicting_layers(h2o))
         self.cache.enable_h2o(**config_mod.native_args("h2o", h2o))
         self.h2o = h2o
+
+    def policy_of(self, h2o: dict) -> str:
+        """The policy an h2o section runs on this model: its h2o.policy, auto resolved
+        (token_scorer.default_policy: predicted_kvzip where a scorer ships for the GGUF)."""
+        if h2o["policy"] != "auto":
+            return h2o["policy"]
+        from .token_scorer import default_policy
+
+        return default_policy(self.meta["source_sha256"])
 
     def _evicting_layers(self, h2o: dict) -> tuple:
         end = h2o["layer_end"]

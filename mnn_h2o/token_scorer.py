@@ -129,6 +129,14 @@ def shipped_path(source_sha256: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "scorers", source_sha256[:16] + ".npz")
 
 
+def default_policy(source_sha256: str) -> str:
+    """What h2o.policy auto is for the GGUF with this digest: predicted_kvzip where the package
+    ships its scorer (a scorer ships only once its dev-split frontier is within the bar of kvzip's,
+    tests/test_token_scorer.py holds each to it), else kvzip. A scorer a user fitted beside an
+    export is used when asked for by name, never chosen for them."""
+    return "predicted_kvzip" if os.path.exists(shipped_path(source_sha256)) else "kvzip"
+
+
 def load_for_export(export_dir: str, meta: dict, config) -> TokenScorer:
     """The export's scorer (else the package's for its GGUF), or ScorerFileError saying how to make it."""
     path = scorer_path(export_dir)

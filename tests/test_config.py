@@ -126,7 +126,8 @@ def test_policy_choices_are_the_native_registry():
     too) has exactly these, and config, the eval and error messages read them."""
     core = pytest.importorskip("mnn_h2o._core")
     names = core.policy_names()
-    assert list(config.key("h2o.policy").choices) == names
+    assert list(config.native_choices(config.key("h2o.policy"))) == names
+    assert list(config.key("h2o.policy").choices) == ["auto"] + names
     assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
             "kvzip", "predicted_kvzip"} == set(names)
     with pytest.raises(config.ConfigError) as e:
@@ -311,7 +312,8 @@ def test_python_and_native_validation_agree(path):
         if py_ok and got is None:  # mode off: the store is off
             assert path == "lossless.mode" and value == "off"
         elif py_ok:
-            assert got[native_name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else section[k.name])
+            want = config.ENGINE_VALUES.get(path, {}).get(section[k.name], section[k.name])  # auto: as the core alone
+            assert got[native_name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else want)
 
 
 @pytest.mark.parametrize("keep, cap, lossy", [(0.0, 0, 0.5), (0.0, 0, 1.0), (0.5, 0, 0.0), (0.5, 0, 0.5),

@@ -169,3 +169,62 @@ def test_the_shipped_scorers_are_valid_and_named_by_their_ggufs_digest():
         assert s.meta["fitted"] and s.meta["keep_overlap_3.2x"] > 0.5
         assert all(f["split"] == "dev" for f in s.meta["fitted"]) and s.meta["heldout"]["split"] == "dev"
     assert (ts.TokenScorer.load(ts.shipped_path(qwen15.sha256), qwen15.sha256, 28, 1536, 2).layers == (0, 28))
+
+
+def test_auto_is_predicted_where_a_scorer_ships_and_kvzip_elsewhere(tmp_path, monkeypatch):
+    """h2o.policy auto (the default) names the policy it became; a scorer beside the export
+    (a user's own fit) is not a shipped one and leaves auto at kvzip."""
+    from mnn_h2o import config
+    from mnn_h2o.engine import Llm
+
+    d, meta = _scored_copy(tmp_path)
+    assert config.defaults()["h2o"]["policy"] == "auto"
+    monkeypatch.setattr(ts, "shipped_path", lambda sha: "/nonexistent")
+    llm = Llm(d, _cfg(policy="auto"))
+    assert llm.h2o["policy"] == "kvzip" and llm.cache.h2o_reconstructs
+    with pytest.raises(config.ConfigError, match="prefill_eviction chunk cannot be used with h2o.policy kvzip"):
+        llm.configure_h2o(dict(_cfg(policy="auto")["h2o"], prefill_eviction="chunk"))
+
+    shipped = tmp_path / "shipped.npz"
+    os.replace(os.path.join(d, ts.FILE_NAME), shipped)
+    monkeypatch.setattr(ts, "shipped_path", lambda sha: str(shipped) if sha == meta["source_sha256"] else "/nonexistent")
+    llm = Llm(d, _cfg(policy="auto", prefill_eviction="chunk"))
+    assert llm.h2o["policy"] == "predicted_kvzip" and llm.cache.h2o_predicts
+    llm.prefill([1, 2, 3])
+    assert np.allclose(llm.cache.token_scores(0), 0.1, rtol=1e-6)
+
+    from mnn_h2o import session_file
+    from mnn_h2o.session import Session
+
+    s = Session(llm)
+    s.save(str(tmp_path / "s.session"))  # the policy that ran, not auto
+    assert session_file.read(str(tmp_path / "s.session"))[0]["config"]["h2o"]["policy"] == "predicted_kvzip"
+    assert Session.load(str(tmp_path / "s.session"), llm)._ctx.cache.h2o_predicts
+
+
+# A scorer ships (and so becomes h2o.policy auto for its GGUF) only with the dev-split frontier
+# that chose it: at 3.2x and 6x, in every domain, its mean KL at most this times kvzip's.
+SHIP_BAR_KVZIP = 1.5
+
+
+def test_each_shipped_scorer_earned_the_default_on_the_dev_split():
+    """docs/data/scorer_dev_<digest16>.json (``eval frontier --split dev --methods
+    ours:kvzip@q8,ours:predicted_kvzip@q8``) holds, for each shipped scorer, both policies at the
+    same points; predicted_kvzip is within SHIP_BAR_KVZIP of kvzip at each."""
+    import glob
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = glob.glob(os.path.join(os.path.dirname(ts.shipped_path("0" * 64)), "*.npz"))
+    assert files
+    for path in files:
+        digest = os.path.basename(path)[:-len(".npz")]
+        runs = json.load(open(os.path.join(root, "docs", "data", f"scorer_dev_{digest}.json")))
+        kl = {}
+        for r in runs["rows"]:
+            if r["kind"] == "kl" and r["engine"] == "ours" and r["kv_dtype"] == "q8" and r["target_ratio"]:
+                assert r["split"] == "dev", r
+                kl[(r["policy"], r["target_ratio"], r["domain"], r["prompt_tokens"])] = r["kl"]
+        points = {k[1:] for k in kl if k[0] == "predicted_kvzip"}
+        assert {3.2, 6.0} <= {p[0] for p in points} and len({p[1] for p in points}) >= 3, sorted(kl)
+        for p in sorted(points):
+            assert kl[("predicted_kvzip",) + p] <= SHIP_BAR_KVZIP * kl[("kvzip",) + p], (digest, p)

@@ -59,9 +59,11 @@ class Method:
 
 
 def our_policies() -> Tuple[str, ...]:
+    """The policies a run names: the core's (auto is a choice between two of them per model, and
+    a frontier row says which it measured)."""
     from .. import config as config_mod
 
-    return tuple(config_mod.key("h2o.policy").choices)
+    return tuple(config_mod.native_choices(config_mod.key("h2o.policy")))
 
 
 def our_dtypes() -> Tuple[str, ...]:

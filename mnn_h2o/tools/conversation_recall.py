@@ -232,8 +232,9 @@ def main(argv=None) -> int:
         if args.conversations < 0:
             raise ValueError("--conversations must be >= 0")
         cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
-        settings = parse_settings(args.settings, cfg["h2o"]["policy"], cfg["runtime"]["kv_dtype"])
+        parse_settings(args.settings, "kvzip", "q8")  # a bad --settings fails before the model loads
         llm = Llm.load(None, cfg, progress=False)
+        settings = parse_settings(args.settings, llm.policy_of(cfg["h2o"]), cfg["runtime"]["kv_dtype"])
         convs = conversations(llm.tokenizer, args.split, args.length, args.turn_tokens)
         if args.conversations:
             convs = convs[:args.conversations]

@@ -184,7 +184,7 @@ def _profile(ap, args) -> int:
     c = llm.config
     print(f"model {cfg['model']['name']}, weights {llm.weights}, {cfg['runtime']['threads']} threads, "
           f"KV {cfg['runtime']['kv_dtype']}, {c.n_layers} layers, {args.tokens} decode tokens, "
-          f"{args.repetitions} interleaved rounds; ours_h2o = the config's h2o (policy {cfg['h2o']['policy']}, "
+          f"{args.repetitions} interleaved rounds; ours_h2o = the config's h2o (policy {llm.policy_of(cfg['h2o'])}, "
           f"trigger {cfg['h2o']['trigger_min_tokens']} tokens), ours = no eviction")
     print("llama.cpp: " + (", ".join(llama_rows) if llama_rows else
                            "not run (" + ("--llama off" if args.llama == "off" else "the `llama` extra is not installed") + ")"))
