@@ -408,11 +408,15 @@ def native_keys(section: str) -> Tuple[Key, ...]:
     return tuple(k for k in SCHEMA if k.section == section and k.path not in ENGINE_KEYS)
 
 
+def core_value(k: Key, value: Any) -> Any:
+    """``value`` of key ``k`` as the core alone takes it (ENGINE_VALUES mapped, others as they are)."""
+    return ENGINE_VALUES.get(k.path, {}).get(value, value)
+
+
 def native_args(section: str, values: Dict[str, Any]) -> Dict[str, Any]:
     """The native keyword arguments of a validated section: its values, those of ENGINE_VALUES
     as the core alone would take them."""
-    return {NATIVE_NAMES.get(k.path, k.name): ENGINE_VALUES.get(k.path, {}).get(values[k.name], values[k.name])
-            for k in native_keys(section)}
+    return {NATIVE_NAMES.get(k.path, k.name): core_value(k, values[k.name]) for k in native_keys(section)}
 
 
 def native_choices(k: Key) -> Sequence[Any]:
@@ -543,9 +547,8 @@ def _native_key(k: Key) -> list:
     """One key's struct in the native header: a comment line and a line of members, so that the
     keys read as a table."""
     t = {bool: "bool", int: "int64_t", float: "double", str: "const char*"}[k.type]
-    default = ENGINE_VALUES.get(k.path, {}).get(k.default, k.default)
     members = [f"static constexpr const char* kName = {_cpp_text(k.name)};",
-               f"static constexpr {t} kDefault = {_cpp_value(k, default)};"]
+               f"static constexpr {t} kDefault = {_cpp_value(k, core_value(k, k.default))};"]
     if k.choices is not None:
         choices = native_choices(k)
         members += ["static constexpr Check kCheck = Check::kChoices;",

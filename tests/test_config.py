@@ -312,7 +312,7 @@ def test_python_and_native_validation_agree(path):
         if py_ok and got is None:  # mode off: the store is off
             assert path == "lossless.mode" and value == "off"
         elif py_ok:
-            want = config.ENGINE_VALUES.get(path, {}).get(section[k.name], section[k.name])  # auto: as the core alone
+            want = config.core_value(k, section[k.name])  # auto: as the core alone
             assert got[native_name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else want)
 
 
