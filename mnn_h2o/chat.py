@@ -3,6 +3,10 @@ terminal or a pipe), one Session whose history stays in the compressed cache, st
 
 Ctrl-C during an answer stops that answer; at the prompt, or twice within a second during an
 answer, it leaves the chat (exit status 130).
+
+An answer starts from the cache as prefilled; kvzip's pass and eviction then run on a thread of
+their own while the next line is typed (Session's ``compress_after_answer``). A line sent before
+they end waits for them; leaving stops them.
 """
 from __future__ import annotations
 
@@ -56,9 +60,44 @@ def stats_line(session: Session) -> str:
             f"whole-model ratio {st['whole_model_ratio']:.2f}x")
 
 
+class _Compressor:
+    """The session's compression after an answer, on a thread of its own; an error is kept for
+    the next prompt (``report``)."""
+
+    def __init__(self):
+        self.thread: Optional[threading.Thread] = None
+        self.cancel = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def start(self, session: Session) -> None:
+        cancel = self.cancel = threading.Event()
+
+        def run():
+            try:
+                session.compress(cancel=cancel)
+            except Exception as e:  # the session forgot its cache; the next turn prefills it again
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name="mnn_h2o-compress", daemon=True)
+        self.thread.start()
+
+    def report(self, say: Callable[[str], None]) -> None:
+        if self.error is not None:
+            say(f"(the history could not be compressed: {self.error}; it is prefilled again next turn)")
+            self.error = None
+
+    def stop(self) -> None:
+        """Stops a compression under way (the session forgets its cache) and waits for it."""
+        if self.thread is not None:
+            self.cancel.set()
+            self.thread.join()
+            self.thread = None
+
+
 def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, system: Optional[str] = None,
          stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
-    session = Session(llm, cfg, system=system)
+    session = Session(llm, cfg, system=system, compress_after_answer=True)
+    compressor = _Compressor()
     tty = stdin.isatty()
     interrupts = _Interrupts()
     bars = PrefillBars()  # on stderr, when it is a terminal: a long turn's prompt and kvzip pass
@@ -72,6 +111,7 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
                 out.write("> ")
                 out.flush()
             line = stdin.readline()
+            compressor.report(say)
             if not line:
                 return 0
             line = line.strip()
@@ -85,6 +125,7 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
                 if cmd == "/help":
                     say(HELP)
                 elif cmd == "/reset":
+                    compressor.stop()
                     session.reset()
                     say("(conversation cleared)")
                 elif cmd == "/stats":
@@ -99,10 +140,11 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
                         say(f"error: {e}")
                 elif cmd == "/load":
                     try:
-                        loaded = Session.load(arg, llm)
+                        loaded = Session.load(arg, llm, compress_after_answer=True)
                     except ValueError as e:
                         say(f"error: {e}")
                     else:
+                        compressor.stop()
                         session.close()
                         session = loaded
                         say(f"(loaded {arg}: {len(session.messages)} messages, {len(session.token_ids)} tokens)")
@@ -115,6 +157,7 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
                                 on_text=lambda s: (out.write(s), out.flush()), cancel=interrupts.cancel,
                                 progress=bars)
                 say(" [stopped]" if r.finish_reason == "cancelled" else "")
+                compressor.start(session)
             except ContextOverflowError as e:
                 say(f"error: {e}")
             finally:
@@ -122,4 +165,5 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
                 interrupts.cancel = None
     finally:
         signal.signal(signal.SIGINT, previous)
+        compressor.stop()
         session.close()

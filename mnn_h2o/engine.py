@@ -73,10 +73,11 @@ class Stats(SpeedCounters):
                                      # whole-model ratio, whatever the element type
     evictions: int = 0               # forwards after which the H2O policy evicted something
     # The context reconstruction pass of h2o.policy kvzip (docs/h2o.md "Reconstruction"): its part
-    # of prefill_s (prefill_s includes it: a user waits for it) and the tokens it ran through the
-    # model (the repeat prompts and the context again).
+    # of prefill_s (a user waits for it) or of compress_s (run after the answer: Llm.compress)
+    # and the tokens it ran through the model (the repeat prompts and the context again).
     reconstruct_s: float = 0.0
     reconstruct_tokens: int = 0
+    compress_s: float = 0.0
     # Sums over decode steps of uncompressed and held bytes: their ratio is the lossy ratio
     # averaged over the decode (weighted by time in tokens), not just its final value.
     decode_bytes_uncompressed_sum: int = 0
@@ -111,6 +112,10 @@ class Stats(SpeedCounters):
         return d
 
 
+class PassCancelled(Exception):
+    """Llm.compress was cancelled mid-pass: the cache holds partial scores (reset it)."""
+
+
 @dataclass
 class Sampled:
     """What :meth:`Llm.sample_tokens` produced: the text (a stop string cut off), every sampled
@@ -143,7 +148,7 @@ _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynami
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
 _CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
-                   "unpassed")
+                   "unpassed", "held")
 
 
 def runtime_manager(runtime: dict):
@@ -440,6 +445,7 @@ class Llm:
         self.pos = 0
         self.stats = Stats()
         self.unpassed: List[int] = []  # tokens written since the last reconstruction pass
+        self.held = False  # a kvzip pass and its eviction left for compress() (prefill's defer_pass)
 
     def _input_vars(self, n: int):
         """Placeholders for an n-row step, kept per n so decode steps allocate nothing."""
@@ -681,7 +687,7 @@ class Llm:
         token written since the last (a conversation's short turns cost no pass)."""
         return self.pos + reserve >= self.h2o["trigger_min_tokens"]
 
-    def _reconstruct(self, progress=None) -> None:
+    def _reconstruct(self, progress=None, cancel: Optional[threading.Event] = None) -> None:
         """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
         repeat them, chunk by chunk, teacher-forced; the evicting layers keep the largest
         probability each held token gets from those queries (h2o.reconstruction_softmax: in a
@@ -716,6 +722,8 @@ class Llm:
                 if windowed:  # the chunk's tokens: the last len(ctx) - s rows held, chunk of them
                     cache.set_reconstruction_window(len(ctx) - s, min(chunk, len(ctx) - s))
                 for o in range(0, len(ids), self.prefill_chunk):
+                    if cancel is not None and cancel.is_set():
+                        raise PassCancelled("the reconstruction pass was cancelled")
                     sub = ids[o:o + self.prefill_chunk]
                     self._layers(sub, self.pos + o)
                     st.kv_bytes_peak = max(st.kv_bytes_peak, cache.bytes_held())
@@ -735,14 +743,18 @@ class Llm:
         return ids
 
     def prefill(self, ids: Sequence[int], all_logits: bool = False, progress=None,
-                reserve: int = 0) -> np.ndarray:
+                reserve: int = 0, defer_pass: bool = False) -> np.ndarray:
         """Append ``ids`` to the context in chunks; logits of the last token ([vocab]) or of
         every token ([n, vocab]) with ``all_logits``. ``reserve``: the decode tokens the caller
         means to add after it (a kvzip pass is then run now, not in the middle of that decode,
         when they take the context to h2o.trigger_min_tokens). ``progress``, when given, is
         called as ``progress(stage, done, total)`` after each chunk, in tokens: stage "prompt"
         over ``ids``, then "pass" over the reconstruction pass's tokens when one runs (kvzip past
-        the trigger: longer than the prompt, docs/h2o.md "Reconstruction (kvzip)")."""
+        the trigger: longer than the prompt, docs/h2o.md "Reconstruction (kvzip)").
+        ``defer_pass``: with a reconstructing policy (kvzip) whose pass is due, neither the pass
+        nor any eviction runs until :meth:`compress` (a conversation's answer starts from the
+        cache as prefilled, docs/sessions.md "Compression after the answer"); other policies
+        evict as they go."""
         ids = self._check_ids(ids)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
@@ -765,23 +777,46 @@ class Llm:
             if progress is not None:
                 progress("prompt", s + len(chunk), int(ids.size))
         if reconstructs:
-            if self._pass_due(reserve):
-                self._reconstruct(progress)
-            self._end_step(int(ids.size), True)
+            if defer_pass and self._pass_due(reserve):
+                self.held = True
+            else:
+                if self._pass_due(reserve):
+                    self._reconstruct(progress)
+                self._end_step(int(ids.size), True)
+                self.held = False
             self.refresh_kv_stats()
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += int(ids.size)
         return np.concatenate(outs, 0) if all_logits else outs[-1][-1]
 
+    def compress(self, progress=None, cancel: Optional[threading.Event] = None) -> bool:
+        """What a prefill with ``defer_pass`` left: the kvzip pass over every token written since
+        the last one (the prompt and the answer decoded after it), when the context has reached
+        h2o.trigger_min_tokens, then the eviction to the budget. False when nothing was held.
+        ``progress`` as :meth:`prefill`'s (stage "pass"). ``cancel.set()`` stops the pass
+        between chunks with :class:`PassCancelled`; the cache then holds partial scores and is
+        for the caller to reset."""
+        if not self.held:
+            return False
+        t0 = time.perf_counter()
+        if self._pass_due(0):
+            self._reconstruct(progress, cancel)
+        self._end_step(1, True)
+        self.held = False
+        self.refresh_kv_stats()
+        self.stats.compress_s += time.perf_counter() - t0
+        return True
+
     def decode(self, token: int) -> np.ndarray:
-        """Append one token; logits [vocab] for the next."""
+        """Append one token; logits [vocab] for the next. While a deferred pass is held
+        (:meth:`compress`), nothing is evicted."""
         t0 = time.perf_counter()
         # A deferred pass runs when this token takes the context to the trigger (the cheap
         # position test first: this is the decode loop).
         if self.h2o is not None and self.pos + 1 == self.h2o["trigger_min_tokens"] and self.unpassed \
-                and self._reconstructs():
+                and not self.held and self._reconstructs():
             self._reconstruct()
-        logits = self._forward(self._check_ids([token]), "last", False)[0]
+        logits = self._forward(self._check_ids([token]), "last", False, evict=not self.held)[0]
         st = self.stats
         st.decode_s += time.perf_counter() - t0
         st.decode_steps += 1

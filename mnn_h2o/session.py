@@ -14,6 +14,12 @@ How a turn is fed (docs/sessions.md "Turns and the chat template"): the whole co
 rendered with the template, and only the text after what the cache already holds is tokenised
 and prefilled. The match is on text: ``_fed_text`` is exactly the text the cache's tokens stand
 for, and the render of the history must start with it.
+
+``compress_after_answer`` (the chat and the server set it; docs/sessions.md "Compression after
+the answer"): a turn's answer starts from the cache as prefilled, and kvzip's pass and eviction
+wait for :meth:`Session.compress`, which the caller runs while the session is idle; a turn that
+finds them still waiting runs them first, so a session holds more than its budget only from its
+prompt to the end of its answer, as long as the pass alone would.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 from . import config as config_mod
 from . import session_file
-from .engine import Llm, Sampling, Stats
+from .engine import Llm, PassCancelled, Sampling, Stats
 from .errors import ContextOverflowError, SessionClosedError, SessionFileError
 
 # The model identity a saved session must match (docs/session_format.md, META "model").
@@ -65,8 +71,10 @@ def check_messages(messages: Sequence[dict]) -> List[dict]:
 class Session:
     """A conversation over its own native KV cache (see the module docstring)."""
 
-    def __init__(self, llm: Llm, cfg: Optional[dict] = None, system: Optional[str] = None):
+    def __init__(self, llm: Llm, cfg: Optional[dict] = None, system: Optional[str] = None,
+                 compress_after_answer: bool = False):
         self.llm = llm
+        self.compress_after_answer = compress_after_answer
         self.cfg = llm.cfg if cfg is None else config_mod.validate(None, cfg)
         if not llm.tokenizer.chat_template:
             raise ValueError("sessions need a chat model: this model has no chat template "
@@ -127,23 +135,35 @@ class Session:
     def stats(self) -> dict:
         """tokens (fed, = len(token_ids)), tokens_held (mean over layers and kv heads of the tokens
         a head holds after eviction), kv_bytes_held (everything the cache holds), kv_bytes_f16
-        (an f16 cache of every token fed) and whole_model_ratio (their ratio; Stats in engine.py)."""
-        if self._ctx is None:
-            raise SessionClosedError("the session is closed")
-        st, cache = self._ctx.stats, self._ctx.cache
-        c = self.llm.config
-        held = sum(cache.length(layer, h) for layer in range(c.n_layers) for h in range(c.n_kv_heads))
-        return {"tokens": len(self._token_ids),
-                "tokens_held": round(held / (c.n_layers * c.n_kv_heads)),
-                "kv_bytes_held": st.kv_bytes_held,
-                "kv_bytes_f16": st.kv_bytes_f16,
-                "whole_model_ratio": st.whole_model_ratio}
+        (an f16 cache of every token fed), whole_model_ratio (their ratio; Stats in engine.py) and
+        compression_held (a pass and eviction wait for compress()). Waits for a compress() that
+        another thread runs."""
+        with self.llm.lock:
+            if self._ctx is None:
+                raise SessionClosedError("the session is closed")
+            st, cache = self._ctx.stats, self._ctx.cache
+            c = self.llm.config
+            held = sum(cache.length(layer, h) for layer in range(c.n_layers) for h in range(c.n_kv_heads))
+            return {"tokens": len(self._token_ids),
+                    "tokens_held": round(held / (c.n_layers * c.n_kv_heads)),
+                    "kv_bytes_held": st.kv_bytes_held,
+                    "kv_bytes_f16": st.kv_bytes_f16,
+                    "whole_model_ratio": st.whole_model_ratio,
+                    "compression_held": self._ctx.held}
+
+    def compress(self, cancel: Optional[threading.Event] = None, progress=None) -> bool:
+        """Runs the pass and eviction a turn left for later (``compress_after_answer``); False
+        when none waited. ``cancel.set()`` (another thread) stops the pass: the cache is then
+        forgotten and the next turn prefills the conversation again, nothing of it lost.
+        ``progress`` as reply()'s (stage "pass")."""
+        with self._using() as llm:
+            return self._compress_now(llm, progress, cancel)
 
     # --- snapshots ---------------------------------------------------------------------------
     def fork(self) -> "Session":
         """An independent copy of this session (cache included) that can diverge from it."""
         blob = self._snapshot()
-        twin = Session(self.llm, self.cfg, self._system)
+        twin = Session(self.llm, self.cfg, self._system, self.compress_after_answer)
         twin._install(blob, self._state(), {k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
         return twin
 
@@ -158,9 +178,10 @@ class Session:
         session_file.write(path, meta, self._snapshot())
 
     @classmethod
-    def load(cls, path: str, llm: Llm) -> "Session":
+    def load(cls, path: str, llm: Llm, compress_after_answer: bool = False) -> "Session":
         """The session saved in ``path``, over ``llm``'s model, with the cache settings it was
-        saved with. SessionFileError (a ValueError) for a file that is not a session, damaged,
+        saved with (a pass left for compress() is not saved: the next turn's runs it).
+        SessionFileError (a ValueError) for a file that is not a session, damaged,
         truncated, newer, or from another model or incompatible settings."""
         meta, blob = session_file.read(path)
         where = f"session file {path}"
@@ -181,7 +202,7 @@ class Session:
             state = _checked_state(meta, llm)
         except (KeyError, TypeError, ValueError) as e:
             raise SessionFileError(f"{where} is damaged: its META section is malformed ({e})") from None
-        s = cls(llm, cfg, state["system"])
+        s = cls(llm, cfg, state["system"], compress_after_answer)
         try:
             s._install(blob, state, meta.get("stats"))
         except ValueError as e:
@@ -233,6 +254,8 @@ class Session:
         messages = check_messages(messages)
         with self._using() as llm:
             new = self._new_messages(messages)
+            if llm.held:
+                self._compress_now(llm, progress)
             ids, _ = self._prefill(llm, new, generation_prompt=False, reserve=0, progress=progress)
             self._messages += new
             self._rendered += new
@@ -257,7 +280,10 @@ class Session:
         stops = [s for s in stop if s]
         with self._using() as llm:  # the lock: another thread's turn cannot come in between
             new = self._new_messages(messages)
-            ids, logits = self._prefill(llm, new, generation_prompt=True, reserve=max_new_tokens, progress=progress)
+            if llm.held:  # the last turn's compression did not run while the session was idle
+                self._compress_now(llm, progress)
+            ids, logits = self._prefill(llm, new, generation_prompt=True, reserve=max_new_tokens, progress=progress,
+                                        defer=self.compress_after_answer)
             try:
                 # Every token but the last is fed (its logits give the next); the last only when
                 # the turn ended at the end-of-turn token, which itself is never fed: the next
@@ -286,11 +312,22 @@ class Session:
             raise ValueError(f"no new message after the session's {len(self._messages)}")
         return new
 
-    def _prefill(self, llm: Llm, new: List[dict], generation_prompt: bool, reserve: int, progress=None):
+    def _compress_now(self, llm: Llm, progress, cancel: Optional[threading.Event] = None) -> bool:
+        try:
+            return llm.compress(progress, cancel)
+        except PassCancelled:
+            self._forget_cache(llm)
+            return False
+        except BaseException:
+            self._forget_cache(llm)
+            raise
+
+    def _prefill(self, llm: Llm, new: List[dict], generation_prompt: bool, reserve: int, progress=None,
+                 defer: bool = False):
         """Prefills what the render of the conversation plus ``new`` adds to the cache (all of it
-        when the render no longer starts with the text fed). Returns the ids fed and the last
-        logits. ContextOverflowError, before anything is fed, when they and ``reserve`` more
-        tokens pass the context."""
+        when the render no longer starts with the text fed; ``defer``: Llm.prefill's defer_pass).
+        Returns the ids fed and the last logits. ContextOverflowError, before anything is fed,
+        when they and ``reserve`` more tokens pass the context."""
         tok = llm.tokenizer
         text = tok.render_chat(self._rendered + new, add_generation_prompt=generation_prompt)
         # A template whose render of the history changes as the conversation grows cannot
@@ -308,7 +345,7 @@ class Session:
             if rebuild:
                 llm.reset()
                 self._token_ids, self._fed_text = [], ""
-            logits = llm.prefill(ids, reserve=reserve, progress=progress)
+            logits = llm.prefill(ids, reserve=reserve, progress=progress, defer_pass=defer)
         except BaseException:
             self._forget_cache(llm)
             raise

@@ -71,3 +71,19 @@ def test_budget_tool_holds_at_most_its_budget(llm):
     assert f16["tokens_held"] == f16["tokens"] and f16["kv_bytes_held"] == budget_tool.budget_bytes(llm, f16["tokens"])
     # The default (q8, the byte cap) runs into the context instead, at several times the tokens.
     assert default["stopped_by"] == "context" and default["tokens"] >= 3 * f16["tokens"]
+
+
+def test_the_first_turn_tool_times_the_three_ways_and_they_hold_what_they_should(llm):
+    """tools.session_ttft --first-turn: the compression after the answer holds what the one in
+    the turn holds (the same budget over the same tokens), no eviction the whole prompt; after
+    the answer the pass is timed apart, in compress_s."""
+    from mnn_h2o.tools import session_ttft
+
+    cfg = config.validate({**SMALL, "h2o": dict(SMALL["h2o"], policy="kvzip")})
+    r = session_ttft.measure_first_turn(llm, cfg, 300, 1)
+    a, b, c = r["in_turn"], r["after_answer"], r["no_eviction"]
+    assert r["policy"] == "kvzip" and r["prompt_tokens"] > 300
+    assert b["compress_s"]["median"] > 0.2 * a["ttft_s"]["median"] and a["compress_s"]["median"] < 0.05
+    assert 2.8 < a["whole_model_ratio"] < 3.4 and 2.8 < b["whole_model_ratio"] < 3.4  # 3.2 in blocks of 16
+    assert abs(a["kv_bytes_held"] - b["kv_bytes_held"]) < 0.1 * a["kv_bytes_held"]
+    assert c["whole_model_ratio"] < 2.0 and c["kv_bytes_held"] > 1.4 * a["kv_bytes_held"]  # q8 rows, all kept

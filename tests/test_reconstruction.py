@@ -273,3 +273,73 @@ def test_a_saved_session_keeps_what_its_next_pass_repeats(llm, tmp_path):
     finally:
         for x in (s, twin, loaded):
             x.close()
+
+
+@pytest.mark.model
+def test_a_deferred_pass_waits_for_compress_then_holds_the_budget(llm, tokenizer):
+    """prefill(defer_pass=True): the answer decodes over the whole prompt (no pass, nothing
+    evicted); compress() then runs the pass over the prompt and the answer and holds the budget,
+    as a prefill of the same tokens does at once (within one block per head), never over it."""
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 408)
+    llm.configure_h2o(dict(KVZIP, target_lossy_ratio=3.2))
+    llm.prefill(ids[:400], reserve=8, defer_pass=True)
+    assert llm.held and llm.stats.reconstruct_tokens == 0
+    for t in ids[400:]:
+        llm.decode(t)
+    assert llm.stats.evictions == 0
+    assert all(h == 408 for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"])
+    assert llm.compress() and not llm.held and not llm.compress()
+    s = llm.stats
+    assert s.reconstruct_tokens > 408 and s.compress_s >= s.reconstruct_s > 0 and s.evictions == 1
+    assert 3.0 < s.whole_model_ratio < 3.4, s.whole_model_ratio
+    deferred = s.kv_bytes_held
+    lengths = [h for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"]]
+    llm.reset()
+    llm.prefill(ids)  # the same 408 tokens, the pass at once
+    at_once = llm.stats.kv_bytes_held
+    block_bytes = at_once // sum(2 * -(-n // 16) for layer in llm.cache.h2o_stats()["layers"] for n in layer["held"])
+    assert deferred <= at_once + 2 * len(lengths) * block_bytes, (deferred, at_once)
+    llm.configure_h2o(None)
+
+
+@pytest.mark.model
+def test_a_session_answers_from_the_cache_as_prefilled_and_compresses_after(llm, tokenizer):
+    """compress_after_answer (the chat's and the server's): the first answer is the full cache's,
+    token for token; compress() brings the session to its budget; a turn that finds the
+    compression waiting runs it first; a cancelled compression forgets the cache, never the
+    conversation."""
+    import threading
+
+    from mnn_h2o import config
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.session import Session
+
+    cfg = config.load(None, {})
+    cfg["h2o"].update(KVZIP, target_lossy_ratio=3.2)
+    full_cfg = config.load(None, {})
+    full_cfg["h2o"]["enabled"] = False
+    doc = "Read this; I will ask about it.\n\n" + tokenizer.decode(essay_tokens(tokenizer, 400))
+    s, full = Session(llm, cfg, compress_after_answer=True), Session(llm, full_cfg)
+    try:
+        first, want = s.say(doc, max_new_tokens=6), full.say(doc, max_new_tokens=6)
+        assert first.text == want.text
+        st = s.stats()
+        assert st["compression_held"] and st["whole_model_ratio"] < 2.0  # q8 rows, nothing evicted
+        assert s.compress() and not s.stats()["compression_held"]
+        assert 3.0 < s.stats()["whole_model_ratio"] < 3.4
+        s.say("In one word, the topic?", max_new_tokens=3)
+        assert s.stats()["compression_held"]
+        s.say("And in two?", max_new_tokens=3)  # the waiting compression ran first
+        assert s._ctx.stats.evictions >= 2
+        n = len(s.token_ids)
+        cancel = threading.Event()
+        cancel.set()
+        assert not s.compress(cancel=cancel)
+        assert s.token_ids == [] and len(s.messages) == 6
+        r = s.say("Thanks.", max_new_tokens=2)
+        assert r.prompt_tokens > n  # the whole conversation prefilled again
+    finally:
+        s.close()
+        full.close()

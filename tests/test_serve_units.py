@@ -106,9 +106,15 @@ class FakeSession:
     """What the pool uses of mnn_h2o.session.Session: a conversation whose 'cache' grows with it."""
     closed = 0
 
-    def __init__(self, messages=None):
+    # Like Session's compress_after_answer: an answer leaves the cache HELD_FACTOR times its
+    # compressed size until compress().
+    HELD_FACTOR = 3
+
+    def __init__(self, messages=None, compress_after_answer=False):
         self._messages = list(messages or [])
         self.open = True
+        self.compress_after_answer = compress_after_answer
+        self.held = False
 
     @property
     def messages(self):
@@ -121,11 +127,18 @@ class FakeSession:
     def reply(self, messages):
         assert self.open
         assert messages[:len(self._messages)] == self._messages and len(messages) > len(self._messages)
+        self.compress()  # a turn runs what the last one left first
         self._messages = list(messages) + [{"role": "assistant", "content": f"answer {len(messages)}"}]
+        self.held = self.compress_after_answer
         return self._messages[-1]["content"]
 
+    def compress(self):
+        ran, self.held = self.held, False
+        return ran
+
     def stats(self):
-        return {"kv_bytes_held": BYTES_PER_MESSAGE * len(self._messages)}
+        return {"kv_bytes_held": BYTES_PER_MESSAGE * len(self._messages) * (self.HELD_FACTOR if self.held else 1),
+                "compression_held": self.held}
 
     def save(self, path):
         assert self.open
@@ -133,12 +146,12 @@ class FakeSession:
             json.dump({"fake_session": self._messages}, f)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, compress_after_answer=False):
         with open(path) as f:
             obj = json.load(f)
         if not isinstance(obj, dict) or "fake_session" not in obj:
             raise ValueError(f"{path} is not a saved session")
-        return cls(obj["fake_session"])
+        return cls(obj["fake_session"], compress_after_answer)
 
     def close(self):
         self.open = False
@@ -216,6 +229,29 @@ def test_at_most_max_sessions_are_kept(tmp_path):
     assert pool.stats()["sessions_in_memory"] + pool.stats()["sessions_saved"] == 2
     assert len([f for f in os.listdir(tmp_path) if f.endswith(".session")]) == 1
     assert turn(pool, a + [user("again")])[1] == 0  # a prefills its history again
+
+
+def test_compression_after_the_answer_brings_the_pool_back_within_its_budget(tmp_path):
+    """A session's answer leaves its cache uncompressed (3x here) and counted as such; the work the
+    model thread runs after the answer compresses it, and only what is still over the budget then
+    goes to disk."""
+    pool = SessionPool(lambda: FakeSession(compress_after_answer=True), lambda p: FakeSession.load(p, True),
+                       str(tmp_path), 4000, 100)
+    a, _, _ = turn(pool, [user("a")])
+    st = pool.stats()
+    assert (st["kv_bytes_held"], st["sessions_compression_held"], st["offloaded"]) == (6000, 1, 0)  # alone: kept
+    assert pool.compress_held() == 1
+    st = pool.stats()
+    assert (st["kv_bytes_held"], st["sessions_compression_held"], st["compressed_after_answer"]) == (2000, 0, 1)
+    assert pool.compress_held() == 0  # nothing left to do
+    turn(pool, [user("b")])  # b held (6000) + a (2000) over 4000: a, the idle one, goes to disk
+    st = pool.stats()
+    assert (st["kv_bytes_held"], st["offloaded"]) == (6000, 1)
+    pool.compress_held()
+    turn(pool, a + [user("a2")])  # a comes back (4 messages, held: 12000), b (2000) goes out
+    assert pool.stats()["offloaded"] == 2 and pool.stats()["kv_bytes_held"] == 12000
+    pool.compress_held()
+    assert pool.stats()["kv_bytes_held"] == 4000 <= pool.budget
 
 
 def test_a_failed_first_turn_keeps_nothing(tmp_path):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Callable, Tuple
+from typing import Any, AsyncIterator, Callable, Optional, Tuple
+
+log = logging.getLogger("mnn_h2o.serve")
 
 
 class ModelThread:
@@ -20,9 +23,12 @@ class ModelThread:
         """``fn()`` on the model thread, after the jobs queued before it."""
         return await asyncio.wrap_future(self._executor.submit(fn))
 
-    async def stream(self, job: Callable[[Callable[[str], None]], Any]) -> AsyncIterator[Tuple[str, Any]]:
+    async def stream(self, job: Callable[[Callable[[str], None]], Any],
+                     then: Optional[Callable[[], None]] = None) -> AsyncIterator[Tuple[str, Any]]:
         """Runs ``job(emit)`` on the model thread and yields ``("text", piece)`` for each
-        ``emit(piece)``, then ``("done", result)`` or ``("error", exception)``."""
+        ``emit(piece)``, then ``("done", result)`` or ``("error", exception)``. ``then()``, if
+        given, is queued once the job ended, behind the jobs that came meanwhile (the work a
+        request leaves for after its answer); its errors are logged."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -36,6 +42,9 @@ class ModelThread:
                 post(("done", job(lambda piece: post(("text", piece)))))
             except BaseException as e:  # handed to the request, which answers with it
                 post(("error", e))
+            if then is not None:
+                with contextlib.suppress(RuntimeError):  # shutting down: the work is not needed
+                    self._executor.submit(_logged, then)
 
         self._executor.submit(run)
         while True:
@@ -46,3 +55,10 @@ class ModelThread:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _logged(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:
+        log.exception("work after an answer failed")

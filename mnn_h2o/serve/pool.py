@@ -11,6 +11,10 @@ least recently used idle session is saved to ``session_dir`` (the saved-session 
 mnn_h2o/session.py, plus a small JSON file with its messages, so that matching never opens a
 saved cache) and closed; its next request loads it again. The session in use is never offloaded,
 so it may exceed the budget alone. At most ``max_sessions`` are kept, in memory or on disk.
+A session's answer starts from its cache as prefilled (Session's ``compress_after_answer``); its
+kvzip pass and eviction run in ``compress_held``, which the model thread calls after the answer,
+behind the requests already waiting (docs/serve.md "Compression after the answer"), or at the
+start of its next turn when that comes first.
 
 Files: ``<id>.session`` (the cache) and ``<id>.json`` (messages, written after the cache, so a
 ``.json`` names a complete ``.session``). A restored session's files are deleted: it lives in
@@ -51,6 +55,7 @@ class _Entry:
     messages: List[dict]     # the conversation the session holds (a saved one: as it was saved)
     session: object = None   # the Session, or None while it is saved on disk
     kv_bytes: int = 0        # its KV bytes when last measured (in memory: counts to the budget)
+    held: bool = False       # its compression waits for compress_held (when last measured)
 
 
 @dataclass
@@ -70,7 +75,8 @@ class SessionPool:
         self.max_sessions = max_sessions
         self._entries: "OrderedDict[str, _Entry]" = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # the bookkeeping, for stats() from other threads
-        self.counters = {"offloaded": 0, "restored": 0, "restore_failed": 0, "dropped": 0}
+        self.counters = {"offloaded": 0, "restored": 0, "restore_failed": 0, "dropped": 0,
+                         "compressed_after_answer": 0}
         os.makedirs(session_dir, exist_ok=True)
         self._dir_lock = open(os.path.join(session_dir, ".lock"), "a")
         try:
@@ -106,7 +112,8 @@ class SessionPool:
             if not e.messages or (len(e.messages) == 1 and e.messages[0]["role"] == "system"):
                 self._drop(e)  # a first turn that failed: nothing worth keeping
             else:
-                e.kv_bytes = e.session.stats()["kv_bytes_held"]
+                st = e.session.stats()
+                e.kv_bytes, e.held = st["kv_bytes_held"], st["compression_held"]
                 self._enforce_budget(keep=e)
 
     def _find(self, messages: List[dict]) -> Optional[_Entry]:
@@ -118,6 +125,28 @@ class SessionPool:
         return best
 
     # --- memory --------------------------------------------------------------------------------
+    def compress_held(self) -> int:
+        """Runs the compression each session in memory left for after its answer (the most
+        recently used first), then holds the budget again. Returns how many ran."""
+        done = 0
+        for e in reversed(list(self._entries.values())):
+            if e.session is None or not e.held:
+                continue
+            try:
+                ran = e.session.compress()
+            except ValueError as err:  # no room for the pass: the session forgot its cache
+                log.warning("session %s: compression after the answer failed (%s); its next turn "
+                            "prefills the conversation again", e.id, err)
+                ran = False
+            done += ran
+            st = e.session.stats()
+            with self._lock:
+                e.kv_bytes, e.held = st["kv_bytes_held"], st["compression_held"]
+                self.counters["compressed_after_answer"] += ran
+        if done:
+            self._enforce_budget(keep=None)
+        return done
+
     def kv_bytes_held(self) -> int:
         return sum(e.kv_bytes for e in self._entries.values() if e.session is not None)
 
@@ -161,7 +190,8 @@ class SessionPool:
         self._remove_files(e.id)
         with self._lock:
             e.session = session
-            e.kv_bytes = session.stats()["kv_bytes_held"]
+            st = session.stats()
+            e.kv_bytes, e.held = st["kv_bytes_held"], st["compression_held"]
             self.counters["restored"] += 1
         return True
 
@@ -223,6 +253,7 @@ class SessionPool:
             return {"sessions_in_memory": len(live),
                     "sessions_saved": len(self._entries) - len(live),
                     "kv_bytes_held": sum(e.kv_bytes for e in live),
+                    "sessions_compression_held": sum(1 for e in live if e.held),
                     "kv_budget_bytes": self.budget,
                     **self.counters}
 

@@ -51,7 +51,8 @@ class Service:
     @staticmethod
     def session_factories(llm: Llm):
         """The pool's ways to make a session and to load a saved one."""
-        return (lambda: Session(llm)), (lambda path: Session.load(path, llm))
+        return (lambda: Session(llm, compress_after_answer=True)), \
+            (lambda path: Session.load(path, llm, compress_after_answer=True))
 
     def chat(self, req: ChatRequest, emit: Callable[[str], None], cancel: threading.Event) -> Outcome:
         if cancel.is_set():  # the client left while the request waited
@@ -107,6 +108,10 @@ class Service:
         finally:
             with llm.lock:
                 ctx.cache.reset()
+
+    def compress_held(self) -> None:
+        """After a chat answer, on the model thread, behind the requests already waiting."""
+        self.pool.compress_held()
 
     def stats(self) -> dict:
         return self.pool.stats()

@@ -8,7 +8,14 @@ the whole conversation (history and question are prefilled). Each run generates 
 its time is the prefill plus the first token's sampling. Prints medians with (min-max) per
 history length, and the ratio continued / cold.
 
-    python -m mnn_h2o.tools.session_ttft [--history 2048,4096] [--repetitions 5] [--json FILE]
+--first-turn measures a conversation's first turn instead (the same text and question as one
+user message, a new session each run), three ways interleaved: "in turn" (the session compresses
+before it answers, as Llm.generate does), "after answer" (compress_after_answer, the chat's and
+the server's: the answer first, Session.compress after it, timed apart) and "no eviction"
+(h2o.enabled false). With it go the KV bytes each holds once compressed and the ratios to no
+eviction (docs/sessions.md "Compression after the answer").
+
+    python -m mnn_h2o.tools.session_ttft [--history 2048,4096] [--repetitions 5] [--first-turn] [--json FILE]
 """
 from __future__ import annotations
 
@@ -65,6 +72,48 @@ def measure(llm, n_tokens: int, repetitions: int) -> dict:
     return out
 
 
+def measure_first_turn(llm, cfg: dict, n_tokens: int, repetitions: int) -> dict:
+    import copy
+
+    from ..essays import essay_tokens
+    from ..measure import interleave, summarize
+    from ..session import Session
+
+    text = llm.tokenizer.decode(essay_tokens(llm.tokenizer, n_tokens))
+    messages = [{"role": "user", "content": "Read this text.\n\n" + text + "\n\n" + QUESTION}]
+    plain = copy.deepcopy(cfg)
+    plain["h2o"]["enabled"] = False
+
+    def turn(c: dict, after: bool):
+        def run():
+            s = Session(llm, c, compress_after_answer=after)
+            t0 = time.perf_counter()
+            r = s.reply(messages, max_new_tokens=1)
+            t1 = time.perf_counter()
+            s.compress()
+            t2 = time.perf_counter()
+            st = s.stats()
+            s.close()
+            return {"s": t1 - t0, "compress_s": t2 - t1, "prefilled": r.prompt_tokens,
+                    "kv_bytes_held": st["kv_bytes_held"], "whole_model_ratio": st["whole_model_ratio"]}
+        return run
+
+    runs = interleave({"in_turn": turn(cfg, False), "after_answer": turn(cfg, True),
+                       "no_eviction": turn(plain, False)}, repetitions)
+    out = {"prompt_tokens": runs["in_turn"][0]["prefilled"], "policy": llm.policy_of(cfg["h2o"])}
+    for name, rs in runs.items():
+        out[name] = {"ttft_s": summarize([r["s"] for r in rs]), "compress_s": summarize([r["compress_s"] for r in rs]),
+                     "kv_bytes_held": rs[-1]["kv_bytes_held"], "whole_model_ratio": rs[-1]["whole_model_ratio"]}
+    base = out["no_eviction"]["ttft_s"]["median"]
+    out["in_turn_over_no_eviction"] = out["in_turn"]["ttft_s"]["median"] / base
+    out["after_answer_over_no_eviction"] = out["after_answer"]["ttft_s"]["median"] / base
+    return out
+
+
+def _span(x: dict, fmt: str = ".2f") -> str:
+    return f"{x['median']:{fmt}} ({x['min']:{fmt}}-{x['max']:{fmt}})"
+
+
 def main(argv=None) -> int:
     from .. import config as config_mod
     from ..cli_errors import run
@@ -76,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repetitions", type=int, default=5, help="interleaved rounds (default 5, minimum 3)")
     ap.add_argument("--config", help="YAML config (default: the built-in defaults)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
+    ap.add_argument("--first-turn", action="store_true",
+                    help="a first turn: compression in the turn, after the answer, or none (see above)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
 
@@ -88,6 +139,22 @@ def main(argv=None) -> int:
         cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
         llm = Llm(ensure_exported(cfg["model"]), cfg)
         rows = []
+        if args.first_turn:
+            print("| prompt tokens | policy | TTFT s: in turn | after answer (then compress s) | no eviction | "
+                  "in turn / none | after answer / none | KV MiB held: in turn / after answer / none |")
+            print("|---:|---|---|---|---|---:|---:|---|")
+            for n in args.history:
+                r = measure_first_turn(llm, cfg, n, args.repetitions)
+                rows.append(r)
+                a, b, c = r["in_turn"], r["after_answer"], r["no_eviction"]
+                mib = "/".join(f"{x['kv_bytes_held'] / 2**20:.1f}" for x in (a, b, c))
+                print(f"| {r['prompt_tokens']} | {r['policy']} | {_span(a['ttft_s'])} | {_span(b['ttft_s'])} "
+                      f"({_span(b['compress_s'])}) | {_span(c['ttft_s'])} | {r['in_turn_over_no_eviction']:.2f}x | "
+                      f"{r['after_answer_over_no_eviction']:.2f}x | {mib} |", flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"config": cfg, "first_turn": rows}, f, indent=1)
+            return 0
         print("| history tokens | continued: prefilled, TTFT s median (min-max) | cold: prefilled, TTFT s | "
               "continued / cold |")
         print("|---:|---|---|---:|")
