@@ -321,3 +321,40 @@ def test_the_server_keeps_large_buffers_mapped():
     from mnn_h2o.serve.__main__ import keep_large_buffers_mapped
 
     assert keep_large_buffers_mapped() is True
+
+
+def test_the_work_after_an_answer_runs_behind_the_requests_that_came_meanwhile():
+    """ModelThread.stream's ``then`` (the server's compression after an answer) is queued when the
+    job ends, so a request already waiting is answered first; its errors are logged, not raised."""
+    import asyncio
+    import threading
+
+    from mnn_h2o.serve.model_thread import ModelThread
+
+    order = []
+    started = threading.Event()
+    release = threading.Event()
+
+    def first(emit):
+        started.set()
+        release.wait(10)
+        order.append("first")
+
+    def failing_then():
+        order.append("then")
+        raise RuntimeError("logged, not raised")
+
+    async def main():
+        mt = ModelThread()
+        events = mt.stream(first, then=failing_then)
+        pending = asyncio.ensure_future(events.__anext__())
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        waiting = asyncio.ensure_future(mt.run(lambda: order.append("second")))  # queued during `first`
+        release.set()
+        assert (await pending)[0] == "done"
+        await waiting
+        await mt.run(lambda: None)  # behind `then`
+        mt.shutdown()
+
+    asyncio.run(main())
+    assert order == ["first", "second", "then"]
