@@ -322,10 +322,10 @@ def _targets(m: Method, ratios: Sequence[float]) -> List[Optional[float]]:
 
 
 def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequence[float],
-             segs: Sequence[Segment], results: Results, tick: Callable[[], None]) -> None:
+             segs: Sequence[Segment], results: Results, tick: Callable[[], None], exact: bool = True) -> None:
     """Teacher-forced runs of every method and ratio on every segment; each engine's full
-    cache and exact model once per segment (and only when a candidate of that segment is still
-    to run). ``tick`` is called once per grid point, done before or now."""
+    cache and (``exact``) exact model once per segment (and only when a candidate of that
+    segment is still to run). ``tick`` is called once per grid point, done before or now."""
     for seg in segs:
         for eng_name, eng in engines.items():
             grid = [(m, t) for m in methods if m.engine == eng_name for t in _targets(m, ratios)]
@@ -339,7 +339,7 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
             ref = eng.teacher_forced(Method(eng_name, "none"), None, seg.prompt, seg.continuation)
             ref_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            exact = eng.exact_logp(seg.prompt, seg.continuation, ref["logp"])
+            exact_lp = eng.exact_logp(seg.prompt, seg.continuation, ref["logp"]) if exact else None
             exact_s = time.perf_counter() - t0
             for m, t in todo:
                 t0 = time.perf_counter()
@@ -353,7 +353,7 @@ def kl_sweep(engines: Dict[str, object], methods: Sequence[Method], ratios: Sequ
                            seconds=round(secs, 2), exact_seconds=round(exact_s, 2))
                 run.update({k: round(cand[k], 2) for k in ("prefill_s", "reconstruct_s") if k in cand})
                 run.update(metrics(ref["logp"], cand["logp"], seg.continuation))
-                run["kl_exact"] = metrics(exact, cand["logp"], seg.continuation)["kl"]
+                run["kl_exact"] = metrics(exact_lp, cand["logp"], seg.continuation)["kl"] if exact else None
                 results.add(run)
                 tick()
 
