@@ -114,6 +114,27 @@ def _span(x: dict, fmt: str = ".2f") -> str:
     return f"{x['median']:{fmt}} ({x['min']:{fmt}}-{x['max']:{fmt}})"
 
 
+_FOLLOW_UP_HEADER = ("| history tokens | continued: prefilled, TTFT s median (min-max) | cold: prefilled, TTFT s | "
+                     "continued / cold |\n|---:|---|---|---:|")
+_FIRST_TURN_HEADER = ("| prompt tokens | policy | TTFT s: in turn | after answer (then compress s) | no eviction | "
+                      "in turn / none | after answer / none | KV MiB held: in turn / after answer / none |\n"
+                      "|---:|---|---|---|---|---:|---:|---|")
+
+
+def _follow_up_row(r: dict) -> str:
+    c, k = r["continued"], r["cold"]
+    return (f"| {r['history_tokens']} | {c['prefilled_tokens']}, {_span(c['ttft_s'], '.3f')} | "
+            f"{k['prefilled_tokens']}, {_span(k['ttft_s'], '.3f')} | {r['ratio']:.3f} |")
+
+
+def _first_turn_row(r: dict) -> str:
+    a, b, c = r["in_turn"], r["after_answer"], r["no_eviction"]
+    mib = "/".join(f"{x['kv_bytes_held'] / 2**20:.1f}" for x in (a, b, c))
+    return (f"| {r['prompt_tokens']} | {r['policy']} | {_span(a['ttft_s'])} | {_span(b['ttft_s'])} "
+            f"({_span(b['compress_s'])}) | {_span(c['ttft_s'])} | {r['in_turn_over_no_eviction']:.2f}x | "
+            f"{r['after_answer_over_no_eviction']:.2f}x | {mib} |")
+
+
 def main(argv=None) -> int:
     from .. import config as config_mod
     from ..cli_errors import run
@@ -138,37 +159,21 @@ def main(argv=None) -> int:
             raise ValueError("--repetitions must be >= 3")
         cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
         llm = Llm(ensure_exported(cfg["model"]), cfg)
-        rows = []
+        reps = args.repetitions
         if args.first_turn:
-            print("| prompt tokens | policy | TTFT s: in turn | after answer (then compress s) | no eviction | "
-                  "in turn / none | after answer / none | KV MiB held: in turn / after answer / none |")
-            print("|---:|---|---|---|---|---:|---:|---|")
-            for n in args.history:
-                r = measure_first_turn(llm, cfg, n, args.repetitions)
-                rows.append(r)
-                a, b, c = r["in_turn"], r["after_answer"], r["no_eviction"]
-                mib = "/".join(f"{x['kv_bytes_held'] / 2**20:.1f}" for x in (a, b, c))
-                print(f"| {r['prompt_tokens']} | {r['policy']} | {_span(a['ttft_s'])} | {_span(b['ttft_s'])} "
-                      f"({_span(b['compress_s'])}) | {_span(c['ttft_s'])} | {r['in_turn_over_no_eviction']:.2f}x | "
-                      f"{r['after_answer_over_no_eviction']:.2f}x | {mib} |", flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"config": cfg, "first_turn": rows}, f, indent=1)
-            return 0
-        print("| history tokens | continued: prefilled, TTFT s median (min-max) | cold: prefilled, TTFT s | "
-              "continued / cold |")
-        print("|---:|---|---|---:|")
+            header, row, key = _FIRST_TURN_HEADER, _first_turn_row, "first_turn"
+            figures = lambda n: measure_first_turn(llm, cfg, n, reps)  # noqa: E731
+        else:
+            header, row, key = _FOLLOW_UP_HEADER, _follow_up_row, "rows"
+            figures = lambda n: measure(llm, n, reps)  # noqa: E731
+        print(header)
+        rows = []
         for n in args.history:
-            r = measure(llm, n, args.repetitions)
-            rows.append(r)
-            c, k = r["continued"], r["cold"]
-            print(f"| {r['history_tokens']} | {c['prefilled_tokens']}, {c['ttft_s']['median']:.3f} "
-                  f"({c['ttft_s']['min']:.3f}-{c['ttft_s']['max']:.3f}) | {k['prefilled_tokens']}, "
-                  f"{k['ttft_s']['median']:.3f} ({k['ttft_s']['min']:.3f}-{k['ttft_s']['max']:.3f}) | "
-                  f"{r['ratio']:.3f} |", flush=True)
+            rows.append(figures(n))
+            print(row(rows[-1]), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"config": cfg, "rows": rows}, f, indent=1)
+                json.dump({"config": cfg, key: rows}, f, indent=1)
         return 0
 
     return run(body)
