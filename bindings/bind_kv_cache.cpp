@@ -17,16 +17,16 @@
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
-#include "mnn_h2o/eviction/h2o_config.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_config.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/store/kv_store.h"
 #include "mnn_h2o/store/store_config.h"
 #include "isa_arg.h"
 
 namespace py = pybind11;
-using mnn_h2o::H2oConfig;
-using mnn_h2o::H2oStats;
+using mnn_h2o::EvictionConfig;
+using mnn_h2o::EvictionStats;
 using mnn_h2o::Isa;
 using mnn_h2o::KvCache;
 using mnn_h2o::KvCacheConfig;
@@ -110,10 +110,10 @@ std::vector<mnn_h2o::TokenRun> token_runs(const py::object& obj) {
     return runs;
 }
 
-py::dict stats_dict(const H2oStats& s) {
+py::dict stats_dict(const EvictionStats& s) {
     py::list layers;
     for (size_t i = 0; i < s.layers.size(); ++i) {
-        const H2oStats::Layer& l = s.layers[i];
+        const EvictionStats::Layer& l = s.layers[i];
         py::dict skipped;
         for (int r = 0; r < mnn_h2o::kSkipReasons; ++r)
             skipped[mnn_h2o::skip_reason_name(static_cast<mnn_h2o::SkipReason>(r))] = l.counters.skipped[r];
@@ -191,9 +191,9 @@ auto to_py(const T& x) {
 #define MNN_H2O_FROM_PY(field, key, CType, CppType) c.field = from_py<CppType>(where, #field, field);
 #define MNN_H2O_TO_DICT(field, key, CType, CppType) d[#field] = to_py(c.field);
 
-py::dict config_dict(const H2oConfig& c) {
+py::dict config_dict(const EvictionConfig& c) {
     py::dict d;
-    MNN_H2O_H2O_FIELDS(MNN_H2O_TO_DICT)
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_TO_DICT)
     return d;
 }
 
@@ -280,7 +280,7 @@ private:
 };
 
 // A KvCache method as a binding that calls it inside a NativeCall. The result is converted after
-// the call returns, with the GIL held again: h2o_stats() and store_stats() build their dicts
+// the call returns, with the GIL held again: eviction_stats() and store_stats() build their dicts
 // from the copy it returns.
 template <class R, class... Args, class Method>
 auto locked_call(Method method) {
@@ -309,10 +309,10 @@ py::object active_config(PyKvCache& self, const Config* (KvCache::*get)() const,
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
-    // The keyword defaults of the constructor, enable_h2o and enable_store: the native structs'
+    // The keyword defaults of the constructor, enable_eviction and enable_store: the native structs'
     // own, which are the config schema's (config_schema.h).
     const KvCacheConfig kCache;
-    const H2oConfig kH2o;
+    const EvictionConfig kEviction;
     const StoreConfig kStore;
     // Native exceptions map to Python ones: invalid_argument/length_error -> ValueError,
     // out_of_range -> IndexError, bad_alloc -> MemoryError (pybind11's defaults).
@@ -337,23 +337,23 @@ void bind_kv_cache(py::module_& m) {
         },
         "Names of the KV element types, in the native order (docs/kv_cache.md \"Row formats\").");
     m.def("policy_names", [] { return mnn_h2o::policy_list(); },
-          "Names of the eviction policies, from the native registry (docs/h2o.md \"Policies\").");
+          "Names of the eviction policies, from the native registry (docs/eviction.md \"Policies\").");
     // The keyword defaults of a config struct's fields: the default-constructed struct's.
 #define MNN_H2O_PY_ARG_CACHE(field, key, CType, CppType) , py::arg(#field) = to_py(kCache.field)
-#define MNN_H2O_PY_ARG_H2O(field, key, CType, CppType) , py::arg(#field) = to_py(kH2o.field)
+#define MNN_H2O_PY_ARG_EVICTION(field, key, CType, CppType) , py::arg(#field) = to_py(kEviction.field)
 #define MNN_H2O_PY_ARG_STORE(field, key, CType, CppType) , py::arg(#field) = to_py(kStore.field)
     // The native validation of a whole section, for config.validate: one place for the rules over
     // several keys. n_layers 0 leaves out the model's own bounds.
     m.def(
-        "h2o_config_error",
-        [](int n_layers MNN_H2O_H2O_FIELDS(MNN_H2O_PY_PARAM)) {
-            const char* where = "h2o_config_error";
-            H2oConfig c;
-            MNN_H2O_H2O_FIELDS(MNN_H2O_FROM_PY)
-            return mnn_h2o::h2o_config_error(c, n_layers);
+        "eviction_config_error",
+        [](int n_layers MNN_H2O_EVICTION_FIELDS(MNN_H2O_PY_PARAM)) {
+            const char* where = "eviction_config_error";
+            EvictionConfig c;
+            MNN_H2O_EVICTION_FIELDS(MNN_H2O_FROM_PY)
+            return mnn_h2o::eviction_config_error(c, n_layers);
         },
-        py::arg("n_layers") = 0, py::kw_only() MNN_H2O_H2O_FIELDS(MNN_H2O_PY_ARG_H2O),
-        "\"\" if the arguments of enable_h2o are valid (for a model of n_layers layers; 0: any), else what is "
+        py::arg("n_layers") = 0, py::kw_only() MNN_H2O_EVICTION_FIELDS(MNN_H2O_PY_ARG_EVICTION),
+        "\"\" if the arguments of enable_eviction are valid (for a model of n_layers layers; 0: any), else what is "
         "wrong, starting with the argument's name.");
     m.def(
         "store_config_error",
@@ -499,28 +499,28 @@ mass each key block received, summed over the queries and the query heads of eac
              "Keep the first n_tokens of one head; blocks past them go back to the OS.")
         .def("reset", locked(&KvCache::reset))
         .def(
-            "enable_h2o",
-            [](PyKvCache& self MNN_H2O_H2O_FIELDS(MNN_H2O_PY_PARAM)) {
-                const char* where = "enable_h2o";
-                H2oConfig c;
-                MNN_H2O_H2O_FIELDS(MNN_H2O_FROM_PY)
+            "enable_eviction",
+            [](PyKvCache& self MNN_H2O_EVICTION_FIELDS(MNN_H2O_PY_PARAM)) {
+                const char* where = "enable_eviction";
+                EvictionConfig c;
+                MNN_H2O_EVICTION_FIELDS(MNN_H2O_FROM_PY)
                 NativeCall call(self);
-                self.cache.enable_h2o(c);
+                self.cache.enable_eviction(c);
             },
-            // The defaults are H2oConfig's, i.e. the config schema's (docs/config.md, h2o.*).
-            py::kw_only() MNN_H2O_H2O_FIELDS(MNN_H2O_PY_ARG_H2O),
-            R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/h2o.md.
-The arguments, their defaults and allowed values are the config keys h2o.* of docs/config.md
+            // The defaults are EvictionConfig's, i.e. the config schema's (docs/config.md, h2o.*).
+            py::kw_only() MNN_H2O_EVICTION_FIELDS(MNN_H2O_PY_ARG_EVICTION),
+            R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/eviction.md.
+The arguments, their defaults and allowed values are the config keys eviction.* of docs/config.md
 (target_keep_ratio or kv_budget_bytes > 0, at most one, replaces target_lossy_ratio;
 layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
-        .def("disable_h2o", locked(&KvCache::disable_h2o), "Turn eviction off; the tokens held stay.")
-        .def_property_readonly("h2o_enabled",
+        .def("disable_eviction", locked(&KvCache::disable_eviction), "Turn eviction off; the tokens held stay.")
+        .def_property_readonly("eviction_enabled",
                                [](PyKvCache& self) {
                                    NativeCall call(self);
-                                   return self.cache.h2o_config() != nullptr;
+                                   return self.cache.eviction_config() != nullptr;
                                })
         .def(
-            "h2o_config", [](PyKvCache& self) { return active_config(self, &KvCache::h2o_config, config_dict); },
+            "eviction_config", [](PyKvCache& self) { return active_config(self, &KvCache::eviction_config, config_dict); },
             "The active H2O settings (layer_end resolved) as a dict, or None when eviction is off.")
         .def("end_step", locked(&KvCache::end_step), py::arg("n_tokens"), py::arg("prefill"),
             "Call once after all layers of a forward of n_tokens tokens; runs the eviction policy when due. "
@@ -536,8 +536,8 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             "Keep only the tokens of runs [(offset, length), ...] of one head (sorted, disjoint, covering the "
             "sink/recent floors and the last token); ValueError if invalid, and nothing changes.")
         .def(
-            "h2o_stats",
-            [](PyKvCache& self) { return stats_dict(locked(&KvCache::h2o_stats)(self)); },
+            "eviction_stats",
+            [](PyKvCache& self) { return stats_dict(locked(&KvCache::eviction_stats)(self)); },
             "Per-layer eviction counters and held tokens/bytes, and whole-model bytes_held, bytes_uncompressed, "
             "lossy_ratio (= uncompressed / held) and policy time.")
         .def(
@@ -547,7 +547,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
                 int n_blocks = 0;
                 {
                     NativeCall call(self);
-                    scores = self.cache.h2o_scores(layer, &n_blocks, reconstruction);
+                    scores = self.cache.eviction_scores(layer, &n_blocks, reconstruction);
                 }
                 const py::ssize_t rows = self.cache.config().n_kv_heads;
                 return py::array_t<float>({rows, static_cast<py::ssize_t>(n_blocks)}, scores.data());
@@ -555,7 +555,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"), py::arg("reconstruction") = false,
             "Current EMA block scores of layer as float32 [n_kv_heads, n_blocks] (NaN: not held or not scored yet); "
             "reconstruction=True: the reconstruction scores (kvzip) instead.")
-        .def_property_readonly("h2o_predicts", locked(&KvCache::h2o_predicts),
+        .def_property_readonly("eviction_predicts", locked(&KvCache::eviction_predicts),
                                "Whether the eviction policy takes predicted reconstruction scores "
                                "(predicted_kvzip: set_token_scores after each step, no pass).")
         .def(
@@ -571,7 +571,7 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             },
             py::arg("layer"), py::arg("scores"),
             "Predicted reconstruction scores in [0, 1] of the last n tokens each kv head of an evicting layer holds "
-            "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless h2o_predicts.")
+            "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless eviction_predicts.")
         .def(
             "token_scores",
             [](PyKvCache& self, int layer) {
@@ -594,13 +594,13 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"),
             "The pending token scores of layer (a pass's peaks, or set_token_scores'), float32 [n_kv_heads, n] "
             "with n the most tokens a head holds; NaN where none (until the layer's next update consumes them).")
-        .def_property_readonly("h2o_reconstructs", locked(&KvCache::h2o_reconstructs),
+        .def_property_readonly("eviction_reconstructs", locked(&KvCache::eviction_reconstructs),
                                "Whether the eviction policy scores blocks by a context reconstruction pass (kvzip).")
         .def_property_readonly("reconstructing", locked(&KvCache::reconstructing),
                                "Whether a reconstruction pass is under way.")
         .def("begin_reconstruction", locked(&KvCache::begin_reconstruction),
              "Start a context reconstruction pass: the tokens stepped from now on are the pass's; the evicting "
-             "layers collect each block's peak probability. ValueError unless h2o_reconstructs.")
+             "layers collect each block's peak probability. ValueError unless eviction_reconstructs.")
         .def("rewind_reconstruction", locked(&KvCache::rewind_reconstruction),
              "Drop every token stepped since begin_reconstruction (their memory is freed); the pass goes on.")
         .def("set_reconstruction_window", locked(&KvCache::set_reconstruction_window), py::arg("from_end"),
@@ -663,7 +663,7 @@ docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', '
                 self.cache.restore(reinterpret_cast<const uint8_t*>(view.data()), view.size());
             },
             py::arg("data"),
-            "Replace the contents by a snapshot() of a cache of the same shape, dtype and H2O config "
+            "Replace the contents by a snapshot() of a cache of the same shape, dtype and eviction config "
             "(store off). ValueError naming what does not match or decode; the cache is unchanged then.")
         .def_property_readonly("n_layers", [](const PyKvCache& s) { return s.cache.config().n_layers; })
         .def_property_readonly("n_kv_heads", [](const PyKvCache& s) { return s.cache.config().n_kv_heads; })

@@ -104,7 +104,7 @@ def chat(llm: Llm, cfg: dict, sampling: Sampling, max_new_tokens: int, stop, sys
     previous = signal.signal(signal.SIGINT, interrupts)
     say: Callable[[str], None] = lambda s: print(s, file=out, flush=True)
     say(f"chatting with {llm.config.name} (KV {cfg['runtime']['kv_dtype']}, "
-        f"h2o {'on' if cfg['h2o']['enabled'] else 'off'}); /help lists the commands")
+        f"eviction {'on' if cfg['eviction']['enabled'] else 'off'}); /help lists the commands")
     try:
         while True:
             if tty:

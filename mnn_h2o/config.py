@@ -5,7 +5,7 @@ meaning; this is the only place a key, a default, a bound or an allowed name is 
 ``docs/config.md`` is generated from it (``python -m mnn_h2o.config --markdown``), and so is the
 native core's copy of the keys that reach it, ``native/include/mnn_h2o/config_schema.h``
 (``python -m mnn_h2o.config --native-header``): per key its default and bounds, and per native
-section the X-macro list of its fields, over which ``KvCacheConfig``, ``H2oConfig`` and
+section the X-macro list of its fields, over which ``KvCacheConfig``, ``EvictionConfig`` and
 ``StoreConfig``, their validation, the C API's structs and copies, the saved-session config bytes
 and the pybind11 keyword arguments and dicts iterate. Tests fail when a generated file and the
 schema disagree. Unknown keys, wrong types and out-of-range values are errors that name the key
@@ -89,7 +89,7 @@ class Key:
         return value
 
 
-# h2o.target_lossy_ratio when it is the budget (h2o.target_keep_ratio and h2o.kv_budget_bytes
+# eviction.target_lossy_ratio when it is the budget (eviction.target_keep_ratio and eviction.kv_budget_bytes
 # are 0): a whole-model ratio below this would hold more than every token takes.
 LOSSY_RATIO_IN_USE_MIN = 1.0
 
@@ -155,12 +155,12 @@ SCHEMA: Tuple[Key, ...] = (
         range=(1, 4096)),
     Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
         range=(0, 1 << 20)),
-    Key("h2o", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
+    Key("eviction", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
         "layers [layer_start, layer_end)"),
-    Key("h2o", "policy", str, "auto", "-", "which blocks to keep (docs/h2o.md 'Policies'): auto "
+    Key("eviction", "policy", str, "auto", "-", "which blocks to keep (docs/eviction.md 'Policies'): auto "
         "(predicted_kvzip where the package ships a scorer for the model's GGUF, i.e. one whose "
         "dev-split check it passed; kvzip for every other model), h2o "
-        "(highest attention EMA), snapkv (attention of the last h2o.observation_window queries), "
+        "(highest attention EMA), snapkv (attention of the last eviction.observation_window queries), "
         "tova (attention of the latest query), keydiff (keys least like the head's mean key; "
         "query-agnostic), vatp (attention EMA x value norm), expected_attention (expected attention "
         "of a Gaussian of the recent queries), streaming (sink + most recent, StreamingLLM), random "
@@ -173,61 +173,61 @@ SCHEMA: Tuple[Key, ...] = (
         # there and tests/test_config.py check that its names are these but auto (ENGINE_VALUES).
         choices=("auto", "h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
                  "kvzip", "predicted_kvzip")),
-    Key("h2o", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
+    Key("eviction", "sink_tokens", int, 64, "tokens", "first tokens never evicted (attention sink)",
         range=(0, 1 << 20)),
-    Key("h2o", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window; at "
+    Key("eviction", "recent_tokens", int, 256, "tokens", "last tokens never evicted (recent window; at "
         "least 1, so the newest token always stays)", range=(1, 1 << 20)),
-    Key("h2o", "max_floor_share", float, 1.0, "fraction", "the sink and recent floors take at most "
+    Key("eviction", "max_floor_share", float, 1.0, "fraction", "the sink and recent floors take at most "
         "this share of a head's budget; beyond it both shrink in proportion (the recent floor keeps "
         "at least the newest block), so a budget smaller than the floors is still met; 0 = never "
         "shrink: a head whose floors exceed its budget is not evicted", range=(0.0, 1.0)),
-    Key("h2o", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
+    Key("eviction", "target_keep_ratio", float, 0.0, "fraction", "static budget: keep this fraction "
         "of the tokens seen in each evicting layer; 0 = use target_lossy_ratio", range=(0.0, 1.0)),
-    Key("h2o", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
+    Key("eviction", "target_lossy_ratio", float, 3.2, "x", "adaptive budget: evicting layers keep what "
         "makes the whole-model ratio (all layers) reach this; with a quantised runtime.kv_dtype "
         "the ratio is against f16 rows and the type pays its part first (32/17 for q8), eviction "
         "the rest; used when target_keep_ratio and kv_budget_bytes are 0, and then at least "
         f"{LOSSY_RATIO_IN_USE_MIN:g}", range=(0.0, 1000.0)),
-    Key("h2o", "kv_budget_bytes", int, 0, "bytes", "byte budget: the whole model's K and V blocks (all "
+    Key("eviction", "kv_budget_bytes", int, 0, "bytes", "byte budget: the whole model's K and V blocks (all "
         "layers, in runtime.kv_dtype, so a quantised type fits more tokens) are held to at most this; "
         "the evicting layers share what the others leave; 0 = use the ratio targets. Set at most one of "
         "target_keep_ratio and kv_budget_bytes (either replaces target_lossy_ratio)", range=(0, 1 << 50)),
-    Key("h2o", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
+    Key("eviction", "ema_alpha", float, 0.5, "-", "weight of the previous score in the per-block "
         "exponential moving average", range=(0.0, 1.0), hi_open=True),
-    Key("h2o", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
+    Key("eviction", "layer_start", int, 0, "layer", "first evicting layer (layers before it keep "
         "everything, so the evicting ones are cut harder for the same whole-model ratio)",
         range=(0, 1 << 10)),
-    Key("h2o", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
+    Key("eviction", "layer_end", int, -1, "layer", "one past the last evicting layer; -1 = all layers",
         range=(-1, 1 << 10)),
-    Key("h2o", "trigger_min_tokens", int, 3072, "tokens", "a layer is evicted only once it has "
+    Key("eviction", "trigger_min_tokens", int, 3072, "tokens", "a layer is evicted only once it has "
         "seen this many tokens (counting those already evicted, so a head cut below it stays at "
         "its budget): shorter contexts keep every token, where eviction costs the most quality "
         "per byte and the cache is small (docs/results.md 'Short prompts'); 0 = evict at any length",
         range=(0, 1 << 20)),
-    Key("h2o", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
+    Key("eviction", "update_interval", int, 32, "decode tokens", "decode tokens between policy updates "
         "(the same for every layer)", range=(1, 1 << 20)),
-    Key("h2o", "prefill_eviction", str, "end", "-", "when a prompt is evicted: chunk = after "
+    Key("eviction", "prefill_eviction", str, "end", "-", "when a prompt is evicted: chunk = after "
         "every prefill chunk whose heads are over budget (peak memory stays near the budget); end = "
         "once, after the prompt's last chunk, with scores from every prompt query (peak memory holds "
         "the whole prompt)", choices=("chunk", "end")),
-    Key("h2o", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
+    Key("eviction", "per_head_budget", bool, False, "-", "share each layer's budget among its KV heads "
         "by where their attention mass is (KV-Compress) instead of equal per-head budgets"),
-    Key("h2o", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
-    Key("h2o", "observation_window", int, 32, "queries", "the window policies' observation window: "
+    Key("eviction", "seed", int, 0, "-", "seed of the random policy", range=(0, (1 << 31) - 1)),
+    Key("eviction", "observation_window", int, 32, "queries", "the window policies' observation window: "
         "snapkv and expected_attention use the attention / statistics of the most recent queries, "
         "at most this many (after a prompt: its last ones, usually the question; in decode: those "
         "since the last update); tova always takes 1", range=(1, 1 << 20)),
-    Key("h2o", "head_floor_share", float, 0.0, "fraction", "with per_head_budget (AdaKV): each kv head "
+    Key("eviction", "head_floor_share", float, 0.0, "fraction", "with per_head_budget (AdaKV): each kv head "
         "keeps at least this share of the per-head budget (its floors count towards it) before the "
         "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",
         range=(0.0, 1.0)),
-    Key("h2o", "layer_budget", str, "global", "-", "how the evicting layers share the budget: uniform "
+    Key("eviction", "layer_budget", str, "global", "-", "how the evicting layers share the budget: uniform "
         "(the same keep ratio each), pyramid (PyramidKV: decreasing linearly with depth from 3/2 to 1/2 of "
         "the mean, same whole-model total, flatter where a layer would exceed everything or fall "
         "below its sink + recent floors) or global (KVzip: one budget, the uniform total, for every kv "
         "head of every evicting layer, their blocks ranked together by the policy's scores; the "
         "floors stay per head; per_head_budget is then implied)", choices=("uniform", "pyramid", "global")),
-    Key("h2o", "reconstruction_softmax", str, "chunk", "-", "policy kvzip: whom the reconstruction "
+    Key("eviction", "reconstruction_softmax", str, "chunk", "-", "policy kvzip: whom the reconstruction "
         "pass's queries share their probability with when they score the context. chunk = the first 4 "
         "tokens, the chunk being repeated and the pass's own tokens, each chunk scoring its own tokens "
         "only (KVzip's and kvpress's; less work per pass step); all = every key a query sees (the whole "
@@ -238,9 +238,9 @@ SCHEMA: Tuple[Key, ...] = (
         "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "
         "chunks held only compressed, read through the decode cache)",
         choices=("off", "probe", "full", "store")),
-    Key("lossless", "scope", str, "front_n_and_h2o_kept", "-", "layers whose cold blocks are "
+    Key("lossless", "scope", str, "front_n_and_kept", "-", "layers whose cold blocks are "
         "compressed: the first front_n layers, the H2O layers (the tokens H2O keeps), or both",
-        choices=("front_n", "h2o_kept", "front_n_and_h2o_kept")),
+        choices=("front_n", "kept", "front_n_and_kept")),
     Key("lossless", "front_n", int, 2, "layers", "layers [0, front_n) are in the front_n scope",
         range=(0, 1 << 10)),
     Key("lossless", "hot_sink_tokens", int, 16, "tokens", "first tokens of a head that always stay "
@@ -285,29 +285,29 @@ SCHEMA: Tuple[Key, ...] = (
         "after each prompt", range=(1, 1 << 16)),
     Key("bench", "repetitions", int, 3, "runs", "interleaved repetitions of every runtime case "
         "(A B A B); medians and spread", range=(3, 100)),
-    Key("bench", "cases", list, ["baseline", "h2o", "probe", "full", "store", "q8", "q8_h2o"], "-",
-        "runtime cases: baseline = full cache (no eviction, no compression); h2o = H2O eviction "
-        "alone (lossless off); probe/full/store = H2O plus that lossless mode; q8 = full cache of "
-        "int8 K/V rows; q8_h2o = H2O eviction over int8 rows",
-        choices=("baseline", "h2o", "probe", "full", "store", "q8", "q8_h2o"), item=str),
-    Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: H2O alone (h2o) or plus "
+    Key("bench", "cases", list, ["baseline", "evict", "probe", "full", "store", "q8", "q8_evict"], "-",
+        "runtime cases: baseline = full cache (no eviction, no compression); evict = eviction "
+        "(the eviction section's policy) alone, lossless off; probe/full/store = eviction plus that lossless "
+        "mode; q8 = full cache of int8 K/V rows; q8_evict = eviction over int8 rows",
+        choices=("baseline", "evict", "probe", "full", "store", "q8", "q8_evict"), item=str),
+    Key("bench", "demo_cases", list, ["full", "store"], "-", "demo cases: eviction alone (evict) or plus "
         "that lossless mode, generating from real prompts (baseline runs too, as reference)",
-        choices=("h2o", "probe", "full", "store"), item=str),
+        choices=("evict", "probe", "full", "store"), item=str),
     Key("bench", "demo_buckets", list, [128, 512, 2048, 4096], "tokens", "demo prompt lengths",
         range=(16, 1 << 20), item=int),
     Key("bench", "demo_new_tokens", int, 64, "tokens", "demo: tokens generated per prompt",
         range=(1, 1 << 16)),
     Key("bench", "output_dir", str, "bench_runs", "-", "where run folders are written"),
     # Targets: reported met or missed; they fail a round only under --strict.
-    Key("gates", "min_lossy_ratio", float, 3.0, "x", "target: H2O cases at the longest prompt: "
+    Key("gates", "min_lossy_ratio", float, 3.0, "x", "target: evicting cases at the longest prompt: "
         "whole-model bytes an uncompressed cache would hold / bytes held by the block pool", range=(0.0, None)),
     Key("gates", "min_lossless_ratio", float, 1.2, "x", "target: store case at the longest prompt: raw / "
         "compressed bytes of the chunks in scope", range=(0.0, None)),
     Key("gates", "min_top1_agreement", float, 0.9, "fraction", "target: every candidate case and prompt "
         "length: teacher-forced top-1 agreement with the baseline", range=(0.0, 1.0)),
-    Key("gates", "speed_cases", list, ["h2o", "probe"], "-", "target: cases whose decode tokens/s must not "
+    Key("gates", "speed_cases", list, ["evict", "probe"], "-", "target: cases whose decode tokens/s must not "
         "fall below the baseline's beyond the measured noise, at every prompt length",
-        choices=("h2o", "probe", "full", "store", "q8", "q8_h2o"), item=str),
+        choices=("evict", "probe", "full", "store", "q8", "q8_evict"), item=str),
     Key("gates", "max_store_slowdown", float, 3.0, "x", "target: store case: baseline decode tokens/s / "
         "store decode tokens/s at every prompt length may not exceed this (inconclusive beyond "
         "max_speed_noise, like the speed gates)", range=(1.0, None)),
@@ -350,25 +350,76 @@ def defaults() -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def validate(raw: Any, base: Any = None) -> Dict[str, Dict[str, Any]]:
+def validate(raw: Any, base: Any = None, notify: bool = True) -> Dict[str, Dict[str, Any]]:
     """Merge ``raw`` (a nested mapping, e.g. parsed YAML) over ``base`` over the defaults. ``base``
     (e.g. a config from an earlier ``validate``) is checked exactly as ``raw`` is, so
-    ``validate(None, cfg)`` is how to check a config of unknown origin."""
+    ``validate(None, cfg)`` is how to check a config of unknown origin. Old names
+    (:data:`RENAMED_SECTIONS`, :data:`RENAMED_VALUES`) are read as their new ones; ``notify``:
+    say so on stderr, once per name and process."""
     cfg = defaults()
     for layer in (base, raw):
-        _merge(cfg, layer)
+        _merge(cfg, layer, notify)
     _check_together(cfg)
     return cfg
 
 
-def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
+# Names a config may still use from before they were renamed: read as the new ones, each reported
+# once per process by ``validate`` (a saved session reads its own old names without a word).
+RENAMED_SECTIONS = {"h2o": "eviction"}
+RENAMED_VALUES = {
+    "lossless.scope": {"h2o_kept": "kept", "front_n_and_h2o_kept": "front_n_and_kept"},
+    "bench.cases": {"h2o": "evict", "q8_h2o": "q8_evict"},
+    "bench.demo_cases": {"h2o": "evict"},
+    "gates.speed_cases": {"h2o": "evict", "q8_h2o": "q8_evict"},
+}
+_reported = set()
+
+
+def renamed() -> Dict[str, str]:
+    """Every old name a config may use, with its new one (old key path or key=value: new)."""
+    out = {f"{old}.{k.name}": k.path for old, new in RENAMED_SECTIONS.items() for k in SCHEMA if k.section == new}
+    for path, values in RENAMED_VALUES.items():
+        out.update({f"{path}={old}": f"{path}={new}" for old, new in values.items()})
+    return out
+
+
+def _report(old: str, new: str, notify: bool) -> None:
+    if notify and old not in _reported:
+        _reported.add(old)
+        print(f"config: {old} is now {new} (the old name still works)", file=sys.stderr)
+
+
+def _new_value(path: str, value: Any, notify: bool) -> Any:
+    """``value`` of key ``path`` with a renamed value (or list item) replaced by its new name."""
+    names = RENAMED_VALUES.get(path)
+    if not names:
+        return value
+
+    def one(v):
+        if isinstance(v, str) and v in names:
+            _report(f"{path}={v}", f"{path}={names[v]}", notify)
+            return names[v]
+        return v
+    return [one(v) for v in value] if isinstance(value, list) else one(value)
+
+
+def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any, notify: bool = True) -> None:
     """Check every key of ``raw`` and write it into ``cfg``."""
     if raw is None:
         return
     if not isinstance(raw, dict):
         raise ConfigError(f"config must be a mapping of sections ({', '.join(SECTIONS)}), "
                           f"got {type(raw).__name__}")
+    for old, new in RENAMED_SECTIONS.items():
+        if old in raw and new in raw:
+            raise ConfigError(f"sections {old} and {new} are both given: {old} is the old name of {new}; "
+                              f"keep {new} alone")
     for section, values in raw.items():
+        if section in RENAMED_SECTIONS:
+            new = RENAMED_SECTIONS[section]
+            for name in (values or {}) if isinstance(values, dict) else ():
+                _report(f"{section}.{name}", f"{new}.{name}", notify)
+            section = new
         if section not in SECTIONS:
             raise ConfigError(f"unknown section {section!r} (allowed: {', '.join(SECTIONS)})")
         if values is None:
@@ -380,22 +431,22 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any) -> None:
             if key is None:
                 known = ", ".join(k.name for k in SCHEMA if k.section == section)
                 raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
-            cfg[section][name] = key.check(value)
+            cfg[section][name] = key.check(_new_value(key.path, value, notify))
 
 
 # The sections whose keys reach the native core: runtime's through the KvCache constructor (the
-# C API's mnn_h2o_kv_config, KvCacheConfig), h2o's through KvCache.enable_h2o (H2oConfig),
+# C API's mnn_h2o_kv_config, KvCacheConfig), eviction's through KvCache.enable_eviction (EvictionConfig),
 # lossless's through enable_store (StoreConfig); each under its own name but those of NATIVE_NAMES.
 # ENGINE_KEYS stay with the engine (or MNN, which the engine configures).
-NATIVE_SECTIONS = ("runtime", "h2o", "lossless")
+NATIVE_SECTIONS = ("runtime", "eviction", "lossless")
 ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.tail",
-               "runtime.decode_layers", "runtime.prompt_layers", "runtime.prefill_chunk", "runtime.max_context", "h2o.enabled", "h2o.prefill_eviction",
-               "h2o.reconstruction_softmax")
+               "runtime.decode_layers", "runtime.prompt_layers", "runtime.prefill_chunk", "runtime.max_context", "eviction.enabled", "eviction.prefill_eviction",
+               "eviction.reconstruction_softmax")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Values of native keys that the engine resolves per model before the core sees them, each with
 # what it means to the core alone (the C API, which knows no model): the native header's choices
 # and default leave them out, validation asks the core about their meaning.
-ENGINE_VALUES = {"h2o.policy": {"auto": "kvzip"}}
+ENGINE_VALUES = {"eviction.policy": {"auto": "kvzip"}}
 # Native keys whose C++ field is an enum of the core's, matched to the key's choices by name (each
 # enum's table of names, e.g. kv_dtype.h); the C API holds the enum's value as an int32.
 NATIVE_ENUMS = {"runtime.kv_dtype": "KvDtype", "lossless.mode": "StoreMode", "lossless.scope": "StoreScope"}
@@ -403,7 +454,7 @@ NATIVE_ENUMS = {"runtime.kv_dtype": "KvDtype", "lossless.mode": "StoreMode", "lo
 
 def native_keys(section: str) -> Tuple[Key, ...]:
     """The keys of ``section`` that the native core takes (the keyword arguments of the
-    ``KvCache`` constructor for runtime, ``KvCache.enable_h2o`` for h2o, ``enable_store`` for
+    ``KvCache`` constructor for runtime, ``KvCache.enable_eviction`` for eviction, ``enable_store`` for
     lossless)."""
     return tuple(k for k in SCHEMA if k.section == section and k.path not in ENGINE_KEYS)
 
@@ -424,10 +475,10 @@ def native_choices(k: Key) -> Sequence[Any]:
     return tuple(c for c in k.choices if c not in ENGINE_VALUES.get(k.path, {}))
 
 
-def check_prefill_eviction(h2o: Dict[str, Any]) -> None:
-    """ConfigError when an h2o section's policy cannot evict in prompt chunks as it asks."""
-    if h2o["enabled"] and h2o["policy"] == "kvzip" and h2o["prefill_eviction"] == "chunk":
-        raise ConfigError("h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip: its scores come "
+def check_prefill_eviction(eviction: Dict[str, Any]) -> None:
+    """ConfigError when an eviction section's policy cannot evict in prompt chunks as it asks."""
+    if eviction["enabled"] and eviction["policy"] == "kvzip" and eviction["prefill_eviction"] == "chunk":
+        raise ConfigError("eviction.prefill_eviction chunk cannot be used with eviction.policy kvzip: its scores come "
                           "from a reconstruction pass over the whole prompt, so the prompt is evicted once, "
                           "after it (prefill_eviction end)")
 
@@ -437,15 +488,15 @@ QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
 
 def _check_together(cfg) -> None:
     """Rules that involve more than one key. Those among the native keys are the native core's
-    validation (h2o_config.cpp, store_config.cpp), asked through the binding so that each is
+    validation (eviction_config.cpp, store_config.cpp), asked through the binding so that each is
     written once; its messages start with the field they name. The engine's own rule is here."""
-    h = cfg["h2o"]
+    h = cfg["eviction"]
     check_prefill_eviction(h)  # for auto, once the engine knows which policy it is
     from . import _core  # here, not at the top: importing this module needs no built native module
 
     ll = cfg["lossless"]
     for section, error, others in (
-            ("h2o", _core.h2o_config_error(**native_args("h2o", h)), {}),
+            ("eviction", _core.eviction_config_error(**native_args("eviction", h)), {}),
             ("lossless", _core.store_config_error(block_tokens=cfg["runtime"]["block_tokens"],
                                                   **native_args("lossless", ll)),
              {"block_tokens": "runtime.block_tokens"})):
@@ -513,6 +564,11 @@ def markdown() -> str:
         # A bare '|' inside a cell would end it: the choices are written 'a \| b'.
         cells = [f"`{k.path}`", k.type_name, f"`{k.default}`", k.unit, k.allowed(), k.meaning]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "## Renamed", "",
+              "Old names still read as the new ones; the first use of each in a process says so on "
+              "stderr (`python -m mnn_h2o.config --check FILE` shows them for a config file).", "",
+              "| old | new |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in renamed().items()]
     return "\n".join(lines) + "\n"
 
 
@@ -569,7 +625,7 @@ def _native_key(k: Key) -> list:
     else:
         members.append("static constexpr Check kCheck = Check::kNone;")
     comment = f"// {k.path}: {k.type_name}, {k.unit}"
-    if k.path == "h2o.target_lossy_ratio":
+    if k.path == "eviction.target_lossy_ratio":
         members.append(f"static constexpr double kInUseMin = {_cpp_value(k, LOSSY_RATIO_IN_USE_MIN)};")
         comment += "; kInUseMin: its least value when it is the budget"
     return [comment, f"struct {k.name} {{ " + " ".join(members) + " };"]
@@ -592,7 +648,7 @@ def native_header() -> str:
     (plain C, for the C API's header too), then each native key's default and bounds (C++)."""
     out = ["// Generated from mnn_h2o/config.py by `python -m mnn_h2o.config --native-header`: do not edit.",
            "// The config keys that reach the native core (docs/config.md): the fields of the native",
-           "// config structs, and each key's default and allowed values, so KvCacheConfig, H2oConfig,",
+           "// config structs, and each key's default and allowed values, so KvCacheConfig, EvictionConfig,",
            "// StoreConfig, their validation, the C API, the saved-session config bytes and the Python",
            "// binding follow the schema; tests/test_config.py fails when this file and the schema disagree.",
            "#pragma once", "",
@@ -630,13 +686,27 @@ def native_header() -> str:
     return "\n".join(out) + "\n"
 
 
-_USAGE = "usage: python -m mnn_h2o.config --markdown | --native-header"
+_USAGE = """usage: python -m mnn_h2o.config --check FILE | --renamed | --markdown | --native-header
+  --check FILE     validate a YAML config (old names reported with their new ones); exit 1 if invalid
+  --renamed        every old key or value still read, with its new name
+  --markdown       docs/config.md
+  --native-header  native/include/mnn_h2o/config_schema.h"""
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         sys.stdout.write(markdown())
     elif sys.argv[1:] == ["--native-header"]:
         sys.stdout.write(native_header())
+    elif sys.argv[1:] == ["--renamed"]:
+        for old, new in renamed().items():
+            print(f"{old} -> {new}")
+    elif len(sys.argv) == 3 and sys.argv[1] == "--check":
+        try:
+            load(sys.argv[2])
+        except ConfigError as e:
+            print(f"{sys.argv[2]}: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"{sys.argv[2]}: valid")
     else:
         print(_USAGE, file=sys.stderr)
         sys.exit(2)

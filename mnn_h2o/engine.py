@@ -72,7 +72,7 @@ class Stats(SpeedCounters):
     kv_bytes_f16: int = 0            # the same tokens as f16 rows: the reference of the
                                      # whole-model ratio, whatever the element type
     evictions: int = 0               # forwards after which the H2O policy evicted something
-    # The context reconstruction pass of h2o.policy kvzip (docs/h2o.md "Reconstruction"): its part
+    # The context reconstruction pass of eviction.policy kvzip (docs/eviction.md "Reconstruction"): its part
     # of prefill_s (a user waits for it) or of compress_s (run after the answer: Llm.compress)
     # and the tokens it ran through the model (the repeat prompts and the context again).
     reconstruct_s: float = 0.0
@@ -147,7 +147,7 @@ REPEAT_LATER = "\n\nRepeat the part of the previous context exactly, starting wi
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
-_CONTEXT_FIELDS = ("cache", "kv_dtype", "h2o", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
+_CONTEXT_FIELDS = ("cache", "kv_dtype", "eviction", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
                    "unpassed", "held")
 
 
@@ -257,12 +257,12 @@ class Llm:
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
-        self._scorer = None  # h2o.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
+        self._scorer = None  # eviction.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
         # A callable (layer, h rows) given every layer's input hidden states ([n, hidden]) as they
         # are computed, instead of the scorer: tools.fit_scorer collects its data through it.
         self.hidden_observer = None
         self.configure_kv_dtype(rt["kv_dtype"])
-        self._apply_h2o(cfg["h2o"])  # validated above
+        self._apply_eviction(cfg["eviction"])  # validated above
         self._apply_lossless(cfg["lossless"])
 
     def _native_prompt_layers(self, choice: str) -> bool:
@@ -303,7 +303,7 @@ class Llm:
 
     # --- state -------------------------------------------------------------------------------
     def new_context(self, cfg: Optional[dict] = None) -> KvContext:
-        """A new, empty context configured by the runtime.kv_dtype, h2o and lossless sections of
+        """A new, empty context configured by the runtime.kv_dtype, eviction and lossless sections of
         ``cfg`` (default: this Llm's config); the current context is left as it is. The other
         settings (block_tokens, max_context, threads, prefill_chunk) are the Llm's."""
         cfg = self.cfg if cfg is None else config_mod.validate(None, cfg)
@@ -311,7 +311,7 @@ class Llm:
             saved = self._swap_context(None)
             try:
                 self.configure_kv_dtype(cfg["runtime"]["kv_dtype"])
-                self.configure_h2o(cfg["h2o"])
+                self.configure_eviction(cfg["eviction"])
                 self.configure_lossless(cfg["lossless"])
             finally:
                 made = self._swap_context(saved)
@@ -353,62 +353,62 @@ class Llm:
         # K and V rows of every layer and kv head: bytes per token written.
         self._token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
         self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
-        self.h2o: Optional[dict] = None
+        self.eviction: Optional[dict] = None
         self.lossless: Optional[dict] = None
         self.reset()
 
-    def configure_h2o(self, h2o: Optional[dict]) -> None:
-        """Turn eviction on (an ``h2o`` config section, missing keys at their defaults) or off
+    def configure_eviction(self, eviction: Optional[dict]) -> None:
+        """Turn eviction on (an ``eviction`` config section, missing keys at their defaults) or off
         (None or enabled: false). Starts a fresh context."""
-        if h2o is not None and h2o.get("enabled", True):
-            h2o = config_mod.validate({"h2o": h2o})["h2o"]
-        self._apply_h2o(h2o)
+        if eviction is not None and eviction.get("enabled", True):
+            eviction = config_mod.validate({"eviction": eviction})["eviction"]
+        self._apply_eviction(eviction)
 
-    def _apply_h2o(self, h2o: Optional[dict]) -> None:
-        """configure_h2o of a validated section (or None): its values go to the native cache as
+    def _apply_eviction(self, eviction: Optional[dict]) -> None:
+        """configure_eviction of a validated section (or None): its values go to the native cache as
         they are (prefill_eviction is the engine's: which end_step calls say prefill), policy
-        auto as this model's (token_scorer.default_policy), which ``self.h2o`` then names."""
+        auto as this model's (token_scorer.default_policy), which ``self.eviction`` then names."""
         self.reset()
-        if h2o is None or not h2o.get("enabled", True):
-            self.cache.disable_h2o()
-            self.h2o = None
+        if eviction is None or not eviction.get("enabled", True):
+            self.cache.disable_eviction()
+            self.eviction = None
             return
-        if h2o["policy"] == "auto":
-            h2o = dict(h2o, policy=self.policy_of(h2o))
-            config_mod.check_prefill_eviction(h2o)
-        if h2o["policy"] == "predicted_kvzip":
+        if eviction["policy"] == "auto":
+            eviction = dict(eviction, policy=self.policy_of(eviction))
+            config_mod.check_prefill_eviction(eviction)
+        if eviction["policy"] == "predicted_kvzip":
             from .token_scorer import check_layers, load_for_export
 
             if self._scorer is None:  # the file is read once; every context's layers are checked
                 self._scorer = load_for_export(self.export_dir, self.meta, self.config)
-            check_layers(self._scorer, self._evicting_layers(h2o))
-        self.cache.enable_h2o(**config_mod.native_args("h2o", h2o))
-        self.h2o = h2o
+            check_layers(self._scorer, self._evicting_layers(eviction))
+        self.cache.enable_eviction(**config_mod.native_args("eviction", eviction))
+        self.eviction = eviction
 
-    def policy_of(self, h2o: dict) -> str:
-        """The policy an h2o section runs on this model: its h2o.policy, auto resolved
+    def policy_of(self, eviction: dict) -> str:
+        """The policy an eviction section runs on this model: its eviction.policy, auto resolved
         (token_scorer.default_policy: predicted_kvzip where a scorer ships for the GGUF)."""
-        if h2o["policy"] != "auto":
-            return h2o["policy"]
+        if eviction["policy"] != "auto":
+            return eviction["policy"]
         from .token_scorer import default_policy
 
         return default_policy(self.meta["source_sha256"])
 
-    def _evicting_layers(self, h2o: dict) -> tuple:
-        end = h2o["layer_end"]
-        return h2o["layer_start"], self.config.n_layers if end < 0 else min(end, self.config.n_layers)
+    def _evicting_layers(self, eviction: dict) -> tuple:
+        end = eviction["layer_end"]
+        return eviction["layer_start"], self.config.n_layers if end < 0 else min(end, self.config.n_layers)
 
     def _observer(self):
         """What sees each layer's input hidden states in this forward: tools.fit_scorer's
-        hidden_observer, else, with h2o.policy predicted_kvzip, the scorer, whose predictions go to
+        hidden_observer, else, with eviction.policy predicted_kvzip, the scorer, whose predictions go to
         the cache for the tokens the layer's step has just appended; None for everything else."""
         if self.hidden_observer is not None:
             return self.hidden_observer
-        h2o = self.h2o
-        if h2o is None or h2o["policy"] != "predicted_kvzip":
+        eviction = self.eviction
+        if eviction is None or eviction["policy"] != "predicted_kvzip":
             return None
         scorer, cache = self._scorer, self.cache
-        lo, hi = self._evicting_layers(h2o)
+        lo, hi = self._evicting_layers(eviction)
 
         def score(i: int, rows: np.ndarray) -> None:
             if lo <= i < hi:
@@ -570,7 +570,7 @@ class Llm:
         """Run ``ids`` (one chunk) through the model at positions pos.., caching their K/V.
         Returns the logits of the last row (``want="last"``, [1, vocab]), of every row
         (``"all"``, [n, vocab]) or nothing (``None``: a prompt chunk before the last).
-        ``evict=False`` (a prompt chunk before the last, with h2o.prefill_eviction end) skips
+        ``evict=False`` (a prompt chunk before the last, with eviction.prefill_eviction end) skips
         ``end_step``: scores keep accumulating and the next chunk's decides."""
         n = len(ids)
         if self.pos + n > self.max_context:
@@ -643,7 +643,7 @@ class Llm:
     def _end_step(self, n: int, prefill: bool) -> None:
         """The cache's end of a forward (eviction when due, the lossless store's new frames), timed
         as policy; a cache with neither on has nothing to do there."""
-        if self.h2o is None and self.lossless is None:
+        if self.eviction is None and self.lossless is None:
             return
         t0 = time.perf_counter()
         if self.cache.end_step(n, prefill):
@@ -661,7 +661,7 @@ class Llm:
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         st.kv_bytes_f16 = self.pos * self._f16_token_bytes
 
-    # --- context reconstruction (h2o.policy kvzip) ----------------------------------------------
+    # --- context reconstruction (eviction.policy kvzip) ----------------------------------------------
     def _repeat_ids(self) -> tuple:
         """The ids of the reconstruction prompts: the first chunk's, a later chunk's (before its
         quote of the previous chunk) and what closes the request, i.e. the chat template's text
@@ -678,19 +678,19 @@ class Llm:
 
     def _reconstructs(self) -> bool:
         """Whether the context's eviction policy scores with a reconstruction pass (kvzip)."""
-        return self.h2o is not None and self.cache.h2o_reconstructs
+        return self.eviction is not None and self.cache.eviction_reconstructs
 
     def _pass_due(self, reserve: int) -> bool:
-        """Whether a prompt's pass runs now. Below h2o.trigger_min_tokens nothing is evicted, so
+        """Whether a prompt's pass runs now. Below eviction.trigger_min_tokens nothing is evicted, so
         the scores would decide nothing yet: the pass waits, and the one that runs once the
         context (with the ``reserve`` decode tokens to come) reaches the trigger repeats every
         token written since the last (a conversation's short turns cost no pass)."""
-        return self.pos + reserve >= self.h2o["trigger_min_tokens"]
+        return self.pos + reserve >= self.eviction["trigger_min_tokens"]
 
     def _reconstruct(self, progress=None, cancel: Optional[threading.Event] = None) -> None:
         """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
         repeat them, chunk by chunk, teacher-forced; the evicting layers keep the largest
-        probability each held token gets from those queries (h2o.reconstruction_softmax: in a
+        probability each held token gets from those queries (eviction.reconstruction_softmax: in a
         softmax over every key, or, chunk, over the sinks, that chunk and the pass, KVzip's
         own scoring). The pass's own tokens are dropped
         after each chunk, so afterwards the cache holds exactly what it held before. ``progress``
@@ -707,7 +707,7 @@ class Llm:
         chunk = min(RECONSTRUCTION_CHUNK, self.max_context - self.pos - prompt_max)
         if chunk < 1:
             raise ContextOverflowError(
-                f"the reconstruction pass of h2o.policy kvzip needs {prompt_max + 1} free positions after "
+                f"the reconstruction pass of eviction.policy kvzip needs {prompt_max + 1} free positions after "
                 f"the {self.pos} tokens in context (limit {self.max_context})")
         t0 = time.perf_counter()
         cache, st = self.cache, self.stats
@@ -715,7 +715,7 @@ class Llm:
         prompts = [(s, (first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk])
                    for s in range(0, len(ctx), chunk)]
         total, done = sum(len(ids) for _, ids in prompts), 0
-        windowed = self.h2o["reconstruction_softmax"] == "chunk"
+        windowed = self.eviction["reconstruction_softmax"] == "chunk"
         cache.begin_reconstruction()
         try:
             for s, ids in prompts:
@@ -747,10 +747,10 @@ class Llm:
         """Append ``ids`` to the context in chunks; logits of the last token ([vocab]) or of
         every token ([n, vocab]) with ``all_logits``. ``reserve``: the decode tokens the caller
         means to add after it (a kvzip pass is then run now, not in the middle of that decode,
-        when they take the context to h2o.trigger_min_tokens). ``progress``, when given, is
+        when they take the context to eviction.trigger_min_tokens). ``progress``, when given, is
         called as ``progress(stage, done, total)`` after each chunk, in tokens: stage "prompt"
         over ``ids``, then "pass" over the reconstruction pass's tokens when one runs (kvzip past
-        the trigger: longer than the prompt, docs/h2o.md "Reconstruction (kvzip)").
+        the trigger: longer than the prompt, docs/eviction.md "Reconstruction (kvzip)").
         ``defer_pass``: with a reconstructing policy (kvzip) whose pass is due, neither the pass
         nor any eviction runs until :meth:`compress` (a conversation's answer starts from the
         cache as prefilled, docs/sessions.md "Compression after the answer"); other policies
@@ -766,7 +766,7 @@ class Llm:
         outs = []
         # A reconstructing policy (kvzip) evicts once, after the pass that scores the prompt.
         reconstructs = self._reconstructs()
-        end_only = self.h2o is not None and self.h2o["prefill_eviction"] == "end"
+        end_only = self.eviction is not None and self.eviction["prefill_eviction"] == "end"
         for s in range(0, ids.size, self.prefill_chunk):
             chunk = ids[s:s + self.prefill_chunk]
             last = s + self.prefill_chunk >= ids.size
@@ -792,7 +792,7 @@ class Llm:
     def compress(self, progress=None, cancel: Optional[threading.Event] = None) -> bool:
         """What a prefill with ``defer_pass`` left: the kvzip pass over every token written since
         the last one (the prompt and the answer decoded after it), when the context has reached
-        h2o.trigger_min_tokens, then the eviction to the budget. False when nothing was held.
+        eviction.trigger_min_tokens, then the eviction to the budget. False when nothing was held.
         ``progress`` as :meth:`prefill`'s (stage "pass"). ``cancel.set()`` stops the pass
         between chunks with :class:`PassCancelled`; the cache then holds partial scores and is
         for the caller to reset."""
@@ -813,7 +813,7 @@ class Llm:
         t0 = time.perf_counter()
         # A deferred pass runs when this token takes the context to the trigger (the cheap
         # position test first: this is the decode loop).
-        if self.h2o is not None and self.pos + 1 == self.h2o["trigger_min_tokens"] and self.unpassed \
+        if self.eviction is not None and self.pos + 1 == self.eviction["trigger_min_tokens"] and self.unpassed \
                 and not self.held and self._reconstructs():
             self._reconstruct()
         logits = self._forward(self._check_ids([token]), "last", False, evict=not self.held)[0]

@@ -1,6 +1,6 @@
 """Progress bars for a long prefill, on a terminal: the prompt, then the kvzip reconstruction
-pass, which takes longer than the prompt itself once a context passes h2o.trigger_min_tokens (a
-pasted document, or the chat turn that takes a conversation past it; docs/h2o.md
+pass, which takes longer than the prompt itself once a context passes eviction.trigger_min_tokens (a
+pasted document, or the chat turn that takes a conversation past it; docs/eviction.md
 "Reconstruction (kvzip)"). Without them the demo and the chat sit silent for minutes before the
 first token.
 

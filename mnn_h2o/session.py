@@ -7,7 +7,7 @@
     s2 = Session.load("chat.session", llm)     # continues with the same logits
 
 Several sessions share one :class:`~mnn_h2o.engine.Llm` (its MNN modules); each owns a native
-cache configured by its config (runtime.kv_dtype, h2o, lossless). Each call runs under the Llm's
+cache configured by its config (runtime.kv_dtype, eviction, lossless). Each call runs under the Llm's
 lock, so sessions may be used from several threads: their turns are serialised.
 
 How a turn is fed (docs/sessions.md "Turns and the chat template"): the whole conversation is
@@ -173,7 +173,7 @@ class Session:
         meta = dict(self._state(), model=_model_identity(self.llm),
                     cache={"block_tokens": self._ctx.cache.block_tokens, "max_tokens": self._ctx.cache.max_tokens},
                     config={"runtime": {"kv_dtype": self.cfg["runtime"]["kv_dtype"]},
-                            "h2o": self.cfg["h2o"], "lossless": self.cfg["lossless"]},
+                            "eviction": self.cfg["eviction"], "lossless": self.cfg["lossless"]},
                     stats={k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
         session_file.write(path, meta, self._snapshot())
 
@@ -195,7 +195,7 @@ class Session:
                 raise SessionFileError(f"{where} holds a cache with {key} {cache.get(key)}; this model is "
                                        f"loaded with {mine} (runtime.block_tokens / runtime.max_context)")
         try:
-            cfg = config_mod.validate(meta.get("config"), llm.cfg)
+            cfg = config_mod.validate(meta.get("config"), llm.cfg, notify=False)  # its own old names, silently
         except ValueError as e:
             raise SessionFileError(f"{where}: its settings are not valid here: {e}") from None
         try:
@@ -227,7 +227,7 @@ class Session:
         """Restores the cache from ``blob`` and the conversation from ``state`` (already checked)."""
         with self._using() as llm:
             llm.cache.restore(blob)
-            seen = llm.cache.h2o_stats()["layers"][0]["tokens_seen"]
+            seen = llm.cache.eviction_stats()["layers"][0]["tokens_seen"]
             if seen != len(state["token_ids"]):
                 llm.reset()
                 raise ValueError(f"the cache has seen {seen} tokens, the conversation {len(state['token_ids'])}")

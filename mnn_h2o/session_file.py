@@ -14,7 +14,9 @@ from typing import Tuple
 from .errors import SessionFileError
 
 MAGIC = b"MNH2OSES"
-VERSION = 1
+# 2: META's config names the eviction section "eviction" (1: "h2o"; read as it, config.RENAMED_SECTIONS).
+VERSION = 2
+OLDEST = 1
 SECTIONS = (b"META", b"KVCS")
 _HEADER = struct.Struct("<8sII")   # magic, version, section_count; then the header's CRC-32
 _SECTION = struct.Struct("<4sQI")  # tag, length, CRC-32 of the payload
@@ -48,8 +50,8 @@ def decode(data: bytes, name: str = "the file") -> Tuple[dict, bytes]:
     if version > VERSION:
         fail(f"was written by a newer mnn_h2o (session format version {version}; this one reads "
              f"up to {VERSION}): upgrade mnn_h2o to load it")
-    if version != VERSION or count != len(SECTIONS):
-        fail(f"has session format version {version} with {count} sections; version {VERSION} has "
+    if version < OLDEST or count != len(SECTIONS):
+        fail(f"has session format version {version} with {count} sections; versions {OLDEST}-{VERSION} have "
              f"{len(SECTIONS)}")
     pos, payloads = _HEADER.size + 4, []
     for want in SECTIONS:

@@ -1,5 +1,5 @@
 """KVzip's scores without its pass: each token's reconstruction score predicted from its hidden
-state (h2o.policy predicted_kvzip; KVzap, arXiv 2601.07891, kvpress's ``KVzapPress``).
+state (eviction.policy predicted_kvzip; KVzap, arXiv 2601.07891, kvpress's ``KVzapPress``).
 
 KVzip scores a cached token by the most attention it gets while the model repeats the context:
 a second prefill. Those scores are largely a function of the token's own hidden state, so a
@@ -8,7 +8,7 @@ small map per layer predicts them: here a linear one, from the layer's input hid
 kv head, fitted once per model by ridge regression to the engine's own kvzip pass on dev-split
 text (``python -m mnn_h2o.tools.fit_scorer``). The engine applies it to every token as it
 enters the cache (prompt chunks and decode tokens), and the cache ranks tokens by it exactly as
-it ranks kvzip's peaks (docs/h2o.md "Predicted scores").
+it ranks kvzip's peaks (docs/eviction.md "Predicted scores").
 
 The file (``predicted_kvzip.npz`` beside the export; where there is none, the one fitted for the
 same GGUF that ships in ``mnn_h2o/scorers/`` under the first 16 hex digits of its sha256, as
@@ -130,7 +130,7 @@ def shipped_path(source_sha256: str) -> str:
 
 
 def default_policy(source_sha256: str) -> str:
-    """What h2o.policy auto is for the GGUF with this digest: predicted_kvzip where the package
+    """What eviction.policy auto is for the GGUF with this digest: predicted_kvzip where the package
     ships its scorer (a scorer ships only once its dev-split frontier is within the bar of kvzip's,
     tests/test_token_scorer.py holds each to it), else kvzip. A scorer a user fitted beside an
     export is used when asked for by name, never chosen for them."""
@@ -144,7 +144,7 @@ def load_for_export(export_dir: str, meta: dict, config) -> TokenScorer:
         path = shipped_path(meta["source_sha256"])
     if not os.path.exists(path):
         raise ScorerFileError(
-            f"h2o.policy predicted_kvzip needs the scorer fitted for this model, and {path} does not exist: "
+            f"eviction.policy predicted_kvzip needs the scorer fitted for this model, and {path} does not exist: "
             f"python -m mnn_h2o.tools.fit_scorer --export {export_dir} makes it (a few minutes once per model: "
             "kvzip passes over dev-split text)")
     return TokenScorer.load(path, meta["source_sha256"], config.n_layers, config.hidden, config.n_kv_heads)

@@ -6,7 +6,7 @@ run on the same export, each writing what it saw into ``--dir`` (``<label>.json`
     python scripts/arm64_compare.py run --label arm64 --reference x86 --dir DIR    # any other CPU or ISA
     python scripts/arm64_compare.py compare --dir DIR --candidate arm64 [--scale x86-scalar]
 
-Every run loads the default config (q8 KV rows, h2o.policy auto = kvzip on SmolLM2, native
+Every run loads the default config (q8 KV rows, eviction.policy auto = kvzip on SmolLM2, native
 decode and prompt layers, native tail and head) and runs two cases:
 
 greedy   The prompt in the chat template, then greedy decoding of ``--new-tokens`` tokens as
@@ -17,7 +17,7 @@ greedy   The prompt in the chat template, then greedy decoding of ``--new-tokens
          gives the same tokens". Recorded: the prompt's ids (each CPU's tokenizers wheel), every
          step's logits, the KV cache's counters and the bytes of its snapshot (KvCache.snapshot:
          the rows as held, q8 codes and scales).
-session  The reference: a Session given an essay longer than h2o.trigger_min_tokens (so the kvzip
+session  The reference: a Session given an essay longer than eviction.trigger_min_tokens (so the kvzip
          pass and the eviction to the budget run) and one answer, saved with Session.save
          (session_<label>.mnns); then that file loaded into a fresh Session and asked a second
          question through Session.say. Another run: the reference's file loaded and asked the
@@ -180,7 +180,7 @@ def run(args) -> int:
            "python": platform.python_version(), "best_isa": native.best_isa(), "numpy": np.__version__,
            "package": os.path.dirname(native.__file__), "export": llm.export_dir, "load_s": load_s,
            "prompt": args.prompt, "new_tokens": args.new_tokens,
-           "config": {"kv_dtype": cfg["runtime"]["kv_dtype"], "policy": llm.policy_of(cfg["h2o"]),
+           "config": {"kv_dtype": cfg["runtime"]["kv_dtype"], "policy": llm.policy_of(cfg["eviction"]),
                       "decode_layers": cfg["runtime"]["decode_layers"], "prompt_layers": llm.prompt_layers}}
     say = lambda msg: print(f"arm64_compare[{args.label}]: {msg}", flush=True)
     say(f"{out['machine']}, core ISA {out['best_isa']}, package {out['package']}, export {llm.export_dir} "
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     r.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
     r.add_argument("--new-tokens", type=int, default=48)
     r.add_argument("--essay-tokens", type=int, default=3200,
-                   help="session case: essay tokens, past h2o.trigger_min_tokens (3072) so eviction runs")
+                   help="session case: essay tokens, past eviction.trigger_min_tokens (3072) so eviction runs")
     r.add_argument("--session-tokens", type=int, default=24, help="session case: tokens per answer")
     r.add_argument("--no-session", action="store_true", help="skip the session case")
     c = sub.add_parser("compare", help="compare two runs")

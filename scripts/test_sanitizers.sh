@@ -31,7 +31,7 @@ echo "== ASan + UBSan: ctest"
 (cd "$ASAN_DIR" && ctest --output-on-failure -j"$JOBS")
 
 echo "== ASan + UBSan: Python tests on the instrumented module"
-py_tests=(tests/test_kv_cache.py tests/test_h2o.py tests/test_codec.py tests/test_codec_fuzz.py)
+py_tests=(tests/test_kv_cache.py tests/test_eviction.py tests/test_codec.py tests/test_codec_fuzz.py)
 [ -f tests/test_kv_store.py ] && py_tests+=(tests/test_kv_store.py)
 # python is not instrumented, so the ASan runtime is preloaded (it must come first in the
 # process), and libstdc++ with it: otherwise ASan's __cxa_throw interceptor finds no real

@@ -47,7 +47,7 @@ def reference(smollm2_gguf):
     return ReferenceModel(smollm2_gguf, np.float64)
 
 
-def make_llm(weight_bits=8, h2o=None, head_bits=None, **runtime):
+def make_llm(weight_bits=8, eviction=None, head_bits=None, **runtime):
     """An engine on SmolLM2 (every module at weight_bits unless head_bits says otherwise);
     eviction off unless an ``h2o`` section is given."""
     from mnn_h2o import config
@@ -56,7 +56,7 @@ def make_llm(weight_bits=8, h2o=None, head_bits=None, **runtime):
     head_bits = weight_bits if head_bits is None else head_bits
     runtime.setdefault("kv_dtype", "f16")  # the exactness tests compare against f16/f32 references
     cfg = config.validate({"model": {"weight_bits": weight_bits, "head_bits": head_bits}, "runtime": runtime,
-                           "h2o": h2o if h2o is not None else {"enabled": False}})
+                           "eviction": eviction if eviction is not None else {"enabled": False}})
     return Llm.load("smollm2", cfg, progress=False)
 
 

@@ -11,11 +11,11 @@ from mnn_h2o.bench import gates, report
 from mnn_h2o.bench.__main__ import main
 
 MICRO = {
-    "h2o": {"sink_tokens": 16, "recent_tokens": 64, "trigger_min_tokens": 128, "update_interval": 4,
+    "eviction": {"sink_tokens": 16, "recent_tokens": 64, "trigger_min_tokens": 128, "update_interval": 4,
             "target_lossy_ratio": 2.0},
     "lossless": {"hot_sink_tokens": 16, "hot_recent_tokens": 32, "chunk_tokens": 64, "probe_every": 2},
     "bench": {"prompt_lengths": [512], "decode_tokens": 8, "repetitions": 3,
-              "cases": ["baseline", "probe", "full", "store", "q8", "q8_h2o"], "demo_cases": ["full", "store"],
+              "cases": ["baseline", "probe", "full", "store", "q8", "q8_evict"], "demo_cases": ["full", "store"],
               "demo_buckets": [160], "demo_new_tokens": 6},
     "gates": {"min_lossy_ratio": 1.5, "min_lossless_ratio": 1.01, "min_top1_agreement": 0.5,
               "speed_cases": ["probe"], "max_store_slowdown": 20.0},
@@ -98,12 +98,12 @@ def test_round_measures_what_it_claims(micro_round):
         assert store["total_ratio"] == pytest.approx(store["kv_bytes_uncompressed"] / store["kv_bytes_held"])
         # int8 rows: 68 bytes per 64 values instead of 128 (1.88x, less block rounding), close
         # to the full cache.
-        q8, q8_h2o = by["q8", n], by["q8_h2o", n]
+        q8, q8_evict = by["q8", n], by["q8_evict", n]
         assert 1.8 < q8["whole_model_ratio"] < 1.89 and base["whole_model_ratio"] < 1.01
         assert q8["kl"] < 0.01 and q8["top1_agreement"] >= 0.9
-        # h2o.target_lossy_ratio is whole-model: q8 pays 1.88x of the 2x, eviction the rest.
-        assert q8_h2o["whole_model_ratio"] >= 0.9 * MICRO["h2o"]["target_lossy_ratio"]
-        assert q8_h2o["whole_model_ratio"] == pytest.approx(q8_h2o["lossy_ratio"] * 128 / 68, rel=0.02)
+        # eviction.target_lossy_ratio is whole-model: q8 pays 1.88x of the 2x, eviction the rest.
+        assert q8_evict["whole_model_ratio"] >= 0.9 * MICRO["eviction"]["target_lossy_ratio"]
+        assert q8_evict["whole_model_ratio"] == pytest.approx(q8_evict["lossy_ratio"] * 128 / 68, rel=0.02)
     demo = {d["case"]: d for d in s["demo"]}
     assert demo["store"]["token_ids"] == demo["full"]["token_ids"]
     names = [g["name"] for g in s["gates"]]
@@ -136,20 +136,20 @@ def _vs(ratio, noise):
 
 
 def fake_row(case, n, decode=100.0, spread=0.05, prefill=1000.0, prefill_spread=0.02):
-    h2o = case != "baseline"
+    eviction = case != "baseline"
     return {"case": case, "prompt_tokens": n, "decode_tokens": 8, "decode_tps": _stats(decode, spread),
-            "decode_vs_baseline": _vs(decode / 100.0 if h2o else 1.0, spread if h2o else 0.0),
+            "decode_vs_baseline": _vs(decode / 100.0 if eviction else 1.0, spread if eviction else 0.0),
             "prefill_tps": _stats(prefill, prefill_spread), "kv_bytes_held": 1 << 20, "kv_bytes_pool": 1 << 20,
             "kv_bytes_kept": 1 << 20, "kv_bytes_peak": 1 << 20, "kv_bytes_uncompressed": 4 << 20,
-            "lossy_ratio": 4.0 if h2o else 1.0, "total_ratio": 4.0 * n / 4096 + 1 if h2o else 1.0,
-            "lossy_ratio_decode_avg": 1.0, "evictions": 0, "logits_sha256": "h2o" if h2o else "base",
-            "rss_delta_bytes": _stats(1 << 20, 0.0), "rss_bytes": 1 << 26, "kl": 0.01 if h2o else 0.0,
-            "top1_agreement": 0.95 if h2o else 1.0, "ppl": 10.0, "ppl_baseline": 10.0,
+            "lossy_ratio": 4.0 if eviction else 1.0, "total_ratio": 4.0 * n / 4096 + 1 if eviction else 1.0,
+            "lossy_ratio_decode_avg": 1.0, "evictions": 0, "logits_sha256": "evict" if eviction else "base",
+            "rss_delta_bytes": _stats(1 << 20, 0.0), "rss_bytes": 1 << 26, "kl": 0.01 if eviction else 0.0,
+            "top1_agreement": 0.95 if eviction else 1.0, "ppl": 10.0, "ppl_baseline": 10.0,
             "store": {"lossless_ratio": 0.0, "fallbacks": 0, "fallback_reasons": {}, "mismatches": 0}}
 
 
 def fake_summary(lengths, quick=False, **kw):
-    rows = [fake_row(c, n, **kw) for n in lengths for c in ("baseline", "h2o")]
+    rows = [fake_row(c, n, **kw) for n in lengths for c in ("baseline", "evict")]
     return {"schema_version": report.SCHEMA_VERSION, "cases": rows, "gates": [], "quick": quick,
             "config": config.defaults()}
 
@@ -176,7 +176,7 @@ def fake_round(monkeypatch):
             return rows
         monkeypatch.setattr(cases, "run_cases", run_cases)
         monkeypatch.setattr(cases, "run_demos", lambda llm, tok, cfg, progress=None: list(demo))
-        return main(argv + ["--set", "bench.cases=[baseline, h2o]", "--set", "gates.speed_cases=[h2o]",
+        return main(argv + ["--set", "bench.cases=[baseline, evict]", "--set", "gates.speed_cases=[evict]",
                             "--set", "gates.min_lossy_ratio=1.0"])
     return run
 
@@ -184,7 +184,7 @@ def fake_round(monkeypatch):
 def test_speed_gate_is_inconclusive_not_pass_when_too_noisy():
     g = config.defaults()["gates"]
     # A busy machine's round: 317% spread, H2O at 0.38x the baseline, passed against >= -2.17.
-    rows = [fake_row("baseline", 512, 100.0, 3.168), fake_row("h2o", 512, 37.71, 3.168)]
+    rows = [fake_row("baseline", 512, 100.0, 3.168), fake_row("evict", 512, 37.71, 3.168)]
     speed = [x for x in gates.evaluate(rows, [], g) if x["name"].startswith("decode_speed")]
     assert len(speed) == 1
     assert speed[0]["status"] == "inconclusive" and not speed[0]["pass"]
@@ -192,7 +192,7 @@ def test_speed_gate_is_inconclusive_not_pass_when_too_noisy():
     assert gates.outcome(speed, strict=True) == "inconclusive"
     assert gates.outcome(speed) == "pass"  # a target: it decides the round only under --strict
     # At the cap the gate still judges, with the capped allowance.
-    rows = [fake_row("baseline", 512, 100.0, g["max_speed_noise"]), fake_row("h2o", 512, 70.0, 0.01)]
+    rows = [fake_row("baseline", 512, 100.0, g["max_speed_noise"]), fake_row("evict", 512, 70.0, 0.01)]
     speed = [x for x in gates.evaluate(rows, [], g) if x["name"].startswith("decode_speed")]
     assert speed[0]["status"] == "fail"
     assert gates.outcome(speed + [gates.gate("x", 1, "==", 1, inconclusive=True)], strict=True) == "fail"
@@ -224,10 +224,10 @@ def test_selftest_notices_a_target_that_fails_a_round_without_strict(monkeypatch
 
 
 def test_missed_targets_fail_a_round_only_under_strict(fake_round, tmp_path, capsys):
-    noisy = [fake_row("baseline", 512, 100.0, 3.168), fake_row("h2o", 512, 37.71, 3.168)]
+    noisy = [fake_row("baseline", 512, 100.0, 3.168), fake_row("evict", 512, 37.71, 3.168)]
     assert fake_round(["--out", str(tmp_path / "noisy")], noisy) == 0
     out = capsys.readouterr().out
-    assert "targets: 2 of 3 met" in out and "INCONCLUSIVE: decode_speed h2o/baseline @512" in out
+    assert "targets: 2 of 3 met" in out and "INCONCLUSIVE: decode_speed evict/baseline @512" in out
     assert "PASS: every guard" in out
     assert fake_round(["--strict", "--out", str(tmp_path / "strict")], noisy) == 3
     err = capsys.readouterr().err
@@ -235,17 +235,17 @@ def test_missed_targets_fail_a_round_only_under_strict(fake_round, tmp_path, cap
     s = json.loads((tmp_path / "strict" / "summary.json").read_text())
     assert s["overall"] == "inconclusive" and not s["overall_pass"] and s["strict"]
     assert "**Overall: INCONCLUSIVE**" in (tmp_path / "strict" / "summary.md").read_text()
-    low = [fake_row("baseline", 512), dict(fake_row("h2o", 512, 110.0), top1_agreement=0.5)]
+    low = [fake_row("baseline", 512), dict(fake_row("evict", 512, 110.0), top1_agreement=0.5)]
     assert fake_round(["--out", str(tmp_path / "low")], low) == 0
-    assert "MISSED: top1_agreement h2o @512 = 0.5 (target >= 0.9)" in capsys.readouterr().out
+    assert "MISSED: top1_agreement evict @512 = 0.5 (target >= 0.9)" in capsys.readouterr().out
     assert fake_round(["--strict", "--out", str(tmp_path / "low-strict")], low) == 1
-    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 0.05)]
+    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("evict", 512, 110.0, 0.05)]
     assert fake_round(["--strict", "--out", str(tmp_path / "quiet")], quiet) == 0
     assert "PASS: every guard and every target" in capsys.readouterr().out
 
 
 def test_reference_round_guards_regressions(fake_round, tmp_path, capsys):
-    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 0.05)]
+    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("evict", 512, 110.0, 0.05)]
     assert fake_round(["--out", str(tmp_path / "ref")], quiet) == 0
     ref = tmp_path / "ref.json"
     assert main(["reference", str(tmp_path / "ref"), "--to", str(ref)]) == 0
@@ -255,20 +255,20 @@ def test_reference_round_guards_regressions(fake_round, tmp_path, capsys):
     s = json.loads((tmp_path / "same" / "summary.json").read_text())
     assert str(ref) in s["reference"]
     names = [g["name"] for g in s["gates"] if g["kind"] == "guard"]
-    for prefix in ("kv_bytes_held h2o @512 vs reference", "kl h2o @512 vs reference",
-                   "decode_speed h2o/baseline @512 vs reference"):
+    for prefix in ("kv_bytes_held evict @512 vs reference", "kl evict @512 vs reference",
+                   "decode_speed evict/baseline @512 vs reference"):
         assert any(n.startswith(prefix) for n in names), names
     capsys.readouterr()
     # Worse memory, worse KL, slower: each fails the round (exit 1) with its guard named.
-    for change, guard in (({"kv_bytes_held": 2 << 20}, "kv_bytes_held h2o @512"), ({"kl": 0.05}, "kl h2o @512"),
-                          ({"decode_vs_baseline": _vs(0.7, 0.05)}, "decode_speed h2o/baseline @512 vs reference")):
+    for change, guard in (({"kv_bytes_held": 2 << 20}, "kv_bytes_held evict @512"), ({"kl": 0.05}, "kl evict @512"),
+                          ({"decode_vs_baseline": _vs(0.7, 0.05)}, "decode_speed evict/baseline @512 vs reference")):
         worse = [quiet[0], dict(quiet[1], **change)]
         assert fake_round(["--reference", str(ref), "--out", str(tmp_path / guard.split()[0])], worse) == 1
         assert guard in capsys.readouterr().err
     # Settings the reference was not measured with: an explicit --reference is refused.
-    assert fake_round(["--reference", str(ref), "--set", "h2o.sink_tokens=8", "--out", str(tmp_path / "x")],
+    assert fake_round(["--reference", str(ref), "--set", "eviction.sink_tokens=8", "--out", str(tmp_path / "x")],
                       quiet) == 2
-    assert "h2o.sink_tokens" in capsys.readouterr().err
+    assert "eviction.sink_tokens" in capsys.readouterr().err
     # A reference is made from a healthy round only.
     assert main(["reference", str(tmp_path / "kl"), "--to", str(tmp_path / "bad.json")]) == 2
     assert "a guard failed" in capsys.readouterr().err
@@ -276,8 +276,8 @@ def test_reference_round_guards_regressions(fake_round, tmp_path, capsys):
 
 def test_no_speed_guard_against_a_loosely_measured_reference():
     g = config.defaults()["gates"]
-    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 0.05)]
-    loose = [fake_row("baseline", 512, 100.0, 0.05), fake_row("h2o", 512, 110.0, 2 * g["max_speed_noise"])]
+    quiet = [fake_row("baseline", 512, 100.0, 0.05), fake_row("evict", 512, 110.0, 0.05)]
+    loose = [fake_row("baseline", 512, 100.0, 0.05), fake_row("evict", 512, 110.0, 2 * g["max_speed_noise"])]
     slower = [quiet[0], dict(quiet[1], decode_vs_baseline=_vs(0.7, 0.05))]
     speed = [x for x in gates.evaluate(slower, [], g, {"cases": quiet}) if "vs reference" in x["name"]
              and x["name"].startswith("decode_speed")]
@@ -285,7 +285,7 @@ def test_no_speed_guard_against_a_loosely_measured_reference():
     speed = [x for x in gates.evaluate(slower, [], g, {"cases": loose}) if "vs reference" in x["name"]
              and x["name"].startswith("decode_speed")]
     assert speed == []  # it could only ever be inconclusive: the reference must be remade
-    assert gates.loose_reference_speeds({"cases": loose}, g["max_speed_noise"]) == ["h2o @512"]
+    assert gates.loose_reference_speeds({"cases": loose}, g["max_speed_noise"]) == ["evict @512"]
 
 
 def test_reference_files_are_refused_when_unreadable(tmp_path):
@@ -329,7 +329,7 @@ def test_ctrl_c_is_one_line_exit_130_and_no_run_folder(fake_round, tmp_path, cap
             f.write("half")
         raise KeyboardInterrupt
     monkeypatch.setattr(plots, "write_all", interrupted)
-    quiet = [fake_row("baseline", 512), fake_row("h2o", 512, 110.0)]
+    quiet = [fake_row("baseline", 512), fake_row("evict", 512, 110.0)]
     assert fake_round(["--out", str(tmp_path / "run")], quiet) == 130
     assert os.listdir(tmp_path) == []
 
@@ -348,7 +348,7 @@ def test_compare_uses_each_metrics_own_noise():
         r["decode_tps"]["median"] *= 0.95   # inside decode's 8% spread
         r["prefill_tps"]["median"] *= 0.95  # beyond prefill's own 2% spread
     rows = {line.split("|")[3].strip(): line for line in report.compare(prev, now).splitlines()
-            if line.startswith("| h2o")}
+            if line.startswith("| evict")}
     assert rows["prefill tok/s"].rstrip(" |").endswith("worse")
     assert rows["decode tok/s"].rstrip(" |").endswith("-5.0%")
     # Beyond gates.max_speed_noise a change is inconclusive, not hidden inside the noise.
@@ -363,19 +363,19 @@ def test_compare_without_common_cases_says_so():
     quick, full = fake_summary([2048], quick=True), fake_summary([512, 1024, 4096])
     text = report.compare(full, quick)
     assert text.startswith("Nothing to compare")
-    assert "--quick round of baseline, h2o at 2048" in text and "at 512/1024/4096" in text
+    assert "--quick round of baseline, evict at 2048" in text and "at 512/1024/4096" in text
 
 
 def test_quality_plot_has_a_line_per_case_and_no_point_labels():
     from mnn_h2o.bench import plots
 
-    rows = [fake_row(c, n) for n in (4096, 512, 1024) for c in ("baseline", "h2o", "store")]
+    rows = [fake_row(c, n) for n in (4096, 512, 1024) for c in ("baseline", "evict", "store")]
     fig = plots.quality_figure(rows)
     try:
         for ax in fig.axes:
             assert len(ax.texts) == 0
             lines = ax.get_lines()
-            assert [ln.get_label() for ln in lines] == ["H2O alone", "H2O + lossless store"]
+            assert [ln.get_label() for ln in lines] == ["eviction alone", "eviction + lossless store"]
             for ln in lines:
                 assert ln.get_linestyle() == "-" and ln.get_marker() not in ("", "None", None)
                 assert list(ln.get_xdata()) == sorted(ln.get_xdata()) and len(ln.get_xdata()) == 3
@@ -399,12 +399,12 @@ def test_demo_divergence_and_similarity():
     # ROUGE-L rewards order, bag-of-words F1 does not.
     assert token_f1("a b c d", "d c b a") == 1.0 and rouge_l("a b c d", "d c b a") == pytest.approx(0.25)
     assert rouge_l("", "") == 1.0 and rouge_l("a", "") == 0.0
-    table = report.demo_table([dict(fake_demo("baseline"), **same), dict(fake_demo("h2o"), **other)])
+    table = report.demo_table([dict(fake_demo("baseline"), **same), dict(fake_demo("evict"), **other)])
     assert "| - | 1.000 | 1.000 |" in table and "| token 2 | " in table
 
 
 def test_demo_answer_must_not_change_where_nothing_was_evicted():
-    rows = [fake_row("baseline", 512), fake_row("h2o", 512, 110.0)]
+    rows = [fake_row("baseline", 512), fake_row("evict", 512, 110.0)]
     g = config.defaults()["gates"]
 
     def demo_gates(lossy, identical):
@@ -423,12 +423,12 @@ def fake_demo(case):
 
 
 @pytest.mark.parametrize("config_dtype,expect", [
-    ("f16", {"baseline": "f16", "h2o": "f16", "store": "f16", "q8": "q8", "q8_h2o": "q8"}),
-    ("bf16", {"baseline": "f16", "h2o": "bf16", "store": "bf16", "q8": "q8", "q8_h2o": "q8"}),
-    ("q4r", {"baseline": "f16", "h2o": "f16", "store": "f16", "q8": "q8", "q8_h2o": "q8"}),
+    ("f16", {"baseline": "f16", "evict": "f16", "store": "f16", "q8": "q8", "q8_evict": "q8"}),
+    ("bf16", {"baseline": "f16", "evict": "bf16", "store": "bf16", "q8": "q8", "q8_evict": "q8"}),
+    ("q4r", {"baseline": "f16", "evict": "f16", "store": "f16", "q8": "q8", "q8_evict": "q8"}),
 ])
 def test_case_element_types(config_dtype, expect):
-    """The reference is always f16; the lossless cases (and h2o, their bit-identical reference)
+    """The reference is always f16; the lossless cases (and evict, their bit-identical reference)
     measure the store on float rows, so a quantised runtime.kv_dtype leaves them on f16."""
     from mnn_h2o.bench.cases import case_kv_dtype
 

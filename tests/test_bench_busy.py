@@ -12,8 +12,8 @@ import yaml
 from mnn_h2o.bench.__main__ import main
 
 ROUND = {
-    "h2o": {"sink_tokens": 16, "recent_tokens": 64, "trigger_min_tokens": 128, "target_lossy_ratio": 2.0},
-    "bench": {"prompt_lengths": [512], "decode_tokens": 64, "repetitions": 3, "cases": ["baseline", "h2o", "q8"],
+    "eviction": {"sink_tokens": 16, "recent_tokens": 64, "trigger_min_tokens": 128, "target_lossy_ratio": 2.0},
+    "bench": {"prompt_lengths": [512], "decode_tokens": 64, "repetitions": 3, "cases": ["baseline", "evict", "q8"],
               "demo_cases": ["full"], "demo_buckets": [160], "demo_new_tokens": 4},
 }
 

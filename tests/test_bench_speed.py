@@ -61,25 +61,25 @@ def test_speed_table_shows_the_prefill_split():
     assert "| 2.00 / 0.40 / 0.10 | 10.00 / 2.00 / 0.50 |" in [x for x in t if "| ours |" in x][0]
 
 
-class H2oCountingEngine(CountingEngine):
-    def configure_h2o(self, section):
-        self.h2o = section
+class EvictingCountingEngine(CountingEngine):
+    def configure_eviction(self, section):
+        self.eviction = section
 
 
 def test_speed_runs_without_the_stock_row(tokenizer):
     """--engines without stock (or without ours): no such run, no ratio against it, the table still prints."""
     from mnn_h2o.bench.speed import format_table, run_speed
 
-    res = run_speed(H2oCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
-                    h2o={"enabled": True}, progress=False)
+    res = run_speed(EvictingCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
+                    eviction={"enabled": True}, progress=False)
     row = res["32"]
-    assert {"ours", "ours_h2o"} <= set(row) and "stock" not in row
-    assert "decode_ratio_ours_h2o_vs_ours" in row
+    assert {"ours", "ours_evict"} <= set(row) and "stock" not in row
+    assert "decode_ratio_ours_evict_vs_ours" in row
     assert not [k for k in row if k.endswith("_vs_stock")]
-    assert "| ours_h2o |" in format_table(res)
-    row = run_speed(H2oCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
-                    h2o={"enabled": True}, progress=False, ours_full=False)["32"]
-    assert "ours_h2o" in row and "ours" not in row and "decode_ratio_ours_h2o_vs_ours" not in row
+    assert "| ours_evict |" in format_table(res)
+    row = run_speed(EvictingCountingEngine(), None, tokenizer, contexts=[32], n_decode=2, repetitions=3,
+                    eviction={"enabled": True}, progress=False, ours_full=False)["32"]
+    assert "ours_evict" in row and "ours" not in row and "decode_ratio_ours_evict_vs_ours" not in row
 
 
 def test_engine_list_names_rows_and_rejects_unknown_ones():
@@ -89,8 +89,8 @@ def test_engine_list_names_rows_and_rejects_unknown_ones():
 
     from mnn_h2o.bench.__main__ import _engine_list
 
-    assert _engine_list("ours_h2o, llama_f16") == ["ours_h2o", "llama_f16"]
-    for bad in ("ours_h2o,llama", ",", "stock,f16"):
+    assert _engine_list("ours_evict, llama_f16") == ["ours_evict", "llama_f16"]
+    for bad in ("ours_evict,llama", ",", "stock,f16"):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown engine"):
             _engine_list(bad)
 

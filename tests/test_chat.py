@@ -70,8 +70,8 @@ def test_the_history_is_compressed_after_the_answer():
     """The chat answers first and compresses on a thread of its own while the next line comes
     (docs/sessions.md "Compression after the answer"): /stats, which waits for it, already sees
     the history evicted (the trigger at 0 so that a short conversation is)."""
-    p = _start("--max-new-tokens", "8", "--set", "h2o.policy=kvzip", "--set", "h2o.trigger_min_tokens=0",
-               "--set", "h2o.sink_tokens=4", "--set", "h2o.recent_tokens=8")
+    p = _start("--max-new-tokens", "8", "--set", "eviction.policy=kvzip", "--set", "eviction.trigger_min_tokens=0",
+               "--set", "eviction.sink_tokens=4", "--set", "eviction.recent_tokens=8")
     out, err = p.communicate("What is the capital of France?\n/stats\n/quit\n", timeout=600)
     assert p.returncode == 0, err
     ratio = float(out.split("whole-model ratio ")[1].split("x")[0])

@@ -100,7 +100,7 @@ def test_config_imports_without_the_native_module(tmp_path):
     code = ("import importlib.util, sys\n"
             "import mnn_h2o.config as c\n"
             "assert importlib.util.find_spec('mnn_h2o._core') is None\n"
-            "assert 'kvzip' in c.key('h2o.policy').choices\n"
+            "assert 'kvzip' in c.key('eviction.policy').choices\n"
             "sys.stdout.write(c.native_header())\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     env.pop("MNN_H2O_CORE_DIR", None)
@@ -126,35 +126,35 @@ def test_policy_choices_are_the_native_registry():
     too) has exactly these, and config, the eval and error messages read them."""
     core = pytest.importorskip("mnn_h2o._core")
     names = core.policy_names()
-    assert list(config.native_choices(config.key("h2o.policy"))) == names
-    assert list(config.key("h2o.policy").choices) == ["auto"] + names
+    assert list(config.native_choices(config.key("eviction.policy"))) == names
+    assert list(config.key("eviction.policy").choices) == ["auto"] + names
     assert {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
             "kvzip", "predicted_kvzip"} == set(names)
     with pytest.raises(config.ConfigError) as e:
-        config.validate({"h2o": {"policy": "lru"}})
+        config.validate({"eviction": {"policy": "lru"}})
     assert all(n in str(e.value) for n in names)
     for n in names:
-        assert config.validate({"h2o": {"policy": n}})["h2o"]["policy"] == n
+        assert config.validate({"eviction": {"policy": n}})["eviction"]["policy"] == n
     from mnn_h2o.eval import frontier
 
     assert frontier.our_policies() == tuple(names)
     with pytest.raises(ValueError) as e:
         frontier.parse_methods("ours:lru", ())
     assert all(n in str(e.value) for n in names)
-    with pytest.raises(config.ConfigError, match="h2o.observation_window"):
-        config.validate({"h2o": {"observation_window": 0}})
+    with pytest.raises(config.ConfigError, match="eviction.observation_window"):
+        config.validate({"eviction": {"observation_window": 0}})
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"h2o": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}},
-     "h2o.target_keep_ratio and h2o.kv_budget_bytes: set at most one, got 0.5 and 1"),
-    ({"h2o": {"target_lossy_ratio": 0.5}},
-     "h2o.target_lossy_ratio must be >= 1 when h2o.target_keep_ratio and h2o.kv_budget_bytes are 0, got 0.5"),
-    ({"h2o": {"layer_start": 5, "layer_end": 3}},
-     "h2o.layer_end must be -1 (all layers) or > h2o.layer_start (5), got 3"),
+    ({"eviction": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}},
+     "eviction.target_keep_ratio and eviction.kv_budget_bytes: set at most one, got 0.5 and 1"),
+    ({"eviction": {"target_lossy_ratio": 0.5}},
+     "eviction.target_lossy_ratio must be >= 1 when eviction.target_keep_ratio and eviction.kv_budget_bytes are 0, got 0.5"),
+    ({"eviction": {"layer_start": 5, "layer_end": 3}},
+     "eviction.layer_end must be -1 (all layers) or > eviction.layer_start (5), got 3"),
     ({"lossless": {"chunk_tokens": 40}}, "lossless.chunk_tokens must be a multiple of runtime.block_tokens (16), got 40"),
-    ({"h2o": {"policy": "kvzip", "prefill_eviction": "chunk"}},
-     "h2o.prefill_eviction chunk cannot be used with h2o.policy kvzip"),
+    ({"eviction": {"policy": "kvzip", "prefill_eviction": "chunk"}},
+     "eviction.prefill_eviction chunk cannot be used with eviction.policy kvzip"),
 ])
 def test_cross_key_rules_name_every_key_by_its_path(raw, message):
     """The rules over several native keys are the native validation's (one copy, asked through
@@ -166,14 +166,14 @@ def test_cross_key_rules_name_every_key_by_its_path(raw, message):
 
 
 def test_byte_budget_is_one_of_the_targets():
-    cfg = config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_lossy_ratio": 0.0}})
-    assert cfg["h2o"]["kv_budget_bytes"] == 1 << 30
+    cfg = config.validate({"eviction": {"kv_budget_bytes": 1 << 30, "target_lossy_ratio": 0.0}})
+    assert cfg["eviction"]["kv_budget_bytes"] == 1 << 30
     with pytest.raises(config.ConfigError, match="set at most one"):
-        config.validate({"h2o": {"kv_budget_bytes": 1 << 30, "target_keep_ratio": 0.5}})
-    with pytest.raises(config.ConfigError, match="h2o.head_floor_share"):
-        config.validate({"h2o": {"head_floor_share": 1.5}})
-    with pytest.raises(config.ConfigError, match="h2o.layer_budget"):
-        config.validate({"h2o": {"layer_budget": "cone"}})
+        config.validate({"eviction": {"kv_budget_bytes": 1 << 30, "target_keep_ratio": 0.5}})
+    with pytest.raises(config.ConfigError, match="eviction.head_floor_share"):
+        config.validate({"eviction": {"head_floor_share": 1.5}})
+    with pytest.raises(config.ConfigError, match="eviction.layer_budget"):
+        config.validate({"eviction": {"layer_budget": "cone"}})
 
 
 # --- one source of truth: the schema, the generated header, the native structs, the C API (its
@@ -204,7 +204,7 @@ def _signature_defaults(method) -> dict:
     return {name: ast.literal_eval(value) for name, value in found}
 
 
-@pytest.mark.parametrize("section, method", [("runtime", "__init__"), ("h2o", "enable_h2o"),
+@pytest.mark.parametrize("section, method", [("runtime", "__init__"), ("eviction", "enable_eviction"),
                                              ("lossless", "enable_store")])
 def test_binding_arguments_are_the_schema_keys_and_defaults(section, method):
     core = pytest.importorskip("mnn_h2o._core")
@@ -217,7 +217,7 @@ def test_binding_arguments_are_the_schema_keys_and_defaults(section, method):
 def _native_cache():
     core = pytest.importorskip("mnn_h2o._core")
     # Enough layers for every layer key's upper bound; a float dtype and the default block size.
-    return core.KvCache(config.key("h2o.layer_end").range[1] + 1, 1, 16, 1, dtype="f16",
+    return core.KvCache(config.key("eviction.layer_end").range[1] + 1, 1, 16, 1, dtype="f16",
                         block_tokens=config.defaults()["runtime"]["block_tokens"], max_tokens=64)
 
 
@@ -228,9 +228,9 @@ def test_native_defaults_are_the_schema_defaults():
     assert {"dtype": bare.dtype, "block_tokens": bare.block_tokens, "threads": bare.threads} == \
         config.native_args("runtime", config.defaults()["runtime"])
     cache = _native_cache()
-    cache.enable_h2o()
-    want = config.native_args("h2o", config.defaults()["h2o"])
-    assert cache.h2o_config() == {**want, "layer_end": cache.n_layers if want["layer_end"] == -1 else want["layer_end"]}
+    cache.enable_eviction()
+    want = config.native_args("eviction", config.defaults()["eviction"])
+    assert cache.eviction_config() == {**want, "layer_end": cache.n_layers if want["layer_end"] == -1 else want["layer_end"]}
     cache.enable_store(mode="store")
     assert cache.store_config() == {**config.native_args("lossless", config.defaults()["lossless"]), "mode": "store"}
 
@@ -278,8 +278,8 @@ def _native_runtime(values):
 
 def _native_accepts(cache, section, values):
     try:
-        if section == "h2o":
-            cache.enable_h2o(**values)
+        if section == "eviction":
+            cache.enable_eviction(**values)
         else:
             cache.enable_store(**values)
         return True
@@ -306,14 +306,14 @@ def test_python_and_native_validation_agree(path):
             native_ok = got is not None
         else:
             native_ok = _native_accepts(cache, k.section, values)
-            got = cache.h2o_config() if k.section == "h2o" else cache.store_config()
+            got = cache.eviction_config() if k.section == "eviction" else cache.store_config()
         assert py_ok == native_ok, f"{path} = {value!r}: Python {'accepts' if py_ok else 'rejects'}, " \
                                    f"native {'accepts' if native_ok else 'rejects'}"
         if py_ok and got is None:  # mode off: the store is off
             assert path == "lossless.mode" and value == "off"
         elif py_ok:
             want = config.core_value(k, section[k.name])  # auto: as the core alone
-            assert got[native_name] == (cache.n_layers if path == "h2o.layer_end" and value == -1 else want)
+            assert got[native_name] == (cache.n_layers if path == "eviction.layer_end" and value == -1 else want)
 
 
 @pytest.mark.parametrize("keep, cap, lossy", [(0.0, 0, 0.5), (0.0, 0, 1.0), (0.5, 0, 0.0), (0.5, 0, 0.5),
@@ -323,15 +323,15 @@ def test_budget_rule_is_the_same_on_both_sides(keep, cap, lossy):
     otherwise at least 1: the same rule in config.py and native, and no layer rewrites a value."""
     h = {"target_keep_ratio": keep, "kv_budget_bytes": cap, "target_lossy_ratio": lossy}
     try:
-        config.validate({"h2o": h})
+        config.validate({"eviction": h})
         py_ok = True
     except config.ConfigError:
         py_ok = False
     cache = _native_cache()
-    native_ok = _native_accepts(cache, "h2o", {**config.native_args("h2o", config.defaults()["h2o"]), **h})
+    native_ok = _native_accepts(cache, "eviction", {**config.native_args("eviction", config.defaults()["eviction"]), **h})
     assert py_ok == native_ok
     if native_ok:
-        assert {n: cache.h2o_config()[n] for n in h} == h
+        assert {n: cache.eviction_config()[n] for n in h} == h
 
 
 def test_engine_passes_sections_through_unchanged():
@@ -343,22 +343,22 @@ def test_engine_passes_sections_through_unchanged():
     llm = Llm.__new__(Llm)  # the configuration methods need only the cache
     llm._block_tokens, llm.kv_dtype = 16, "f16"
     llm.cache = core.KvCache(4, 1, 16, 1, dtype="f16", block_tokens=16, max_tokens=64)
-    llm.configure_h2o({"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
-    want = config.validate({"h2o": {"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["h2o"]
-    assert llm.h2o == want
-    assert llm.cache.h2o_config() == {**config.native_args("h2o", want), "layer_end": 4}
-    llm.configure_lossless({"mode": "store", "scope": "h2o_kept", "front_n": 3})
-    want = config.validate({"lossless": {"mode": "store", "scope": "h2o_kept", "front_n": 3},
+    llm.configure_eviction({"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
+    want = config.validate({"eviction": {"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["eviction"]
+    assert llm.eviction == want
+    assert llm.cache.eviction_config() == {**config.native_args("eviction", want), "layer_end": 4}
+    llm.configure_lossless({"mode": "store", "scope": "kept", "front_n": 3})
+    want = config.validate({"lossless": {"mode": "store", "scope": "kept", "front_n": 3},
                             "runtime": {"kv_dtype": "f16"}})["lossless"]
     assert llm.lossless == want and llm.cache.store_config() == config.native_args("lossless", want)
-    with pytest.raises(config.ConfigError, match="h2o.sink_tokens: expected int"):
-        llm.configure_h2o({"sink_tokens": "64"})
+    with pytest.raises(config.ConfigError, match="eviction.sink_tokens: expected int"):
+        llm.configure_eviction({"sink_tokens": "64"})
 
 
 @pytest.mark.parametrize("base, message", [
     ({"runtime": {"threads": "x"}}, "runtime.threads: expected int"),
     ({"runtime": {"threads": 0}}, "runtime.threads: 0 is out of range"),
-    ({"h2o": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}}, "set at most one"),
+    ({"eviction": {"target_keep_ratio": 0.5, "kv_budget_bytes": 1}}, "set at most one"),
     ({"runtime": {"thread": 2}}, "unknown key runtime.thread"),
     ([1], "config must be a mapping"),
 ])
@@ -371,6 +371,6 @@ def test_validate_checks_its_base_too(base, message):
 
 
 def test_validate_of_a_valid_config_is_that_config():
-    cfg = config.validate({"h2o": {"sink_tokens": 32}})
+    cfg = config.validate({"eviction": {"sink_tokens": 32}})
     assert config.validate(None, cfg) == cfg and config.validate(None, cfg) is not cfg
-    assert config.validate({"h2o": {"sink_tokens": 16}}, cfg)["h2o"]["sink_tokens"] == 16
+    assert config.validate({"eviction": {"sink_tokens": 16}}, cfg)["eviction"]["sink_tokens"] == 16

@@ -278,8 +278,8 @@ def test_bug_huge_int_for_float_key():
 
 def test_bug_cross_key_message_names_the_path():
     with pytest.raises(config.ConfigError) as e:
-        config.validate({"h2o": {"target_keep_ratio": 0.0, "target_lossy_ratio": 0.5}})
-    assert "h2o.target_lossy_ratio" in str(e.value)
+        config.validate({"eviction": {"target_keep_ratio": 0.0, "target_lossy_ratio": 0.5}})
+    assert "eviction.target_lossy_ratio" in str(e.value)
 
 
 def test_bug_config_file_not_utf8(tmp_path):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.model
 
 # Short conversations: a context small enough that the budget tool's default reaches it quickly;
 # floors small enough that a few hundred tokens can be evicted.
-SMALL = {"runtime": {"max_context": 640}, "h2o": {"sink_tokens": 16, "recent_tokens": 32, "trigger_min_tokens": 0}}
+SMALL = {"runtime": {"max_context": 640}, "eviction": {"sink_tokens": 16, "recent_tokens": 32, "trigger_min_tokens": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_the_first_turn_tool_times_the_three_ways_and_they_hold_what_they_should
     the answer the pass is timed apart, in compress_s."""
     from mnn_h2o.tools import session_ttft
 
-    cfg = config.validate({**SMALL, "h2o": dict(SMALL["h2o"], policy="kvzip")})
+    cfg = config.validate({**SMALL, "eviction": dict(SMALL["eviction"], policy="kvzip")})
     r = session_ttft.measure_first_turn(llm, cfg, 300, 1)
     a, b, c = r["in_turn"], r["after_answer"], r["no_eviction"]
     assert r["policy"] == "kvzip" and r["prompt_tokens"] > 300

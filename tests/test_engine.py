@@ -287,7 +287,7 @@ def test_mnn_modules_are_built_when_a_runtime_first_needs_them(tmp_path, smollm2
     out = export(smollm2_path, str(tmp_path / "e"), weight_bits=8, progress=False)
     meta = lambda d: json.load(open(os.path.join(d, "model.json")))
     assert meta(out)["modules"] == {} and not [f for f in os.listdir(out) if f.endswith(".mnn")]
-    cfg = lambda **rt: config.validate({"runtime": dict(kv_dtype="f16", **rt), "h2o": {"enabled": False}})
+    cfg = lambda **rt: config.validate({"runtime": dict(kv_dtype="f16", **rt), "eviction": {"enabled": False}})
     native = Llm(out, cfg())
     assert not native._modules and meta(out)["modules"] == {}
 

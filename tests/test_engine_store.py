@@ -15,10 +15,10 @@ def llm():
     from mnn_h2o.engine import Llm
 
     cfg = config.defaults()
-    assert cfg["runtime"]["kv_dtype"] == "q8" and cfg["h2o"]["enabled"]
+    assert cfg["runtime"]["kv_dtype"] == "q8" and cfg["eviction"]["enabled"]
     # Eviction from a few hundred tokens on, so that it happens within seconds (the default waits
     # for 3072 tokens); everything else as the default config has it.
-    cfg["h2o"].update(trigger_min_tokens=256, update_interval=8)
+    cfg["eviction"].update(trigger_min_tokens=256, update_interval=8)
     return Llm.load("smollm2", cfg, progress=False)
 
 
@@ -57,7 +57,7 @@ def test_store_without_eviction_compresses(llm, tokenizer):
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, PROMPT + DECODE)
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
     want, _ = _run(llm, ids)
     llm.configure_lossless(dict(config.defaults()["lossless"], mode="store"))
     try:
@@ -66,4 +66,4 @@ def test_store_without_eviction_compresses(llm, tokenizer):
         assert s["chunks_stored"] > 0 and s["chunks_held"] > 0, s
     finally:
         llm.configure_lossless(None)
-        llm.configure_h2o(llm.cfg["h2o"])
+        llm.configure_eviction(llm.cfg["eviction"])

@@ -222,7 +222,7 @@ def test_factor_variants_and_keep_for_end():
     keep = factors.keep_for_end(30, 28, 4096, 255, 3.2)
     assert 30 * 4351 / (2 * 4351 + 28 * (keep * 4096 + 255)) == pytest.approx(3.2)
     v = factors.combine("layers0+floors16")
-    assert v.overrides == {"h2o.layer_start": 0, "h2o.sink_tokens": 16, "h2o.recent_tokens": 16}
+    assert v.overrides == {"eviction.layer_start": 0, "eviction.sink_tokens": 16, "eviction.recent_tokens": 16}
     assert factors.combine("prefill_end+no_decode").keep_for_end
     with pytest.raises(ValueError, match="unknown variant"):
         factors.parse_variants("base,layers9")
@@ -236,7 +236,7 @@ def test_factor_variants_and_keep_for_end():
 
 def test_q8_split_is_one_rule_for_ours_and_the_peer():
     """A whole-model target on q8: the type pays 64/34 (ours and llama.cpp's q8_0 count the same
-    bytes), eviction the rest; tests/test_h2o.py checks the native cache keeps what this says."""
+    bytes), eviction the rest; tests/test_eviction.py checks the native cache keeps what this says."""
     from mnn_h2o.eval.quality import eviction_target
 
     assert F.dtype_gain("ours", "q8") == F.dtype_gain("kvpress", "q8") == 64 / 34

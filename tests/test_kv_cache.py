@@ -207,7 +207,7 @@ def test_quantised_rows_size_error_and_accounting():
     for dtype in ("f16", "q8", "q4", "q4r", "q8r"):
         cache = make_cache(dtype=dtype, block_tokens=16)
         cache.append(0, k, v)
-        st = cache.h2o_stats()
+        st = cache.eviction_stats()
         assert st["bytes_f16"] == 100 * 3 * 64 * 2 * 2
         assert st["bytes_held"] == cache.bytes_held() == 2 * 3 * 7 * -(-16 * core.kv_row_bytes(dtype, 64) // 64) * 64
         assert st["whole_model_ratio"] == pytest.approx(st["bytes_f16"] / st["bytes_held"])

@@ -8,16 +8,16 @@ core = pytest.importorskip("mnn_h2o._core")
 L, KV, HD, H, BT = 3, 2, 64, 4, 16
 
 
-def make_cache(h2o=True, per_head=False):
+def make_cache(eviction=True, per_head=False):
     cache = core.KvCache(L, KV, HD, H, dtype="f16", block_tokens=BT, max_tokens=1024, threads=1)
-    if h2o:
-        cache.enable_h2o(sink_tokens=16, recent_tokens=48, target_keep_ratio=0.6, target_lossy_ratio=0.0,
+    if eviction:
+        cache.enable_eviction(sink_tokens=16, recent_tokens=48, target_keep_ratio=0.6, target_lossy_ratio=0.0,
                          layer_start=1, trigger_min_tokens=96, update_interval=8, per_head_budget=per_head)
     return cache
 
 
 # Every argument these tests depend on (the keyword defaults are the config schema's, which may move).
-STORE = dict(front_n=1, scope="front_n_and_h2o_kept", hot_sink_tokens=16, hot_recent_tokens=32, chunk_tokens=32,
+STORE = dict(front_n=1, scope="front_n_and_kept", hot_sink_tokens=16, hot_recent_tokens=32, chunk_tokens=32,
              v_dedup_layers=0, async_threads=0, decode_cache_bytes=8 << 20)
 
 
@@ -73,7 +73,7 @@ def test_store_is_bit_identical(per_head, async_threads, cache_bytes, drain):
     assert run(cache, seed=8, decode=1, with_prompt=False).tobytes() == run(raw, seed=8, decode=1, with_prompt=False).tobytes()
     s = cache.store_stats()
     assert s["mode"] == "store" and s["chunks_stored"] > 0 and s["chunks_held"] > 0
-    assert cache.h2o_stats()["layers"][1]["evictions"] > 0
+    assert cache.eviction_stats()["layers"][1]["evictions"] > 0
     if not per_head and (drain or not async_threads):  # deterministic runs; with this data the
         assert s["repacked"] > 0                         # shared budget trims stored chunks
     assert s["cache_misses"] > 0 and (s["cache_bytes"] == 0) == (cache_bytes == 0)
@@ -96,8 +96,8 @@ def test_accounting():
     assert s["table_bytes"] == 0  # no V dedup layer
     assert s["pool_bytes"] + s["blob_bytes"] < raw.pool_bytes_held()
     assert s["total_ratio"] == pytest.approx(s["bytes_uncompressed"] / s["bytes_held"])
-    assert s["bytes_uncompressed"] == cache.h2o_stats()["bytes_uncompressed"]
-    assert cache.h2o_stats()["bytes_held"] == cache.pool_bytes_held()  # the lossy (pool-only) figure
+    assert s["bytes_uncompressed"] == cache.eviction_stats()["bytes_uncompressed"]
+    assert cache.eviction_stats()["bytes_held"] == cache.pool_bytes_held()  # the lossy (pool-only) figure
 
 
 @pytest.mark.parametrize("mode", ["full", "probe"])
@@ -168,7 +168,7 @@ def test_v_dedup_layer_holds_repeated_rows_once():
     q = rng.standard_normal((400, H * HD)).astype(np.float32)
     outs = {}
     for dedup in (0, 1):
-        cache = make_cache(h2o=False)
+        cache = make_cache(eviction=False)
         cache.enable_store(**store(mode="store", v_dedup_layers=dedup))
         out = np.empty((400, H * HD), np.float32)
         cache.step(0, q, k, vocab[ids], out)

@@ -107,7 +107,7 @@ class _FakeEngine:
         if stats:
             self.stats = _Stats()
 
-    def configure_h2o(self, section):
+    def configure_eviction(self, section):
         pass
 
     def reset(self):

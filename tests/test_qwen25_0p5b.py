@@ -29,7 +29,7 @@ def llm(qwen_gguf):
     from mnn_h2o import config
     from mnn_h2o.engine import Llm
 
-    cfg = config.validate({"model": {"name": MODEL}, "runtime": {"kv_dtype": "f16"}, "h2o": {"enabled": False}})
+    cfg = config.validate({"model": {"name": MODEL}, "runtime": {"kv_dtype": "f16"}, "eviction": {"enabled": False}})
     return Llm.load(MODEL, cfg, progress=False)
 
 

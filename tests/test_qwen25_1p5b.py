@@ -26,7 +26,7 @@ def _llm(qwen_gguf, **runtime):
     from mnn_h2o import config
     from mnn_h2o.engine import Llm
 
-    cfg = config.validate({"model": {"name": "qwen2.5-1.5b"}, "runtime": runtime, "h2o": {"enabled": False}})
+    cfg = config.validate({"model": {"name": "qwen2.5-1.5b"}, "runtime": runtime, "eviction": {"enabled": False}})
     return Llm.load("qwen2.5-1.5b", cfg, progress=False)
 
 
@@ -103,7 +103,7 @@ def test_prompt_in_the_core_close_to_the_exact_model(qwen_gguf):
 
 def test_palindrome_prompt(qwen_gguf):
     """The issue's prompt through the model's chat template with the default config (q8 KV,
-    h2o.policy auto, which is predicted_kvzip on this GGUF: its scorer ships): a Python function that reverses the string, the prompt and every decode token
+    eviction.policy auto, which is predicted_kvzip on this GGUF: its scorer ships): a Python function that reverses the string, the prompt and every decode token
     at 0 MNN calls (runtime.prompt_layers native: MNN's layer modules not even loaded)."""
     from mnn_h2o import config
     from mnn_h2o.engine import Llm
@@ -112,7 +112,7 @@ def test_palindrome_prompt(qwen_gguf):
     prompt = "Write a Python function that checks whether a string is a palindrome."
     ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(prompt))
     assert llm.prompt_layers == "native" and not llm._modules
-    assert llm.h2o["policy"] == "predicted_kvzip" and llm.cache.h2o_predicts
+    assert llm.eviction["policy"] == "predicted_kvzip" and llm.cache.eviction_predicts
     logits = llm.prefill(ids, reserve=120)
     from mnn_h2o.engine import Sampling
 

@@ -12,8 +12,8 @@ def test_kvzip_needs_the_prompt_whole():
     from mnn_h2o import config
 
     with pytest.raises(config.ConfigError, match="prefill_eviction chunk"):
-        config.validate({"h2o": {"policy": "kvzip", "prefill_eviction": "chunk"}})
-    assert config.validate({"h2o": {"policy": "kvzip", "layer_budget": "global"}})["h2o"]["layer_budget"] == "global"
+        config.validate({"eviction": {"policy": "kvzip", "prefill_eviction": "chunk"}})
+    assert config.validate({"eviction": {"policy": "kvzip", "layer_budget": "global"}})["eviction"]["layer_budget"] == "global"
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +28,17 @@ def test_the_pass_leaves_the_prompt_as_it_was(llm, tokenizer):
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 304)
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
     off = [llm.prefill(ids[:300])]
     rows_off = [llm.cache.read(layer, 1) for layer in (0, 15, 29)]
     held_off = llm.stats.kv_bytes_held
     off += [llm.decode(t) for t in ids[300:]]
-    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000))  # never evicts ...
+    llm.configure_eviction(dict(KVZIP, trigger_min_tokens=100000))  # never evicts ...
     on = [llm.prefill(ids[:300], reserve=100000)]  # ... and the reserve makes the pass run now
     s = llm.stats
     assert s.reconstruct_tokens > 300 and 0 < s.reconstruct_s < s.prefill_s
     assert s.kv_bytes_held == held_off and s.kv_bytes_peak > held_off  # the pass's tokens, then freed
-    assert all(h == 300 for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"])
+    assert all(h == 300 for layer in llm.cache.eviction_stats()["layers"] for h in layer["held"])
     for (k0, v0), layer in zip(rows_off, (0, 15, 29)):
         k1, v1 = llm.cache.read(layer, 1)
         np.testing.assert_array_equal(k0, k1)
@@ -47,7 +47,7 @@ def test_the_pass_leaves_the_prompt_as_it_was(llm, tokenizer):
     assert scores.shape == (3, 19) and np.all((scores > 0) & (scores <= 1))  # every held block scored
     on += [llm.decode(t) for t in ids[300:]]
     np.testing.assert_array_equal(np.stack(off), np.stack(on))
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
@@ -59,21 +59,21 @@ def test_kvzip_meets_the_ratio_and_keeps_prompt_rows(llm, tokenizer):
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 448)
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
     llm.prefill(ids[:400])
     full = {(l, h): llm.cache.read(l, h)[0] for l in (3, 20) for h in range(3)}
     held, blocks = {}, {}
     for name, section in (("h2o", {"policy": "h2o", "layer_budget": "uniform", "trigger_min_tokens": 0, "sink_tokens": 16,
                                     "recent_tokens": 32, "update_interval": 16}),
                           ("kvzip", dict(KVZIP, update_interval=16))):
-        llm.configure_h2o(dict(section, target_lossy_ratio=3.2))
+        llm.configure_eviction(dict(section, target_lossy_ratio=3.2))
         llm.prefill(ids[:400])
         held[name] = llm.stats.kv_bytes_held
         assert 3.0 < llm.stats.whole_model_ratio < 3.4, (name, llm.stats.whole_model_ratio)
-        lengths = [h for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"]]
+        lengths = [h for layer in llm.cache.eviction_stats()["layers"] for h in layer["held"]]
         blocks[name] = sum(2 * -(-n // 16) for n in lengths)  # K and V blocks of 16 tokens
         if name == "kvzip":
-            lengths = [h for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"]]
+            lengths = [h for layer in llm.cache.eviction_stats()["layers"] for h in layer["held"]]
             assert len(set(lengths)) > 1  # heads of different needs got different shares
             unaligned = 0
             for (l, h), k_full in full.items():
@@ -91,10 +91,10 @@ def test_kvzip_meets_the_ratio_and_keeps_prompt_rows(llm, tokenizer):
         for t in ids[400:]:
             llm.decode(t)
         assert 3.0 < llm.stats.whole_model_ratio < 3.4, (name, llm.stats.whole_model_ratio)
-    block_bytes = held["h2o"] // blocks["h2o"]
+    block_bytes = held["eviction"] // blocks["eviction"]
     heads = len(lengths)  # (layer, kv head) pairs, every one evicting
-    assert held["h2o"] - 2 * heads * block_bytes <= held["kvzip"] <= held["h2o"], (held, block_bytes)
-    llm.configure_h2o(None)
+    assert held["eviction"] - 2 * heads * block_bytes <= held["kvzip"] <= held["eviction"], (held, block_bytes)
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
@@ -112,12 +112,12 @@ def test_kvzip_keeps_a_fact_asked_after_compression(llm, tokenizer):
     for name, section in (("full", None),
                           ("h2o", {"policy": "h2o", "layer_budget": "uniform", "trigger_min_tokens": 0, "sink_tokens": 16, "recent_tokens": 32}),
                           ("kvzip", KVZIP)):
-        llm.configure_h2o(None if section is None else dict(section, target_lossy_ratio=3.2))
+        llm.configure_eviction(None if section is None else dict(section, target_lossy_ratio=3.2))
         llm.prefill(hay[:150] + fact + hay[150:])
         answers[name] = llm.generate(question, 4, chat=False, keep_context=True).text
     assert "thunderbolt" in answers["full"] and "thunderbolt" in answers["kvzip"], answers
-    assert "thunderbolt" not in answers["h2o"], answers
-    llm.configure_h2o(None)
+    assert "thunderbolt" not in answers["eviction"], answers
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
@@ -129,7 +129,7 @@ def test_each_context_repeats_only_its_own_tokens(llm, tokenizer):
 
     ids = essay_tokens(tokenizer, 40)
     cfg = config.load(None, {})
-    cfg["h2o"].update(KVZIP, trigger_min_tokens=100000)
+    cfg["eviction"].update(KVZIP, trigger_min_tokens=100000)
     a, b, alone = llm.new_context(cfg), llm.new_context(cfg), llm.new_context(cfg)
     with llm.using(alone):
         llm.prefill(ids[:20], reserve=100000)  # the reserve makes each pass run now
@@ -145,12 +145,12 @@ def test_each_context_repeats_only_its_own_tokens(llm, tokenizer):
 
 @pytest.mark.model
 def test_the_pass_waits_for_the_trigger(llm, tokenizer):
-    """Below h2o.trigger_min_tokens a prompt runs no pass; the first prompt, reserve or decode
+    """Below eviction.trigger_min_tokens a prompt runs no pass; the first prompt, reserve or decode
     step that reaches the trigger runs one over every token written until then."""
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 80)
-    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=64))
+    llm.configure_eviction(dict(KVZIP, trigger_min_tokens=64))
     llm.prefill(ids[:40])
     assert llm.stats.reconstruct_tokens == 0 and llm.unpassed == ids[:40]
     llm.prefill(ids[40:70])  # 70 >= 64: one pass over both prompts
@@ -167,12 +167,12 @@ def test_the_pass_waits_for_the_trigger(llm, tokenizer):
     assert llm.stats.reconstruct_tokens == 0 and len(llm.unpassed) == 63
     llm.decode(ids[63])  # the 64th token: the pass runs before it
     assert llm.stats.reconstruct_tokens > 63 and llm.unpassed == [ids[63]]
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
 def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkeypatch):
-    """h2o.reconstruction_softmax chunk (KVzip's scoring): with the context in one chunk the
+    """eviction.reconstruction_softmax chunk (KVzip's scoring): with the context in one chunk the
     sinks, the chunk and the pass are every key a query sees, so the scores are those of the full
     softmax; in several chunks each scores only its own tokens, every block still scored."""
     from mnn_h2o import engine
@@ -181,7 +181,7 @@ def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkey
     ids = essay_tokens(tokenizer, 300)
 
     def scores(softmax):
-        llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000, reconstruction_softmax=softmax))
+        llm.configure_eviction(dict(KVZIP, trigger_min_tokens=100000, reconstruction_softmax=softmax))
         llm.prefill(ids, reserve=100000)  # the pass runs, nothing is evicted
         return [llm.cache.block_scores(layer, reconstruction=True) for layer in (0, 15, 29)]
 
@@ -194,7 +194,7 @@ def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkey
     full, chunk = scores("all"), scores("chunk")
     assert not all(np.allclose(a, b) for a, b in zip(full, chunk))
     assert all(np.all((b > 0) & (b <= 1)) for b in chunk)  # each block is in some chunk
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
@@ -205,7 +205,7 @@ def test_prefill_reports_the_prompt_then_the_pass(llm, tokenizer):
 
     ids = essay_tokens(tokenizer, 300)
     calls = []
-    llm.configure_h2o(dict(KVZIP, trigger_min_tokens=100000))
+    llm.configure_eviction(dict(KVZIP, trigger_min_tokens=100000))
     llm.prefill(ids[:100], progress=lambda *a: calls.append(a))  # below the trigger: no pass
     assert calls == [("prompt", 100, 100)]
     llm.reset()
@@ -218,7 +218,7 @@ def test_prefill_reports_the_prompt_then_the_pass(llm, tokenizer):
     assert passed[-1] == ("pass", llm.stats.reconstruct_tokens, llm.stats.reconstruct_tokens)
     dones = [c[1] for c in passed]
     assert dones == sorted(set(dones)) and all(c[2] == dones[-1] for c in passed)
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
 
 
 def test_prefill_bars_draw_on_a_terminal_only(monkeypatch):
@@ -260,7 +260,7 @@ def test_a_saved_session_keeps_what_its_next_pass_repeats(llm, tmp_path):
     from mnn_h2o.session import Session
 
     cfg = config.load(None, {})
-    cfg["h2o"].update(KVZIP, trigger_min_tokens=100000)
+    cfg["eviction"].update(KVZIP, trigger_min_tokens=100000)
     s = Session(llm, cfg)
     s.add([{"role": "user", "content": "The ferry leaves at seven."}, {"role": "assistant", "content": "Noted."}])
     want = list(s._ctx.unpassed)
@@ -283,25 +283,25 @@ def test_a_deferred_pass_waits_for_compress_then_holds_the_budget(llm, tokenizer
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 408)
-    llm.configure_h2o(dict(KVZIP, target_lossy_ratio=3.2))
+    llm.configure_eviction(dict(KVZIP, target_lossy_ratio=3.2))
     llm.prefill(ids[:400], reserve=8, defer_pass=True)
     assert llm.held and llm.stats.reconstruct_tokens == 0
     for t in ids[400:]:
         llm.decode(t)
     assert llm.stats.evictions == 0
-    assert all(h == 408 for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"])
+    assert all(h == 408 for layer in llm.cache.eviction_stats()["layers"] for h in layer["held"])
     assert llm.compress() and not llm.held and not llm.compress()
     s = llm.stats
     assert s.reconstruct_tokens > 408 and s.compress_s >= s.reconstruct_s > 0 and s.evictions == 1
     assert 3.0 < s.whole_model_ratio < 3.4, s.whole_model_ratio
     deferred = s.kv_bytes_held
-    lengths = [h for layer in llm.cache.h2o_stats()["layers"] for h in layer["held"]]
+    lengths = [h for layer in llm.cache.eviction_stats()["layers"] for h in layer["held"]]
     llm.reset()
     llm.prefill(ids)  # the same 408 tokens, the pass at once
     at_once = llm.stats.kv_bytes_held
-    block_bytes = at_once // sum(2 * -(-n // 16) for layer in llm.cache.h2o_stats()["layers"] for n in layer["held"])
+    block_bytes = at_once // sum(2 * -(-n // 16) for layer in llm.cache.eviction_stats()["layers"] for n in layer["held"])
     assert deferred <= at_once + 2 * len(lengths) * block_bytes, (deferred, at_once)
-    llm.configure_h2o(None)
+    llm.configure_eviction(None)
 
 
 @pytest.mark.model
@@ -317,9 +317,9 @@ def test_a_session_answers_from_the_cache_as_prefilled_and_compresses_after(llm,
     from mnn_h2o.session import Session
 
     cfg = config.load(None, {})
-    cfg["h2o"].update(KVZIP, target_lossy_ratio=3.2)
+    cfg["eviction"].update(KVZIP, target_lossy_ratio=3.2)
     full_cfg = config.load(None, {})
-    full_cfg["h2o"]["enabled"] = False
+    full_cfg["eviction"]["enabled"] = False
     doc = "Read this; I will ask about it.\n\n" + tokenizer.decode(essay_tokens(tokenizer, 400))
     s, full = Session(llm, cfg, compress_after_answer=True), Session(llm, full_cfg)
     try:

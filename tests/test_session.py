@@ -15,7 +15,7 @@ from mnn_h2o.session import Session
 pytestmark = pytest.mark.model
 
 # Evicts within a short conversation: a layer is cut once it has seen 64 tokens.
-EVICTING = {"h2o": {"trigger_min_tokens": 64, "sink_tokens": 16, "recent_tokens": 32, "update_interval": 8}}
+EVICTING = {"eviction": {"trigger_min_tokens": 64, "sink_tokens": 16, "recent_tokens": 32, "update_interval": 8}}
 STORY = "Tell me a story about a cat named Tom who lived in Paris and ate fish every day."
 
 
@@ -139,7 +139,7 @@ def test_bad_files_models_and_settings_are_refused(llm, tmp_path):
     refused(lambda m: m["model"].update(source_sha256="0" * 64), "saved with another model")
     refused(lambda m: m["model"].update(weight_bits=8), "saved with another model")
     refused(lambda m: m["cache"].update(block_tokens=32), "block_tokens 32")
-    refused(lambda m: m["config"].update(h2o={"no_such_key": 1}), "settings are not valid")
+    refused(lambda m: m["config"].update(eviction={"no_such_key": 1}), "settings are not valid")
     refused(lambda m: m["config"]["runtime"].update(kv_dtype="f16"), "dtype")
     refused(lambda m: m.update(token_ids=[-1]), "malformed")
     refused(lambda m: m.update(unpassed=len(m["token_ids"]) + 1), "unpassed must be")

@@ -14,7 +14,7 @@ from mnn_h2o.errors import SessionFileError
 def blob():
     """A saved-session file around the snapshot of a small evicting q8 cache."""
     cache = _core.KvCache(2, 2, 32, 4, dtype="q8", block_tokens=16, max_tokens=256, threads=1)
-    cache.enable_h2o(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
+    cache.enable_eviction(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
                      trigger_min_tokens=32)
     rng = np.random.default_rng(0)
     out = np.empty((80, 4 * 32), np.float32)
@@ -72,14 +72,14 @@ def test_unreadable_path(tmp_path):
 def test_snapshot_restore_binding_checks(blob):
     snapshot = blob[1]
     other = _core.KvCache(2, 2, 32, 4, dtype="f16", block_tokens=16, max_tokens=256, threads=1)
-    other.enable_h2o(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
+    other.enable_eviction(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
                      trigger_min_tokens=32)
     with pytest.raises(ValueError, match="dtype"):
         other.restore(snapshot)
     same = _core.KvCache(2, 2, 32, 4, dtype="q8", block_tokens=16, max_tokens=256, threads=1)
     with pytest.raises(ValueError, match="eviction on, this cache has it off"):
         same.restore(snapshot)
-    same.enable_h2o(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
+    same.enable_eviction(target_keep_ratio=0.5, target_lossy_ratio=0.0, sink_tokens=16, recent_tokens=16,
                     trigger_min_tokens=32)
     same.restore(snapshot)
     assert same.snapshot() == snapshot

@@ -1,4 +1,4 @@
-"""h2o.policy predicted_kvzip: the scorer's fit and file (mnn_h2o/token_scorer.py), the engine
+"""eviction.policy predicted_kvzip: the scorer's fit and file (mnn_h2o/token_scorer.py), the engine
 giving the cache each token's predicted score, and (slow) a fit on SmolLM2 agreeing with kvzip's
 own ranking on held-out text (native/tests/test_reconstruction.cpp: the cache's side)."""
 import json
@@ -78,11 +78,11 @@ def _scored_copy(tmp_path, weights=None):
     return str(dst), meta
 
 
-def _cfg(**h2o):
+def _cfg(**eviction):
     from mnn_h2o import config
 
-    return config.validate({"h2o": dict({"policy": "predicted_kvzip", "trigger_min_tokens": 256,
-                                         "sink_tokens": 16, "recent_tokens": 32}, **h2o)})
+    return config.validate({"eviction": dict({"policy": "predicted_kvzip", "trigger_min_tokens": 256,
+                                         "sink_tokens": 16, "recent_tokens": 32}, **eviction)})
 
 
 def test_engine_needs_the_scorer_file(tmp_path):
@@ -102,7 +102,7 @@ def test_engine_gives_every_token_its_score_and_evicts_by_them(tmp_path):
 
     d, meta = _scored_copy(tmp_path)
     llm = Llm(d, _cfg(prefill_eviction="end"))
-    assert llm.cache.h2o_predicts and not llm.cache.h2o_reconstructs
+    assert llm.cache.eviction_predicts and not llm.cache.eviction_reconstructs
     ids = essay_tokens(llm.tokenizer, 200)
     llm.prefill(ids)  # below the trigger: nothing evicted, every token's score pending
     for layer in (0, llm.config.n_layers - 1):
@@ -117,7 +117,7 @@ def test_engine_gives_every_token_its_score_and_evicts_by_them(tmp_path):
     st = llm.stats
     assert st.reconstruct_tokens == 0  # no pass
     assert st.evictions >= 1
-    assert 3.0 < st.kv_bytes_f16 / st.kv_bytes_held < 3.6  # h2o.target_lossy_ratio 3.2 against f16 rows
+    assert 3.0 < st.kv_bytes_f16 / st.kv_bytes_held < 3.6  # eviction.target_lossy_ratio 3.2 against f16 rows
 
 
 @pytest.mark.slow
@@ -125,7 +125,7 @@ def test_a_fit_on_smollm2_agrees_with_kvzip_on_held_out_text(tmp_path):
     """The tool on a small calibration set (1024-token segments, one dev window per domain):
     of the tokens kvzip's global selection keeps at 3.2x on the held-out window, the fitted map
     keeps at least 60% too (a constant map keeps ~31%, random choice's share); measured with the
-    default 4096-token fit: 0.77 (docs/h2o.md "Predicted scores")."""
+    default 4096-token fit: 0.77 (docs/eviction.md "Predicted scores")."""
     from mnn_h2o.tools import fit_scorer
 
     d, _ = _scored_copy(tmp_path)
@@ -172,24 +172,24 @@ def test_the_shipped_scorers_are_valid_and_named_by_their_ggufs_digest():
 
 
 def test_auto_is_predicted_where_a_scorer_ships_and_kvzip_elsewhere(tmp_path, monkeypatch):
-    """h2o.policy auto (the default) names the policy it became; a scorer beside the export
+    """eviction.policy auto (the default) names the policy it became; a scorer beside the export
     (a user's own fit) is not a shipped one and leaves auto at kvzip."""
     from mnn_h2o import config
     from mnn_h2o.engine import Llm
 
     d, meta = _scored_copy(tmp_path)
-    assert config.defaults()["h2o"]["policy"] == "auto"
+    assert config.defaults()["eviction"]["policy"] == "auto"
     monkeypatch.setattr(ts, "shipped_path", lambda sha: "/nonexistent")
     llm = Llm(d, _cfg(policy="auto"))
-    assert llm.h2o["policy"] == "kvzip" and llm.cache.h2o_reconstructs
-    with pytest.raises(config.ConfigError, match="prefill_eviction chunk cannot be used with h2o.policy kvzip"):
-        llm.configure_h2o(dict(_cfg(policy="auto")["h2o"], prefill_eviction="chunk"))
+    assert llm.eviction["policy"] == "kvzip" and llm.cache.eviction_reconstructs
+    with pytest.raises(config.ConfigError, match="prefill_eviction chunk cannot be used with eviction.policy kvzip"):
+        llm.configure_eviction(dict(_cfg(policy="auto")["eviction"], prefill_eviction="chunk"))
 
     shipped = tmp_path / "shipped.npz"
     os.replace(os.path.join(d, ts.FILE_NAME), shipped)
     monkeypatch.setattr(ts, "shipped_path", lambda sha: str(shipped) if sha == meta["source_sha256"] else "/nonexistent")
     llm = Llm(d, _cfg(policy="auto", prefill_eviction="chunk"))
-    assert llm.h2o["policy"] == "predicted_kvzip" and llm.cache.h2o_predicts
+    assert llm.eviction["policy"] == "predicted_kvzip" and llm.cache.eviction_predicts
     llm.prefill([1, 2, 3])
     assert np.allclose(llm.cache.token_scores(0), 0.1, rtol=1e-6)
 
@@ -198,11 +198,11 @@ def test_auto_is_predicted_where_a_scorer_ships_and_kvzip_elsewhere(tmp_path, mo
 
     s = Session(llm)
     s.save(str(tmp_path / "s.session"))
-    assert session_file.read(str(tmp_path / "s.session"))[0]["config"]["h2o"]["policy"] == "auto"
-    assert Session.load(str(tmp_path / "s.session"), llm)._ctx.cache.h2o_predicts
+    assert session_file.read(str(tmp_path / "s.session"))[0]["config"]["eviction"]["policy"] == "auto"
+    assert Session.load(str(tmp_path / "s.session"), llm)._ctx.cache.eviction_predicts
 
 
-# A scorer ships (and so becomes h2o.policy auto for its GGUF) only with the dev-split frontier
+# A scorer ships (and so becomes eviction.policy auto for its GGUF) only with the dev-split frontier
 # that chose it: at 3.2x and 6x, in every domain, its mean KL at most this times kvzip's.
 SHIP_BAR_KVZIP = 1.5
 

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 _parse_ints = number_list(int, 1)
-DEFAULT_SPEED_ENGINES = ("ours", "ours_h2o", "stock")
+DEFAULT_SPEED_ENGINES = ("ours", "ours_evict", "stock")
 
 
 def _engine_list(text: str) -> list:
@@ -66,15 +66,15 @@ def _speed(args, cfg) -> int:
         if longest > stock.max_context:
             raise ValueError(f"context {max(args.contexts)} + {args.n_decode} exceeds the stock model's "
                              f"{stock.max_context}")
-    h2o = cfg["h2o"] if cfg["h2o"]["enabled"] and "ours_h2o" in args.engines else None
-    if "ours_h2o" in args.engines and not cfg["h2o"]["enabled"]:
-        raise ValueError("engine ours_h2o needs h2o.enabled: true")
+    eviction = cfg["eviction"] if cfg["eviction"]["enabled"] and "ours_evict" in args.engines else None
+    if "ours_evict" in args.engines and not cfg["eviction"]["enabled"]:
+        raise ValueError("engine ours_evict needs eviction.enabled: true")
     threads = cfg["runtime"]["threads"]
     info = {}
     if llama_rows:
         llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, threads, llama_rows)
         info = llama_peer.system_info()
-    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, h2o,
+    results = run_speed(ours, stock, ours.tokenizer, args.contexts, args.n_decode, args.repetitions, eviction,
                         llama=llama, llama_rows=llama_rows, ours_full="ours" in args.engines)
     stock_bits = f" (stock: int{ours.meta['weight_bits']})" if stock is not None else ""
     print(f"\nmodel {cfg['model']['name']}, weights {ours.weights}{stock_bits}, "
@@ -90,8 +90,8 @@ def _speed(args, cfg) -> int:
     return 0
 
 
-# --quick: a smoke round. Its prompt passes the default eviction trigger (h2o.trigger_min_tokens,
-# 3072) by a few blocks, so the H2O cases really evict and their guards and targets mean something.
+# --quick: a smoke round. Its prompt passes the default eviction trigger (eviction.trigger_min_tokens,
+# 3072) by a few blocks, so the evicting cases really evict and their guards and targets mean something.
 QUICK = {"bench.prompt_lengths": [3328], "bench.decode_tokens": 64, "bench.repetitions": 3,
          "bench.demo_buckets": [128], "bench.demo_new_tokens": 16}
 
@@ -211,7 +211,7 @@ def _cache_sweep(args, cfg) -> int:
     n_dec = cfg["bench"]["decode_tokens"]
     ids = essay_tokens(llm.tokenizer, args.context + n_dec)
     prompt, cont = ids[:args.context], ids[args.context:]
-    configs = {"baseline": case_config(cfg, "baseline"), "h2o": case_config(cfg, "h2o")}
+    configs = {"baseline": case_config(cfg, "baseline"), "evict": case_config(cfg, "evict")}
     for m in args.budgets_mib:
         budget = dict(cfg, lossless=dict(cfg["lossless"], decode_cache_bytes=int(m * (1 << 20))))
         configs[f"store cache {m:g} MiB"] = case_config(budget, "store")
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The bench and regression harness on the real model.\n\n"
                     "Without a command, runs a round: the runtime cases (bench.cases: baseline = full "
-                    "cache, h2o = H2O eviction alone, probe/full/store = H2O + that lossless mode) over bench.prompt_lengths, "
+                    "cache, evict = eviction alone, probe/full/store = eviction + that lossless mode) over bench.prompt_lengths, "
                     "bench.repetitions times, teacher-forced on essay text, every case in a context of its own "
                     "with the decode steps of all cases taking turns token by token (a case's speed against the "
                     "baseline is judged on those paired steps, so another program on the machine barely moves "
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     rp.add_argument("--to", metavar="FILE", help="write the reference here instead")
     cs = sub.add_parser("cache-sweep", help="store mode: decode tokens/s and bytes held against the decode "
                                             "cache budget (lossless.decode_cache_bytes), interleaved with the "
-                                            "baseline and H2O alone")
+                                            "baseline and eviction alone")
     cs.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     cs.add_argument("--budgets-mib", type=number_list(float, 0), default=[0, 8, 32, 128],
                     help="decode cache budgets in MiB (default 0,8,32,128)")
@@ -336,11 +336,11 @@ def main(argv=None) -> int:
     sp.add_argument("--repetitions", type=int, default=3, help="interleaved rounds (default 3, minimum 3)")
     sp.add_argument("--json", help="also write the figures to this JSON file")
     sp.add_argument("--engines", type=_engine_list, default=None,
-                    help="comma-separated rows to run: ours (our engine, full cache), ours_h2o (with the "
+                    help="comma-separated rows to run: ours (our engine, full cache), ours_evict (with the "
                          "config's eviction), stock, llama_f16, llama_f16_fa, llama_q8_fa (default "
-                         f"{','.join(DEFAULT_SPEED_ENGINES)}, without ours_h2o when h2o.enabled is false; one of ours/ours_h2o at least; the llama_* rows need "
+                         f"{','.join(DEFAULT_SPEED_ENGINES)}, without ours_evict when eviction.enabled is false; one of ours/ours_evict at least; the llama_* rows need "
                          "the `llama` extra). Leave out rows that take long at long contexts, e.g. "
-                         "--engines ours_h2o,llama_f16")
+                         "--engines ours_evict,llama_f16")
     sp.add_argument("--llama", action="store_true",
                     help="also run llama.cpp (llama-cpp-python, the optional `llama` extra: pip install "
                          "'.[llama]') on the same GGUF file, threads and prompt token ids, interleaved with "
@@ -371,9 +371,9 @@ def main(argv=None) -> int:
             if args.n_decode < 1:
                 raise ValueError("--n-decode must be >= 1")
             if args.engines is None:
-                args.engines = [e for e in DEFAULT_SPEED_ENGINES if e != "ours_h2o" or cfg["h2o"]["enabled"]]
-            if not {"ours", "ours_h2o"} & set(args.engines):
-                raise ValueError("--engines must include ours or ours_h2o")
+                args.engines = [e for e in DEFAULT_SPEED_ENGINES if e != "ours_evict" or cfg["eviction"]["enabled"]]
+            if not {"ours", "ours_evict"} & set(args.engines):
+                raise ValueError("--engines must include ours or ours_evict")
             args.engines += [e for e in LLAMA_ROWS if args.llama and e not in args.engines]
             return _speed(args, cfg)
         return _round(args, cfg)

@@ -1,9 +1,9 @@
 """The cases of the bench round, and one run of each.
 
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
-``h2o`` is the config's H2O eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
+``evict`` is the config's eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
 that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
-``q8_h2o`` the config's eviction over them (h2o.target_lossy_ratio is whole-model against f16
+``q8_evict`` the config's eviction over them (eviction.target_lossy_ratio is whole-model against f16
 rows: q8 pays 32/17 of it). The baseline is always f16; the other cases use runtime.kv_dtype if
 it is a float type, else f16 (see ``case_kv_dtype``): the lossless figures of the round are those
 of float rows, although the store takes quantised rows too. A run
@@ -28,13 +28,13 @@ import numpy as np
 from ..measure import log_softmax
 
 LOSSLESS_CASES = ("probe", "full", "store")
-H2O_CASES = ("h2o",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
+EVICT_CASES = ("evict",) + LOSSLESS_CASES  # eviction on: the same KV values, so the same logits
 # Cases with an element type of their own. The baseline, the reference of every quality figure,
 # is the f16 full cache whatever the config says; the others use runtime.kv_dtype when it is a
-# float type, else f16: the round's lossless cases (and h2o, their bit-identical reference)
+# float type, else f16: the round's lossless cases (and evict, their bit-identical reference)
 # measure the store on float rows, the rows its lossless target was set for. The store takes q8
 # rows too (tests/test_engine_store.py), at a smaller ratio (docs/kv_cache.md "Lossless store").
-KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_h2o": "q8"}
+KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_evict": "q8"}
 
 
 def case_kv_dtype(cfg: dict, case: str) -> str:
@@ -46,19 +46,19 @@ DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?
 
 
 def case_sections(cfg: dict, case: str):
-    """(h2o section or None, lossless section or None) of a case."""
+    """(eviction section or None, lossless section or None) of a case."""
     if case in ("baseline", "q8"):
         return None, None
-    h2o = dict(cfg["h2o"], enabled=True)
-    return h2o, (dict(cfg["lossless"], mode=case) if case in LOSSLESS_CASES else None)
+    eviction = dict(cfg["eviction"], enabled=True)
+    return eviction, (dict(cfg["lossless"], mode=case) if case in LOSSLESS_CASES else None)
 
 
 def configure(llm, cfg: dict, case: str) -> None:
-    h2o, lossless = case_sections(cfg, case)
+    eviction, lossless = case_sections(cfg, case)
     kv_dtype = case_kv_dtype(cfg, case)
     if kv_dtype != llm.kv_dtype:
         llm.configure_kv_dtype(kv_dtype)
-    llm.configure_h2o(h2o)
+    llm.configure_eviction(eviction)
     llm.configure_lossless(lossless)
 
 
@@ -99,9 +99,9 @@ def store_summary(stats: Optional[dict]) -> dict:
 def case_config(cfg: dict, case: str) -> dict:
     """The configuration of a case's context (``Llm.new_context``): its element type, eviction
     and lossless sections; the rest is the round's."""
-    h2o, lossless = case_sections(cfg, case)
+    eviction, lossless = case_sections(cfg, case)
     return dict(cfg, runtime=dict(cfg["runtime"], kv_dtype=case_kv_dtype(cfg, case)),
-                h2o=h2o or dict(cfg["h2o"], enabled=False), lossless=lossless or dict(cfg["lossless"], mode="off"))
+                eviction=eviction or dict(cfg["eviction"], enabled=False), lossless=lossless or dict(cfg["lossless"], mode="off"))
 
 
 def _settled_step(llm, fn):
@@ -266,7 +266,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
         prompt, cont = ids[:plen], ids[plen:]
         runs, steps, logp = run_interleaved(
             llm, {c: case_config(cfg, c) for c in cases}, prompt, cont, b["repetitions"],
-            keep_logp=[c for c in cases if c in (*H2O_CASES, *KV_DTYPE_CASES)], trace=plen == longest,
+            keep_logp=[c for c in cases if c in (*EVICT_CASES, *KV_DTYPE_CASES)], trace=plen == longest,
             on_run=(lambda c: progress(c, plen)) if progress else None)
         for case in cases:
             ms = runs[case]

@@ -3,7 +3,7 @@
 A gate is ``{name, kind, value, op, threshold, pass, status}``. Two kinds:
 
 - **guards** decide the round's exit status. *Invariants* hold whatever the reference: the
-  lossless modes change no bit of what H2O alone computes, no chunk falls back, an answer where
+  lossless modes change no bit of what eviction alone computes, no chunk falls back, an answer where
   nothing was evicted is the baseline's. *Regression guards* compare each figure with the
   committed reference round of the same model and configuration (``reference.py``): memory,
   ratios and quality within ``gates.guard_tolerance`` (and the KL / top-1 allowances), decode
@@ -24,7 +24,7 @@ import copy
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .cases import H2O_CASES, LOSSLESS_CASES
+from .cases import EVICT_CASES, LOSSLESS_CASES
 
 _OPS: Dict[str, Callable[[float, float], bool]] = {
     ">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "==": lambda v, t: v == t,
@@ -93,7 +93,7 @@ def _targets(by, cases, lengths, g) -> List[dict]:
     out: List[dict] = []
     longest = lengths[-1]
     for c in cases:
-        if c in H2O_CASES:
+        if c in EVICT_CASES:
             out.append(gate(f"lossy_ratio {c} @{longest}", by[c, longest]["lossy_ratio"], ">=", g["min_lossy_ratio"],
                             kind=TARGET))
     if "store" in cases:
@@ -132,7 +132,7 @@ def _invariants(by, cases, lengths, demo) -> List[dict]:
             out.append(gate(f"fallbacks {c}", sum(by[c, n]["store"]["fallbacks"] for n in lengths), "==", 0))
     if "full" in cases:
         out.append(gate("full-mode mismatches", sum(by["full", n]["store"]["mismatches"] for n in lengths), "==", 0))
-    evicting = [c for c in cases if c in H2O_CASES]
+    evicting = [c for c in cases if c in EVICT_CASES]
     if len(evicting) > 1:
         for n in lengths:
             differ = sum(by[c, n]["logits_sha256"] != by[evicting[0], n]["logits_sha256"] for c in evicting)
@@ -147,7 +147,7 @@ def _invariants(by, cases, lengths, demo) -> List[dict]:
             out.append(gate(f"demo identical tokens {'/'.join(lossless)} @{bucket}", differ, "==", 0))
         for c in lossless:
             out.append(gate(f"demo fallbacks {c} @{bucket}", ds[c]["store"]["fallbacks"], "==", 0))
-        # Where H2O evicted nothing it must not change the answer; where it did, how far the
+        # Where eviction evicted nothing it must not change the answer; where it did, how far the
         # answer moved (token F1, ROUGE-L) is reported, with no threshold to defend yet.
         kept_all = [c for c, d in ds.items() if c != "baseline" and d["lossy_ratio"] == 1.0]
         if kept_all:
@@ -209,13 +209,13 @@ def _speed(row: dict) -> Tuple[float, float]:
 # --- self-test ---------------------------------------------------------------------------------
 
 def _row(case: str, n: int, spread: float) -> dict:
-    h2o = case != "baseline"
-    return {"case": case, "prompt_tokens": n, "lossy_ratio": 3.5 if h2o else 1.0,
-            "kv_bytes_held": 1000 if h2o else 3500, "kl": 0.02 if h2o else 0.0,
-            "top1_agreement": 1.0 if not h2o else 0.95,
+    eviction = case != "baseline"
+    return {"case": case, "prompt_tokens": n, "lossy_ratio": 3.5 if eviction else 1.0,
+            "kv_bytes_held": 1000 if eviction else 3500, "kl": 0.02 if eviction else 0.0,
+            "top1_agreement": 1.0 if not eviction else 0.95,
             "decode_tps": {"median": 100.0 if case != "store" else 60.0, "spread": spread},
-            "decode_vs_baseline": {"ratio": 1.0 if case != "store" else 0.6, "noise": 0.0 if not h2o else spread},
-            "logits_sha256": "base" if not h2o else "h2o",
+            "decode_vs_baseline": {"ratio": 1.0 if case != "store" else 0.6, "noise": 0.0 if not eviction else spread},
+            "logits_sha256": "base" if not eviction else "evict",
             "store": {"lossless_ratio": 1.3 if case == "store" else 0.0, "fallbacks": 0, "mismatches": 0}}
 
 
@@ -224,7 +224,7 @@ def _quiet_spread(g: dict) -> float:
 
 
 def _passing_round(g: dict):
-    cases = ["baseline", "h2o", "probe", "full", "store"]
+    cases = ["baseline", "evict", "probe", "full", "store"]
     rows = [_row(c, n, _quiet_spread(g)) for n in (512, 4096) for c in cases]
     demo = [{"case": c, "bucket": 128, "token_ids": [1, 2, 3], "store": {"fallbacks": 0}, "lossy_ratio": 1.0,
              "identical_to_baseline": True} for c in ("full", "store")]
@@ -259,7 +259,7 @@ def _breakages(g: dict):
     speed = lambda ratio, noise: {"ratio": ratio, "noise": noise}
     return [
         # Targets: missed, they fail a round only under --strict.
-        ("H2O ratio below target", TARGET, "lossy_ratio store",
+        ("eviction ratio below target", TARGET, "lossy_ratio store",
          set_("store", 4096, ["lossy_ratio"], g["min_lossy_ratio"] * 0.9)),
         ("lossless ratio below target", TARGET, "lossless_ratio store",
          set_("store", 4096, ["store", "lossless_ratio"], g["min_lossless_ratio"] * 0.9)),
@@ -267,14 +267,14 @@ def _breakages(g: dict):
          set_("probe", 512, ["top1_agreement"], g["min_top1_agreement"] - 0.05)),
         ("quality is NaN", TARGET, "top1_agreement full @4096", set_("full", 4096, ["top1_agreement"], float("nan"))),
         ("decode slower than the noise", TARGET, "decode_speed probe", set_("probe", 4096, ["decode_vs_baseline"], slower)),
-        ("H2O alone slower than the noise", TARGET, "decode_speed h2o", set_("h2o", 512, ["decode_vs_baseline"], slower)),
+        ("eviction alone slower than the noise", TARGET, "decode_speed evict", set_("evict", 512, ["decode_vs_baseline"], slower)),
         ("decode slower than the capped noise", TARGET, "decode_speed probe",
          set_("probe", 512, ["decode_vs_baseline"], speed(1.0 - cap - 0.01, cap))),
         # A round too noisy to judge: a 317% interval, 0.38x the baseline's speed.
-        ("speed noise beyond gates.max_speed_noise", TARGET, "decode_speed h2o",
-         set_("h2o", 4096, ["decode_vs_baseline"], speed(0.3771, max(3.168, 2 * cap))), "inconclusive"),
-        ("H2O alone below target", TARGET, "lossy_ratio h2o",
-         set_("h2o", 4096, ["lossy_ratio"], g["min_lossy_ratio"] * 0.9)),
+        ("speed noise beyond gates.max_speed_noise", TARGET, "decode_speed evict",
+         set_("evict", 4096, ["decode_vs_baseline"], speed(0.3771, max(3.168, 2 * cap))), "inconclusive"),
+        ("eviction alone below target", TARGET, "lossy_ratio evict",
+         set_("evict", 4096, ["lossy_ratio"], g["min_lossy_ratio"] * 0.9)),
         ("store far slower", TARGET, "store_slowdown",
          set_("store", 512, ["decode_vs_baseline"], speed(1.0 / (g["max_store_slowdown"] * 1.5), quiet))),
         ("store slower on a noisy machine", TARGET, "store_slowdown",
@@ -284,7 +284,7 @@ def _breakages(g: dict):
         ("a fallback", GUARD, "fallbacks store", set_("store", 512, ["store", "fallbacks"], 1)),
         ("a full-mode mismatch", GUARD, "full-mode mismatches", set_("full", 4096, ["store", "mismatches"], 2)),
         ("store logits differ from full", GUARD, "identical logits", set_("store", 4096, ["logits_sha256"], "other")),
-        ("H2O alone logits differ", GUARD, "identical logits", set_("h2o", 512, ["logits_sha256"], "other")),
+        ("eviction alone logits differ", GUARD, "identical logits", set_("evict", 512, ["logits_sha256"], "other")),
         ("demo tokens differ", GUARD, "demo identical tokens", demo_tokens),
         ("demo fallback", GUARD, "demo fallbacks", demo_fallback),
         ("demo answer changed though nothing was evicted", GUARD, "demo same answer as baseline",
@@ -292,8 +292,8 @@ def _breakages(g: dict):
         # Regressions against the reference round (the intact round).
         ("more KV bytes held than the reference", GUARD, "kv_bytes_held store @4096 vs reference",
          set_("store", 4096, ["kv_bytes_held"], int(1000 * (1 + 2 * tol)))),
-        ("lower lossy ratio than the reference", GUARD, "lossy_ratio h2o @4096 vs reference",
-         set_("h2o", 4096, ["lossy_ratio"], 3.5 * (1 - 2 * tol))),
+        ("lower lossy ratio than the reference", GUARD, "lossy_ratio evict @4096 vs reference",
+         set_("evict", 4096, ["lossy_ratio"], 3.5 * (1 - 2 * tol))),
         ("lower lossless ratio than the reference", GUARD, "lossless_ratio store @4096 vs reference",
          set_("store", 4096, ["store", "lossless_ratio"], 1.3 * (1 - 2 * tol))),
         ("higher KL than the reference", GUARD, "kl probe @512 vs reference",
@@ -303,8 +303,8 @@ def _breakages(g: dict):
         ("slower than the reference, beyond the noise", GUARD, "decode_speed store/baseline @512 vs reference",
          set_("store", 512, ["decode_vs_baseline"],
               speed(0.6 * (1 - g["speed_tolerance"] - 3 * quiet), quiet))),
-        ("slower than the reference on a noisy machine", GUARD, "decode_speed h2o/baseline @512 vs reference",
-         set_("h2o", 512, ["decode_vs_baseline"], speed(1.0, 2 * cap)), "inconclusive"),
+        ("slower than the reference on a noisy machine", GUARD, "decode_speed evict/baseline @512 vs reference",
+         set_("evict", 512, ["decode_vs_baseline"], speed(1.0, 2 * cap)), "inconclusive"),
     ]
 
 
@@ -313,7 +313,7 @@ def self_test(g: dict) -> List[dict]:
     (or was inconclusive) as it must and the round's outcome says so (a target: only under
     --strict; without it the round passes); with an intact round every gate passed. Raises
     nothing."""
-    g = dict(g, speed_cases=["h2o", "probe"])
+    g = dict(g, speed_cases=["evict", "probe"])
     rows, demo = _passing_round(g)
     reference = {"cases": copy.deepcopy(rows)}
     intact = evaluate(rows, demo, g, reference)

@@ -6,10 +6,10 @@ import os
 from typing import List, Sequence
 
 MIB = 1 << 20
-_COLOURS = {"baseline": "tab:gray", "h2o": "tab:purple", "probe": "tab:blue", "full": "tab:green",
+_COLOURS = {"baseline": "tab:gray", "evict": "tab:purple", "probe": "tab:blue", "full": "tab:green",
             "store": "tab:red"}
-_LABELS = {"baseline": "baseline (full cache)", "h2o": "H2O alone", "probe": "H2O (+ probe)",
-           "full": "H2O (+ full check)", "store": "H2O + lossless store"}
+_LABELS = {"baseline": "baseline (full cache)", "evict": "eviction alone", "probe": "eviction (+ probe)",
+           "full": "eviction (+ full check)", "store": "eviction + lossless store"}
 
 
 def check_available() -> None:
@@ -31,7 +31,7 @@ def _plt():
 
 def bytes_vs_context(rows: Sequence[dict], path: str) -> bool:
     """KV bytes held as the context grows (the longest prompt's run, prefill then decode)."""
-    traced = [r for r in rows if r.get("trace") and r["case"] in ("baseline", "h2o", "store")]
+    traced = [r for r in rows if r.get("trace") and r["case"] in ("baseline", "evict", "store")]
     if not traced:
         return False
     plt = _plt()
@@ -81,7 +81,7 @@ def tokens_per_second(rows: Sequence[dict], path: str) -> bool:
 def quality_figure(rows: Sequence[dict]):
     """KL and top-1 agreement against the whole-model ratio: one line per case through its
     prompt lengths (in ratio order), a marker per point and a legend; no point labels, which
-    overlapped where the cases sit on top of each other (the lossless modes share H2O's quality)."""
+    overlapped where the cases sit on top of each other (the lossless modes share eviction's quality)."""
     cand = [r for r in rows if r["case"] != "baseline"]
     if not cand:
         return None

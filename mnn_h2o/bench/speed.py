@@ -1,6 +1,6 @@
 """Prefill and decode speed of our engine against stock MNN.llm on the same export.
 
-Candidates: ``ours`` (full KV cache), ``ours_h2o`` (the config's H2O eviction, when enabled),
+Candidates: ``ours`` (full KV cache), ``ours_evict`` (the config's eviction, when enabled),
 ``stock`` (MNN.llm with its fused attention) and, with ``llama``, llama.cpp in the configs of
 :data:`~mnn_h2o.bench.llama_peer.CONFIGS` on the same GGUF file (``llama_peer``). All live in one
 process and are timed from Python the same way: reset, prefill the context (real essay text, the
@@ -35,13 +35,13 @@ def teacher_forced_logp(engine, prompt: Sequence[int], continuation: Sequence[in
 
 
 def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096),
-              n_decode: int = 64, repetitions: int = 3, h2o: dict | None = None,
+              n_decode: int = 64, repetitions: int = 3, eviction: dict | None = None,
               progress: bool = True, llama: Callable[[int], Dict[str, object]] | None = None,
               llama_rows: Sequence[str] = LLAMA_ROWS, ours_full: bool = True,
               measure_quality: bool = True) -> Dict[str, dict]:
-    """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``h2o`` section it is also run with
+    """``ours`` is an :class:`~mnn_h2o.engine.Llm`; with an ``eviction`` section it is also run with
     eviction on (same instance, reconfigured before each run); ``ours_full`` False leaves out the
-    full-cache row (``ours`` is then only the untimed reference of ``ours_h2o``'s quality).
+    full-cache row (``ours`` is then only the untimed reference of ``ours_evict``'s quality).
     ``stock`` may be None (no stock row). ``llama(n_ctx)`` makes the llama.cpp peers for one context length ({name:
     :class:`~mnn_h2o.bench.llama_peer.LlamaPeer`}); they join the interleaved rounds and are
     closed after it; ``llama_rows`` names the peers it makes (for the progress bar). ``measure_quality``
@@ -53,10 +53,10 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
     from .cases import quality
 
     def ours_run(ids, n, section):
-        ours.configure_h2o(section)
+        ours.configure_eviction(section)
         return time_run(ours, ids, n)
 
-    names = (["ours"] if ours_full else []) + (["ours_h2o"] if h2o else []) + (["stock"] if stock is not None else [])
+    names = (["ours"] if ours_full else []) + (["ours_evict"] if eviction else []) + (["stock"] if stock is not None else [])
     n_llama = len(llama_rows) if llama else 0
     out: Dict[str, dict] = {}
     bar = tqdm(total=len(contexts) * repetitions * (len(names) + n_llama), desc="speed", unit="run",
@@ -64,7 +64,7 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
     for ctx in contexts:
         ids = essay_tokens(tokenizer, ctx)
         runners = {"ours": lambda: ours_run(ids, n_decode, None),
-                   "ours_h2o": lambda: ours_run(ids, n_decode, h2o),
+                   "ours_evict": lambda: ours_run(ids, n_decode, eviction),
                    "stock": lambda: time_run(stock, ids, n_decode)}
         runners = {n: runners[n] for n in names}
         peers = llama(ctx + n_decode + 8) if llama else {}
@@ -79,7 +79,7 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
             row: Dict[str, dict] = {"context": ctx, "n_decode": n_decode, "repetitions": repetitions}
             for name, rs in runs.items():
                 row[name] = {k: summarize([r[k] for r in rs]) for k in ("prefill_tps", "decode_tps")}
-                if name in ("ours", "ours_h2o"):
+                if name in ("ours", "ours_evict"):
                     for phase in ("prefill_ms", "decode_ms"):
                         row[name][phase] = {k: summarize([r[phase][k] for r in rs])["median"] for k in SPLIT_KEYS}
                     row[name]["runs"] = [{p: r[p] for p in ("prefill_ms", "decode_ms")} for r in rs]
@@ -87,24 +87,24 @@ def run_speed(ours, stock, tokenizer, contexts: Sequence[int] = (512, 2048, 4096
             if peers:
                 _llama_rows(row, peers, ids, ctx)
             if peers and measure_quality:
-                _quality(row, ours, h2o, peers, essay_tokens(tokenizer, ctx + n_decode), ctx, quality)
+                _quality(row, ours, eviction, peers, essay_tokens(tokenizer, ctx + n_decode), ctx, quality)
         finally:
             for peer in peers.values():
                 peer.close()
-        for a, b in (("ours", "stock"), ("ours_h2o", "ours"), ("ours_h2o", "stock")):
+        for a, b in (("ours", "stock"), ("ours_evict", "ours"), ("ours_evict", "stock")):
             if a in row and b in row:
                 for k in ("prefill_tps", "decode_tps"):
                     row[f"{k[:-4]}_ratio_{a}_vs_{b}"] = row[a][k]["median"] / row[b][k]["median"]
         best = {k: max((n for n in LLAMA_ROWS if n in row), key=lambda n: row[n][k]["median"], default=None)
                 for k in ("prefill_tps", "decode_tps")}
-        for a in ("ours", "ours_h2o", "stock"):
+        for a in ("ours", "ours_evict", "stock"):
             for k, b in best.items():
                 if a in row and b:
                     row[f"{k[:-4]}_ratio_{a}_vs_llama_best"] = row[a][k]["median"] / row[b][k]["median"]
                     row[f"{k[:-4]}_llama_best"] = b
         out[str(ctx)] = row
     bar.close()
-    ours.configure_h2o(None)
+    ours.configure_eviction(None)
     return out
 
 
@@ -122,7 +122,7 @@ def _llama_rows(row: dict, peers: dict, ids: Sequence[int], ctx: int) -> None:
                           "type_k": peer.type_k, "type_v": peer.type_v, "fed_ids_sha256": ids_digest(fed)})
 
 
-def _quality(row: dict, ours, h2o, peers: dict, ids: Sequence[int], ctx: int, quality) -> None:
+def _quality(row: dict, ours, eviction, peers: dict, ids: Sequence[int], ctx: int, quality) -> None:
     """Each compressing candidate against its own full cache, teacher-forced after the prompt:
     ``quality_vs_own_full`` (llama.cpp: vs its f16 cache without flash attention) and, per
     reference, ``quality_vs`` {reference: metrics}."""
@@ -142,17 +142,17 @@ def _quality(row: dict, ours, h2o, peers: dict, ids: Sequence[int], ctx: int, qu
             row[name].setdefault("quality_vs", {})[ref] = q
             if ref == REFERENCE:
                 row[name]["quality_vs_own_full"] = q
-    if h2o and "ours_h2o" in row:
-        ours.configure_h2o(None)
+    if eviction and "ours_evict" in row:
+        ours.configure_eviction(None)
         ref = teacher_forced_logp(ours, prompt, cont)
-        ours.configure_h2o(h2o)
+        ours.configure_eviction(eviction)
         q = dict(quality(ref, teacher_forced_logp(ours, prompt, cont), cont), reference="ours", tokens=len(cont))
-        ours.configure_h2o(None)
-        row["ours_h2o"]["quality_vs_own_full"] = q
-        row["ours_h2o"]["quality_vs"] = {"ours": q}
+        ours.configure_eviction(None)
+        row["ours_evict"]["quality_vs_own_full"] = q
+        row["ours_evict"]["quality_vs"] = {"ours": q}
 
 
-ENGINES = ("ours", "ours_h2o", "stock") + LLAMA_ROWS
+ENGINES = ("ours", "ours_evict", "stock") + LLAMA_ROWS
 
 
 def format_table(results: Dict[str, dict]) -> str:

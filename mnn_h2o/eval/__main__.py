@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 QUICK = {"prompt_lens": [640], "continuation": 16, "segments": 1, "ratios": [2.0],
          "needle_lengths": [640], "needle_depths": [0.5], "needles": 1}
 # Floors small enough that a 640-token prompt is really evicted to 2x.
-QUICK_H2O = {"h2o.sink_tokens": 16, "h2o.recent_tokens": 64, "h2o.trigger_min_tokens": 128}
+QUICK_EVICTION = {"eviction.sink_tokens": 16, "eviction.recent_tokens": 64, "eviction.trigger_min_tokens": 128}
 
 
 _floats = number_list(float)
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--out", help="prefix of the plots and the .md table (default: --json without .json)")
     f.add_argument("--quick", action="store_true", help="tiny segments, one ratio: checks the plumbing")
     f.add_argument("--resume", action="store_true", help="keep the runs already in --json and do the rest")
-    f.add_argument("--config", help="YAML config; its runtime and h2o sections are the base of our runs")
+    f.add_argument("--config", help="YAML config; its runtime and eviction sections are the base of our runs")
     f.add_argument("--model", help="named model or GGUF path (overrides model.name)")
     f.add_argument("--methods", default="ours,ours:none@q8,ours:h2o@q8,kvpress,kvpress@q8",
                    help="comma-separated engine:policy[@kv_dtype], e.g. ours:h2o,ours:none@q8,"
@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     z = sub.add_parser("kvzip-structure", help="KVzip's own scores cut by token or by our blocks and floors",
                        description=_module_doc("kvzip_structure"), formatter_class=argparse.RawDescriptionHelpFormatter)
     z.add_argument("--json", default="kvzip_structure.json", help="output file; a .md table beside it")
-    z.add_argument("--config", help="YAML config: runtime.block_tokens and the h2o floors it applies")
+    z.add_argument("--config", help="YAML config: runtime.block_tokens and the eviction floors it applies")
     z.add_argument("--ratio", type=float, default=3.2, help="target whole-model ratio (default 3.2)")
     z.add_argument("--split", choices=("test", "dev"), default="dev", help="default dev")
     z.add_argument("--domains", default="essays,prose,code")
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--json", default="weights.json", help="output file (default weights.json); a .md table beside it")
     w.add_argument("--variants", default="8,4,4/8",
                    help="comma-separated LAYERS[/HEAD] weight bits (8, 4 or 0 = float); default 8,4,4/8")
-    w.add_argument("--config", help="YAML config: runtime and h2o settings of every variant")
+    w.add_argument("--config", help="YAML config: runtime and eviction settings of every variant")
     w.add_argument("--model", help="named model or GGUF path (overrides model.name)")
     w.add_argument("--split", choices=("test", "dev"), default="test", help="default test")
     w.add_argument("--domains", default="essays,prose,code", help="default essays,prose,code ('' = no quality runs)")
@@ -204,7 +204,7 @@ def _frontier(args, config_mod) -> int:
     if any(r < 1 for r in args.ratios):
         raise ValueError("--ratios must be >= 1")
 
-    overrides = dict(QUICK_H2O) if args.quick else {}
+    overrides = dict(QUICK_EVICTION) if args.quick else {}
     if args.model:
         overrides["model.name"] = args.model
     cfg = config_mod.load(args.config, overrides)
@@ -252,7 +252,7 @@ def _frontier(args, config_mod) -> int:
     settings = {k: getattr(args, k) for k in ("ratios", "split", "prompt_lens", "continuation",
                                                "segments", "needle_lengths", "needle_depths", "needles")}
     settings.update(domains=doms, placements=placements, methods=[m.name for m in methods],
-                    config={s: cfg[s] for s in ("model", "runtime", "h2o")})
+                    config={s: cfg[s] for s in ("model", "runtime", "eviction")})
     meta = {"settings": settings, "domains": D.describe(tok, doms),
             "needles": [n.__dict__ | {"values": len(n.values)} for n in N.NEEDLES[:args.needles]],
             "needle_seed": N.SEED,

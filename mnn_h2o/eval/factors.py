@@ -37,18 +37,18 @@ class Variant:
 
 VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("base", "the config as given (the default, or --config)"),
-    Variant("h2o", "accumulated attention with the same budget in every layer (h2o.policy h2o, "
-            "h2o.layer_budget uniform): no reconstruction pass", {"h2o.policy": "h2o", "h2o.layer_budget": "uniform"}),
+    Variant("h2o", "accumulated attention with the same budget in every layer (eviction.policy h2o, "
+            "eviction.layer_budget uniform): no reconstruction pass", {"eviction.policy": "h2o", "eviction.layer_budget": "uniform"}),
     Variant("old", "the h2o default before issue 19: layers 0-1 exempt, eviction after every prefill chunk, "
-            "floors never shrink", {"h2o.policy": "h2o", "h2o.layer_budget": "uniform", "h2o.layer_start": 2,
-                                    "h2o.prefill_eviction": "chunk", "h2o.max_floor_share": 0.0}),
+            "floors never shrink", {"eviction.policy": "h2o", "eviction.layer_budget": "uniform", "eviction.layer_start": 2,
+                                    "eviction.prefill_eviction": "chunk", "eviction.max_floor_share": 0.0}),
     Variant("all_keys", "kvzip's pass scores every held token with a softmax over every key the queries "
-            "see, each chunk all tokens (h2o.reconstruction_softmax all; the default's is KVzip's: 4 sinks, "
-            "the chunk and the pass)", {"h2o.reconstruction_softmax": "all"}),
-    Variant("layers0", "no exempt layers: every layer evicts (h2o.layer_start 0)", {"h2o.layer_start": 0}),
+            "see, each chunk all tokens (eviction.reconstruction_softmax all; the default's is KVzip's: 4 sinks, "
+            "the chunk and the pass)", {"eviction.reconstruction_softmax": "all"}),
+    Variant("layers0", "no exempt layers: every layer evicts (eviction.layer_start 0)", {"eviction.layer_start": 0}),
     Variant("floors16", "small floors: sink 16, recent 16 tokens (one block each)",
-            {"h2o.sink_tokens": 16, "h2o.recent_tokens": 16}),
-    Variant("floors_half", "floors halved: sink 32, recent 128", {"h2o.sink_tokens": 32, "h2o.recent_tokens": 128}),
+            {"eviction.sink_tokens": 16, "eviction.recent_tokens": 16}),
+    Variant("floors_half", "floors halved: sink 32, recent 128", {"eviction.sink_tokens": 32, "eviction.recent_tokens": 128}),
     Variant("block32", "coarser blocks: 32 tokens (16 is the kernels' minimum)", {"runtime.block_tokens": 32}),
     Variant("block64", "coarser blocks: 64 tokens", {"runtime.block_tokens": 64}),
     Variant("float", "float weights and activations (model.weight_bits 0, runtime.memory normal) "
@@ -57,27 +57,27 @@ VARIANTS: Dict[str, Variant] = {v.name: v for v in (
     Variant("normal", "float activations with the same int8 weights (runtime.memory normal): the "
             "int8 engine's activation noise alone", {"runtime.memory": "normal"}),
     Variant("prefill_end", "evict once after the whole prompt, not after every prefill chunk",
-            {"h2o.prefill_eviction": "end"}),
+            {"eviction.prefill_eviction": "end"}),
     Variant("no_decode", "no eviction during the continuation; the prompt is cut so that the end "
-            "state meets the target", {"h2o.update_interval": NO_DECODE}, keep_for_end=True),
-    Variant("interval1", "re-evict after every decode token", {"h2o.update_interval": 1}),
-    Variant("ema0", "no EMA memory (ema_alpha 0: the last interval's mean only)", {"h2o.ema_alpha": 0.0}),
-    Variant("ema09", "long EMA memory (ema_alpha 0.9)", {"h2o.ema_alpha": 0.9}),
-    Variant("per_head", "shared per-layer budget across kv heads (per_head_budget)", {"h2o.per_head_budget": True}),
+            "state meets the target", {"eviction.update_interval": NO_DECODE}, keep_for_end=True),
+    Variant("interval1", "re-evict after every decode token", {"eviction.update_interval": 1}),
+    Variant("ema0", "no EMA memory (ema_alpha 0: the last interval's mean only)", {"eviction.ema_alpha": 0.0}),
+    Variant("ema09", "long EMA memory (ema_alpha 0.9)", {"eviction.ema_alpha": 0.9}),
+    Variant("per_head", "shared per-layer budget across kv heads (per_head_budget)", {"eviction.per_head_budget": True}),
     Variant("adakv", "shared per-layer budget with an AdaKV per-head minimum of half the per-head "
             "budget (per_head_budget, head_floor_share 0.5)",
-            {"h2o.per_head_budget": True, "h2o.head_floor_share": 0.5}),
+            {"eviction.per_head_budget": True, "eviction.head_floor_share": 0.5}),
     Variant("pyramid", "PyramidKV layer budgets: decreasing with depth, same whole-model total "
-            "(h2o.layer_budget pyramid)", {"h2o.layer_budget": "pyramid"}),
+            "(eviction.layer_budget pyramid)", {"eviction.layer_budget": "pyramid"}),
     Variant("share0", "old floor rule: a head whose floors exceed its budget is left alone "
-            "(h2o.max_floor_share 0)", {"h2o.max_floor_share": 0.0}),
-    Variant("share1", "floors shrink to fit the budget (h2o.max_floor_share 1)", {"h2o.max_floor_share": 1.0}),
-    Variant("share05", "floors take at most half the budget (h2o.max_floor_share 0.5)",
-            {"h2o.max_floor_share": 0.5}),
+            "(eviction.max_floor_share 0)", {"eviction.max_floor_share": 0.0}),
+    Variant("share1", "floors shrink to fit the budget (eviction.max_floor_share 1)", {"eviction.max_floor_share": 1.0}),
+    Variant("share05", "floors take at most half the budget (eviction.max_floor_share 0.5)",
+            {"eviction.max_floor_share": 0.5}),
     Variant("kvpress_like", "layers0 + prefill_end + no_decode + floors16 together: kvpress's "
             "ObservedAttention setting within our blocks",
-            {"h2o.layer_start": 0, "h2o.prefill_eviction": "end", "h2o.update_interval": NO_DECODE,
-             "h2o.sink_tokens": 16, "h2o.recent_tokens": 16}, keep_for_end=True),
+            {"eviction.layer_start": 0, "eviction.prefill_eviction": "end", "eviction.update_interval": NO_DECODE,
+             "eviction.sink_tokens": 16, "eviction.recent_tokens": 16}, keep_for_end=True),
 )}
 
 
@@ -152,7 +152,7 @@ class Grid:
         k = (_runtime_key(cfg), seg.domain, seg.index, len(seg.prompt))
         if k not in self._refs:
             llm = self.llm(cfg)
-            llm.configure_h2o(None)
+            llm.configure_eviction(None)
             self._refs[k] = teacher_forced(llm, seg.prompt, seg.continuation).logp
         return self._refs[k]
 
@@ -160,13 +160,13 @@ class Grid:
         cfg = self.cfg(v)
         ref = self.ref(cfg, seg)
         llm = self.llm(cfg)
-        h = dict(cfg["h2o"], enabled=True, target_keep_ratio=0.0, target_lossy_ratio=ratio, kv_budget_bytes=0)
+        h = dict(cfg["eviction"], enabled=True, target_keep_ratio=0.0, target_lossy_ratio=ratio, kv_budget_bytes=0)
         if v.keep_for_end:
             c = llm.config
             evicting = (h["layer_end"] if h["layer_end"] != -1 else c.n_layers) - h["layer_start"]
             keep = keep_for_end(c.n_layers, evicting, len(seg.prompt), len(seg.continuation) - 1, ratio)
             h.update(target_keep_ratio=min(max(keep, 1e-6), 1.0))
-        llm.configure_h2o(h)
+        llm.configure_eviction(h)
         t0 = time.perf_counter()
         tr = teacher_forced(llm, seg.prompt, seg.continuation)
         run = {"variant": v.name, "target_ratio": ratio, "domain": seg.domain, "split": seg.split,
@@ -174,8 +174,8 @@ class Grid:
                "ratio": tr.f16_bytes / tr.kv_bytes_held, "seconds": round(time.perf_counter() - t0, 1),
                "overrides": {k: v2 for k, v2 in v.overrides.items()},
                "keep_ratio": h["target_keep_ratio"] or None,
-               "skipped": {k: sum(l["skipped"][k] for l in llm.cache.h2o_stats()["layers"])
-                           for k in llm.cache.h2o_stats()["layers"][0]["skipped"]}}
+               "skipped": {k: sum(l["skipped"][k] for l in llm.cache.eviction_stats()["layers"])
+                           for k in llm.cache.eviction_stats()["layers"][0]["skipped"]}}
         run.update(metrics(ref, tr.logp, seg.continuation))
         self.runs.append(run)
         self.save()

@@ -63,7 +63,7 @@ def our_policies() -> Tuple[str, ...]:
     a frontier row says which it measured)."""
     from .. import config as config_mod
 
-    return tuple(config_mod.native_choices(config_mod.key("h2o.policy")))
+    return tuple(config_mod.native_choices(config_mod.key("eviction.policy")))
 
 
 def our_dtypes() -> Tuple[str, ...]:
@@ -154,20 +154,20 @@ class OursEngine:
         return self._llm("f16").tokenizer
 
     def check_scorer(self) -> None:
-        """ScorerFileError now, naming the command, when h2o.policy predicted_kvzip has no
+        """ScorerFileError now, naming the command, when eviction.policy predicted_kvzip has no
         scorer fitted for this export."""
         from ..token_scorer import check_layers, load_for_export
 
         llm = self._llm("f16")
-        check_layers(load_for_export(llm.export_dir, llm.meta, llm.config), llm._evicting_layers(self.cfg["h2o"]))
+        check_layers(load_for_export(llm.export_dir, llm.meta, llm.config), llm._evicting_layers(self.cfg["eviction"]))
 
     def _configure(self, m: Method, ratio: Optional[float]):
-        from .quality import h2o_section
+        from .quality import eviction_section
 
         llm = self._llm(m.kv_dtype)
-        # h2o.target_lossy_ratio is whole-model: a quantised element type pays its part of it,
+        # eviction.target_lossy_ratio is whole-model: a quantised element type pays its part of it,
         # eviction the rest.
-        llm.configure_h2o(h2o_section(self.cfg["h2o"], m.policy, ratio) if m.evicts else None)
+        llm.configure_eviction(eviction_section(self.cfg["eviction"], m.policy, ratio) if m.evicts else None)
         return llm
 
     def teacher_forced(self, m: Method, ratio: Optional[float], prompt, cont) -> dict:

@@ -35,7 +35,7 @@ A whole-model target ``r`` sets kvpress's ``compression_ratio`` (fraction of pro
 removed) so that the held entries after the continuation are 1/r' of all entries written, the
 same end state our engine's target means (kvpress never evicts during decoding), with r' = r for
 f16 and r' = ``quality.eviction_target(r, q8_0.gain())`` for q8: the element type pays its part
-of r, eviction the rest, as our engine splits ``h2o.target_lossy_ratio``.
+of r, eviction the rest, as our engine splits ``eviction.target_lossy_ratio``.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ once, then the same scores select the kept entries four ways, all at the same wh
 ratio and under kvpress's one budget over every layer and head:
 
 - ``token``: kvpress's own cut (per token, 4 sink tokens kept);
-- ``token_floors``: per token, plus our floors (the first ``h2o.sink_tokens`` and the last
-  ``h2o.recent_tokens`` of the prompt always kept);
+- ``token_floors``: per token, plus our floors (the first ``eviction.sink_tokens`` and the last
+  ``eviction.recent_tokens`` of the prompt always kept);
 - ``block``: each score replaced by the largest in its ``runtime.block_tokens`` block, so whole
   blocks are kept or dropped as our cache does;
 - ``block_floors``: both.
@@ -56,7 +56,7 @@ def run(cfg: dict, split: str, domains: Sequence[str], ratio: float, prompt_len:
     # The peer reads the GGUF's own tokenizer: nothing of our engine is needed here.
     peer = KP.KvpressPeer(resolve_gguf(cfg["model"]["name"]), threads=cfg["runtime"]["threads"])
     tok = peer.tokenizer
-    block, h2o = cfg["runtime"]["block_tokens"], cfg["h2o"]
+    block, eviction = cfg["runtime"]["block_tokens"], cfg["eviction"]
     captured = {}
     real = KP.kvzip_masks
 
@@ -78,8 +78,8 @@ def run(cfg: dict, split: str, domains: Sequence[str], ratio: float, prompt_len:
                 row = {"domain": dom, "segment": seg.index, "ratio": kept["ratio"],
                        "none@q8": metrics(full["logp"], floor["logp"], cont)["kl"], "kl": {}}
                 for cut in CUTS:
-                    s = cut_scores(captured["scores"], cut, len(prompt), block, h2o["sink_tokens"],
-                                   h2o["recent_tokens"])
+                    s = cut_scores(captured["scores"], cut, len(prompt), block, eviction["sink_tokens"],
+                                   eviction["recent_tokens"])
                     masks = real(peer.model, s, cr)
                     layers = [(k, v, m) for (k, v, _), m in zip(peer._caches[None], masks)]
                     logits, _, _ = peer._run(layers, len(prompt), cont[:-1], "q8")
@@ -123,7 +123,7 @@ def sweep(args, config_mod) -> int:
     rows: List[dict] = []
     meta = {"split": args.split, "ratio": args.ratio, "prompt_tokens": args.prompt_len,
             "continuation": args.continuation, "block_tokens": cfg["runtime"]["block_tokens"],
-            "sink_tokens": cfg["h2o"]["sink_tokens"], "recent_tokens": cfg["h2o"]["recent_tokens"]}
+            "sink_tokens": cfg["eviction"]["sink_tokens"], "recent_tokens": cfg["eviction"]["recent_tokens"]}
 
     def done(row):
         rows.append(row)

@@ -59,14 +59,14 @@ def metrics(full_logp: np.ndarray, cand_logp: np.ndarray, continuation: Sequence
 def eviction_target(target: float, dtype_gain: float) -> float:
     """The ratio eviction must make for a whole-model ``target`` (against f16) when the element
     type alone saves ``dtype_gain`` (f16 bytes / its bytes): the type pays its part, eviction the
-    rest; 1 means no eviction. Our cache applies this very rule to ``h2o.target_lossy_ratio``
-    (native ``H2oState::keep_ratio``; ``tests/test_frontier.py`` checks the two agree), and the
+    rest; 1 means no eviction. Our cache applies this very rule to ``eviction.target_lossy_ratio``
+    (native ``EvictionState::keep_ratio``; ``tests/test_frontier.py`` checks the two agree), and the
     kvpress peer's ``@q8`` presses are set with it."""
     return max(1.0, target / dtype_gain)
 
 
-def h2o_section(base: dict, policy: str, ratio: float) -> dict:
-    """The config's h2o section with the given policy and whole-model lossy ratio target, evicting
+def eviction_section(base: dict, policy: str, ratio: float) -> dict:
+    """The config's eviction section with the given policy and whole-model lossy ratio target, evicting
     at every prompt length (a frontier point is a method at a ratio; the default's trigger, which
     leaves short contexts alone, is a product choice measured on its own)."""
     return dict(base, enabled=True, policy=policy, target_keep_ratio=0.0, target_lossy_ratio=ratio,

@@ -102,7 +102,7 @@ def sweep(args, config_mod) -> int:
 
     result = {"settings": {"variants": list(llms), "split": args.split, "domains": doms, "tokens": args.tokens,
                            "contexts": contexts, "decode": args.decode, "repetitions": args.repetitions,
-                           "config": {s: base[s] for s in ("model", "runtime", "h2o")}},
+                           "config": {s: base[s] for s in ("model", "runtime", "eviction")}},
               "quality": [], "speed": []}
     bar = tqdm(total=len(doms) * (1 + len(llms)) + len(contexts) * args.repetitions * len(llms),
                desc="weights", unit="run")

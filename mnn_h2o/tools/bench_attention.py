@@ -7,7 +7,7 @@ each type's time relative to the first's (median and range of the per-round rati
 the attention throughput in query-key pairs per second. After eviction: decode steps over the
 ~28% of a 4096-token context that H2O (or random) eviction keeps, against the same number of
 tokens appended in one go, interleaved, with a 4.5 MB buffer read between layers as MNN's weights
-would be: this is where the layout of the kept blocks shows (docs/h2o.md, Compaction). A decode
+would be: this is where the layout of the kept blocks shows (docs/eviction.md, Compaction). A decode
 step of fewer than 1024 keys (kParallelMinQueryKeys in attention.h) runs on one thread whatever
 --threads says.
 
@@ -81,7 +81,7 @@ def evicted_cache(policy, context, keep_ratio, threads, rng):
     if not evicting:
         context = int(context * keep_ratio) // 16 * 16
     else:
-        cache.enable_h2o(policy=policy, target_keep_ratio=keep_ratio, layer_start=0)
+        cache.enable_eviction(policy=policy, target_keep_ratio=keep_ratio, layer_start=0)
     q = rng.standard_normal((256, N_HEADS * HEAD_DIM), dtype=np.float32)
     out = np.empty_like(q)
     for t0 in range(0, context, 256):
@@ -92,7 +92,7 @@ def evicted_cache(policy, context, keep_ratio, threads, rng):
         if evicting:
             cache.end_step(n, True)
     if evicting:
-        cache.disable_h2o()  # time the layout alone
+        cache.disable_eviction()  # time the layout alone
     return cache
 
 

@@ -9,7 +9,7 @@ Per policy: a prompt of --tokens random tokens is appended to every layer and it
   per decode token);
 - attention per decode token over the full prompt and over what is kept (one step per layer).
 
-The numbers are of this machine at this moment; docs/h2o.md keeps the ones it quotes.
+The numbers are of this machine at this moment; docs/eviction.md keeps the ones it quotes.
 
     python -m mnn_h2o.tools.bench_policies [--tokens 4096] [--policies h2o,keydiff]
 """
@@ -31,7 +31,7 @@ def _args(argv=None):
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", default="f16")
     # The eviction settings default to the config schema's (docs/config.md).
-    default = lambda name: config.key("h2o." + name).default  # noqa: E731
+    default = lambda name: config.key("eviction." + name).default  # noqa: E731
     ap.add_argument("--ratio", type=float, default=default("target_lossy_ratio"), help="whole-model target_lossy_ratio")
     ap.add_argument("--interval", type=int, default=default("update_interval"), help="update_interval (decode tokens)")
     ap.add_argument("--updates", type=int, default=4, help="decode updates measured")
@@ -66,7 +66,7 @@ def run(policy, a):
     rng = np.random.default_rng(0)
     cache = native.KvCache(a.layers, a.kv_heads, a.head_dim, a.heads, dtype=a.dtype, block_tokens=16,
                            max_tokens=a.tokens + a.interval * (a.updates + 1) + 64, threads=a.threads)
-    cache.enable_h2o(policy=policy, target_lossy_ratio=a.ratio, layer_start=0, update_interval=a.interval,
+    cache.enable_eviction(policy=policy, target_lossy_ratio=a.ratio, layer_start=0, update_interval=a.interval,
                      observation_window=a.window)
     n, w = a.tokens, a.window
     kv = rng.standard_normal((n - w, a.kv_heads * a.head_dim), dtype=np.float32)
@@ -79,7 +79,7 @@ def run(policy, a):
         cache.step(layer, q, k, k, out)
     full_ms = _decode_attention_ms(cache, a, rng)
     cache.end_step(w, True)
-    s = cache.h2o_stats()
+    s = cache.eviction_stats()
     cut_us = s["policy_us"]
     kept_ms = _decode_attention_ms(cache, a, rng)
     q1 = rng.standard_normal((1, a.heads * a.head_dim), dtype=np.float32)
@@ -89,7 +89,7 @@ def run(policy, a):
         for layer in range(a.layers):
             cache.step(layer, q1, k1, k1, o1)
         cache.end_step(1, False)
-    s2 = cache.h2o_stats()
+    s2 = cache.eviction_stats()
     per_update = (s2["policy_us"] - cut_us) / max(1, s2["updates"] - s["updates"])
     held = sum(sum(l["held"]) for l in s2["layers"]) / (a.layers * a.kv_heads)
     return dict(policy=policy, cut_us=cut_us, update_us=per_update, per_token_us=per_update / a.interval,

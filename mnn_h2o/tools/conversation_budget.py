@@ -11,11 +11,11 @@ text runs out. Then each fact is asked in a fork of the final conversation (gree
 the needle suite scores), which is what holding the conversation cost its recall.
 
 Configs: ``f16`` (f16 rows, no eviction: it stops at the budget), ``q8`` (the config's q8 rows,
-no eviction) and ``default`` (the config as it is, with h2o.kv_budget_bytes = the budget).
+no eviction) and ``default`` (the config as it is, with eviction.kv_budget_bytes = the budget).
 The bytes are cross-checked with the tokens held: the heads' held tokens (stats' tokens_held,
 their mean) times the row bytes must come within one block per head of kv_bytes_held. The budget
 holds between turns: while a turn is prefilled its rows are held too, and an evicting cache
-evicts after the turn's last chunk (h2o.prefill_eviction end), so for that moment it holds up to
+evicts after the turn's last chunk (eviction.prefill_eviction end), so for that moment it holds up to
 one turn's rows more.
 
     python -m mnn_h2o.tools.conversation_budget [--budget-tokens 2048] [--configs f16,q8,default] [--json FILE]
@@ -36,7 +36,7 @@ QUESTION_ROOM = 128             # tokens kept free for a question and its answer
 
 def budget_bytes(llm, n_tokens: int) -> int:
     """The bytes of an f16 full cache of ``n_tokens``: whole blocks of rows rounded up to 64 bytes
-    (docs/h2o.md "byte cap"), K and V, every layer and kv head."""
+    (docs/eviction.md "byte cap"), K and V, every layer and kv head."""
     from .. import native
 
     c, bt = llm.config, llm.cfg["runtime"]["block_tokens"]
@@ -48,12 +48,12 @@ def config_for(base: dict, name: str, budget: int) -> dict:
     cfg = {k: dict(v) for k, v in base.items()}
     if name == "f16":
         cfg["runtime"]["kv_dtype"] = "f16"
-        cfg["h2o"]["enabled"] = False
+        cfg["eviction"]["enabled"] = False
     elif name == "q8":
         cfg["runtime"]["kv_dtype"] = "q8"
-        cfg["h2o"]["enabled"] = False
+        cfg["eviction"]["enabled"] = False
     elif name == "default":
-        cfg["h2o"].update(enabled=True, kv_budget_bytes=budget, target_keep_ratio=0.0)
+        cfg["eviction"].update(enabled=True, kv_budget_bytes=budget, target_keep_ratio=0.0)
     else:
         raise ValueError(f"unknown config {name!r} (allowed: {', '.join(CONFIGS)})")
     return cfg

@@ -16,8 +16,8 @@ setting, the prefill of a history shared by its three questions.
 
 Settings: ``full`` (f16 rows, no eviction), ``default@R`` (the config's KV type and policy at
 whole-model ratio R) and ``kvzip@R`` (policy kvzip with layer_budget global). An evicting setting
-uses the frontier's h2o section (mnn_h2o/eval/quality.py h2o_section): it evicts at any length,
-where the default's h2o.trigger_min_tokens would leave a conversation shorter than it uncompressed.
+uses the frontier's eviction section (mnn_h2o/eval/quality.py eviction_section): it evicts at any length,
+where the default's eviction.trigger_min_tokens would leave a conversation shorter than it uncompressed.
 Prints a Markdown table: hits / trials, and at the questions (before one is fed) the history's
 tokens, the KV bytes held and the measured whole-model ratio.
 
@@ -139,17 +139,17 @@ def parse_settings(spec: str, base_policy: str, base_dtype: str) -> List[Setting
 
 
 def setting_config(base: dict, s: Setting) -> dict:
-    """The session config of a setting: ``base`` with its KV type and h2o section replaced."""
-    from ..eval.quality import h2o_section
+    """The session config of a setting: ``base`` with its KV type and eviction section replaced."""
+    from ..eval.quality import eviction_section
 
     cfg = {k: dict(v) for k, v in base.items()}
     cfg["runtime"]["kv_dtype"] = s.kv_dtype
     if s.policy == "none":
-        cfg["h2o"]["enabled"] = False
+        cfg["eviction"]["enabled"] = False
     else:
-        cfg["h2o"] = h2o_section(base["h2o"], s.policy, s.target_ratio)
+        cfg["eviction"] = eviction_section(base["eviction"], s.policy, s.target_ratio)
         if s.policy == "kvzip":
-            cfg["h2o"]["layer_budget"] = "global"
+            cfg["eviction"]["layer_budget"] = "global"
     return cfg
 
 
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
         cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
         parse_settings(args.settings, "kvzip", "q8")  # a bad --settings fails before the model loads
         llm = Llm.load(None, cfg, progress=False)
-        settings = parse_settings(args.settings, llm.policy_of(cfg["h2o"]), cfg["runtime"]["kv_dtype"])
+        settings = parse_settings(args.settings, llm.policy_of(cfg["eviction"]), cfg["runtime"]["kv_dtype"])
         convs = conversations(llm.tokenizer, args.split, args.length, args.turn_tokens)
         if args.conversations:
             convs = convs[:args.conversations]

@@ -19,7 +19,7 @@ measurement: every engine prefills once (that one prefill's time is printed, a s
 not a prefill benchmark: use prefill_interleave for that), so 16K-32K tokens fit in one run.
 
 An engine is DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]]: DTYPE a
-runtime.kv_dtype, POLICY none or an h2o.policy, RATIO its h2o.target_lossy_ratio (whole-model; default the config's), the
+runtime.kv_dtype, POLICY none or an eviction.policy, RATIO its eviction.target_lossy_ratio (whole-model; default the config's), the
 weight bits of its export as `eval weights` spells them (default the config's; 4/8 = 4-bit
 layers with an 8-bit lm_head), MEMORY its runtime.memory (default the config's; normal =
 float activations), LM_HEAD its runtime.lm_head, TAIL its runtime.tail and DECODE_LAYERS its
@@ -58,7 +58,7 @@ def parse_weights(spec: str, text: str, cfg: dict):
 
 
 def parse_engine(spec: str, cfg: dict):
-    """(label, h2o section or None, kv_dtype, (weight_bits, head_bits), memory, (lm_head, tail,
+    """(label, eviction section or None, kv_dtype, (weight_bits, head_bits), memory, (lm_head, tail,
     decode_layers)) of DTYPE:POLICY[@RATIO][+LAYERS[/HEAD]][~MEMORY][^LM_HEAD[/TAIL[/DECODE_LAYERS]]]."""
     head_spec, _, end = spec.partition("^")
     parts = end.split("/") if end else []
@@ -83,12 +83,12 @@ def parse_engine(spec: str, cfg: dict):
         raise SystemExit(f"{spec}: unknown kv dtype {dtype!r}")
     if policy == "none":
         return spec, None, dtype, weights, memory, ends
-    if policy not in config_mod.key("h2o.policy").choices:
+    if policy not in config_mod.key("eviction.policy").choices:
         raise SystemExit(f"{spec}: unknown policy {policy!r}")
-    h2o = dict(copy.deepcopy(cfg["h2o"]), enabled=True, policy=policy)
+    eviction = dict(copy.deepcopy(cfg["eviction"]), enabled=True, policy=policy)
     if ratio:
-        h2o.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
-    return spec, h2o, dtype, weights, memory, ends
+        eviction.update(target_keep_ratio=0.0, target_lossy_ratio=float(ratio))
+    return spec, eviction, dtype, weights, memory, ends
 
 
 def check_llama_configs(names) -> None:
@@ -104,13 +104,13 @@ def check_llama_configs(names) -> None:
 def make_engines(cfg: dict, specs) -> list:
     """(label, Llm) of each parse_engine spec, eviction configured."""
     engines = []
-    for label, h2o, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
+    for label, eviction, dtype, (weight_bits, head_bits), memory, (lm_head, tail, decode_layers) in specs:
         c = copy.deepcopy(cfg)
         c["runtime"].update(kv_dtype=dtype, memory=memory, lm_head=lm_head, tail=tail, decode_layers=decode_layers,
                             prompt_layers=decode_layers)
         c["model"].update(weight_bits=weight_bits, head_bits=head_bits)
         llm = Llm(ensure_exported(c["model"], progress=False), c)
-        llm.configure_h2o(h2o)
+        llm.configure_eviction(eviction)
         engines.append((label, llm))
     return engines
 

@@ -3,7 +3,7 @@ against our full cache of the same dtype, beside llama.cpp's per-token time when
 
 The runs are `python -m mnn_h2o.bench speed`'s (mnn_h2o/bench/speed.py: a fresh context, the same
 essay prompt for every engine, greedy decode, an untimed warm-up, runs interleaved A B / B A),
-with the engines ``ours_h2o`` (the config, by default q8 KV + h2o) and ``ours`` (no eviction,
+with the engines ``ours_evict`` (the config, by default q8 KV + eviction) and ``ours`` (no eviction,
 same KV dtype), and llama.cpp's f16 KV config (its fastest on every machine measured) when the
 `llama` extra is installed. A decode token of ours is split by the engine's counters
 (mnn_h2o.engine.Stats):
@@ -12,7 +12,7 @@ same KV dtype), and llama.cpp's f16 KV config (its fastest on every machine meas
     dense      our native decode layers (runtime.decode_layers; then no MNN call a token)
     convert    copies between numpy and MNN (embedding/RoPE rows and the attention output
                written, q/k/v and the logits read)
-    attention  the native cache step: append, attention, score collection (h2o)
+    attention  the native cache step: append, attention, score collection (eviction)
     policy     the native end of a forward: the eviction policy when due, store jobs
     head       the native tail and lm_head
     glue       the rest: Python around them, sampling
@@ -38,7 +38,7 @@ from ..cli_numbers import number_list  # noqa: E402
 from ..measure import summarize  # noqa: E402
 
 PARTS = ("mnn", "dense", "convert", "attention", "policy", "head", "glue")
-OURS = ("ours_h2o", "ours")
+OURS = ("ours_evict", "ours")
 
 
 def _llama_rows(text: str) -> list:
@@ -134,8 +134,8 @@ def format_profile(profile: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="h2o.yaml", help="the settings (default h2o.yaml); ours_h2o is "
-                    "its h2o section, ours the same without eviction")
+    ap.add_argument("--config", default="h2o.yaml", help="the settings (default h2o.yaml); ours_evict is "
+                    "its eviction section, ours the same without eviction")
     ap.add_argument("--contexts", type=number_list(int, 1), default=[256, 512, 1024, 2048],
                     help="prompt tokens of essay text (default 256,512,1024,2048)")
     ap.add_argument("--tokens", type=int, default=64, help="decode tokens per run (default 64)")
@@ -163,8 +163,8 @@ def _profile(ap, args) -> int:
     from ..model_source import resolve_gguf
 
     cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
-    if not cfg["h2o"]["enabled"]:
-        ap.error(f"{args.config}: h2o.enabled is false; the profile compares the config's eviction with none")
+    if not cfg["eviction"]["enabled"]:
+        ap.error(f"{args.config}: eviction.enabled is false; the profile compares the config's eviction with none")
     llama_rows = _llama_rows(args.llama)
     llm = Llm.load(None, cfg, progress=False)
     longest = max(args.contexts) + args.tokens + 8
@@ -177,15 +177,15 @@ def _profile(ap, args) -> int:
         gguf = resolve_gguf(cfg["model"]["name"])
         llama_peer.preflight(gguf, cfg["runtime"]["threads"])
         llama = lambda n_ctx: llama_peer.make_peers(gguf, n_ctx, cfg["runtime"]["threads"], llama_rows)
-    results = run_speed(llm, None, llm.tokenizer, args.contexts, args.tokens, args.repetitions, cfg["h2o"],
+    results = run_speed(llm, None, llm.tokenizer, args.contexts, args.tokens, args.repetitions, cfg["eviction"],
                         llama=llama, llama_rows=llama_rows, measure_quality=False)
     overhead = timer_overhead(llm, llm.tokenizer.bos_token_id or 0)
     profile = profile_rows(results)
     c = llm.config
     print(f"model {cfg['model']['name']}, weights {llm.weights}, {cfg['runtime']['threads']} threads, "
           f"KV {cfg['runtime']['kv_dtype']}, {c.n_layers} layers, {args.tokens} decode tokens, "
-          f"{args.repetitions} interleaved rounds; ours_h2o = the config's h2o (policy {llm.policy_of(cfg['h2o'])}, "
-          f"trigger {cfg['h2o']['trigger_min_tokens']} tokens), ours = no eviction")
+          f"{args.repetitions} interleaved rounds; ours_evict = the config's eviction (policy {llm.policy_of(cfg['eviction'])}, "
+          f"trigger {cfg['eviction']['trigger_min_tokens']} tokens), ours = no eviction")
     print("llama.cpp: " + (", ".join(llama_rows) if llama_rows else
                            "not run (" + ("--llama off" if args.llama == "off" else "the `llama` extra is not installed") + ")"))
     print(format_profile(profile))

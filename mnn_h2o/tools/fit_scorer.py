@@ -1,10 +1,10 @@
-"""Fit h2o.policy predicted_kvzip's scorer for a model: kvzip's own scores on dev-split text, and a
+"""Fit eviction.policy predicted_kvzip's scorer for a model: kvzip's own scores on dev-split text, and a
 linear map per layer from each token's hidden state to them (mnn_h2o/token_scorer.py).
 
 For each calibration segment (the dev split's windows --fit-windows of every domain, the first
 --tokens tokens of each) the engine prefills with the config's KV dtype and no eviction, keeping
 every evicting layer's input hidden states, then runs kvzip's reconstruction pass
-(h2o.reconstruction_softmax as configured) and reads every held token's peak
+(eviction.reconstruction_softmax as configured) and reads every held token's peak
 (``KvCache.token_scores``). A ridge regression per layer on the accumulated normal equations maps
 the RMS-normalised hidden state (and a constant) to log(peak) of each kv head. The ridge weight is
 chosen among --lambdas on the held-out window (--heldout-window, never fitted; also dev), by the
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     from ..export import ensure_exported
     from ..token_scorer import TokenScorer, scorer_path, shipped_path, solve_ridge
 
-    overrides = {"h2o.policy": "kvzip", "h2o.enabled": True}
+    overrides = {"eviction.policy": "kvzip", "eviction.enabled": True}
     if args.model:
         overrides["model.name"] = args.model
     cfg = config_mod.load(args.config, overrides)
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     export_dir = args.export or ensure_exported(cfg["model"])
     llm = Llm(export_dir, cfg)
     c = llm.config
-    lo, hi = llm._evicting_layers(cfg["h2o"])
+    lo, hi = llm._evicting_layers(cfg["eviction"])
     tok = llm.tokenizer
     d, k = c.hidden + 1, c.n_kv_heads
     gram = {i: np.zeros((d, d)) for i in range(lo, hi)}
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         per_layer.append(round(1.0 - float(np.mean((pred - held_y[i]) ** 2) / np.var(held_y[i])), 4))
     meta = {
         "source_sha256": llm.meta["source_sha256"], "n_layers": c.n_layers, "hidden": c.hidden, "n_kv_heads": k,
-        "kv_dtype": cfg["runtime"]["kv_dtype"], "reconstruction_softmax": cfg["h2o"]["reconstruction_softmax"],
+        "kv_dtype": cfg["runtime"]["kv_dtype"], "reconstruction_softmax": cfg["eviction"]["reconstruction_softmax"],
         "fitted": fitted, "fit_tokens": n_fit, "heldout": {"split": "dev", "window": args.heldout_window,
                                                           "tokens": int(held_y[lo].shape[0])},
         "lambda": best["lambda"], "heldout_r2": best["heldout_r2"],

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
             cfg = config_mod.load(args.config, dict(config_mod.parse_assignment(a) for a in args.set))
             cfg["model"]["name"] = args.model
             llm = Llm.load(args.model, cfg, progress=False)
-            out["policy"] = llm.h2o["policy"] if llm.h2o else "none"  # auto as it resolved on this model
+            out["policy"] = llm.eviction["policy"] if llm.eviction else "none"  # auto as it resolved on this model
             out["after_load"] = _rss_mb()
             if llm._decode_layers is not None:
                 out["decode_layers_mb"] = llm._decode_layers.bytes / 1e6

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from ..measure import interleave, summarize, time_run
     from ..model_source import resolve_gguf
 
-    cfg = load(args.config, {"model.name": args.model, "h2o.enabled": False})
+    cfg = load(args.config, {"model.name": args.model, "eviction.enabled": False})
     ours = {}
     for name in ("native", "mnn"):
         if name in args.engines:

@@ -47,7 +47,7 @@ def main():
         print(f"quantised to {out} in {time.perf_counter() - t:.0f} s")
     types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(out).tensors)
     print(f"{out}: tensors {dict(types)}")
-    cfg = config.validate({"model": {"name": out}, "runtime": {"kv_dtype": "f16"}, "h2o": {"enabled": False}})
+    cfg = config.validate({"model": {"name": out}, "runtime": {"kv_dtype": "f16"}, "eviction": {"enabled": False}})
     llm = Llm.load(out, cfg)
     ids = essay_tokens(llm.tokenizer, 256)
     prompt, cont = ids[:192], ids[192:]

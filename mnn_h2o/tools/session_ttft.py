@@ -12,7 +12,7 @@ history length, and the ratio continued / cold.
 user message, a new session each run), three ways interleaved: "in turn" (the session compresses
 before it answers, as Llm.generate does), "after answer" (compress_after_answer, the chat's and
 the server's: the answer first, Session.compress after it, timed apart) and "no eviction"
-(h2o.enabled false). With it go the KV bytes each holds once compressed and the ratios to no
+(eviction.enabled false). With it go the KV bytes each holds once compressed and the ratios to no
 eviction (docs/sessions.md "Compression after the answer").
 
     python -m mnn_h2o.tools.session_ttft [--history 2048,4096] [--repetitions 5] [--first-turn] [--json FILE]
@@ -82,7 +82,7 @@ def measure_first_turn(llm, cfg: dict, n_tokens: int, repetitions: int) -> dict:
     text = llm.tokenizer.decode(essay_tokens(llm.tokenizer, n_tokens))
     messages = [{"role": "user", "content": "Read this text.\n\n" + text + "\n\n" + QUESTION}]
     plain = copy.deepcopy(cfg)
-    plain["h2o"]["enabled"] = False
+    plain["eviction"]["enabled"] = False
 
     def turn(c: dict, after: bool):
         def run():
@@ -100,7 +100,7 @@ def measure_first_turn(llm, cfg: dict, n_tokens: int, repetitions: int) -> dict:
 
     runs = interleave({"in_turn": turn(cfg, False), "after_answer": turn(cfg, True),
                        "no_eviction": turn(plain, False)}, repetitions)
-    out = {"prompt_tokens": runs["in_turn"][0]["prefilled"], "policy": llm.policy_of(cfg["h2o"])}
+    out = {"prompt_tokens": runs["in_turn"][0]["prefilled"], "policy": llm.policy_of(cfg["eviction"])}
     for name, rs in runs.items():
         out[name] = {"ttft_s": summarize([r["s"] for r in rs]), "compress_s": summarize([r["compress_s"] for r in rs]),
                      "kv_bytes_held": rs[-1]["kv_bytes_held"], "whole_model_ratio": rs[-1]["whole_model_ratio"]}

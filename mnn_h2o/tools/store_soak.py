@@ -84,7 +84,7 @@ def llm_tps(samples, run) -> float:
 
 
 def check(samples, ends, cfg, head_dim: int, warmup: int, leak_mib: float) -> list:
-    target = cfg["h2o"]["target_lossy_ratio"]
+    target = cfg["eviction"]["target_lossy_ratio"]
     warm = [s for s in samples if s["token"] >= warmup]  # every run warms up again after its reset
     after = [s for s in samples if s["run"] > 0 or s["token"] >= warmup]  # the first warm-up, on
     checks = []
@@ -100,7 +100,7 @@ def check(samples, ends, cfg, head_dim: int, warmup: int, leak_mib: float) -> li
     # And what H2O keeps follows its budget (the adaptive target lands a few % under; between
     # two updates the new tokens wait for the next one).
     worst_ratio = min(s["uncompressed"] / s["kept_bytes"] for s in warm) if warm else 0.0
-    checks.append({"check": "lossy ratio after warm-up >= 0.9 x h2o.target_lossy_ratio", "min_ratio": worst_ratio,
+    checks.append({"check": "lossy ratio after warm-up >= 0.9 x eviction.target_lossy_ratio", "min_ratio": worst_ratio,
                    "target": target, "pass": worst_ratio >= 0.9 * target})
     worst_cache = max(s["cache_bytes"] for s in samples)
     checks.append({"check": "decode cache <= lossless.decode_cache_bytes", "max_cache_bytes": worst_cache,

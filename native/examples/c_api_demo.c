@@ -112,7 +112,7 @@ done:
     free(v);
 }
 
-static void decode_loop(int steps, int with_h2o) {
+static void decode_loop(int steps, int with_eviction) {
     mnn_h2o_kv_config cfg;
     mnn_h2o_kv_cache* cache = NULL;
     float* scores;
@@ -130,7 +130,7 @@ static void decode_loop(int steps, int with_h2o) {
     cfg.max_tokens = MAX_TOKENS;
     cfg.threads = 2;
     if (!ok(mnn_h2o_kv_cache_create(&cfg, &cache), "kv_cache_create")) return;
-    if (with_h2o) {
+    if (with_eviction) {
         /* Layers 1..3 keep 40% of the tokens seen, always the first 16 and the last 16. */
         mnn_h2o_eviction_config e;
         mnn_h2o_eviction_config_init(&e);
@@ -141,7 +141,7 @@ static void decode_loop(int steps, int with_h2o) {
         e.layer_start = 1;
         e.trigger_min_tokens = 48;
         e.update_interval = 8;
-        if (!ok(mnn_h2o_kv_cache_enable_h2o(cache, &e), "enable_h2o")) {
+        if (!ok(mnn_h2o_kv_cache_enable_eviction(cache, &e), "enable_eviction")) {
             mnn_h2o_kv_cache_destroy(cache);
             return;
         }
@@ -163,12 +163,12 @@ static void decode_loop(int steps, int with_h2o) {
            mnn_h2o_kv_cache_bytes_mapped(cache));
     for (s = 0; s < steps; ++s) forward(cache, 1, scores, stride);
 
-    if (with_h2o) {
+    if (with_eviction) {
         mnn_h2o_eviction_stats st;
         int32_t len0 = -1;
         ok(mnn_h2o_kv_cache_length(cache, 0, 0, &len0), "length");
         ok(mnn_h2o_kv_cache_length(cache, N_LAYERS - 1, 0, &len), "length");
-        if (ok(mnn_h2o_kv_cache_h2o_stats(cache, &st), "h2o_stats")) {
+        if (ok(mnn_h2o_kv_cache_eviction_stats(cache, &st), "eviction_stats")) {
             printf("decode %d steps: layer 0 holds %d tokens, layer %d holds %d; %zu bytes held, "
                    "%zu uncompressed (%.2fx), %lld heads compacted, %lld blocks freed\n",
                    steps, (int)len0, N_LAYERS - 1, (int)len, mnn_h2o_kv_cache_bytes_held(cache),

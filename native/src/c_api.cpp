@@ -17,8 +17,8 @@
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
 #include "mnn_h2o/codec/gear_codec.h"
-#include "mnn_h2o/eviction/h2o_config.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_config.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/cache/kv_cache.h"
 
 struct mnn_h2o_kv_cache {
@@ -167,10 +167,10 @@ void copy_kv_config(const From& from, To* to) {
     MNN_H2O_RUNTIME_FIELDS(MNN_H2O_COPY)
 }
 
-// mnn_h2o_eviction_config <-> H2oConfig: every config key h2o.* of the core.
+// mnn_h2o_eviction_config <-> EvictionConfig: every config key h2o.* of the core.
 template <class From, class To>
-void copy_h2o_config(const From& from, To* to) {
-    MNN_H2O_H2O_FIELDS(MNN_H2O_COPY)
+void copy_eviction_config(const From& from, To* to) {
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_COPY)
 #undef MNN_H2O_COPY
 }
 
@@ -183,11 +183,11 @@ KvCacheConfig from_c(const mnn_h2o_kv_config& in) {
 }
 
 // The C struct's strings point into c's: c must outlive it.
-void to_c(const mnn_h2o::H2oConfig& c, mnn_h2o_eviction_config* out) { copy_h2o_config(c, out); }
+void to_c(const mnn_h2o::EvictionConfig& c, mnn_h2o_eviction_config* out) { copy_eviction_config(c, out); }
 
-mnn_h2o::H2oConfig from_c(const mnn_h2o_eviction_config& in) {
-    mnn_h2o::H2oConfig c;
-    copy_h2o_config(in, &c);
+mnn_h2o::EvictionConfig from_c(const mnn_h2o_eviction_config& in) {
+    mnn_h2o::EvictionConfig c;
+    copy_eviction_config(in, &c);
     return c;
 }
 
@@ -336,32 +336,32 @@ const char* mnn_h2o_policy_name(int32_t i) {
 void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config) {
     if (!config) return;
     static_assert(mnn_h2o::kSkipReasons == 4, "mnn_h2o_eviction_layer_stats.skipped has 4 entries");
-    // H2oConfig's defaults are the config schema's; the strings point into this static copy.
-    static const mnn_h2o::H2oConfig kDefaults;
+    // EvictionConfig's defaults are the config schema's; the strings point into this static copy.
+    static const mnn_h2o::EvictionConfig kDefaults;
     to_c(kDefaults, config);
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
-    const char* where = "mnn_h2o_kv_cache_enable_h2o";
+mnn_h2o_status mnn_h2o_kv_cache_enable_eviction(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config) {
+    const char* where = "mnn_h2o_kv_cache_enable_eviction";
     return on_cache(where, cache, [&](KvCache& c) {
         if (!config) return null_arg(where, "config");
-        c.enable_h2o(from_c(*config));
+        c.enable_eviction(from_c(*config));
         return MNN_H2O_OK;
     });
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_disable_h2o(mnn_h2o_kv_cache* cache) {
-    return on_cache("mnn_h2o_kv_cache_disable_h2o", cache, [&](KvCache& c) {
-        c.disable_h2o();
+mnn_h2o_status mnn_h2o_kv_cache_disable_eviction(mnn_h2o_kv_cache* cache) {
+    return on_cache("mnn_h2o_kv_cache_disable_eviction", cache, [&](KvCache& c) {
+        c.disable_eviction();
         return MNN_H2O_OK;
     });
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_config* config) {
-    const char* where = "mnn_h2o_kv_cache_get_h2o_config";
+mnn_h2o_status mnn_h2o_kv_cache_get_eviction_config(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_config* config) {
+    const char* where = "mnn_h2o_kv_cache_get_eviction_config";
     return on_cache(where, cache, [&](const KvCache& cc) {
         if (!config) return null_arg(where, "config");
-        const mnn_h2o::H2oConfig* c = cc.h2o_config();
+        const mnn_h2o::EvictionConfig* c = cc.eviction_config();
         if (!c) return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "eviction is off");
         to_c(*c, config);
         return MNN_H2O_OK;
@@ -393,11 +393,11 @@ mnn_h2o_status mnn_h2o_kv_cache_evict(mnn_h2o_kv_cache* cache, int32_t layer, in
     });
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats) {
-    const char* where = "mnn_h2o_kv_cache_h2o_stats";
+mnn_h2o_status mnn_h2o_kv_cache_eviction_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats) {
+    const char* where = "mnn_h2o_kv_cache_eviction_stats";
     return on_cache(where, cache, [&](const KvCache& c) {
         if (!stats) return null_arg(where, "stats");
-        const mnn_h2o::H2oStats st = c.h2o_stats();
+        const mnn_h2o::EvictionStats st = c.eviction_stats();
         std::memset(stats, 0, sizeof *stats);
         stats->bytes_held = st.bytes_held;
         stats->bytes_uncompressed = st.bytes_uncompressed;
@@ -416,12 +416,12 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o
     });
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
+mnn_h2o_status mnn_h2o_kv_cache_eviction_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
                                                 mnn_h2o_eviction_layer_stats* stats) {
-    const char* where = "mnn_h2o_kv_cache_h2o_layer_stats";
+    const char* where = "mnn_h2o_kv_cache_eviction_layer_stats";
     return on_cache(where, cache, [&](const KvCache& c) {
         if (!stats) return null_arg(where, "stats");
-        const mnn_h2o::H2oStats st = c.h2o_stats();
+        const mnn_h2o::EvictionStats st = c.eviction_stats();
         if (layer < 0 || static_cast<size_t>(layer) >= st.layers.size())
             return fail(MNN_H2O_ERR_INVALID_ARGUMENT, where, "layer " + std::to_string(layer) + " out of range");
         const auto& l = st.layers[static_cast<size_t>(layer)];
@@ -438,13 +438,13 @@ mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, i
     });
 }
 
-mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
+mnn_h2o_status mnn_h2o_kv_cache_eviction_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
                                            size_t capacity, int32_t* n_blocks) {
-    const char* where = "mnn_h2o_kv_cache_h2o_scores";
+    const char* where = "mnn_h2o_kv_cache_eviction_scores";
     return on_cache(where, cache, [&](const KvCache& c) {
         if (!n_blocks) return null_arg(where, "n_blocks");
         int nb = 0;
-        const std::vector<float> s = c.h2o_scores(layer, &nb);
+        const std::vector<float> s = c.eviction_scores(layer, &nb);
         *n_blocks = nb;
         if (!scores || capacity < s.size())
             return fail(MNN_H2O_ERR_OUTPUT_TOO_SMALL, where,

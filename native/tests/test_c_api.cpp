@@ -171,7 +171,7 @@ static void test_kv_cache_dtypes() {
         CHECK(mnn_h2o_kv_cache_append(cache, 0, k.data(), v.data(), 32) == MNN_H2O_OK, "append");
         CHECK(mnn_h2o_kv_cache_attend(cache, 0, q.data(), 1, out.data(), nullptr, 0) == MNN_H2O_OK, "attend");
         mnn_h2o_eviction_stats st;
-        CHECK(mnn_h2o_kv_cache_h2o_stats(cache, &st) == MNN_H2O_OK && st.bytes_f16 == size_t{32} * 2 * 64 * 2 * 2,
+        CHECK(mnn_h2o_kv_cache_eviction_stats(cache, &st) == MNN_H2O_OK && st.bytes_f16 == size_t{32} * 2 * 64 * 2 * 2,
               "f16 bytes");
         if (dt == MNN_H2O_DTYPE_Q8)
             CHECK(st.bytes_held == size_t{2} * 2 * 2 * 16 * 68 && st.whole_model_ratio > 1.88 && st.whole_model_ratio < 1.89,
@@ -341,7 +341,7 @@ static bool same_value(const C& c, const Cpp& cpp) {
         return c == static_cast<C>(cpp);
 }
 
-static void test_h2o() {
+static void test_eviction() {
     mnn_h2o_kv_config c = small_config();
     c.max_tokens = 400;
     mnn_h2o_kv_cache* cache = nullptr;
@@ -350,27 +350,27 @@ static void test_h2o() {
 
     mnn_h2o_eviction_config e;
     mnn_h2o_eviction_config_init(&e);
-    const mnn_h2o::H2oConfig d;
-    // Every field of the schema's list (config_schema.h) is H2oConfig's default.
+    const mnn_h2o::EvictionConfig d;
+    // Every field of the schema's list (config_schema.h) is EvictionConfig's default.
 #define MNN_H2O_SAME(field, key, CType, CppType) CHECK(same_value(e.field, d.field), "eviction default %s", #field);
-    MNN_H2O_H2O_FIELDS(MNN_H2O_SAME)
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_SAME)
 #undef MNN_H2O_SAME
     // ... which are the config schema's (config.py through config_schema.h).
-    CHECK(e.target_lossy_ratio == mnn_h2o::schema::h2o::target_lossy_ratio::kDefault &&
-              e.layer_start == mnn_h2o::schema::h2o::layer_start::kDefault &&
-              e.trigger_min_tokens == mnn_h2o::schema::h2o::trigger_min_tokens::kDefault &&
-              std::string(e.policy) == mnn_h2o::schema::h2o::policy::kDefault,
+    CHECK(e.target_lossy_ratio == mnn_h2o::schema::eviction::target_lossy_ratio::kDefault &&
+              e.layer_start == mnn_h2o::schema::eviction::layer_start::kDefault &&
+              e.trigger_min_tokens == mnn_h2o::schema::eviction::trigger_min_tokens::kDefault &&
+              std::string(e.policy) == mnn_h2o::schema::eviction::policy::kDefault,
           "eviction defaults are the schema's");
     mnn_h2o_eviction_config got;
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("off"),
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("off"),
           "config while off");
     int32_t nb = -1;
-    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 0, nullptr, 0, &nb) == MNN_H2O_ERR_INVALID_ARGUMENT, "scores while off");
+    CHECK(mnn_h2o_kv_cache_eviction_scores(cache, 0, nullptr, 0, &nb) == MNN_H2O_ERR_INVALID_ARGUMENT, "scores while off");
     int32_t evicted = 7;
     CHECK(mnn_h2o_kv_cache_end_step(cache, 1, 0, &evicted) == MNN_H2O_OK && evicted == 0, "end_step while off");
 
     e.policy = "no-such-policy";
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("policy"),
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("policy"),
           "bad policy: %s", mnn_h2o_last_error());
     // The registry's names: each is accepted, and the error lists them all.
     int n_policies = 0;
@@ -378,17 +378,17 @@ static void test_h2o() {
         CHECK(error_mentions((std::string("'") + name + "'").c_str()), "the error lists %s: %s", name,
               mnn_h2o_last_error());
     }
-    CHECK(n_policies == mnn_h2o::schema::h2o::policy::kChoiceCount && std::string(mnn_h2o_policy_name(0)) == "h2o" &&
+    CHECK(n_policies == mnn_h2o::schema::eviction::policy::kChoiceCount && std::string(mnn_h2o_policy_name(0)) == "h2o" &&
               !mnn_h2o_policy_name(-1),
           "the schema's policies, h2o first (%d)", n_policies);
     for (int i = 0; i < n_policies; ++i) {
         mnn_h2o_eviction_config_init(&e);
         e.policy = mnn_h2o_policy_name(i);
         e.layer_start = 0;
-        CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable %s: %s", e.policy, mnn_h2o_last_error());
+        CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "enable %s: %s", e.policy, mnn_h2o_last_error());
     }
     e.policy = "no-such-policy";
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad policy again");
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad policy again");
     mnn_h2o_eviction_config_init(&e);
     e.sink_tokens = 16;
     e.recent_tokens = 32;
@@ -397,9 +397,9 @@ static void test_h2o() {
     e.layer_start = 0;
     e.trigger_min_tokens = 64;
     e.update_interval = 8;
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable: %s", mnn_h2o_last_error());
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.layer_end == c.n_layers &&
-              std::string(got.policy) == mnn_h2o::H2oConfig().policy && got.target_keep_ratio == 0.5,
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "enable: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_OK && got.layer_end == c.n_layers &&
+              std::string(got.policy) == mnn_h2o::EvictionConfig().policy && got.target_keep_ratio == 0.5,
           "config resolved");
     // The fields added with the registry pass through both ways, and are validated natively.
     mnn_h2o_eviction_config_init(&e);
@@ -409,33 +409,33 @@ static void test_h2o() {
     e.per_head_budget = 1;
     e.head_floor_share = 0.25;
     e.layer_budget = "pyramid";
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable pyramid: %s", mnn_h2o_last_error());
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.max_floor_share == 0.5 &&
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "enable pyramid: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_OK && got.max_floor_share == 0.5 &&
               got.observation_window == 8 && got.head_floor_share == 0.25 &&
               std::string(got.layer_budget) == "pyramid",
           "new fields round-trip");
     e.layer_budget = "steep";
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("layer_budget"),
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("layer_budget"),
           "bad layer_budget: %s", mnn_h2o_last_error());
     mnn_h2o_eviction_config_init(&e);
     e.layer_start = 0;
     e.target_lossy_ratio = 0.0;
     e.kv_budget_bytes = 1 << 20;
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "enable byte cap: %s", mnn_h2o_last_error());
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.kv_budget_bytes == (1 << 20),
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "enable byte cap: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_OK && got.kv_budget_bytes == (1 << 20),
           "byte cap round-trips");
     // A keep ratio or a byte cap replaces the lossy ratio, left at its default: no rewrite needed;
     // both at once is an error naming them.
     mnn_h2o_eviction_config_init(&e);
     e.layer_start = 0;
     e.target_keep_ratio = 0.5;
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "keep ratio over the default lossy ratio: %s",
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "keep ratio over the default lossy ratio: %s",
           mnn_h2o_last_error());
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_OK && got.target_keep_ratio == 0.5 &&
-              got.target_lossy_ratio == mnn_h2o::schema::h2o::target_lossy_ratio::kDefault,
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_OK && got.target_keep_ratio == 0.5 &&
+              got.target_lossy_ratio == mnn_h2o::schema::eviction::target_lossy_ratio::kDefault,
           "the lossy ratio is passed through unchanged");
     e.kv_budget_bytes = 1 << 20;
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT &&
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_ERR_INVALID_ARGUMENT &&
               error_mentions("target_keep_ratio and kv_budget_bytes"),
           "keep ratio and byte cap: %s", mnn_h2o_last_error());
     mnn_h2o_eviction_config_init(&e);
@@ -446,7 +446,7 @@ static void test_h2o() {
     e.target_lossy_ratio = 0.0;
     e.trigger_min_tokens = 64;
     e.update_interval = 8;
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, &e) == MNN_H2O_OK, "re-enable: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, &e) == MNN_H2O_OK, "re-enable: %s", mnn_h2o_last_error());
 
     // The C++ twin.
     mnn_h2o::KvCacheConfig cc;
@@ -459,7 +459,7 @@ static void test_h2o() {
     cc.max_tokens = c.max_tokens;
     cc.threads = c.threads;
     mnn_h2o::KvCache ref(cc);
-    mnn_h2o::H2oConfig hc;
+    mnn_h2o::EvictionConfig hc;
     hc.sink_tokens = 16;
     hc.recent_tokens = 32;
     hc.target_keep_ratio = 0.5;
@@ -467,7 +467,7 @@ static void test_h2o() {
     hc.layer_start = 0;
     hc.trigger_min_tokens = 64;
     hc.update_interval = 8;
-    ref.enable_h2o(hc);
+    ref.enable_eviction(hc);
 
     std::mt19937 g(3);
     int n_evicting_steps = 0;
@@ -500,25 +500,25 @@ static void test_h2o() {
     CHECK(mnn_h2o_kv_cache_bytes_held(cache) == ref.bytes_held(), "bytes held");
 
     mnn_h2o_eviction_stats st;
-    const mnn_h2o::H2oStats rs = ref.h2o_stats();
-    CHECK(mnn_h2o_kv_cache_h2o_stats(cache, &st) == MNN_H2O_OK && st.bytes_held == rs.bytes_held &&
+    const mnn_h2o::EvictionStats rs = ref.eviction_stats();
+    CHECK(mnn_h2o_kv_cache_eviction_stats(cache, &st) == MNN_H2O_OK && st.bytes_held == rs.bytes_held &&
               st.bytes_uncompressed == rs.bytes_uncompressed && st.lossy_ratio == rs.lossy_ratio &&
               st.updates == rs.updates && st.evictions > 0 && st.blocks_freed > 0 && st.lossy_ratio > 1.2,
           "stats: %zu held, %zu uncompressed, ratio %.2f, %lld evictions", st.bytes_held, st.bytes_uncompressed,
           st.lossy_ratio, static_cast<long long>(st.evictions));
     mnn_h2o_eviction_layer_stats ls;
-    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 1, &ls) == MNN_H2O_OK && ls.tokens_seen == 140 &&
+    CHECK(mnn_h2o_kv_cache_eviction_layer_stats(cache, 1, &ls) == MNN_H2O_OK && ls.tokens_seen == 140 &&
               ls.evictions == rs.layers[1].counters.evictions && ls.bytes_held == rs.layers[1].bytes_held &&
               ls.skipped[0] == rs.layers[1].counters.skipped[0] && ls.skipped[1] == rs.layers[1].counters.skipped[1],
           "layer stats");
-    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 2, &ls) == MNN_H2O_ERR_INVALID_ARGUMENT, "layer stats range");
+    CHECK(mnn_h2o_kv_cache_eviction_layer_stats(cache, 2, &ls) == MNN_H2O_ERR_INVALID_ARGUMENT, "layer stats range");
 
-    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 1, nullptr, 0, &nb) == MNN_H2O_ERR_OUTPUT_TOO_SMALL && nb > 0,
+    CHECK(mnn_h2o_kv_cache_eviction_scores(cache, 1, nullptr, 0, &nb) == MNN_H2O_ERR_OUTPUT_TOO_SMALL && nb > 0,
           "scores size query");
     std::vector<float> scores(static_cast<size_t>(c.n_kv_heads) * nb);
     int ref_nb = 0;
-    const std::vector<float> ref_scores = ref.h2o_scores(1, &ref_nb);
-    CHECK(mnn_h2o_kv_cache_h2o_scores(cache, 1, scores.data(), scores.size(), &nb) == MNN_H2O_OK && nb == ref_nb &&
+    const std::vector<float> ref_scores = ref.eviction_scores(1, &ref_nb);
+    CHECK(mnn_h2o_kv_cache_eviction_scores(cache, 1, scores.data(), scores.size(), &nb) == MNN_H2O_OK && nb == ref_nb &&
               std::memcmp(scores.data(), ref_scores.data(), scores.size() * sizeof(float)) == 0,
           "scores");
 
@@ -532,12 +532,12 @@ static void test_h2o() {
     CHECK(mnn_h2o_kv_cache_evict(cache, 0, 0, plan, 2) == MNN_H2O_OK, "evict: %s", mnn_h2o_last_error());
     int32_t after = 0;
     CHECK(mnn_h2o_kv_cache_length(cache, 0, 0, &after) == MNN_H2O_OK && after == 48, "length after plan %d", after);
-    CHECK(mnn_h2o_kv_cache_h2o_layer_stats(cache, 0, &ls) == MNN_H2O_OK && ls.invalid_plans == 1, "invalid plan counted");
+    CHECK(mnn_h2o_kv_cache_eviction_layer_stats(cache, 0, &ls) == MNN_H2O_OK && ls.invalid_plans == 1, "invalid plan counted");
 
-    CHECK(mnn_h2o_kv_cache_disable_h2o(cache) == MNN_H2O_OK, "disable");
-    CHECK(mnn_h2o_kv_cache_get_h2o_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT, "off again");
-    CHECK(mnn_h2o_kv_cache_enable_h2o(nullptr, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "null cache");
-    CHECK(mnn_h2o_kv_cache_enable_h2o(cache, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null config");
+    CHECK(mnn_h2o_kv_cache_disable_eviction(cache) == MNN_H2O_OK, "disable");
+    CHECK(mnn_h2o_kv_cache_get_eviction_config(cache, &got) == MNN_H2O_ERR_INVALID_ARGUMENT, "off again");
+    CHECK(mnn_h2o_kv_cache_enable_eviction(nullptr, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "null cache");
+    CHECK(mnn_h2o_kv_cache_enable_eviction(cache, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null config");
     mnn_h2o_kv_cache_destroy(cache);
     std::printf("h2o: %d evicting steps, lossy ratio %.2f\n", n_evicting_steps, st.lossy_ratio);
 }
@@ -565,7 +565,7 @@ int main() {
     test_kv_cache_dtypes();
     test_kv_cache_bad_config_and_null();
     test_codec();
-    test_h2o();
+    test_eviction();
     test_last_error_per_thread();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -215,7 +215,7 @@ static void test_cache_read_back() {
         cache.append(0, k.data(), v.data(), n);
         CHECK(cache.bytes_held() == size_t{2} * n_kv * 7 * ((16 * kv_row_bytes(dt, hd) + 63) / 64 * 64),
               "%s: bytes held %zu", kv_dtype_name(dt), cache.bytes_held());
-        const H2oStats st = cache.h2o_stats();
+        const EvictionStats st = cache.eviction_stats();
         CHECK(st.bytes_f16 == size_t{2} * n * n_kv * hd * 2, "%s: f16 bytes", kv_dtype_name(dt));
         std::vector<float> rk(static_cast<size_t>(n) * hd), rv(rk.size());
         cache.read(0, 0, rk.data(), rv.data());

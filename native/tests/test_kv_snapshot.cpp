@@ -15,7 +15,7 @@
 
 #include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/cache/snapshot_io.h"
-#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/eviction_config.h"
 
 #include "test_support.h"
 
@@ -35,8 +35,8 @@ static KvCacheConfig small_config(KvDtype dtype) {
 }
 
 // Evicts early and often: a 1/2 budget once 64 tokens were seen, an update every 8 decode tokens.
-static H2oConfig evicting(const std::string& policy) {
-    H2oConfig c;
+static EvictionConfig evicting(const std::string& policy) {
+    EvictionConfig c;
     c.policy = policy;
     c.target_keep_ratio = 0.5;
     c.target_lossy_ratio = 0.0;
@@ -50,7 +50,7 @@ static H2oConfig evicting(const std::string& policy) {
 
 static std::unique_ptr<KvCache> make_cache(KvDtype dtype, const std::string& policy) {
     auto cache = std::make_unique<KvCache>(small_config(dtype));
-    if (!policy.empty()) cache->enable_h2o(evicting(policy));
+    if (!policy.empty()) cache->enable_eviction(evicting(policy));
     return cache;
 }
 
@@ -75,7 +75,7 @@ static void forward(KvCache& cache, int n, bool prefill, std::mt19937& rng, std:
 
 static int64_t evictions(const KvCache& cache) {
     int64_t n = 0;
-    for (const auto& l : cache.h2o_stats().layers) n += l.counters.evictions;
+    for (const auto& l : cache.eviction_stats().layers) n += l.counters.evictions;
     return n;
 }
 
@@ -160,11 +160,11 @@ static void test_mismatch_refused() {
     auto off = make_cache(KvDtype::Q8, "");
     refused(*off, "this cache has it off");
     auto other_policy = make_cache(KvDtype::Q8, "snapkv");
-    refused(*other_policy, "H2O config");
+    refused(*other_policy, "eviction config");
     KvCacheConfig c = small_config(KvDtype::Q8);
     c.max_tokens = 1024;
     KvCache longer(c);
-    longer.enable_h2o(evicting("h2o"));
+    longer.enable_eviction(evicting("h2o"));
     refused(longer, "max_tokens");
 
     StoreConfig store;

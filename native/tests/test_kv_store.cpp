@@ -37,8 +37,8 @@ KvCacheConfig cache_config(int threads = 1, KvDtype dtype = KvDtype::F16) {
     return c;
 }
 
-H2oConfig h2o_config(bool per_head) {
-    H2oConfig h;
+EvictionConfig eviction_config(bool per_head) {
+    EvictionConfig h;
     h.sink_tokens = 16;
     h.recent_tokens = 48;
     h.target_lossy_ratio = 0.0;
@@ -54,7 +54,7 @@ H2oConfig h2o_config(bool per_head) {
 StoreConfig store_config(StoreMode mode, int async_threads = 0) {
     StoreConfig s;
     s.mode = mode;
-    s.scope = StoreScope::FrontNAndH2oKept;
+    s.scope = StoreScope::FrontNAndKept;
     s.front_n = 2;
     s.hot_sink_tokens = 16;
     s.hot_recent_tokens = 32;
@@ -141,7 +141,7 @@ struct Reference {
 
 Reference reference(bool per_head, int threads, int decode_steps) {
     KvCache cache(cache_config(threads));
-    cache.enable_h2o(h2o_config(per_head));
+    cache.enable_eviction(eviction_config(per_head));
     Reference r;
     run(cache, 7, decode_steps, &r.outs);
     r.pool_bytes = cache.pool_bytes_held();
@@ -168,11 +168,11 @@ static void test_store_bit_identical() {
                           {false, 2, 2, 0, true, 64}};
     for (const Case& c : cases) {
         KvCache raw(cache_config(c.threads));
-        raw.enable_h2o(h2o_config(c.per_head));
+        raw.enable_eviction(eviction_config(c.per_head));
         std::vector<float> want;
         run(raw, 7, 40, &want);
         KvCache cache(cache_config(c.threads));
-        cache.enable_h2o(h2o_config(c.per_head));
+        cache.enable_eviction(eviction_config(c.per_head));
         StoreConfig sc = store_config(StoreMode::Store, c.async);
         sc.decode_cache_bytes = c.budget;
         sc.chunk_tokens = c.chunk_tokens;
@@ -203,7 +203,7 @@ static void test_store_bit_identical() {
 // Layer 1 is outside the scope {0, 1 < front_n=1} (scope front_n: not H2O's layers).
 static void test_scope() {
     KvCache cache(cache_config());
-    cache.enable_h2o(h2o_config(false));
+    cache.enable_eviction(eviction_config(false));
     StoreConfig sc = store_config(StoreMode::Store);
     sc.front_n = 1;
     sc.scope = StoreScope::FrontN;
@@ -222,7 +222,7 @@ static void test_full_and_probe() {
     for (StoreMode mode : {StoreMode::Full, StoreMode::Probe}) {
         for (int async : {0, 2}) {
             KvCache cache(cache_config());
-            cache.enable_h2o(h2o_config(false));
+            cache.enable_eviction(eviction_config(false));
             cache.enable_store(store_config(mode, async));
             std::vector<float> outs;
             run(cache, 7, 30, &outs, true);
@@ -238,7 +238,7 @@ static void test_full_and_probe() {
                   st.lossless_ratio);
             if (mode == StoreMode::Full) {
                 KvCache probe(cache_config());
-                probe.enable_h2o(h2o_config(false));
+                probe.enable_eviction(eviction_config(false));
                 probe.enable_store(store_config(StoreMode::Probe, async));
                 std::vector<float> o;
                 run(probe, 7, 30, &o, true);
@@ -254,7 +254,7 @@ static void test_full_and_probe() {
 static void test_accounting() {
     const Reference ref = reference(false, 1, 20);
     KvCache cache(cache_config());
-    cache.enable_h2o(h2o_config(false));
+    cache.enable_eviction(eviction_config(false));
     StoreConfig sc = store_config(StoreMode::Store, 1);
     sc.decode_cache_bytes = 0;
     cache.enable_store(sc);
@@ -273,7 +273,7 @@ static void test_accounting() {
     CHECK(st.blob_bytes < static_cast<size_t>(st.total.stored_raw_bytes), "frames not smaller than raw");
     CHECK(st.total_ratio == static_cast<double>(st.bytes_uncompressed) / static_cast<double>(st.bytes_held),
           "total ratio %.3f", st.total_ratio);
-    CHECK(cache.h2o_stats().bytes_held == cache.pool_bytes_held(), "h2o_stats bytes_held is the pool's");
+    CHECK(cache.eviction_stats().bytes_held == cache.pool_bytes_held(), "eviction_stats bytes_held is the pool's");
     std::printf("accounting: raw %zu B, store %zu B held (pool %zu, frames %zu, scratch %zu), ratio %.3f lossless, "
                 "%.3f total\n",
                 ref.pool_bytes, st.bytes_held, st.pool_bytes, st.blob_bytes, st.scratch_bytes, st.lossless_ratio,
@@ -305,7 +305,7 @@ static void test_explicit_evict_and_truncate() {
 static void test_deferral() {
     const Reference ref = reference(false, 1, 40);
     KvCache cache(cache_config());
-    cache.enable_h2o(h2o_config(false));
+    cache.enable_eviction(eviction_config(false));
     StoreConfig sc = store_config(StoreMode::Store, 1);
     sc.max_queue = 1;
     cache.enable_store(sc);
@@ -339,7 +339,7 @@ static void test_faults() {
     for (const Case& c : cases) {
         for (int async : {0, 2}) {
             KvCache cache(cache_config());
-            cache.enable_h2o(h2o_config(false));
+            cache.enable_eviction(eviction_config(false));
             StoreConfig sc = store_config(StoreMode::Store, async);
             sc.faults = c.faults;
             cache.enable_store(sc);
@@ -379,7 +379,7 @@ static void test_faults() {
 // reset() gives everything back; destruction with jobs under way does not hang or leak (ASan).
 static void test_reset_and_teardown() {
     KvCache cache(cache_config());
-    cache.enable_h2o(h2o_config(false));
+    cache.enable_eviction(eviction_config(false));
     StoreConfig sc = store_config(StoreMode::Store, 2);
     cache.enable_store(sc);
     std::vector<float> outs;
@@ -392,7 +392,7 @@ static void test_reset_and_teardown() {
     outs.clear();
     run(cache, 9, 10, &outs);  // usable again, same results as a fresh cache
     KvCache fresh(cache_config());
-    fresh.enable_h2o(h2o_config(false));
+    fresh.enable_eviction(eviction_config(false));
     std::vector<float> want;
     run(fresh, 9, 10, &want);
     CHECK(same_bytes(outs, want), "outputs after reset differ");
@@ -549,11 +549,11 @@ static void measure_decode() {
 static void test_v_dedup() {
     for (int async : {0, 2}) {
         for (size_t budget : {size_t{0}, size_t{64} << 20}) {
-            H2oConfig h = h2o_config(false);
+            EvictionConfig h = eviction_config(false);
             h.layer_start = 0;
             KvCache raw(cache_config()), cache(cache_config());
-            raw.enable_h2o(h);
-            cache.enable_h2o(h);
+            raw.enable_eviction(h);
+            cache.enable_eviction(h);
             StoreConfig sc = store_config(StoreMode::Store, async);
             sc.v_dedup_layers = 2;
             sc.decode_cache_bytes = budget;
@@ -610,7 +610,7 @@ static void test_v_dedup() {
 static void test_quantised_dtypes() {
     for (KvDtype dtype : {KvDtype::Q8, KvDtype::Q8R, KvDtype::Q4, KvDtype::Q4R}) {
         KvCache raw(cache_config(1, dtype));
-        raw.enable_h2o(h2o_config(false));
+        raw.enable_eviction(eviction_config(false));
         std::vector<float> want;
         run(raw, 7, 40, &want, false, 40);
         const size_t block_bytes = kv_row_bytes(dtype, kHd) * kBt;
@@ -618,7 +618,7 @@ static void test_quantised_dtypes() {
             for (int async : {0, 2}) {
                 if (async && dtype != KvDtype::Q8) continue;  // the threads are dtype-blind
                 KvCache cache(cache_config(1, dtype));
-                cache.enable_h2o(h2o_config(false));
+                cache.enable_eviction(eviction_config(false));
                 StoreConfig sc = store_config(mode, async);
                 sc.v_dedup_layers = 1;
                 sc.chunk_tokens = 64;
@@ -651,7 +651,7 @@ static void test_quantised_dtypes() {
                 // dissolved: the rows stay those of the cache without the store.
                 KvCache plain(cache_config(1, dtype));
                 std::vector<float> ignored;
-                plain.enable_h2o(h2o_config(false));
+                plain.enable_eviction(eviction_config(false));
                 run(plain, 7, 40, &ignored, false, 40);
                 const std::vector<TokenRun> plan{{0, 48}, {80, 32}, {144, plain.length(1, 0) - 144}};
                 plain.evict(1, 0, plan);

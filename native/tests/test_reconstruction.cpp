@@ -1,4 +1,4 @@
-// Context reconstruction (KVzip, docs/h2o.md "Reconstruction") and the global budget:
+// Context reconstruction (KVzip, docs/eviction.md "Reconstruction") and the global budget:
 // - the attention kernels' block peaks (block_max) of every available ISA, tiled and decoded, with
 //   and without threads, against a float64 reference and the scalar kernels, the block masses
 //   unchanged beside them, the max taken with what the accumulator held;
@@ -19,7 +19,7 @@
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/cache/kv_dtype.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/runtime/thread_pool.h"
 
 #include "test_support.h"
@@ -165,8 +165,8 @@ static KvCacheConfig cache_config(int n_layers, int n_kv_heads, int max_tokens) 
     return c;
 }
 
-static H2oConfig kvzip_config(double keep) {
-    H2oConfig h;
+static EvictionConfig kvzip_config(double keep) {
+    EvictionConfig h;
     h.policy = "kvzip";
     h.layer_budget = "uniform";  // per-head budgets the checks count; global has its own test
     h.target_keep_ratio = keep;
@@ -192,15 +192,15 @@ static void test_pass() {
     const KvCacheConfig cc = cache_config(L, H, 512);
     KvCache cache(cc), twin(cc);
     // keep 0.6: 6 of 10 blocks per head (sink 1 + recent 1 + 4 chosen); every layer evicts.
-    cache.enable_h2o(kvzip_config(0.6));
-    H2oConfig ema = kvzip_config(1.0);  // a twin that evicts nothing and gets no pass: the EMA reference
-    twin.enable_h2o(ema);
+    cache.enable_eviction(kvzip_config(0.6));
+    EvictionConfig ema = kvzip_config(1.0);  // a twin that evicts nothing and gets no pass: the EMA reference
+    twin.enable_eviction(ema);
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
     const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
     step_all(cache, q, k, v, n);
     step_all(twin, q, k, v, n);
     const size_t bytes = cache.bytes_held();
-    const int64_t seen = cache.h2o_stats().layers[0].counters.tokens_seen;
+    const int64_t seen = cache.eviction_stats().layers[0].counters.tokens_seen;
 
     CHECK(throws<std::invalid_argument>([&] { twin.rewind_reconstruction(); }), "rewind without a pass");
     cache.begin_reconstruction();
@@ -231,10 +231,10 @@ static void test_pass() {
             twin.read(layer, h, k2.data(), v2.data());
             CHECK(k1 == k2 && v1 == v2, "layer %d head %d: rows unchanged by the pass", layer, h);
         }
-    CHECK(cache.bytes_held() == bytes && cache.h2o_stats().layers[1].counters.tokens_seen == seen,
+    CHECK(cache.bytes_held() == bytes && cache.eviction_stats().layers[1].counters.tokens_seen == seen,
           "bytes and tokens_seen as before the pass");
     int nb = 0;
-    const std::vector<float> rs = cache.h2o_scores(1, &nb, true);
+    const std::vector<float> rs = cache.eviction_scores(1, &nb, true);
     CHECK(nb == 10, "10 blocks scored");
     for (int h = 0; h < H; ++h) {
         const float* row = rs.data() + static_cast<size_t>(h) * nb;
@@ -257,8 +257,8 @@ static void test_pass() {
             CHECK(kept, "layer %d head %d kept block 4", layer, h);
         }
     KvCache plain(cc), plain_twin(cc);  // the EMA: a pass (nothing evicted) changes no H2O score
-    plain.enable_h2o(ema);
-    plain_twin.enable_h2o(ema);
+    plain.enable_eviction(ema);
+    plain_twin.enable_eviction(ema);
     step_all(plain, q, k, v, n);
     step_all(plain_twin, q, k, v, n);
     plain.begin_reconstruction();
@@ -270,15 +270,15 @@ static void test_pass() {
     plain_twin.end_step(1, false);
     for (int layer = 0; layer < L; ++layer) {
         int n1 = 0, n2 = 0;
-        const std::vector<float> a = plain.h2o_scores(layer, &n1), b = plain_twin.h2o_scores(layer, &n2);
+        const std::vector<float> a = plain.eviction_scores(layer, &n1), b = plain_twin.eviction_scores(layer, &n2);
         CHECK(n1 == n2 && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
               "layer %d: the EMA does not see the pass", layer);
     }
     KvCache no_policy(cc);
-    H2oConfig h2o = kvzip_config(0.5);
-    h2o.policy = "h2o";
-    no_policy.enable_h2o(h2o);
-    CHECK(!no_policy.h2o_reconstructs() && throws<std::invalid_argument>([&] { no_policy.begin_reconstruction(); }),
+    EvictionConfig eviction = kvzip_config(0.5);
+    eviction.policy = "h2o";
+    no_policy.enable_eviction(eviction);
+    CHECK(!no_policy.eviction_reconstructs() && throws<std::invalid_argument>([&] { no_policy.begin_reconstruction(); }),
           "only a reconstructing policy takes a pass");
 }
 
@@ -292,7 +292,7 @@ static void test_window_pass(KvDtype dtype) {
     KvCacheConfig cc = cache_config(1, H, 512);
     cc.dtype = dtype;
     KvCache cache(cc);
-    cache.enable_h2o(kvzip_config(0.6));
+    cache.enable_eviction(kvzip_config(0.6));
     const auto v = random_vec(rng, static_cast<size_t>(n) * H * hd);
     step_all(cache, random_vec(rng, static_cast<size_t>(n) * G * H * hd), random_vec(rng, v.size()), v, n);
     // The keys as stored (the reference's), rows [n][H][hd] like the ones stepped.
@@ -344,7 +344,7 @@ static void test_window_pass(KvDtype dtype) {
                 }
     }
     cache.end_reconstruction();
-    const H2oState& st = *cache.h2o_state();
+    const EvictionState& st = *cache.eviction_state();
     for (int h = 0; h < H; ++h) {
         double e = 0, mx = 0;
         for (int t = 0; t < n; ++t) {
@@ -367,7 +367,7 @@ static void test_window_pass(KvDtype dtype) {
 static void test_global_budget() {
     const int L = 3, H = 2, n = 256;  // 16 blocks per head
     const KvCacheConfig cc = cache_config(L, H, 512);
-    H2oConfig c;
+    EvictionConfig c;
     c.policy = "h2o";
     c.target_keep_ratio = 0.5;  // 8 blocks per head, 48 in all
     c.sink_tokens = 0;
@@ -375,7 +375,7 @@ static void test_global_budget() {
     c.trigger_min_tokens = 0;
     c.layer_start = 1;          // layer 0 keeps everything and is no part of the pool
     c.layer_budget = "global";
-    H2oState s(c, cc);
+    EvictionState s(c, cc);
     std::vector<int> lengths(static_cast<size_t>(2 * H), n);
     std::vector<int64_t> seen(2, n);
     std::mt19937 rng(3);
@@ -388,7 +388,7 @@ static void test_global_budget() {
         }
         s.update_scores(layer, lengths.data() + (layer - 1) * H);
     }
-    std::vector<H2oLayerStats> stats(L);
+    std::vector<EvictionLayerStats> stats(L);
     std::vector<std::vector<TokenRun>> plans;
     CHECK(s.over_budget_global(seen.data(), lengths.data()), "64 blocks over a budget of 32");
     s.plan_global(seen.data(), lengths.data(), &plans, stats.data());
@@ -411,18 +411,18 @@ static void test_global_budget() {
     size_t held[2];
     for (int g = 0; g < 2; ++g) {
         KvCache cache(cc);
-        H2oConfig u = c;
+        EvictionConfig u = c;
         u.sink_tokens = 16;
         u.recent_tokens = 32;
         u.layer_budget = g ? "global" : "uniform";
-        cache.enable_h2o(u);
+        cache.enable_eviction(u);
         step_all(cache, q, k, v, n);
         CHECK(cache.end_step(n, true), "%s evicts", u.layer_budget.c_str());
         held[g] = cache.bytes_held();
     }
     CHECK(held[0] == held[1], "uniform %zu bytes, global %zu", held[0], held[1]);
-    H2oConfig too_many = c;  // more (layer, head) pairs than one selection ranks
-    CHECK(throws<std::invalid_argument>([&] { H2oState(too_many, cache_config(3, 4096, 64)); }),
+    EvictionConfig too_many = c;  // more (layer, head) pairs than one selection ranks
+    CHECK(throws<std::invalid_argument>([&] { EvictionState(too_many, cache_config(3, 4096, 64)); }),
           "global budget: at most 4096 pairs");
 }
 
@@ -434,11 +434,11 @@ static void test_predicted_scores() {
     const int L = 2, H = 2, hd = 32, n = 160;
     const KvCacheConfig cc = cache_config(L, H, 512);
     KvCache cache(cc);
-    H2oConfig h = kvzip_config(0.5);  // 5 of 10 blocks' tokens: 80
+    EvictionConfig h = kvzip_config(0.5);  // 5 of 10 blocks' tokens: 80
     h.policy = "predicted_kvzip";
     h.layer_start = 1;  // layer 0 keeps everything and takes no scores
-    cache.enable_h2o(h);
-    CHECK(cache.h2o_predicts() && !cache.h2o_reconstructs(), "predicted: scores given, no pass");
+    cache.enable_eviction(h);
+    CHECK(cache.eviction_predicts() && !cache.eviction_reconstructs(), "predicted: scores given, no pass");
     CHECK(throws<std::invalid_argument>([&] { cache.begin_reconstruction(); }), "no pass for predicted scores");
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
     const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
@@ -474,7 +474,7 @@ static void test_predicted_scores() {
         for (int b = 0; b < 10; ++b) {
             float want = 0;
             for (int t = b * 16; t < b * 16 + 16; ++t) want = std::max(want, score(hh, t));
-            CHECK(cache.h2o_state()->reconstruction_score(1, hh, b) == want, "head %d block %d: its tokens' max", hh, b);
+            CHECK(cache.eviction_state()->reconstruction_score(1, hh, b) == want, "head %d block %d: its tokens' max", hh, b);
         }
     }
     CHECK(cache.end_step(n, true), "the prompt is cut");
@@ -506,7 +506,7 @@ static void test_predicted_scores() {
         CHECK(ts.back() == s1[hh], "head %d: the decode token's score is pending", hh);
     }
     KvCache kvzip(cc);
-    kvzip.enable_h2o(kvzip_config(0.5));
+    kvzip.enable_eviction(kvzip_config(0.5));
     step_all(kvzip, q, k, v, n);
     CHECK(throws<std::invalid_argument>([&] { kvzip.set_token_scores(1, bad.data(), 1); }), "kvzip takes a pass, not scores");
 }
@@ -519,11 +519,11 @@ static void test_decode_headroom() {
     std::mt19937 rng(41);
     const int L = 2, H = 2, hd = 32, n = 2048, steps = 256, bt = 16;  // 64 blocks a head: 1/64 is a block
     KvCache cache(cache_config(L, H, 4096));
-    H2oConfig h = kvzip_config(0.5);
+    EvictionConfig h = kvzip_config(0.5);
     h.policy = "predicted_kvzip";
     h.layer_budget = "global";
     h.update_interval = 100000;  // only the budget triggers a plan
-    cache.enable_h2o(h);
+    cache.enable_eviction(h);
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
     const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
     std::uniform_real_distribution<float> u(0.001f, 0.9f);
@@ -541,7 +541,7 @@ static void test_decode_headroom() {
             for (int hh = 0; hh < H; ++hh) b += (cache.length(layer, hh) + bt - 1) / bt;
         return b;
     };
-    const int pooled_prompt = L * H * cache.h2o_state()->budget_blocks(n);
+    const int pooled_prompt = L * H * cache.eviction_state()->budget_blocks(n);
     CHECK(held_blocks() == pooled_prompt, "the prompt's cut is exactly to the budget (%d of %d blocks)", held_blocks(),
           pooled_prompt);
     int plans = 0, over = 0;
@@ -550,7 +550,7 @@ static void test_decode_headroom() {
         step_all(cache, q1, k1, k1, 1);
         give_scores(1);
         plans += cache.end_step(1, false) ? 1 : 0;
-        const int pooled = L * H * cache.h2o_state()->budget_blocks(n + t + 1);
+        const int pooled = L * H * cache.eviction_state()->budget_blocks(n + t + 1);
         over += held_blocks() > pooled ? 1 : 0;
     }
     CHECK(over == 0, "the cache never holds more blocks than its budget (%d steps over)", over);

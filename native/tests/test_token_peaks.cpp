@@ -1,4 +1,4 @@
-// kvzip at token granularity (docs/h2o.md "Reconstruction"):
+// kvzip at token granularity (docs/eviction.md "Reconstruction"):
 // - token_peaks (scalar reference, AVX2 with and without threads) against a float64 brute force:
 //   GQA groups, causal visibility, heads of different lengths, peaks kept for a prefix only;
 // - a pass through KvCache (f16, q8 and a rotated dtype) gives every context token the largest
@@ -18,7 +18,7 @@
 
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/cache/kv_cache.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/eviction/token_peaks.h"
 #include "mnn_h2o/runtime/thread_pool.h"
 
@@ -130,8 +130,8 @@ static KvCacheConfig config(int L, int H, int hd, KvDtype dt) {
     return c;
 }
 
-static H2oConfig kvzip(double keep, const char* layer_budget) {
-    H2oConfig h;
+static EvictionConfig kvzip(double keep, const char* layer_budget) {
+    EvictionConfig h;
     h.policy = "kvzip";
     h.target_keep_ratio = keep;
     h.sink_tokens = 4;
@@ -155,7 +155,7 @@ static void test_pass_peaks() {
         std::mt19937 rng(21);
         const int L = 2, H = 2, G = 3, hd = 64, n = 150, chunk[2] = {20, 33};
         KvCache cache(config(L, H, hd, dt));
-        cache.enable_h2o(kvzip(0.5, "global"));
+        cache.enable_eviction(kvzip(0.5, "global"));
         step_all(cache, random_vec(rng, static_cast<size_t>(n) * H * G * hd), random_vec(rng, static_cast<size_t>(n) * H * hd), n);
         std::vector<std::vector<std::vector<double>>> ref(L, std::vector<std::vector<double>>(H, std::vector<double>(n, 0.0)));
         cache.begin_reconstruction();
@@ -174,7 +174,7 @@ static void test_pass_peaks() {
             cache.rewind_reconstruction();
         }
         cache.end_reconstruction();
-        const H2oState* s = cache.h2o_state();
+        const EvictionState* s = cache.eviction_state();
         double err = 0;
         for (int layer = 0; layer < L; ++layer) {
             CHECK(s->token_peaks_pending(layer), "%s: layer %d: peaks wait for the update", kv_dtype_name(dt), layer);
@@ -184,7 +184,7 @@ static void test_pass_peaks() {
                 // The block scores stay the kernels' block peaks: the max of their tokens' (the
                 // last block, partial, also held some of the pass's keys while it ran).
                 int nb = 0;
-                const std::vector<float> blocks = cache.h2o_scores(layer, &nb, true);
+                const std::vector<float> blocks = cache.eviction_scores(layer, &nb, true);
                 for (int b = 0; b < n / 16; ++b) {
                     double m = 0;
                     for (int t = b * 16; t < std::min(n, b * 16 + 16); ++t) m = std::max(m, ref[layer][h][t]);
@@ -201,15 +201,15 @@ static void test_token_plan() {
     std::mt19937 rng(31);
     const int L = 3, H = 2, G = 3, hd = 32, n = 200, B = 16;
     KvCache cache(config(L, H, hd, KvDtype::F32));
-    H2oConfig hc = kvzip(0.4, "global");
+    EvictionConfig hc = kvzip(0.4, "global");
     hc.layer_start = 1;  // layer 0 keeps everything
-    cache.enable_h2o(hc);
+    cache.enable_eviction(hc);
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd);
     step_all(cache, random_vec(rng, static_cast<size_t>(n) * H * G * hd), k, n);
     cache.begin_reconstruction();
     step_all(cache, random_vec(rng, static_cast<size_t>(40) * H * G * hd, 3.f), random_vec(rng, static_cast<size_t>(40) * H * hd), 40);
     cache.end_reconstruction();
-    const H2oState* s = cache.h2o_state();
+    const EvictionState* s = cache.eviction_state();
     // Expected: per head floors (4 sink, 8 recent), then the top extra tokens of all heads by peak.
     const int budget = s->budget_blocks(n, 1);  // ceil(0.4 * 200 / 16) = 5 blocks per head
     const int pooled = budget * (L - 1) * H;
@@ -251,7 +251,7 @@ static void test_token_plan() {
         trimmed_heads += missing > 0;
         // Its new blocks score the max of their kept tokens.
         int nb = 0;
-        const std::vector<float> rs = cache.h2o_scores(layer, &nb, true);
+        const std::vector<float> rs = cache.eviction_scores(layer, &nb, true);
         for (int b = 0; b * B < len; ++b) {
             float m = -1;
             for (int r = b * B; r < std::min(len, b * B + B); ++r) m = std::max(m, score[i][kept[r]]);

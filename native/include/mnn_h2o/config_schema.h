@@ -1,6 +1,6 @@
 // Generated from mnn_h2o/config.py by `python -m mnn_h2o.config --native-header`: do not edit.
 // The config keys that reach the native core (docs/config.md): the fields of the native
-// config structs, and each key's default and allowed values, so KvCacheConfig, H2oConfig,
+// config structs, and each key's default and allowed values, so KvCacheConfig, EvictionConfig,
 // StoreConfig, their validation, the C API, the saved-session config bytes and the Python
 // binding follow the schema; tests/test_config.py fails when this file and the schema disagree.
 #pragma once
@@ -15,7 +15,7 @@
     X(dtype, kv_dtype, int32_t, mnn_h2o::KvDtype) \
     X(block_tokens, block_tokens, int32_t, int)
 
-#define MNN_H2O_H2O_FIELDS(X) \
+#define MNN_H2O_EVICTION_FIELDS(X) \
     X(policy, policy, const char*, std::string) \
     X(sink_tokens, sink_tokens, int32_t, int) \
     X(recent_tokens, recent_tokens, int32_t, int) \
@@ -70,48 +70,48 @@ struct kv_dtype { static constexpr const char* kName = "kv_dtype"; static conste
 struct block_tokens { static constexpr const char* kName = "block_tokens"; static constexpr int64_t kDefault = 16; static constexpr Check kCheck = Check::kChoices; static constexpr int64_t kChoices[] = {16, 32, 64, 128, 256}; static constexpr int kChoiceCount = 5; static constexpr const char* kAllowed = "one of 16, 32, 64, 128, 256"; };
 }  // namespace runtime
 
-namespace h2o {
-// h2o.policy: str, -
+namespace eviction {
+// eviction.policy: str, -
 struct policy { static constexpr const char* kName = "policy"; static constexpr const char* kDefault = "kvzip"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random", "kvzip", "predicted_kvzip"}; static constexpr int kChoiceCount = 10; static constexpr const char* kAllowed = "one of 'h2o', 'snapkv', 'tova', 'keydiff', 'vatp', 'expected_attention', 'streaming', 'random', 'kvzip', 'predicted_kvzip'"; };
-// h2o.sink_tokens: int, tokens
+// eviction.sink_tokens: int, tokens
 struct sink_tokens { static constexpr const char* kName = "sink_tokens"; static constexpr int64_t kDefault = 64; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1048576]"; };
-// h2o.recent_tokens: int, tokens
+// eviction.recent_tokens: int, tokens
 struct recent_tokens { static constexpr const char* kName = "recent_tokens"; static constexpr int64_t kDefault = 256; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 1; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [1, 1048576]"; };
-// h2o.max_floor_share: float, fraction
+// eviction.max_floor_share: float, fraction
 struct max_floor_share { static constexpr const char* kName = "max_floor_share"; static constexpr double kDefault = 1.0; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1]"; };
-// h2o.target_keep_ratio: float, fraction
+// eviction.target_keep_ratio: float, fraction
 struct target_keep_ratio { static constexpr const char* kName = "target_keep_ratio"; static constexpr double kDefault = 0.0; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1]"; };
-// h2o.target_lossy_ratio: float, x; kInUseMin: its least value when it is the budget
+// eviction.target_lossy_ratio: float, x; kInUseMin: its least value when it is the budget
 struct target_lossy_ratio { static constexpr const char* kName = "target_lossy_ratio"; static constexpr double kDefault = 3.2; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1000.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1000]"; static constexpr double kInUseMin = 1.0; };
-// h2o.kv_budget_bytes: int, bytes
+// eviction.kv_budget_bytes: int, bytes
 struct kv_budget_bytes { static constexpr const char* kName = "kv_budget_bytes"; static constexpr int64_t kDefault = 0; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1125899906842624; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1125899906842624]"; };
-// h2o.ema_alpha: float, -
+// eviction.ema_alpha: float, -
 struct ema_alpha { static constexpr const char* kName = "ema_alpha"; static constexpr double kDefault = 0.5; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = true; static constexpr const char* kAllowed = "in [0, 1)"; };
-// h2o.layer_start: int, layer
+// eviction.layer_start: int, layer
 struct layer_start { static constexpr const char* kName = "layer_start"; static constexpr int64_t kDefault = 0; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1024; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1024]"; };
-// h2o.layer_end: int, layer
+// eviction.layer_end: int, layer
 struct layer_end { static constexpr const char* kName = "layer_end"; static constexpr int64_t kDefault = -1; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = -1; static constexpr int64_t kHi = 1024; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [-1, 1024]"; };
-// h2o.trigger_min_tokens: int, tokens
+// eviction.trigger_min_tokens: int, tokens
 struct trigger_min_tokens { static constexpr const char* kName = "trigger_min_tokens"; static constexpr int64_t kDefault = 3072; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1048576]"; };
-// h2o.update_interval: int, decode tokens
+// eviction.update_interval: int, decode tokens
 struct update_interval { static constexpr const char* kName = "update_interval"; static constexpr int64_t kDefault = 32; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 1; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [1, 1048576]"; };
-// h2o.per_head_budget: bool, -
+// eviction.per_head_budget: bool, -
 struct per_head_budget { static constexpr const char* kName = "per_head_budget"; static constexpr bool kDefault = false; static constexpr Check kCheck = Check::kNone; };
-// h2o.seed: int, -
+// eviction.seed: int, -
 struct seed { static constexpr const char* kName = "seed"; static constexpr int64_t kDefault = 0; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 2147483647; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 2147483647]"; };
-// h2o.observation_window: int, queries
+// eviction.observation_window: int, queries
 struct observation_window { static constexpr const char* kName = "observation_window"; static constexpr int64_t kDefault = 32; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 1; static constexpr int64_t kHi = 1048576; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [1, 1048576]"; };
-// h2o.head_floor_share: float, fraction
+// eviction.head_floor_share: float, fraction
 struct head_floor_share { static constexpr const char* kName = "head_floor_share"; static constexpr double kDefault = 0.0; static constexpr Check kCheck = Check::kBounds; static constexpr double kLo = 0.0; static constexpr double kHi = 1.0; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1]"; };
-// h2o.layer_budget: str, -
+// eviction.layer_budget: str, -
 struct layer_budget { static constexpr const char* kName = "layer_budget"; static constexpr const char* kDefault = "global"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"uniform", "pyramid", "global"}; static constexpr int kChoiceCount = 3; static constexpr const char* kAllowed = "one of 'uniform', 'pyramid', 'global'"; };
-}  // namespace h2o
+}  // namespace eviction
 
 namespace lossless {
 // lossless.mode: str, -
 struct mode { static constexpr const char* kName = "mode"; static constexpr const char* kDefault = "off"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"off", "probe", "full", "store"}; static constexpr int kChoiceCount = 4; static constexpr const char* kAllowed = "one of 'off', 'probe', 'full', 'store'"; };
 // lossless.scope: str, -
-struct scope { static constexpr const char* kName = "scope"; static constexpr const char* kDefault = "front_n_and_h2o_kept"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"front_n", "h2o_kept", "front_n_and_h2o_kept"}; static constexpr int kChoiceCount = 3; static constexpr const char* kAllowed = "one of 'front_n', 'h2o_kept', 'front_n_and_h2o_kept'"; };
+struct scope { static constexpr const char* kName = "scope"; static constexpr const char* kDefault = "front_n_and_kept"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"front_n", "kept", "front_n_and_kept"}; static constexpr int kChoiceCount = 3; static constexpr const char* kAllowed = "one of 'front_n', 'kept', 'front_n_and_kept'"; };
 // lossless.front_n: int, layers
 struct front_n { static constexpr const char* kName = "front_n"; static constexpr int64_t kDefault = 2; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 0; static constexpr int64_t kHi = 1024; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [0, 1024]"; };
 // lossless.hot_sink_tokens: int, tokens

@@ -171,7 +171,7 @@ MNN_H2O_API size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache);
 MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
 
 /* ---- H2O eviction ------------------------------------------------------------------------ */
-/* Heavy-hitter eviction inside the KV cache (KvCache::enable_h2o and friends, docs/h2o.md): with
+/* Heavy-hitter eviction inside the KV cache (KvCache::enable_eviction and friends, docs/eviction.md): with
  * eviction on, step() collects each block's attention mass on the evicting layers, and
  * mnn_h2o_kv_cache_end_step() (once per forward, after all layers) evicts low-scoring blocks of
  * heads over their budget; their memory goes back to the OS. */
@@ -183,11 +183,11 @@ MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
  * Start from mnn_h2o_eviction_config_init and set what you need: that stays right when keys are
  * added. */
 typedef struct mnn_h2o_eviction_config {
-    MNN_H2O_H2O_FIELDS(MNN_H2O_C_FIELD)
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_C_FIELD)
 } mnn_h2o_eviction_config;
 #undef MNN_H2O_C_FIELD
 
-/* The i-th eviction policy name of the native registry (docs/h2o.md "Policies"), or NULL past
+/* The i-th eviction policy name of the native registry (docs/eviction.md "Policies"), or NULL past
  * the last: the names mnn_h2o_eviction_config.policy accepts. */
 MNN_H2O_API const char* mnn_h2o_policy_name(int32_t i);
 
@@ -196,12 +196,12 @@ MNN_H2O_API void mnn_h2o_eviction_config_init(mnn_h2o_eviction_config* config);
 
 /* Turns eviction on, or replaces its config (scores and schedule restart). An invalid config is
  * MNN_H2O_ERR_INVALID_ARGUMENT naming the field; the previous state is kept then. */
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_enable_h2o(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config);
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_enable_eviction(mnn_h2o_kv_cache* cache, const mnn_h2o_eviction_config* config);
 /* Turns eviction off; the tokens held stay. */
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_disable_h2o(mnn_h2o_kv_cache* cache);
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_disable_eviction(mnn_h2o_kv_cache* cache);
 /* The active config (layer_end resolved) into *config, or MNN_H2O_ERR_INVALID_ARGUMENT when
  * eviction is off. config->policy points into the cache: valid until the next enable/disable. */
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_get_h2o_config(const mnn_h2o_kv_cache* cache,
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_get_eviction_config(const mnn_h2o_kv_cache* cache,
                                                            mnn_h2o_eviction_config* config);
 
 /* Call once after all layers of a forward of n_tokens tokens (prefill != 0 for a prompt chunk).
@@ -250,8 +250,8 @@ typedef struct mnn_h2o_eviction_layer_stats {
     int64_t skipped[4];
 } mnn_h2o_eviction_layer_stats;
 
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats);
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_eviction_stats(const mnn_h2o_kv_cache* cache, mnn_h2o_eviction_stats* stats);
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_eviction_layer_stats(const mnn_h2o_kv_cache* cache, int32_t layer,
                                                             mnn_h2o_eviction_layer_stats* stats);
 
 /* The EMA block scores of layer, [n_kv_heads][*n_blocks] floats, NaN where a head holds no such
@@ -259,7 +259,7 @@ MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_layer_stats(const mnn_h2o_kv_cac
  * NULL or capacity (in floats) is below n_kv_heads * *n_blocks nothing is written and the result
  * is MNN_H2O_ERR_OUTPUT_TOO_SMALL: call with NULL first to size the buffer. Eviction off:
  * MNN_H2O_ERR_INVALID_ARGUMENT. */
-MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_h2o_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_eviction_scores(const mnn_h2o_kv_cache* cache, int32_t layer, float* scores,
                                                        size_t capacity, int32_t* n_blocks);
 
 /* ---- Gear codec -------------------------------------------------------------------------- */

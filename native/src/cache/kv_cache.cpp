@@ -245,17 +245,17 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         step_reconstruction(layer, q, n_tokens, out, block_scores, scores_stride);
         return;
     }
-    if (!h2o_ || !h2o_->collects(layer)) {
+    if (!eviction_ || !eviction_->collects(layer)) {
         attend_checked(layer, q, n_tokens, out, block_scores, scores_stride, nullptr, 0, best_isa());
         // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
         if (store_) store_->prefetch(layer + 1);
         return;
     }
-    float* acc = h2o_->accumulator(layer);
-    const size_t stride = h2o_->stride();
+    float* acc = eviction_->accumulator(layer);
+    const size_t stride = eviction_->stride();
     // The window policies' second output: the last queries' masses, from the same pass.
-    const int window_queries = h2o_->begin_window(layer, n_tokens);
-    float* window = window_queries > 0 ? h2o_->window_accumulator(layer) : nullptr;
+    const int window_queries = eviction_->begin_window(layer, n_tokens);
+    float* window = window_queries > 0 ? eviction_->window_accumulator(layer) : nullptr;
     if (!block_scores) {
         attend_checked(layer, q, n_tokens, out, acc, stride, window, window_queries, best_isa());
     } else {
@@ -271,16 +271,16 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
             }
         }
     }
-    for (int h = 0; h < cfg_.n_kv_heads; ++h) h2o_->record_step(layer, h, head(layer, h).length, n_tokens);
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) eviction_->record_step(layer, h, head(layer, h).length, n_tokens);
     // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
-    if (h2o_->wants_queries())
-        h2o_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
+    if (eviction_->wants_queries())
+        eviction_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
     if (store_) store_->prefetch(layer + 1);
 }
 
 void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float* out, float* block_scores,
                                   size_t scores_stride) {
-    if (!h2o_->collects(layer)) {
+    if (!eviction_->collects(layer)) {
         attend(layer, q, n_tokens, out, block_scores, scores_stride);
     } else {
         // The peaks come out of the same softmax as the masses; the pass keeps only the peaks (the
@@ -288,10 +288,10 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         // With a window the block peaks come from the window's token peaks (add_window_peaks),
         // not from the kernel's softmax over every key.
         const bool windowed = window_from_end_ > 0;
-        const size_t stride = h2o_->stride();
+        const size_t stride = eviction_->stride();
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
         attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
-                       windowed ? nullptr : h2o_->reconstruction_accumulator(layer));
+                       windowed ? nullptr : eviction_->reconstruction_accumulator(layer));
         // The keys' space: attend() left rotated queries in rotated_q_ for a rotated dtype.
         const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
         if (windowed) add_window_peaks(layer, q_stored, n_tokens);
@@ -331,15 +331,15 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     p.k = peak_k_.data();
     p.n_keys = peak_n_keys_.data();
     p.n_peak = peak_n_peak_.data();
-    p.peak = h2o_->token_peak_accumulator(layer);
-    p.peak_stride = h2o_->token_stride();
+    p.peak = eviction_->token_peak_accumulator(layer);
+    p.peak_stride = eviction_->token_stride();
     token_peaks(p, best_isa(), threads_.get(), peak_ws_);
 }
 
 void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
     const int H = cfg_.n_kv_heads, hd = cfg_.head_dim, G = group(), bt = cfg_.block_tokens;
-    float* tpeak = h2o_->token_peak_accumulator(layer);
-    float* rmax = h2o_->reconstruction_accumulator(layer);
+    float* tpeak = eviction_->token_peak_accumulator(layer);
+    float* rmax = eviction_->reconstruction_accumulator(layer);
     for (int h = 0; h < H; ++h) {
         const int held = pass_lengths_[static_cast<size_t>(layer) * H + h], length = head(layer, h).length;
         const int begin = std::max(0, held - window_from_end_);
@@ -362,7 +362,7 @@ void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
                       window_q_.data() + static_cast<size_t>(i) * G * hd);
         const float* k = window_keys_.data();
         const int n_peak = end - begin;
-        float* peak = tpeak + static_cast<size_t>(h) * h2o_->token_stride() + begin;
+        float* peak = tpeak + static_cast<size_t>(h) * eviction_->token_stride() + begin;
         TokenPeakProblem p;
         p.n_kv_heads = 1;
         p.group = G;
@@ -376,7 +376,7 @@ void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
         p.peak_stride = static_cast<size_t>(n_peak);
         token_peaks(p, best_isa(), threads_.get(), peak_ws_);
         // The blocks' peaks: the largest of their tokens' (what the kernel would give a block).
-        float* block = rmax + static_cast<size_t>(h) * h2o_->stride();
+        float* block = rmax + static_cast<size_t>(h) * eviction_->stride();
         for (int t = begin; t < end; ++t) block[t / bt] = std::max(block[t / bt], peak[t - begin]);
     }
 }
@@ -397,8 +397,8 @@ void KvCache::require_no_pass(const char* what) const {
 }
 
 void KvCache::begin_reconstruction() {
-    require(h2o_reconstructs(), "begin_reconstruction: the eviction policy takes no reconstruction scores "
-                                "(enable_h2o with policy 'kvzip')");
+    require(eviction_reconstructs(), "begin_reconstruction: the eviction policy takes no reconstruction scores "
+                                "(enable_eviction with policy 'kvzip')");
     require_no_pass("begin_reconstruction");
     pass_lengths_.resize(heads_.size());
     for (size_t i = 0; i < heads_.size(); ++i) pass_lengths_[i] = heads_[i].length;
@@ -419,9 +419,9 @@ void KvCache::rewind_reconstruction() {
 
 void KvCache::end_reconstruction() {
     rewind_reconstruction();
-    const H2oConfig& c = h2o_->config();
+    const EvictionConfig& c = eviction_->config();
     for (int layer = c.layer_start; layer < c.layer_end; ++layer)
-        h2o_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
+        eviction_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
     // The token peaks' scratch is as large as a layer's keys: not held between passes.
     peak_keys_ = {};
     peak_ws_ = {};
@@ -432,11 +432,11 @@ void KvCache::end_reconstruction() {
 }
 
 void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {
-    require(h2o_predicts(), "set_token_scores: the eviction policy takes no predicted scores "
-                            "(enable_h2o with policy 'predicted_kvzip')");
+    require(eviction_predicts(), "set_token_scores: the eviction policy takes no predicted scores "
+                            "(enable_eviction with policy 'predicted_kvzip')");
     require_no_pass("set_token_scores");
     check_layer(layer);
-    const H2oConfig& c = h2o_->config();
+    const EvictionConfig& c = eviction_->config();
     require(layer >= c.layer_start && layer < c.layer_end,
             "set_token_scores: layer " + std::to_string(layer) + " is outside the evicting layers [" +
                 std::to_string(c.layer_start) + ", " + std::to_string(c.layer_end) + ")");
@@ -451,16 +451,16 @@ void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {
                 "set_token_scores: scores must be in [0, 1], got " + std::to_string(scores[i]) + " at " +
                     std::to_string(i));
     for (int h = 0; h < cfg_.n_kv_heads; ++h)
-        h2o_->add_token_scores(layer, h, head(layer, h).length, n_tokens, scores + static_cast<size_t>(h) * n_tokens);
+        eviction_->add_token_scores(layer, h, head(layer, h).length, n_tokens, scores + static_cast<size_t>(h) * n_tokens);
 }
 
 std::vector<float> KvCache::token_scores(int layer, int h) const {
-    require(h2o_ && h2o_->signals().reconstruction,
+    require(eviction_ && eviction_->signals().reconstruction,
             "token_scores: the eviction policy takes no reconstruction scores (kvzip, predicted_kvzip)");
     const int length = head(layer, h).length;
     std::vector<float> out(static_cast<size_t>(length), std::numeric_limits<float>::quiet_NaN());
-    if (!h2o_->collects(layer)) return out;
-    for (int t = 0; t < length; ++t) out[t] = h2o_->token_score(layer, h, t);
+    if (!eviction_->collects(layer)) return out;
+    for (int t = 0; t < length; ++t) out[t] = eviction_->token_score(layer, h, t);
     return out;
 }
 
@@ -526,7 +526,7 @@ void KvCache::truncate(int layer, int h, int n_tokens) {
     const int old_length = hs.length;
     if (store_) store_->truncate(layer, h, n_tokens);
     release_tail(hs, n_tokens);
-    if (h2o_ && h2o_->collects(layer)) h2o_->truncate(layer, h, old_length, n_tokens);
+    if (eviction_ && eviction_->collects(layer)) eviction_->truncate(layer, h, old_length, n_tokens);
 }
 
 void KvCache::reset() {
@@ -534,20 +534,20 @@ void KvCache::reset() {
     window_from_end_ = window_length_ = 0;
     if (store_) store_->reset();
     for (Head& hs : heads_) release_tail(hs, 0);
-    std::fill(stats_.begin(), stats_.end(), H2oLayerStats{});
-    if (h2o_) h2o_->reset();
+    std::fill(stats_.begin(), stats_.end(), EvictionLayerStats{});
+    if (eviction_) eviction_->reset();
 }
 
-void KvCache::enable_h2o(const H2oConfig& config) {
-    require_no_pass("enable_h2o");
-    h2o_ = std::make_unique<H2oState>(config, cfg_);
-    const H2oConfig& c = h2o_->config();
-    if (h2o_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
+void KvCache::enable_eviction(const EvictionConfig& config) {
+    require_no_pass("enable_eviction");
+    eviction_ = std::make_unique<EvictionState>(config, cfg_);
+    const EvictionConfig& c = eviction_->config();
+    if (eviction_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
 }
 
-void KvCache::disable_h2o() {
-    require_no_pass("disable_h2o");
-    h2o_.reset();
+void KvCache::disable_eviction() {
+    require_no_pass("disable_eviction");
+    eviction_.reset();
 }
 
 void KvCache::enable_store(const StoreConfig& config) {
@@ -570,7 +570,7 @@ StoreStats KvCache::store_stats() const {
     StoreStats s;
     if (store_) s = store_->stats();
     else s.layers.resize(static_cast<size_t>(cfg_.n_layers));
-    const H2oStats h = h2o_stats();
+    const EvictionStats h = eviction_stats();
     s.pool_bytes = pool_bytes_held();
     s.bytes_held = bytes_held();
     s.bytes_uncompressed = h.bytes_uncompressed;
@@ -582,42 +582,42 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
     require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
     require_no_pass("end_step");
     if (store_) store_->install_finished();
-    const bool evicted = h2o_ && evict_due(n_tokens, prefill);
+    const bool evicted = eviction_ && evict_due(n_tokens, prefill);
     // New cold chunks, after eviction has had its say on this step's blocks.
-    if (store_) store_->schedule(h2o_config());
+    if (store_) store_->schedule(eviction_config());
     return evicted;
 }
 
 bool KvCache::evict_due(int n_tokens, bool prefill) {
     // Counted in decode tokens, the same for every layer (not in layer calls).
-    const bool decode_due = !prefill && h2o_->count_decode_tokens(n_tokens);
-    if (h2o_->global_budget()) return evict_global(decode_due, prefill);
-    const H2oConfig& c = h2o_->config();
+    const bool decode_due = !prefill && eviction_->count_decode_tokens(n_tokens);
+    if (eviction_->global_budget()) return evict_global(decode_due, prefill);
+    const EvictionConfig& c = eviction_->config();
     bool updated = false, evicted = false;
     for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
         for (int h = 0; h < cfg_.n_kv_heads; ++h) lengths_[h] = head(layer, h).length;
-        H2oLayerStats& st = stats_[layer];
-        if (!decode_due && !(prefill && h2o_->over_budget(layer, st.tokens_seen, lengths_.data()))) continue;
+        EvictionLayerStats& st = stats_[layer];
+        if (!decode_due && !(prefill && eviction_->over_budget(layer, st.tokens_seen, lengths_.data()))) continue;
         updated = true;
         const Clock::time_point t0 = Clock::now();
-        h2o_->update_scores(layer, lengths_.data());
-        h2o_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st, &row_reader_);
+        eviction_->update_scores(layer, lengths_.data());
+        eviction_->plan(layer, st.tokens_seen, lengths_.data(), &plans_, &st, &row_reader_);
         st.policy_us += micros_since(t0);
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             if (plans_[h].empty()) continue;
             // Validated like any plan, against the floors as shrunk for the budget.
             int sink = 0, recent = 1;
-            h2o_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent, layer);
+            eviction_->floor_tokens(st.tokens_seen, lengths_[h], &sink, &recent, layer);
             evict_with_floors(layer, h, plans_[h], sink, recent);
             evicted = true;
         }
     }
-    if (updated) h2o_->count_update();
+    if (updated) eviction_->count_update();
     return evicted;
 }
 
 bool KvCache::evict_global(bool due, bool prefill) {
-    const H2oConfig& c = h2o_->config();
+    const EvictionConfig& c = eviction_->config();
     const int n = c.layer_end - c.layer_start, H = cfg_.n_kv_heads;
     seen_.resize(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
@@ -625,10 +625,10 @@ bool KvCache::evict_global(bool due, bool prefill) {
         for (int h = 0; h < H; ++h) lengths_[static_cast<size_t>(i) * H + h] = head(c.layer_start + i, h).length;
     }
     // Otherwise only when the model as a whole is over its budget; a decode plan leaves headroom.
-    if (!due && !h2o_->over_budget_global(seen_.data(), lengths_.data())) return false;
+    if (!due && !eviction_->over_budget_global(seen_.data(), lengths_.data())) return false;
     const Clock::time_point t0 = Clock::now();
-    for (int i = 0; i < n; ++i) h2o_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
-    h2o_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_, !prefill);
+    for (int i = 0; i < n; ++i) eviction_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
+    eviction_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_, !prefill);
     // One plan for all layers: its time is shared equally among them.
     const double us = micros_since(t0) / n;
     bool evicted = false;
@@ -639,17 +639,17 @@ bool KvCache::evict_global(bool due, bool prefill) {
             const std::vector<TokenRun>& plan = plans_[static_cast<size_t>(i) * H + h];
             if (plan.empty()) continue;
             int sink = 0, recent = 1;
-            h2o_->floor_tokens(seen_[i], lengths_[static_cast<size_t>(i) * H + h], &sink, &recent, layer);
+            eviction_->floor_tokens(seen_[i], lengths_[static_cast<size_t>(i) * H + h], &sink, &recent, layer);
             evict_with_floors(layer, h, plan, sink, recent);
             evicted = true;
         }
     }
-    h2o_->count_update();
+    eviction_->count_update();
     return evicted;
 }
 
 void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
-    const H2oConfig* c = h2o_config();  // a bad layer or head is std::out_of_range (head()), not an invalid plan
+    const EvictionConfig* c = eviction_config();  // a bad layer or head is std::out_of_range (head()), not an invalid plan
     evict_with_floors(layer, h, runs, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
 }
 
@@ -669,8 +669,8 @@ void KvCache::evict_with_floors(int layer, int h, const std::vector<TokenRun>& r
     if (store_) store_->compact(layer, h, runs, aligned);
     if (aligned) drop_blocks(hs, runs);
     else move_rows(hs, runs);
-    if (h2o_ && h2o_->collects(layer)) h2o_->compact(layer, h, runs, old_length);
-    H2oLayerStats& st = stats_[layer];
+    if (eviction_ && eviction_->collects(layer)) eviction_->compact(layer, h, runs, old_length);
+    EvictionLayerStats& st = stats_[layer];
     ++st.evictions;
     st.blocks_freed += static_cast<int64_t>(2 * (old_blocks - hs.k_blocks.size()));
     st.compact_us += micros_since(t0);
@@ -774,13 +774,13 @@ size_t KvCache::kept_bytes() const {
     return blocks * pool_.block_bytes();
 }
 
-H2oStats KvCache::h2o_stats() const {
-    H2oStats s;
+EvictionStats KvCache::eviction_stats() const {
+    EvictionStats s;
     s.layers.resize(cfg_.n_layers);
     const size_t token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * row_bytes_ * 2;  // K and V, every head
     const size_t f16_token_bytes = static_cast<size_t>(cfg_.n_kv_heads) * kv_row_bytes(KvDtype::F16, cfg_.head_dim) * 2;
     for (int layer = 0; layer < cfg_.n_layers; ++layer) {
-        H2oStats::Layer& l = s.layers[layer];
+        EvictionStats::Layer& l = s.layers[layer];
         l.counters = stats_[layer];
         for (int h = 0; h < cfg_.n_kv_heads; ++h) {
             const Head& hs = head(layer, h);
@@ -796,12 +796,12 @@ H2oStats KvCache::h2o_stats() const {
     s.bytes_held = pool_.bytes_held();
     s.lossy_ratio = ratio_of(s.bytes_uncompressed, s.bytes_held);
     s.whole_model_ratio = ratio_of(s.bytes_f16, s.bytes_held);
-    s.updates = h2o_ ? h2o_->updates() : 0;
+    s.updates = eviction_ ? eviction_->updates() : 0;
     return s;
 }
 
-std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks, bool reconstruction) const {
-    if (!h2o_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
+std::vector<float> KvCache::eviction_scores(int layer, int* n_blocks, bool reconstruction) const {
+    if (!eviction_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
     check_layer(layer);
     int n = 0;
     for (int h = 0; h < cfg_.n_kv_heads; ++h) n = std::max(n, static_cast<int>(head(layer, h).k_blocks.size()));
@@ -809,7 +809,7 @@ std::vector<float> KvCache::h2o_scores(int layer, int* n_blocks, bool reconstruc
     for (int h = 0; h < cfg_.n_kv_heads; ++h)
         for (int b = 0; b < static_cast<int>(head(layer, h).k_blocks.size()); ++b)
             scores[static_cast<size_t>(h) * n + b] =
-                reconstruction ? h2o_->reconstruction_score(layer, h, b) : h2o_->score(layer, h, b);
+                reconstruction ? eviction_->reconstruction_score(layer, h, b) : eviction_->score(layer, h, b);
     *n_blocks = n;
     return scores;
 }

@@ -27,7 +27,7 @@ std::vector<ShapeField> shape_fields(const KvCacheConfig& c, size_t row_bytes) {
             {"max_tokens", static_cast<uint32_t>(c.max_tokens)}, {"row_bytes", static_cast<uint32_t>(row_bytes)}};
 }
 
-void save_counters(SnapshotWriter& w, const H2oLayerStats& s) {
+void save_counters(SnapshotWriter& w, const EvictionLayerStats& s) {
     w.value<int64_t>(s.tokens_seen);
     w.value<int64_t>(s.evictions);
     w.value<int64_t>(s.blocks_freed);
@@ -37,8 +37,8 @@ void save_counters(SnapshotWriter& w, const H2oLayerStats& s) {
     w.array(s.skipped.data(), s.skipped.size());
 }
 
-H2oLayerStats load_counters(SnapshotReader& r) {
-    H2oLayerStats s;
+EvictionLayerStats load_counters(SnapshotReader& r) {
+    EvictionLayerStats s;
     s.tokens_seen = r.value<int64_t>("tokens_seen");
     s.evictions = r.value<int64_t>("evictions");
     s.blocks_freed = r.value<int64_t>("blocks_freed");
@@ -65,7 +65,7 @@ std::vector<uint8_t> KvCache::snapshot() const {
     w.bytes(kMagic, sizeof kMagic);
     w.value<uint32_t>(kVersion);
     for (const ShapeField& f : shape_fields(cfg_, row_bytes_)) w.value<uint32_t>(f.value);
-    for (const H2oLayerStats& s : stats_) save_counters(w, s);
+    for (const EvictionLayerStats& s : stats_) save_counters(w, s);
     const int bt = cfg_.block_tokens;
     for (const Head& hs : heads_) {
         w.value<uint32_t>(static_cast<uint32_t>(hs.length));
@@ -73,8 +73,8 @@ std::vector<uint8_t> KvCache::snapshot() const {
             for (int pos = 0; pos < hs.length; pos += bt)
                 w.bytes((*list)[pos / bt], static_cast<size_t>(std::min(bt, hs.length - pos)) * row_bytes_);
     }
-    w.value<uint8_t>(h2o_ ? 1 : 0);
-    if (h2o_) h2o_->save(w);
+    w.value<uint8_t>(eviction_ ? 1 : 0);
+    if (eviction_) eviction_->save(w);
     return out;
 }
 
@@ -91,8 +91,8 @@ void KvCache::restore(const uint8_t* data, size_t size) {
         r.require(saved == f.value, std::string("the snapshot's ") + f.name + " is " + std::to_string(saved) +
                                         ", this cache's " + std::to_string(f.value));
     }
-    std::vector<H2oLayerStats> stats(stats_.size());
-    for (H2oLayerStats& s : stats) s = load_counters(r);
+    std::vector<EvictionLayerStats> stats(stats_.size());
+    for (EvictionLayerStats& s : stats) s = load_counters(r);
 
     struct Rows {
         int length;
@@ -110,14 +110,14 @@ void KvCache::restore(const uint8_t* data, size_t size) {
         rows[i].k = r.take(bytes, "K rows");
         rows[i].v = r.take(bytes, "V rows");
     }
-    const uint8_t enabled = r.value<uint8_t>("h2o enabled");
+    const uint8_t enabled = r.value<uint8_t>("eviction enabled");
     r.require(enabled <= 1, "h2o enabled must be 0 or 1");
-    r.require((enabled == 1) == (h2o_ != nullptr), enabled ? "the snapshot has H2O eviction on, this cache has it off"
+    r.require((enabled == 1) == (eviction_ != nullptr), enabled ? "the snapshot has H2O eviction on, this cache has it off"
                                                            : "the snapshot has H2O eviction off, this cache has it on");
-    std::unique_ptr<H2oState> h2o;
+    std::unique_ptr<EvictionState> eviction;
     if (enabled) {
-        h2o = std::make_unique<H2oState>(h2o_->config(), cfg_);
-        h2o->load(r);
+        eviction = std::make_unique<EvictionState>(eviction_->config(), cfg_);
+        eviction->load(r);
     }
     r.require(r.left() == 0, std::to_string(r.left()) + " trailing bytes");
 
@@ -151,7 +151,7 @@ void KvCache::restore(const uint8_t* data, size_t size) {
         throw;
     }
     stats_ = std::move(stats);
-    if (h2o) h2o_ = std::move(h2o);
+    if (eviction) eviction_ = std::move(eviction);
 }
 
 }  // namespace mnn_h2o

@@ -1,7 +1,7 @@
 // The eviction policies and their registry (eviction_policy.h). Each policy turns what the state
 // gives it of one kv head (ScoreContext) into a priority per block; budgets, floors and selection
 // are shared. Priorities of different heads meet in a shared layer budget, so every score here is
-// an attention probability or a distribution over the head's blocks (docs/h2o.md "Policies").
+// an attention probability or a distribution over the head's blocks (docs/eviction.md "Policies").
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -289,16 +289,16 @@ constexpr Entry kRegistry[] = {
     {"predicted_kvzip", make_plain<PredictedKvzipPolicy>},
 };
 
-// The names are h2o.policy's choices, in their order (mnn_h2o/config.py, config_schema.h): adding a
+// The names are eviction.policy's choices, in their order (mnn_h2o/config.py, config_schema.h): adding a
 // policy is a class and an entry here and its name there.
 constexpr bool registry_is_the_schemas() {
-    using Policy = schema::h2o::policy;
+    using Policy = schema::eviction::policy;
     if (std::size(kRegistry) != static_cast<size_t>(Policy::kChoiceCount)) return false;
     for (size_t i = 0; i < std::size(kRegistry); ++i)
         if (std::string_view(kRegistry[i].name) != Policy::kChoices[i]) return false;
     return true;
 }
-static_assert(registry_is_the_schemas(), "the policy registry's names are h2o.policy's choices");
+static_assert(registry_is_the_schemas(), "the policy registry's names are eviction.policy's choices");
 
 }  // namespace
 

@@ -40,17 +40,17 @@ KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPoo
 
 KvStore::~KvStore() = default;
 
-bool KvStore::in_scope(int layer, const H2oConfig* h2o) const {
+bool KvStore::in_scope(int layer, const EvictionConfig* eviction) const {
     if (cfg_.front_n_scope() && layer < cfg_.front_n) return true;
-    return cfg_.h2o_kept_scope() && h2o && layer >= h2o->layer_start && layer < h2o->layer_end;
+    return cfg_.kept_scope() && eviction && layer >= eviction->layer_start && layer < eviction->layer_end;
 }
 
 // --- making frames ------------------------------------------------------------------------------
 
-void KvStore::schedule(const H2oConfig* h2o) {
+void KvStore::schedule(const EvictionConfig* eviction) {
     cache_.fit_scratch();
     for (int layer = 0; layer < n_layers_; ++layer)
-        if (in_scope(layer, h2o))
+        if (in_scope(layer, eviction))
             for (int h = 0; h < n_kv_heads_; ++h) schedule_head(layer, h);
 }
 

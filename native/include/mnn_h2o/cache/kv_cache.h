@@ -6,7 +6,7 @@
 // different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
 // every head; attention is causal per head relative to that head's length.
 //
-// With H2O eviction enabled (enable_h2o, docs/h2o.md) step() also collects attention scores for
+// With H2O eviction enabled (enable_eviction, docs/eviction.md) step() also collects attention scores for
 // the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
 //
 // With the lossless store enabled (enable_store, docs/kv_cache.md "Lossless store") end_step()
@@ -25,7 +25,7 @@
 #include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/cache/block_pool.h"
 #include "mnn_h2o/runtime/cpu_features.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/eviction/token_peaks.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
 #include "mnn_h2o/cache/kv_head_blocks.h"
@@ -72,7 +72,7 @@ public:
     // Bytes the KV cache holds: raw pool blocks plus, with the store on, its frames, decode
     // cache, scratch and job copies. pool_bytes_held() is the raw blocks alone (exact; blocks are
     // block_tokens * head_dim * dtype size bytes, rounded up to 64), which is also what
-    // h2o_stats() reports. bytes_mapped() is the address space of the pool's slabs.
+    // eviction_stats() reports. bytes_mapped() is the address space of the pool's slabs.
     size_t bytes_held() const { return pool_.bytes_held() + (store_ ? store_->bytes_held() : 0); }
     size_t pool_bytes_held() const { return pool_.bytes_held(); }
     // Bytes the tokens held would take as raw blocks, wherever they live (pool or compressed
@@ -94,16 +94,16 @@ public:
     // memory returned.
     void reset();
 
-    // --- H2O eviction (docs/h2o.md) ---------------------------------------------------------
+    // --- H2O eviction (docs/eviction.md) ---------------------------------------------------------
     // Turns eviction on, or replaces the config (scores and schedule restart). Throws
     // std::invalid_argument naming the bad field; the previous state is kept then.
-    void enable_h2o(const H2oConfig& config);
+    void enable_eviction(const EvictionConfig& config);
     // Turns eviction off and frees the scores. The tokens held stay as they are.
-    void disable_h2o();
+    void disable_eviction();
     // The active config (layer_end resolved), or nullptr when eviction is off.
-    const H2oConfig* h2o_config() const { return h2o_ ? &h2o_->config() : nullptr; }
+    const EvictionConfig* eviction_config() const { return eviction_ ? &eviction_->config() : nullptr; }
     // The eviction state (its scores, for inspection), or nullptr when eviction is off.
-    const H2oState* h2o_state() const { return h2o_.get(); }
+    const EvictionState* eviction_state() const { return eviction_.get(); }
     // Call once after all layers of a forward of n_tokens tokens (prefill: a prompt chunk). Runs
     // the policy update when due: after every update_interval decode tokens on every evicting
     // layer, and after a prefill forward on the evicting layers that hold more than their
@@ -111,29 +111,29 @@ public:
     // on, then installs finished store jobs and makes the frames of new cold chunks.
     bool end_step(int n_tokens, bool prefill);
     // Applies an explicit plan to one head: keeps the tokens of runs (see plan_error for what is
-    // valid; the floors are those of the H2O config, or only the last token when eviction is
+    // valid; the floors are those of the eviction config, or only the last token when eviction is
     // off) and releases the rest. Throws std::invalid_argument for an invalid plan (nothing
     // changes; counted in invalid_plans), std::out_of_range for a bad layer or head.
     void evict(int layer, int head, const std::vector<TokenRun>& runs);
     // Counters, held tokens and bytes of every layer, and the whole-model totals.
-    H2oStats h2o_stats() const;
+    EvictionStats eviction_stats() const;
     // The EMA scores of layer: [n_kv_heads][*n_blocks], *n_blocks the most blocks any of its heads
     // holds; NaN for blocks a head does not hold or that have not been through an update (all
     // NaN outside the evicting layers). Throws std::invalid_argument when eviction is off.
-    // reconstruction: the reconstruction scores instead (NaN: none; docs/h2o.md "Reconstruction").
-    std::vector<float> h2o_scores(int layer, int* n_blocks, bool reconstruction = false) const;
+    // reconstruction: the reconstruction scores instead (NaN: none; docs/eviction.md "Reconstruction").
+    std::vector<float> eviction_scores(int layer, int* n_blocks, bool reconstruction = false) const;
 
-    // --- Context reconstruction (KVzip; docs/h2o.md "Reconstruction") ------------------------
+    // --- Context reconstruction (KVzip; docs/eviction.md "Reconstruction") ------------------------
     // Whether the eviction policy scores blocks by a reconstruction pass (the engine then runs
     // one after each prompt).
-    bool h2o_reconstructs() const { return h2o_ && h2o_->signals().reconstruction && !h2o_->signals().predicted; }
+    bool eviction_reconstructs() const { return eviction_ && eviction_->signals().reconstruction && !eviction_->signals().predicted; }
     // Whether it takes predicted reconstruction scores instead (set_token_scores; no pass).
-    bool h2o_predicts() const { return h2o_ && h2o_->signals().predicted; }
+    bool eviction_predicts() const { return eviction_ && eviction_->signals().predicted; }
     // The predicted reconstruction scores of the last n_tokens tokens each kv head of an evicting
     // layer holds (the tokens its last step() appended), scores [n_kv_heads][n_tokens], each a
     // probability in [0, 1]. They are what a pass's peaks would be: each block's
     // reconstruction score becomes the largest of its tokens', and the tokens wait, ranked one
-    // by one, for the layer's next update. Throws std::invalid_argument unless h2o_predicts(),
+    // by one, for the layer's next update. Throws std::invalid_argument unless eviction_predicts(),
     // during a pass, for a layer outside [layer_start, layer_end), for more tokens than a head
     // holds, or for a score outside [0, 1] (NaN included; nothing changes then).
     void set_token_scores(int layer, const float* scores, int n_tokens);
@@ -144,7 +144,7 @@ public:
     // Starts a pass: the tokens stepped from now on (the repeat prompt and the context again) are
     // the pass's. Their queries attend as usual, but the evicting layers collect the largest
     // probability each block receives instead of the H2O scores, and tokens_seen ignores them.
-    // Throws std::invalid_argument unless h2o_reconstructs() and no pass is under way.
+    // Throws std::invalid_argument unless eviction_reconstructs() and no pass is under way.
     void begin_reconstruction();
     // Drops every token stepped since begin_reconstruction (their blocks go back to the pool);
     // the pass goes on (its next chunk).
@@ -185,7 +185,7 @@ public:
     // state. Throws std::invalid_argument when the lossless store is on (not part of the format).
     std::vector<uint8_t> snapshot() const;
     // Replaces the cache's contents by a snapshot's. The cache must have the snapshot's shape and
-    // dtype, eviction on or off as it was (with the same H2O config) and the store off. Throws
+    // dtype, eviction on or off as it was (with the same eviction config) and the store off. Throws
     // SnapshotError (an std::invalid_argument) naming what does not match or decode: the cache is
     // unchanged then; std::bad_alloc when memory runs out (the cache is left empty).
     void restore(const uint8_t* data, size_t size);
@@ -227,7 +227,7 @@ private:
     // end_step()'s eviction part: runs the policy update when due; true if anything was evicted.
     bool evict_due(int n_tokens, bool prefill);
     // evict() with the floors a plan must keep given explicitly: the policy's own plans are
-    // checked against the floors as shrunk for the head's budget (h2o.max_floor_share).
+    // checked against the floors as shrunk for the head's budget (eviction.max_floor_share).
     void evict_with_floors(int layer, int head, const std::vector<TokenRun>& runs, int sink_tokens,
                            int recent_tokens);
     // Gives the blocks past the first n_tokens tokens back to the pool.
@@ -251,8 +251,8 @@ private:
     std::vector<KvHeadView> views_;
     AttentionWorkspace workspace_;
 
-    std::vector<H2oLayerStats> stats_;  // [layer], kept whether or not eviction is on
-    std::unique_ptr<H2oState> h2o_;     // null when eviction is off
+    std::vector<EvictionLayerStats> stats_;  // [layer], kept whether or not eviction is on
+    std::unique_ptr<EvictionState> eviction_;     // null when eviction is off
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
     std::vector<float> rotated_q_;      // attend() with a rotated dtype
     std::vector<int> lengths_;          // end_step(): a layer's head lengths (global: every evicting layer's)

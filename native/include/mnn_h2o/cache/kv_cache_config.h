@@ -1,5 +1,5 @@
 // Shape and limits of a KvCache (kv_cache.h), in a header of its own so that the parts the cache
-// owns (h2o_state.h) can size themselves from it without including the cache.
+// owns (eviction_state.h) can size themselves from it without including the cache.
 #pragma once
 
 #include "mnn_h2o/attention/attention.h"

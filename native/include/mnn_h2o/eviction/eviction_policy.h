@@ -38,7 +38,7 @@ public:
     virtual void read(int layer, int head, float* k, float* v) const = 0;
 };
 
-// What a policy sees of one kv head at an update (docs/h2o.md "Policies"). Arrays are
+// What a policy sees of one kv head at an update (docs/eviction.md "Policies"). Arrays are
 // [n_blocks]; block b holds the head's tokens [b * block_tokens, ...) of its `length`.
 struct ScoreContext {
     int layer = 0, head = 0;
@@ -91,7 +91,7 @@ public:
     // must be on one scale: attention probabilities, or a distribution over the head's blocks.
     virtual void rank(const ScoreContext& head, float* priority) = 0;
     virtual PolicySignals signals() const { return {}; }
-    // Queries in the observation window, given h2o.observation_window (TOVA: the latest one).
+    // Queries in the observation window, given eviction.observation_window (TOVA: the latest one).
     virtual int window_queries(int observation_window) const { return observation_window; }
     // Back to the state right after construction (the random policy reseeds).
     virtual void reset() {}
@@ -133,7 +133,7 @@ constexpr int kMaxSelectHeads = 4096;
 // Throws std::invalid_argument for more than kMaxSelectHeads heads.
 void select_blocks(std::vector<SelectHead>& heads, int extra, std::vector<uint64_t>* scratch);
 
-// Token-granular selection (kvzip's first update after a reconstruction pass, docs/h2o.md
+// Token-granular selection (kvzip's first update after a reconstruction pass, docs/eviction.md
 // "Reconstruction"): one head's tokens, priority per token, floors in tokens.
 struct SelectTokensHead {
     int length = 0;

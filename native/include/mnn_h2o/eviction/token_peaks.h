@@ -1,4 +1,4 @@
-// Per-token peaks of a context reconstruction pass (KVzip, docs/h2o.md "Reconstruction"): for
+// Per-token peaks of a context reconstruction pass (KVzip, docs/eviction.md "Reconstruction"): for
 // each key of a kv head, the largest softmax probability any of a step's queries (any query head
 // of the group) gives it. The attention kernels' online softmax never holds a normalised
 // probability per key, so this is a second, separate pass over the step's scores: per query row

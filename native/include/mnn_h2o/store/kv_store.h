@@ -23,7 +23,7 @@
 #include "mnn_h2o/store/chunk_table.h"
 #include "mnn_h2o/store/decode_cache.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
-#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/eviction_config.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
 #include "mnn_h2o/cache/kv_head_blocks.h"
 #include "mnn_h2o/store/store_config.h"
@@ -47,8 +47,8 @@ public:
     // Safe point: installs the jobs that have finished.
     void install_finished();
     // Makes (or queues) the frames of the cold chunks of every layer in scope. h2o: the active
-    // eviction config (its layers are in scope with the h2o_kept scopes), or null.
-    void schedule(const H2oConfig* h2o);
+    // eviction config (its layers are in scope with the kept scopes), or null.
+    void schedule(const EvictionConfig* eviction);
     // Waits for every job and installs it.
     void drain();
 
@@ -97,7 +97,7 @@ private:
         int v_dedup_layers;  // layers whose frames hold K and refer to V rows
     };
 
-    bool in_scope(int layer, const H2oConfig* h2o) const;
+    bool in_scope(int layer, const EvictionConfig* eviction) const;
     void schedule_head(int layer, int head);
     void submit(int layer, int head, int first, int n_blocks);
     void install(store::Job& job, bool failed);

@@ -22,10 +22,10 @@ const char* store_mode_name(StoreMode mode);  // "off", "probe", "full", "store"
 // Which layers' cold blocks are compressed.
 enum class StoreScope {
     FrontN = 0,         // layers [0, front_n)
-    H2oKept,            // the layers where H2O evicts (its [layer_start, layer_end); none while it is off)
-    FrontNAndH2oKept,   // both
+    Kept,            // the layers where H2O evicts (its [layer_start, layer_end); none while it is off)
+    FrontNAndKept,   // both
 };
-const char* store_scope_name(StoreScope scope);  // "front_n", "h2o_kept", "front_n_and_h2o_kept"
+const char* store_scope_name(StoreScope scope);  // "front_n", "kept", "front_n_and_kept"
 
 // The names, matched to the choices of lossless.mode and lossless.scope by name (config_field.h).
 template <>
@@ -37,8 +37,8 @@ static_assert(names_are_choices<schema::lossless::mode, StoreMode>(), "StoreMode
 template <>
 struct EnumNames<StoreScope> {
     static constexpr NamedValue<StoreScope> kTable[] = {{StoreScope::FrontN, "front_n"},
-                                                        {StoreScope::H2oKept, "h2o_kept"},
-                                                        {StoreScope::FrontNAndH2oKept, "front_n_and_h2o_kept"}};
+                                                        {StoreScope::Kept, "kept"},
+                                                        {StoreScope::FrontNAndKept, "front_n_and_kept"}};
 };
 static_assert(names_are_choices<schema::lossless::scope, StoreScope>(), "StoreScope's names are lossless.scope's choices");
 
@@ -61,8 +61,8 @@ struct StoreConfig {
     StoreFaults faults;
 
     // The layer scope holds layers [0, front_n) / H2O's layers.
-    bool front_n_scope() const { return scope != StoreScope::H2oKept; }
-    bool h2o_kept_scope() const { return scope != StoreScope::FrontN; }
+    bool front_n_scope() const { return scope != StoreScope::Kept; }
+    bool kept_scope() const { return scope != StoreScope::FrontN; }
 };
 
 // An empty string if config is valid for cache, else a message that starts with the name of the

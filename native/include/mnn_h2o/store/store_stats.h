@@ -65,7 +65,7 @@ struct StoreStats {
     // Filled by KvCache::store_stats(): the whole cache.
     size_t pool_bytes = 0;          // raw blocks (KvCache::pool_bytes_held())
     size_t bytes_held = 0;          // pool + blobs + cache + scratch (KvCache::bytes_held())
-    size_t bytes_uncompressed = 0;  // as H2oStats::bytes_uncompressed
+    size_t bytes_uncompressed = 0;  // as EvictionStats::bytes_uncompressed
     double total_ratio = 1.0;       // bytes_uncompressed / bytes_held
 };
 

@@ -1,7 +1,7 @@
 // The eviction policies: each one's signal deciding what it keeps (in prefill and decode),
 // their scores, the shared per-layer selection, and the EMA of normalised scores against an
 // independent reference.
-#include "h2o_test_support.h"
+#include "eviction_test_support.h"
 
 static void test_policies() {
     const int n = 10;
@@ -24,11 +24,11 @@ static void test_policies() {
         select_blocks(heads, extra, &scratch);
         return kept();
     };
-    auto h2o = make_policy("h2o", 0);
-    CHECK(select(*h2o, 3) == "1010100111", "h2o keeps the top scores: %s", kept().c_str());
-    CHECK(select(*h2o, 0) == "1000000011", "h2o with no extra budget keeps the floors: %s", kept().c_str());
-    CHECK(select(*h2o, 99) == "1111111111", "h2o with a budget past the candidates keeps all: %s", kept().c_str());
-    CHECK(select(*h2o, 6) == "1111101111", "NaN ranks lowest: %s", kept().c_str());
+    auto eviction = make_policy("h2o", 0);
+    CHECK(select(*eviction, 3) == "1010100111", "h2o keeps the top scores: %s", kept().c_str());
+    CHECK(select(*eviction, 0) == "1000000011", "h2o with no extra budget keeps the floors: %s", kept().c_str());
+    CHECK(select(*eviction, 99) == "1111111111", "h2o with a budget past the candidates keeps all: %s", kept().c_str());
+    CHECK(select(*eviction, 6) == "1111101111", "NaN ranks lowest: %s", kept().c_str());
     auto streaming = make_policy("streaming", 0);
     CHECK(select(*streaming, 2) == "1000001111", "streaming keeps the most recent: %s", kept().c_str());
 
@@ -75,7 +75,7 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype, bool deco
     cc.max_tokens = 256;
     cc.threads = 1;
     KvCache cache(cc);
-    H2oConfig c = h2o_config();
+    EvictionConfig c = eviction_config();
     c.policy = policy;
     c.target_keep_ratio = 3.0 / 7.0;
     c.target_lossy_ratio = 0.0;
@@ -88,7 +88,7 @@ static int kept_middle_block(const std::string& policy, KvDtype dtype, bool deco
         c.trigger_min_tokens = 120;
         c.update_interval = 8;
     }
-    cache.enable_h2o(c);
+    cache.enable_eviction(c);
     const int n = 112, hd = 32;
     std::mt19937 rng(5);
     std::normal_distribution<float> noise(0.f, 0.1f);
@@ -161,7 +161,7 @@ static void test_policy_signals() {
     }
     // Every registry name makes a policy; each appears once.
     for (const std::string& name : policy_list()) CHECK(make_policy(name, 0) != nullptr, "make %s", name.c_str());
-    CHECK(policy_list().size() == static_cast<size_t>(schema::h2o::policy::kChoiceCount) && policy_list()[0] == "h2o",
+    CHECK(policy_list().size() == static_cast<size_t>(schema::eviction::policy::kChoiceCount) && policy_list()[0] == "h2o",
           "the schema's policies, h2o first");
 }
 
@@ -232,10 +232,10 @@ static void test_shared_budget_selection() {
 static void test_scores_against_reference() {
     const KvCacheConfig cc = small_config(2, 512, KvDtype::F32, 16);
     KvCache with(cc), plain(cc);
-    H2oConfig c = keep_config(1.0, 1);  // keep everything: scores only
+    EvictionConfig c = keep_config(1.0, 1);  // keep everything: scores only
     c.ema_alpha = 0.25;
     c.update_interval = 3;
-    with.enable_h2o(c);
+    with.enable_eviction(c);
     const int nkv = cc.n_kv_heads, G = cc.n_heads / cc.n_kv_heads, mb = plain.max_blocks();
     std::vector<double> mass(static_cast<size_t>(nkv) * mb, 0.0), seen(mass.size(), 0.0), ema(mass.size(), 0.0);
     int scored = 0;
@@ -269,7 +269,7 @@ static void test_scores_against_reference() {
     };
     const auto compare = [&](const char* when) {
         int n = 0;
-        const std::vector<float> got = with.h2o_scores(1, &n);
+        const std::vector<float> got = with.eviction_scores(1, &n);
         CHECK(n == scored, "%s: %d blocks, want %d", when, n, scored);
         double worst = 0;
         for (int h = 0; h < nkv; ++h)
@@ -301,9 +301,9 @@ static void test_scores_against_reference() {
             pending %= 3;
         }
     }
-    CHECK(with.h2o_stats().updates == 3, "3 updates, got %lld", static_cast<long long>(with.h2o_stats().updates));
+    CHECK(with.eviction_stats().updates == 3, "3 updates, got %lld", static_cast<long long>(with.eviction_stats().updates));
     int n = 0;
-    const std::vector<float> layer0 = with.h2o_scores(0, &n);
+    const std::vector<float> layer0 = with.eviction_scores(0, &n);
     CHECK(n == 0 && layer0.empty(), "layer outside the range holds nothing here");
 }
 

@@ -1,5 +1,5 @@
-// Settings of H2O eviction (see docs/h2o.md). Field names are the Python keyword arguments of
-// KvCache.enable_h2o, so a validation message names what the caller actually passed.
+// Settings of H2O eviction (see docs/eviction.md). Field names are the Python keyword arguments of
+// KvCache.enable_eviction, so a validation message names what the caller actually passed.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,10 @@ namespace mnn_h2o {
 // One field per config key h2o.* that reaches the core, from the schema's list (config_schema.h):
 // its name, C++ type, default and allowed values are the schema's (docs/config.md says what each
 // does), and so are those of the C API's mnn_h2o_eviction_config and the Python binding's
-// KvCache.enable_h2o. policy is a name of the registry (eviction_policy.h); layer_end -1 means
+// KvCache.enable_eviction. policy is a name of the registry (eviction_policy.h); layer_end -1 means
 // n_layers.
 //
-// The budget (docs/h2o.md "Budget"): target_keep_ratio > 0 or kv_budget_bytes > 0 (at most one of
+// The budget (docs/eviction.md "Budget"): target_keep_ratio > 0 or kv_budget_bytes > 0 (at most one of
 // the two), else target_lossy_ratio, which either of the others replaces (it is ignored then,
 // whatever its value; in use it must be at least kInUseMin). Keep ratio: each evicting head keeps
 // target_keep_ratio * tokens_seen tokens. Lossy ratio: the keep ratio of the evicting layers is
@@ -26,9 +26,9 @@ namespace mnn_h2o {
 // kv_budget_bytes caps the bytes the whole model's K and V blocks take (all layers, in the cache
 // dtype, so a quantised dtype fits more tokens): the evicting layers' heads share what the layers
 // that keep everything leave.
-struct H2oConfig {
-#define MNN_H2O_MEMBER(field, key, CType, CppType) CppType field = schema_default<schema::h2o::key, CppType>();
-    MNN_H2O_H2O_FIELDS(MNN_H2O_MEMBER)
+struct EvictionConfig {
+#define MNN_H2O_MEMBER(field, key, CType, CppType) CppType field = schema_default<schema::eviction::key, CppType>();
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_MEMBER)
 #undef MNN_H2O_MEMBER
 };
 
@@ -36,10 +36,10 @@ struct H2oConfig {
 // field: each field against the schema, then the rules over several fields (the budget, the layer
 // range), then, when n_layers > 0, against a model of n_layers layers (n_layers 0: the config
 // alone, as config.validate asks through the binding).
-std::string h2o_config_error(const H2oConfig& c, int n_layers);
+std::string eviction_config_error(const EvictionConfig& c, int n_layers);
 
 // c with layer_end = -1 replaced by n_layers. Throws std::invalid_argument with
-// h2o_config_error's message if c is invalid.
-H2oConfig resolved(const H2oConfig& c, int n_layers);
+// eviction_config_error's message if c is invalid.
+EvictionConfig resolved(const EvictionConfig& c, int n_layers);
 
 }  // namespace mnn_h2o

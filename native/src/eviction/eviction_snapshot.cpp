@@ -1,4 +1,4 @@
-// H2oState's part of the cache snapshot (docs/session_format.md "KVCS", H2o). Only what decides
+// EvictionState's part of the cache snapshot (docs/session_format.md "KVCS", Eviction). Only what decides
 // later results is saved: the schedule, the policy's state and each head's scores over the blocks
 // it may hold; the scratch buffers are rewritten before they are read.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <string>
 #include <type_traits>
 
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 
 namespace mnn_h2o {
 
@@ -26,18 +26,18 @@ void write_field(SnapshotWriter& w, const T& x) {
 
 // The resolved config as bytes, every field in the schema's order (config_schema.h): a restore
 // compares them with its own, byte for byte.
-std::string config_bytes(const H2oConfig& c) {
+std::string config_bytes(const EvictionConfig& c) {
     std::vector<uint8_t> out;
     SnapshotWriter w(&out);
 #define MNN_H2O_WRITE(field, key, CType, CppType) write_field(w, c.field);
-    MNN_H2O_H2O_FIELDS(MNN_H2O_WRITE)
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_WRITE)
 #undef MNN_H2O_WRITE
     return std::string(out.begin(), out.end());
 }
 
 }  // namespace
 
-void H2oState::save(SnapshotWriter& w) const {
+void EvictionState::save(SnapshotWriter& w) const {
     w.string(config_bytes(cfg_));
     w.value<int64_t>(decode_tokens_);
     w.value<int64_t>(updates_);
@@ -81,55 +81,55 @@ void H2oState::save(SnapshotWriter& w) const {
     }
 }
 
-void H2oState::load(SnapshotReader& r) {
-    r.require(r.string("h2o config") == config_bytes(cfg_),
-              "the saved H2O config differs from this cache's (h2o section of the config)");
-    decode_tokens_ = r.value<int64_t>("h2o decode_tokens");
-    updates_ = r.value<int64_t>("h2o updates");
-    r.require(decode_tokens_ >= 0 && updates_ >= 0, "negative h2o schedule counters");
+void EvictionState::load(SnapshotReader& r) {
+    r.require(r.string("eviction config") == config_bytes(cfg_),
+              "the saved eviction config differs from this cache's (eviction section of the config)");
+    decode_tokens_ = r.value<int64_t>("eviction decode_tokens");
+    updates_ = r.value<int64_t>("eviction updates");
+    r.require(decode_tokens_ >= 0 && updates_ >= 0, "negative eviction schedule counters");
     try {
-        policy_->set_state(r.string("h2o policy state"));
+        policy_->set_state(r.string("eviction policy state"));
     } catch (const SnapshotError&) {
         throw;
     } catch (const std::invalid_argument& e) {
         r.require(false, e.what());
     }
     for (LayerScores& ls : layers_) {
-        ls.window_count = r.value<int32_t>("h2o window_count");
-        ls.step_window = r.value<int32_t>("h2o step_window");
-        const uint8_t restart = r.value<uint8_t>("h2o window_restart");
+        ls.window_count = r.value<int32_t>("eviction window_count");
+        ls.step_window = r.value<int32_t>("eviction step_window");
+        const uint8_t restart = r.value<uint8_t>("eviction window_restart");
         r.require(restart <= 1, "window_restart must be 0 or 1");
         ls.window_restart = restart == 1;
         r.require(ls.window_count >= 0 && ls.window_count <= window_size_ && ls.step_window >= 0 &&
                       ls.step_window <= ls.window_count,
                   "observation window counts out of range");
         if (signals_.queries) {
-            r.array(ls.qsum.data(), ls.qsum.size(), "h2o query sums");
-            r.array(ls.qsq.data(), ls.qsq.size(), "h2o query squares");
+            r.array(ls.qsum.data(), ls.qsum.size(), "eviction query sums");
+            r.array(ls.qsq.data(), ls.qsq.size(), "eviction query squares");
         }
         for (size_t h = 0; h < ls.heads.size(); ++h) {
             HeadScores& hs = ls.heads[h];
-            const uint32_t blocks = r.value<uint32_t>("h2o head blocks");
+            const uint32_t blocks = r.value<uint32_t>("eviction head blocks");
             r.require(blocks <= stride_, "a head's score blocks exceed the cache's blocks per head");
-            hs.n_scored = r.value<int32_t>("h2o n_scored");
-            hs.n_pos = r.value<int32_t>("h2o n_pos");
-            hs.window_blocks = r.value<int32_t>("h2o window_blocks");
+            hs.n_scored = r.value<int32_t>("eviction n_scored");
+            hs.n_pos = r.value<int32_t>("eviction n_pos");
+            hs.window_blocks = r.value<int32_t>("eviction window_blocks");
             const auto in_range = [&](int v) { return v >= 0 && static_cast<uint32_t>(v) <= blocks; };
             r.require(in_range(hs.n_scored) && in_range(hs.n_pos) && in_range(hs.window_blocks),
                       "a head's scored, positioned or window blocks exceed its stored blocks");
-            r.array(ls.acc.data() + h * stride_, blocks, "h2o masses");
-            r.array(hs.seen.data(), blocks, "h2o visibility counts");
-            r.array(hs.ema.data(), blocks, "h2o EMA scores");
-            r.array(hs.pos.data(), blocks, "h2o block positions");
+            r.array(ls.acc.data() + h * stride_, blocks, "eviction masses");
+            r.array(hs.seen.data(), blocks, "eviction visibility counts");
+            r.array(hs.ema.data(), blocks, "eviction EMA scores");
+            r.array(hs.pos.data(), blocks, "eviction block positions");
             if (signals_.window) {
-                r.array(ls.wacc.data() + h * stride_, blocks, "h2o window masses");
-                r.array(hs.wseen.data(), blocks, "h2o window counts");
+                r.array(ls.wacc.data() + h * stride_, blocks, "eviction window masses");
+                r.array(hs.wseen.data(), blocks, "eviction window counts");
             }
             if (signals_.reconstruction) {
-                const uint32_t scored = r.value<uint32_t>("h2o reconstruction blocks");
+                const uint32_t scored = r.value<uint32_t>("eviction reconstruction blocks");
                 r.require(scored <= hs.recon.size(), "a head's reconstruction scores exceed its blocks");
                 std::fill(hs.recon.begin(), hs.recon.end(), std::numeric_limits<float>::quiet_NaN());
-                r.array(hs.recon.data(), scored, "h2o reconstruction scores");
+                r.array(hs.recon.data(), scored, "eviction reconstruction scores");
             }
         }
     }

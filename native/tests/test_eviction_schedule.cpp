@@ -1,18 +1,18 @@
 // When H2O runs: the decode-token schedule, eviction off leaving outputs unchanged, and the
 // policy time counters.
-#include "h2o_test_support.h"
+#include "eviction_test_support.h"
 
 // end_step counts decode tokens, the same for every layer: an update every update_interval
 // tokens evicts on every evicting layer; after prefill only when the prompt exceeds the budget.
 static void test_schedule() {
     KvCache cache(small_config(4, 2048, KvDtype::F16));
-    H2oConfig c = keep_config(0.5, 1);
+    EvictionConfig c = keep_config(0.5, 1);
     c.update_interval = 8;
     c.trigger_min_tokens = 64;
-    cache.enable_h2o(c);
+    cache.enable_eviction(c);
     std::mt19937 rng(6);
     for (int layer = 0; layer < 4; ++layer) step(cache, layer, 40, rng);
-    CHECK(!cache.end_step(40, true) && cache.h2o_stats().updates == 0, "short prompt: below trigger, no update");
+    CHECK(!cache.end_step(40, true) && cache.eviction_stats().updates == 0, "short prompt: below trigger, no update");
     for (int layer = 0; layer < 4; ++layer) step(cache, layer, 360, rng);
     const std::vector<float> prompt_k = read_k(cache, 2, 1);
     CHECK(cache.end_step(360, true), "prompt over budget: evicted after prefill");
@@ -20,7 +20,7 @@ static void test_schedule() {
     const std::vector<float> kept_k = read_k(cache, 2, 1);
     CHECK(std::equal(prompt_k.begin(), prompt_k.begin() + 16 * 32, kept_k.begin()), "sink rows kept");
     CHECK(std::equal(prompt_k.end() - 32 * 32, prompt_k.end(), kept_k.end() - 32 * 32), "recent rows kept");
-    H2oStats st = cache.h2o_stats();
+    EvictionStats st = cache.eviction_stats();
     CHECK(st.updates == 1, "one update after prefill");
     // 400 tokens, keep 0.5 -> 200 tokens -> 13 blocks (the blocks 200 tokens need)
     for (int layer = 1; layer < 4; ++layer)
@@ -40,12 +40,12 @@ static void test_schedule() {
             for (int layer = 1; layer < 4; ++layer)
                 CHECK((cache.length(layer, 0) + 15) / 16 <= budget, "over budget after the update at token %d", t);
         }
-        CHECK(cache.h2o_stats().updates == 1 + t / 8, "updates after %d tokens: %lld", t,
-              static_cast<long long>(cache.h2o_stats().updates));
+        CHECK(cache.eviction_stats().updates == 1 + t / 8, "updates after %d tokens: %lld", t,
+              static_cast<long long>(cache.eviction_stats().updates));
     }
     // Held grows by 8 tokens and the budget by 4 per update: a block goes about every 32 tokens.
     CHECK(evicting_calls == 2, "evicting updates: %d", evicting_calls);
-    st = cache.h2o_stats();
+    st = cache.eviction_stats();
     for (int layer = 1; layer < 4; ++layer) {
         CHECK(st.layers[layer].counters.evictions == st.layers[1].counters.evictions, "every evicting layer evicts alike");
         CHECK(st.layers[layer].counters.tokens_seen == 464, "tokens_seen %lld",
@@ -65,21 +65,21 @@ static void test_schedule() {
     CHECK(st.lossy_ratio > 1.4, "lossy ratio %.3f", st.lossy_ratio);
 
     cache.reset();
-    st = cache.h2o_stats();
+    st = cache.eviction_stats();
     CHECK(st.bytes_held == 0 && st.updates == 0 && st.layers[1].counters.evictions == 0 && st.lossy_ratio == 1.0,
           "reset clears the counters");
-    CHECK(cache.h2o_config() != nullptr, "reset keeps H2O on");
+    CHECK(cache.eviction_config() != nullptr, "reset keeps H2O on");
 }
 
 // Eviction off, or a layer outside the range: outputs bit-identical to a cache that never had it.
 static void test_off_is_unchanged() {
     const KvCacheConfig cc = small_config(3, 1024, KvDtype::F16);
     KvCache never(cc), toggled(cc), other_layers(cc);
-    toggled.enable_h2o(keep_config(0.25, 0));
-    toggled.disable_h2o();
-    H2oConfig c = keep_config(0.25, 1);
+    toggled.enable_eviction(keep_config(0.25, 0));
+    toggled.disable_eviction();
+    EvictionConfig c = keep_config(0.25, 1);
     c.layer_end = 2;
-    other_layers.enable_h2o(c);
+    other_layers.enable_eviction(c);
     std::mt19937 r1(8), r2(8), r3(8);
     for (int n : {100, 1, 1, 7, 1}) {
         for (int layer = 0; layer < 3; layer += 2) {
@@ -99,12 +99,12 @@ static void test_policy_time() {
     std::mt19937 rng(12);
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (bool shared : {false, true}) {
-        H2oConfig c = h2o_config();
+        EvictionConfig c = eviction_config();
         c.per_head_budget = shared;
         c.target_lossy_ratio = 3.0;
         c.layer_start = 2;
-        H2oState s(c, cc);
-        H2oLayerStats st;
+        EvictionState s(c, cc);
+        EvictionLayerStats st;
         std::vector<std::vector<TokenRun>> plans;
         const int lengths[3] = {8192, 8192, 8192};
         double best = 1e30;

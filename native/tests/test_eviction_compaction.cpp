@@ -1,7 +1,7 @@
 // Applying eviction plans: compaction (block-aligned and row moves) checked by reading back and by
 // attention against a float64 reference over the kept tokens, scores following the moved blocks,
 // an invalid plan changing nothing, and the memory returned (bytes_held and RSS).
-#include "h2o_test_support.h"
+#include "eviction_test_support.h"
 
 // Compaction: what is read back is exactly the kept rows, attention equals a float64 reference
 // over them, new tokens continue after them, and the freed blocks are accounted for.
@@ -71,10 +71,10 @@ static void test_compaction(KvDtype dtype) {
     };
     for (const Case& cs : cases) {
         KvCache cache(cc);
-        H2oConfig c = keep_config(1.0, 1);
+        EvictionConfig c = keep_config(1.0, 1);
         c.sink_tokens = 0;
         c.recent_tokens = 1;
-        cache.enable_h2o(c);
+        cache.enable_eviction(c);
         for (int layer = 0; layer < 2; ++layer) {
             step(cache, layer, 150, rng);
             for (int i = 0; i < 53; ++i) step(cache, layer, 1, rng);
@@ -101,7 +101,7 @@ static void test_compaction(KvDtype dtype) {
         }
         CHECK(held0 - cache.bytes_held() == 2u * 2 * cs.freed_blocks * block_bytes, "%s: freed %zu bytes, want %zu",
               cs.name, held0 - cache.bytes_held(), 2u * 2 * cs.freed_blocks * block_bytes);
-        const H2oStats st = cache.h2o_stats();
+        const EvictionStats st = cache.eviction_stats();
         CHECK(st.layers[1].counters.evictions == 2 && st.layers[1].counters.blocks_freed == 4 * cs.freed_blocks,
               "%s: evictions %lld blocks_freed %lld", cs.name, static_cast<long long>(st.layers[1].counters.evictions),
               static_cast<long long>(st.layers[1].counters.blocks_freed));
@@ -139,20 +139,20 @@ static void test_compaction(KvDtype dtype) {
 static void test_scores_follow_compaction() {
     const KvCacheConfig cc = small_config(1, 1024, KvDtype::F16, 16);
     KvCache cache(cc);
-    H2oConfig c = keep_config(1.0, 0);
+    EvictionConfig c = keep_config(1.0, 0);
     c.update_interval = 1;
-    cache.enable_h2o(c);
+    cache.enable_eviction(c);
     std::mt19937 rng(2);
     step(cache, 0, 180, rng);
     step(cache, 0, 1, rng);
     cache.end_step(1, false);  // fold: 12 blocks scored
     int n = 0;
-    const std::vector<float> before = cache.h2o_scores(0, &n);
+    const std::vector<float> before = cache.eviction_scores(0, &n);
     CHECK(n == 12, "12 blocks");
     const std::vector<TokenRun> runs{{0, 16}, {48, 32}, {128, 53}};  // blocks 0, 3, 4, 8..11
     cache.evict(0, 1, runs);
     int m = 0;
-    const std::vector<float> after = cache.h2o_scores(0, &m);
+    const std::vector<float> after = cache.eviction_scores(0, &m);
     CHECK(m == 12, "head 0 still holds 12 blocks");
     const int kept_blocks[] = {0, 3, 4, 8, 9, 10, 11};
     for (int j = 0; j < 7; ++j)
@@ -162,7 +162,7 @@ static void test_scores_follow_compaction() {
     for (int b = 0; b < 12; ++b) CHECK(after[b] == before[b], "head 0 scores unchanged");
     // A row-moving plan: new block 1 takes 8 tokens of old block 2 and 8 of old block 3.
     cache.evict(0, 0, {{0, 16}, {40, 141}});
-    const std::vector<float> mixed = cache.h2o_scores(0, &m);
+    const std::vector<float> mixed = cache.eviction_scores(0, &m);
     const double want = 0.5 * before[2] + 0.5 * before[3];
     CHECK(m == 10 && mixed[0] == before[0], "unmixed block keeps its score");
     CHECK(std::fabs(mixed[1] - want) < 1e-6 * want, "mixed block score %g want %g", mixed[1], want);
@@ -170,8 +170,8 @@ static void test_scores_follow_compaction() {
 
 static void test_invalid_plan_changes_nothing() {
     KvCache cache(small_config(2, 512, KvDtype::F16));
-    H2oConfig c = keep_config(0.5, 1);
-    cache.enable_h2o(c);
+    EvictionConfig c = keep_config(0.5, 1);
+    cache.enable_eviction(c);
     std::mt19937 rng(4);
     step(cache, 1, 100, rng);
     const std::vector<float> k0 = read_k(cache, 1, 0);
@@ -187,24 +187,24 @@ static void test_invalid_plan_changes_nothing() {
     CHECK(throws<std::out_of_range>([&] { cache.evict(1, 2, {{0, 100}}); }), "bad head");
     CHECK(throws<std::out_of_range>([&] { cache.evict(2, 0, {{0, 100}}); }), "bad layer");
     CHECK(read_k(cache, 1, 0) == k0 && cache.bytes_held() == held && cache.length(1, 0) == 100, "cache unchanged");
-    const H2oStats st = cache.h2o_stats();
+    const EvictionStats st = cache.eviction_stats();
     CHECK(st.layers[1].counters.invalid_plans == 2 && st.layers[1].counters.evictions == 0, "invalid plans counted: %lld",
           static_cast<long long>(st.layers[1].counters.invalid_plans));
     // Without H2O only the last token is a floor.
-    cache.disable_h2o();
+    cache.disable_eviction();
     cache.evict(1, 0, {{99, 1}});
     CHECK(cache.length(1, 0) == 1, "eviction off: explicit plans still apply");
-    CHECK(throws<std::invalid_argument>([&] { cache.h2o_scores(1, nullptr); }), "scores need H2O on");
+    CHECK(throws<std::invalid_argument>([&] { cache.eviction_scores(1, nullptr); }), "scores need H2O on");
 }
 
 // Evicting most of a long cache gives the memory back: bytes_held exactly, RSS about as much.
 static void test_memory_released() {
     const KvCacheConfig cc = kv_config(30, 3, 64, 9, KvDtype::F16, 64, 4096, 1);  // SmolLM2's shape
     KvCache cache(cc);
-    H2oConfig c = h2o_config();  // adaptive 3x over the whole model, layers [2, 30)
+    EvictionConfig c = eviction_config();  // adaptive 3x over the whole model, layers [2, 30)
     c.target_lossy_ratio = 3.0;
     c.layer_start = 2;
-    cache.enable_h2o(c);
+    cache.enable_eviction(c);
     std::mt19937 rng(10);
     const std::vector<float> k = random_vec(rng, static_cast<size_t>(512) * 3 * 64);
     const long rss0 = rss_bytes();
@@ -217,7 +217,7 @@ static void test_memory_released() {
     const double evict_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const size_t held2 = cache.bytes_held();
     const long rss2 = rss_bytes();
-    const H2oStats st = cache.h2o_stats();
+    const EvictionStats st = cache.eviction_stats();
     size_t freed = 0;
     for (const auto& l : st.layers) freed += static_cast<size_t>(l.counters.blocks_freed) * 64 * 64 * 2;
     CHECK(held1 - held2 == freed, "bytes_held dropped %zu, blocks_freed say %zu", held1 - held2, freed);

@@ -1,41 +1,41 @@
 // H2O budgets: the static and adaptive (lossy ratio) arithmetic, the sink/recent floors and their
 // share, the pyramid layer budget and the byte budget.
-#include "h2o_test_support.h"
+#include "eviction_test_support.h"
 
 static void test_budgets() {
     KvCacheConfig cc = small_config(30, 4096);
-    H2oConfig c = h2o_config();  // adaptive, lossy 3, layers [2, 30)
+    EvictionConfig c = eviction_config();  // adaptive, lossy 3, layers [2, 30)
     c.target_lossy_ratio = 3.0;
     c.layer_start = 2;
-    H2oState s(c, cc);
+    EvictionState s(c, cc);
     const double k = (30.0 / 3.0 - 2.0) / 28.0;
     CHECK(std::fabs(s.keep_ratio() - k) < 1e-12, "adaptive keep ratio %f, want %f", s.keep_ratio(), k);
     CHECK(s.budget_blocks(2048) == static_cast<int>(std::ceil(k * 2048 / 16)), "budget %d", s.budget_blocks(2048));
-    CHECK(H2oState(keep_config(1.0), cc).budget_blocks(1001) == 63, "keep ratio 1 keeps a partial last block");
+    CHECK(EvictionState(keep_config(1.0), cc).budget_blocks(1001) == 63, "keep ratio 1 keeps a partial last block");
     c.layer_start = 0;
-    CHECK(std::fabs(H2oState(c, cc).keep_ratio() - 1.0 / 3.0) < 1e-12, "all layers evicting: 1/R");
+    CHECK(std::fabs(EvictionState(c, cc).keep_ratio() - 1.0 / 3.0) < 1e-12, "all layers evicting: 1/R");
     c.layer_start = 20;  // 10 evicting layers cannot reach 3x: 20 layers already hold 2/3 of 1/3
-    CHECK(H2oState(c, cc).keep_ratio() <= 0.0, "unreachable target gives k <= 0");
+    CHECK(EvictionState(c, cc).keep_ratio() <= 0.0, "unreachable target gives k <= 0");
     c = keep_config(0.25);
-    CHECK(H2oState(c, cc).keep_ratio() == 0.25 && H2oState(c, cc).budget_blocks(1000) == 16, "static budget");
+    CHECK(EvictionState(c, cc).keep_ratio() == 0.25 && EvictionState(c, cc).budget_blocks(1000) == 16, "static budget");
 
     // Skip reasons are counted per head and update.
     KvCache cache(small_config(3, 1024));
     std::mt19937 rng(1);
-    H2oConfig u = h2o_config();
+    EvictionConfig u = eviction_config();
     u.layer_start = 1;
     u.target_lossy_ratio = 10.0;  // 3 layers, 2 evicting: k = (0.3 - 1) / 2 < 0
     u.sink_tokens = 16;
     u.recent_tokens = 32;
     u.trigger_min_tokens = 100;
-    cache.enable_h2o(u);
+    cache.enable_eviction(u);
     for (int layer = 0; layer < 3; ++layer) step(cache, layer, 200, rng);
     CHECK(!cache.end_step(200, true), "unreachable target: nothing evicted");
     for (int i = 0; i < 32; ++i) {
         for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1, rng);
         cache.end_step(1, false);
     }
-    H2oStats st = cache.h2o_stats();
+    EvictionStats st = cache.eviction_stats();
     CHECK(st.layers[1].counters.skipped[static_cast<int>(SkipReason::TargetUnreachable)] == 2,
           "target_unreachable counted per head: %lld",
           static_cast<long long>(st.layers[1].counters.skipped[static_cast<int>(SkipReason::TargetUnreachable)]));
@@ -45,34 +45,34 @@ static void test_budgets() {
     u.target_lossy_ratio = 0.0;
     u.target_keep_ratio = 0.1;  // at 264 tokens: 26.4 tokens -> 2 blocks < 1 sink + 3 recent floor blocks
     u.max_floor_share = 0.0;    // the old rule: such a head is left alone
-    cache.enable_h2o(u);
+    cache.enable_eviction(u);
     for (int i = 0; i < 32; ++i) {
         for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1, rng);
         cache.end_step(1, false);
     }
-    st = cache.h2o_stats();
+    st = cache.eviction_stats();
     CHECK(st.layers[2].counters.skipped[static_cast<int>(SkipReason::FloorsExceedTarget)] == 2, "floors_exceed_target");
     CHECK(cache.length(2, 0) == 264, "nothing evicted when floors exceed the budget");
 
     u.trigger_min_tokens = 1000;
-    cache.enable_h2o(u);
+    cache.enable_eviction(u);
     for (int i = 0; i < 32; ++i) {
         for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1, rng);
         cache.end_step(1, false);
     }
-    CHECK(cache.h2o_stats().layers[1].counters.skipped[static_cast<int>(SkipReason::BelowTrigger)] == 2, "below_trigger");
+    CHECK(cache.eviction_stats().layers[1].counters.skipped[static_cast<int>(SkipReason::BelowTrigger)] == 2, "below_trigger");
 }
 
-// Floors larger than the budget shrink in proportion (h2o.max_floor_share), so the target is met.
+// Floors larger than the budget shrink in proportion (eviction.max_floor_share), so the target is met.
 // PyramidKV budgets: decreasing linearly with depth, the same mean as the uniform keep ratio,
 // flat when the last layer would fall below its floors.
 static void test_pyramid_budget() {
     KvCacheConfig cc = small_config(30, 8192);
-    H2oConfig c = keep_config(0.3);
+    EvictionConfig c = keep_config(0.3);
     c.sink_tokens = 64;
     c.recent_tokens = 256;
     c.layer_budget = "pyramid";
-    H2oState s(c, cc);
+    EvictionState s(c, cc);
     double sum = 0;
     for (int l = 0; l < 30; ++l) {
         const double k = s.layer_keep_ratio(l, 4096);
@@ -89,18 +89,18 @@ static void test_pyramid_budget() {
     // At 1200 tokens the slope is what keeps the last layer at its floors exactly.
     CHECK(std::fabs(s.layer_keep_ratio(29, 1200) * 1200 - 320) < 1e-9, "last layer at its floors");
     c.layer_budget = "uniform";
-    CHECK(H2oState(c, cc).layer_keep_ratio(0, 4096) == 0.3, "uniform");
+    CHECK(EvictionState(c, cc).layer_keep_ratio(0, 4096) == 0.3, "uniform");
     c.layer_budget = "cone";
-    CHECK(h2o_config_error(c, 30).rfind("layer_budget", 0) == 0, "bad layer_budget named");
+    CHECK(eviction_config_error(c, 30).rfind("layer_budget", 0) == 0, "bad layer_budget named");
 }
 
-// h2o.kv_budget_bytes: the whole model's K and V blocks stay within the cap after the prompt's cut
+// eviction.kv_budget_bytes: the whole model's K and V blocks stay within the cap after the prompt's cut
 // and through decode updates, for f16 and for q8 (whose smaller rows fit more tokens in it).
 static void test_byte_budget() {
     for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
         KvCacheConfig cc = small_config(4, 2048, dt);
         KvCache cache(cc);
-        H2oConfig c = h2o_config();
+        EvictionConfig c = eviction_config();
         c.target_lossy_ratio = 0.0;
         c.kv_budget_bytes = 400 * 1024;
         c.layer_start = 1;
@@ -108,7 +108,7 @@ static void test_byte_budget() {
         c.recent_tokens = 32;
         c.trigger_min_tokens = 0;
         c.update_interval = 8;
-        cache.enable_h2o(c);
+        cache.enable_eviction(c);
         std::mt19937 rng(2);
         for (int layer = 0; layer < 4; ++layer) step(cache, layer, 1000, rng);
         const size_t full = cache.pool_bytes_held();
@@ -131,11 +131,11 @@ static void test_byte_budget() {
     }
     // A cap the layers that keep everything already exceed cannot be met: left alone, said why.
     KvCache cache(small_config(4, 2048));
-    H2oConfig c = h2o_config();
+    EvictionConfig c = eviction_config();
     c.target_lossy_ratio = 0.0;
     c.kv_budget_bytes = 1024;
     c.trigger_min_tokens = 0;
-    cache.enable_h2o(c);
+    cache.enable_eviction(c);
     std::mt19937 rng(3);
     for (int layer = 0; layer < 4; ++layer) step(cache, layer, 300, rng);
     CHECK(!cache.end_step(300, true), "unreachable cap: no eviction");
@@ -144,38 +144,38 @@ static void test_byte_budget() {
 static void test_floor_share() {
     // Static keep 0.1 of 1024 tokens: 7 blocks; floors 64 + 256 tokens = 4 + 16 blocks.
     const KvCacheConfig cc = small_config(3, 1024);
-    H2oConfig c = keep_config(0.1, 1);
+    EvictionConfig c = keep_config(0.1, 1);
     c.sink_tokens = 64;
     c.recent_tokens = 256;
     int sink = -1, recent = -1;
-    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    EvictionState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
     // cap 7 blocks: recent round(16 * 7 / 20) = 6 blocks, sink the 1 block left.
     CHECK(sink == 16 && recent == 96, "share 1: floors %d + %d tokens, want 16 + 96", sink, recent);
-    H2oState(c, cc).floor_tokens(1024, 1000, &sink, &recent);  // partial last block: 6 blocks = 88 tokens
+    EvictionState(c, cc).floor_tokens(1024, 1000, &sink, &recent);  // partial last block: 6 blocks = 88 tokens
     CHECK(sink == 16 && recent == 88, "share 1, 1000 tokens: floors %d + %d, want 16 + 88", sink, recent);
-    H2oState(c, cc).floor_tokens(10240, 1024, &sink, &recent);  // budget 64 blocks: floors fit
+    EvictionState(c, cc).floor_tokens(10240, 1024, &sink, &recent);  // budget 64 blocks: floors fit
     CHECK(sink == 64 && recent == 256, "floors within the budget stay: %d + %d", sink, recent);
     c.max_floor_share = 0.5;
     c.target_keep_ratio = 0.25;  // 16 blocks, floors at most 8: recent round(16 * 8 / 20) = 6, sink 2
-    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    EvictionState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
     CHECK(sink == 32 && recent == 96, "share 0.5: floors %d + %d tokens, want 32 + 96", sink, recent);
     c.max_floor_share = 0.0;
-    H2oState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
+    EvictionState(c, cc).floor_tokens(1024, 1024, &sink, &recent);
     CHECK(sink == 64 && recent == 256, "share 0: floors never shrink (%d + %d)", sink, recent);
 
     for (const double share : {1.0, 0.5, 0.0}) {
         KvCache cache(cc);
-        H2oConfig u = keep_config(share == 0.5 ? 0.25 : 0.1, 1);
+        EvictionConfig u = keep_config(share == 0.5 ? 0.25 : 0.1, 1);
         u.sink_tokens = 64;
         u.recent_tokens = 256;
         u.max_floor_share = share;
-        cache.enable_h2o(u);
+        cache.enable_eviction(u);
         std::mt19937 rng(7);
         std::vector<std::vector<float>> k_before(2), v_before(2);
         for (int layer = 0; layer < 3; ++layer) step(cache, layer, 1024, rng);
         for (int h = 0; h < 2; ++h) k_before[h] = read_k(cache, 2, h, &v_before[h]);
         const bool evicted = cache.end_step(1024, true);  // valid plans, or evict() throws
-        const H2oStats st = cache.h2o_stats();
+        const EvictionStats st = cache.eviction_stats();
         const int64_t floors_exceed = st.layers[2].counters.skipped[static_cast<int>(SkipReason::FloorsExceedTarget)];
         if (share == 0.0) {
             CHECK(!evicted && cache.length(2, 0) == 1024 && floors_exceed == 2, "share 0: head left alone");
@@ -199,23 +199,23 @@ static void test_floor_share() {
     // Whole model: 16 layers, 15 evicting, target 8x with the default floors (64 + 256 tokens)
     // over a 2048-token prompt in 256-token chunks: keep 1/15, 9 blocks per head < 20 floor blocks.
     KvCache cache(small_config(16, 2048));
-    H2oConfig w = h2o_config();
+    EvictionConfig w = eviction_config();
     w.layer_start = 1;
     w.target_lossy_ratio = 8.0;
     w.trigger_min_tokens = 512;  // below the prompt, so it is cut
-    cache.enable_h2o(w);
+    cache.enable_eviction(w);
     std::mt19937 rng(3);
     for (int chunk = 0; chunk < 8; ++chunk) {
         for (int layer = 0; layer < 16; ++layer) step(cache, layer, 256, rng);
         cache.end_step(256, true);
     }
-    const double ratio = cache.h2o_stats().lossy_ratio;
+    const double ratio = cache.eviction_stats().lossy_ratio;
     // 16 * 2048 / (2048 + 15 * 9 * 16) = 7.79 (block rounding of the 8.53-block budget).
     CHECK(ratio > 7.7 && ratio <= 8.0, "8x with floors larger than the budget: whole-model ratio %.3f", ratio);
     // Decode: the heads now hold 144 tokens, below trigger_min_tokens (512); the trigger counts
     // the tokens the layer has seen, so they are still held to their budget.
     KvCache small(small_config(16, 2048 + 64));
-    small.enable_h2o(w);
+    small.enable_eviction(w);
     for (int chunk = 0; chunk < 8; ++chunk) {
         for (int layer = 0; layer < 16; ++layer) step(small, layer, 256, rng);
         small.end_step(256, true);
@@ -224,7 +224,7 @@ static void test_floor_share() {
         for (int layer = 0; layer < 16; ++layer) step(small, layer, 1, rng);
         small.end_step(1, false);
     }
-    const double after = small.h2o_stats().lossy_ratio;
+    const double after = small.eviction_stats().lossy_ratio;
     CHECK(after > 7.6 && after <= 8.0 && small.length(5, 0) <= 10 * 16, "after 64 decode tokens: ratio %.3f, %d held",
           after, small.length(5, 0));
 }

@@ -1,4 +1,4 @@
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,7 +56,7 @@ const char* skip_reason_name(SkipReason reason) {
     return "unknown";
 }
 
-H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
+EvictionState::EvictionState(const EvictionConfig& config, const KvCacheConfig& cache)
     : cfg_(resolved(config, cache.n_layers)),
       n_layers_(cache.n_layers),
       n_kv_heads_(cache.n_kv_heads),
@@ -74,9 +74,9 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
       window_size_(std::max(1, policy_->window_queries(cfg_.observation_window))),
       layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
     if (n_kv_heads_ > kMaxSelectHeads || stride_ > (size_t{1} << 20))
-        throw std::invalid_argument("enable_h2o: at most 4096 kv heads and 2^20 blocks per head are supported");
+        throw std::invalid_argument("enable_eviction: at most 4096 kv heads and 2^20 blocks per head are supported");
     if (global_budget() && static_cast<int64_t>(n_kv_heads_) * (cfg_.layer_end - cfg_.layer_start) > kMaxSelectHeads)
-        throw std::invalid_argument("enable_h2o: layer_budget 'global' ranks at most 4096 (layer, kv head) pairs together");
+        throw std::invalid_argument("enable_eviction: layer_budget 'global' ranks at most 4096 (layer, kv head) pairs together");
     // Everything is sized for max_tokens up front (like the cache's block lists), so steps and
     // updates never allocate.
     for (LayerScores& l : layers_) {
@@ -116,25 +116,25 @@ H2oState::H2oState(const H2oConfig& config, const KvCacheConfig& cache)
     remap_count_.assign(stride_, 0.0);
 }
 
-H2oState::LayerScores& H2oState::layer_scores(int layer) {
-    return const_cast<LayerScores&>(static_cast<const H2oState*>(this)->layer_scores(layer));
+EvictionState::LayerScores& EvictionState::layer_scores(int layer) {
+    return const_cast<LayerScores&>(static_cast<const EvictionState*>(this)->layer_scores(layer));
 }
 
-const H2oState::LayerScores& H2oState::layer_scores(int layer) const {
+const EvictionState::LayerScores& EvictionState::layer_scores(int layer) const {
     if (!collects(layer))
         throw std::out_of_range("H2O: layer " + std::to_string(layer) + " is outside the evicting layers [" +
                                 std::to_string(cfg_.layer_start) + ", " + std::to_string(cfg_.layer_end) + ")");
     return layers_[static_cast<size_t>(layer - cfg_.layer_start)];
 }
 
-float* H2oState::accumulator(int layer) { return layer_scores(layer).acc.data(); }
+float* EvictionState::accumulator(int layer) { return layer_scores(layer).acc.data(); }
 
-float* H2oState::reconstruction_accumulator(int layer) {
+float* EvictionState::reconstruction_accumulator(int layer) {
     LayerScores& ls = layer_scores(layer);
     return signals_.reconstruction ? ls.rmax.data() : nullptr;
 }
 
-void H2oState::finish_reconstruction(int layer, const int* lengths) {
+void EvictionState::finish_reconstruction(int layer, const int* lengths) {
     LayerScores& ls = layer_scores(layer);
     if (!signals_.reconstruction) return;
     for (int h = 0; h < n_kv_heads_; ++h) {
@@ -153,12 +153,12 @@ void H2oState::finish_reconstruction(int layer, const int* lengths) {
     }
 }
 
-float* H2oState::token_peak_accumulator(int layer) {
+float* EvictionState::token_peak_accumulator(int layer) {
     LayerScores& ls = layer_scores(layer);
     return signals_.reconstruction ? ls.tpeak.data() : nullptr;
 }
 
-void H2oState::add_token_scores(int layer, int head, int length, int n, const float* scores) {
+void EvictionState::add_token_scores(int layer, int head, int length, int n, const float* scores) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
     const int first = length - n;
@@ -176,25 +176,25 @@ void H2oState::add_token_scores(int layer, int head, int length, int n, const fl
     hs.n_tpeak = std::max(hs.n_tpeak, length);
 }
 
-bool H2oState::token_peaks_pending(int layer) const {
+bool EvictionState::token_peaks_pending(int layer) const {
     const LayerScores& ls = layer_scores(layer);
     return std::any_of(ls.heads.begin(), ls.heads.end(), [](const HeadScores& h) { return h.n_tpeak > 0; });
 }
 
-float H2oState::token_score(const LayerScores& ls, const HeadScores& hs, int head, int t) const {
+float EvictionState::token_score(const LayerScores& ls, const HeadScores& hs, int head, int t) const {
     if (t >= hs.n_tpeak) return std::numeric_limits<float>::quiet_NaN();
     const float peak = ls.tpeak[static_cast<size_t>(head) * token_stride_ + t];
     const float before = hs.recon_prev[t / block_tokens_];
     return std::isnan(before) ? peak : std::max(before, peak);
 }
 
-float H2oState::token_score(int layer, int head, int t) const {
+float EvictionState::token_score(int layer, int head, int t) const {
     const LayerScores& ls = layer_scores(layer);
     if (!signals_.reconstruction) return std::numeric_limits<float>::quiet_NaN();
     return token_score(ls, ls.heads[head], head, t);
 }
 
-void H2oState::drop_token_peaks(int layer, int head) {
+void EvictionState::drop_token_peaks(int layer, int head) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
     if (hs.n_tpeak == 0) return;
@@ -205,7 +205,7 @@ void H2oState::drop_token_peaks(int layer, int head) {
     hs.token_plan = false;
 }
 
-float H2oState::reconstruction_score(int layer, int head, int block) const {
+float EvictionState::reconstruction_score(int layer, int head, int block) const {
     const float none = std::numeric_limits<float>::quiet_NaN();
     if (!collects(layer) || !signals_.reconstruction) return none;
     const HeadScores& hs = layer_scores(layer).heads[head];
@@ -232,7 +232,7 @@ void count_pairs(double* seen, int n_keys, int n_q, int last, int bt, int group)
 
 }  // namespace
 
-void H2oState::record_step(int layer, int head, int n_keys, int n_q) {
+void EvictionState::record_step(int layer, int head, int n_keys, int n_q) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
     count_pairs(hs.seen.data(), n_keys, n_q, n_q, block_tokens_, group_);
@@ -242,7 +242,7 @@ void H2oState::record_step(int layer, int head, int n_keys, int n_q) {
     }
 }
 
-int H2oState::begin_window(int layer, int n_q) {
+int EvictionState::begin_window(int layer, int n_q) {
     LayerScores& ls = layer_scores(layer);
     if (!signals_.window && !signals_.queries) return 0;
     const int last = std::min(window_size_, n_q);
@@ -266,12 +266,12 @@ int H2oState::begin_window(int layer, int n_q) {
     return last;
 }
 
-float* H2oState::window_accumulator(int layer) {
+float* EvictionState::window_accumulator(int layer) {
     LayerScores& ls = layer_scores(layer);
     return signals_.window ? ls.wacc.data() : nullptr;
 }
 
-void H2oState::record_queries(int layer, const float* q, int n_q) {
+void EvictionState::record_queries(int layer, const float* q, int n_q) {
     LayerScores& ls = layer_scores(layer);
     if (!signals_.queries) return;
     const int n_heads = n_kv_heads_ * group_;
@@ -284,21 +284,21 @@ void H2oState::record_queries(int layer, const float* q, int n_q) {
     }
 }
 
-bool H2oState::count_decode_tokens(int n_tokens) {
+bool EvictionState::count_decode_tokens(int n_tokens) {
     decode_tokens_ += n_tokens;
     if (decode_tokens_ < cfg_.update_interval) return false;
     decode_tokens_ %= cfg_.update_interval;
     return true;
 }
 
-double H2oState::cap_blocks(int64_t tokens_seen) const {
+double EvictionState::cap_blocks(int64_t tokens_seen) const {
     const double evicting = cfg_.layer_end - cfg_.layer_start;
     const double per_head = static_cast<double>(cfg_.kv_budget_bytes) / (2.0 * block_bytes_ * n_kv_heads_);
     const double kept = (n_layers_ - evicting) * static_cast<double>((tokens_seen + block_tokens_ - 1) / block_tokens_);
     return std::floor((per_head - kept) / evicting + 1e-9);
 }
 
-double H2oState::keep_ratio(int64_t tokens_seen) const {
+double EvictionState::keep_ratio(int64_t tokens_seen) const {
     if (cfg_.target_keep_ratio > 0.0) return cfg_.target_keep_ratio;
     if (cfg_.kv_budget_bytes > 0) {
         if (tokens_seen <= 0) return 1.0;
@@ -311,7 +311,7 @@ double H2oState::keep_ratio(int64_t tokens_seen) const {
     return (layers / r - (layers - evicting)) / evicting;
 }
 
-double H2oState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
+double EvictionState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
     const double k = keep_ratio(tokens_seen);
     const int n = cfg_.layer_end - cfg_.layer_start;
     if (layer < 0 || cfg_.layer_budget != "pyramid" || n < 2 || !(k > 0.0) || tokens_seen <= 0) return k;
@@ -322,7 +322,7 @@ double H2oState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
     return k * (1.0 + slope * (1.0 - 2.0 * i / (n - 1)));
 }
 
-int H2oState::budget_blocks(int64_t tokens_seen, int layer) const {
+int EvictionState::budget_blocks(int64_t tokens_seen, int layer) const {
     if (cfg_.kv_budget_bytes > 0 && (layer < 0 || cfg_.layer_budget != "pyramid")) {
         // In blocks, not through the ratio: a byte cap is met exactly (the layer's last partial
         // block counts whole, as the pool holds it).
@@ -338,7 +338,7 @@ int H2oState::budget_blocks(int64_t tokens_seen, int layer) const {
     return static_cast<int>(std::min(blocks, static_cast<double>(stride_)));
 }
 
-bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) const {
+bool EvictionState::over_budget(int layer, int64_t tokens_seen, const int* lengths) const {
     if (!collects(layer) || !(keep_ratio(tokens_seen) > 0.0)) return false;
     const int budget = budget_blocks(tokens_seen, layer);
     int64_t eligible = 0, total = 0;
@@ -355,7 +355,7 @@ bool H2oState::over_budget(int layer, int64_t tokens_seen, const int* lengths) c
     return cfg_.per_head_budget ? total > eligible * budget : any_over;
 }
 
-void H2oState::update_scores(int layer, const int* lengths) {
+void EvictionState::update_scores(int layer, const int* lengths) {
     LayerScores& ls = layer_scores(layer);
     const double alpha = cfg_.ema_alpha;
     for (int h = 0; h < n_kv_heads_; ++h) {
@@ -380,7 +380,7 @@ void H2oState::update_scores(int layer, const int* lengths) {
     ls.window_restart = true;
 }
 
-ScoreContext H2oState::context(int layer, int h, int length, const HeadRowReader* rows) {
+ScoreContext EvictionState::context(int layer, int h, int length, const HeadRowReader* rows) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[h];
     ScoreContext c;
@@ -427,7 +427,7 @@ ScoreContext H2oState::context(int layer, int h, int length, const HeadRowReader
     return c;
 }
 
-SelectHead H2oState::select_head(int slot, int length, int budget, std::vector<uint8_t>* keep) const {
+SelectHead EvictionState::select_head(int slot, int length, int budget, std::vector<uint8_t>* keep) const {
     SelectHead s;
     s.n_blocks = blocks_of(length);
     s.priority = const_cast<float*>(priority_.data()) + static_cast<size_t>(slot) * stride_;
@@ -452,7 +452,7 @@ SelectHead H2oState::select_head(int slot, int length, int budget, std::vector<u
     return s;
 }
 
-void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer) const {
+void EvictionState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, int* recent_tokens, int layer) const {
     *sink_tokens = cfg_.sink_tokens;
     *recent_tokens = cfg_.recent_tokens;
     if (!(keep_ratio(tokens_seen) > 0.0) || length <= 0) return;
@@ -462,7 +462,7 @@ void H2oState::floor_tokens(int64_t tokens_seen, int length, int* sink_tokens, i
     *recent_tokens = std::min(cfg_.recent_tokens, std::max(1, length - s.recent_first * block_tokens_));
 }
 
-void H2oState::place_blocks(int layer, int64_t tokens_seen, const int* lengths) {
+void EvictionState::place_blocks(int layer, int64_t tokens_seen, const int* lengths) {
     LayerScores& ls = layer_scores(layer);
     // Exact unless truncate() shortened the head.
     for (int h = 0; h < n_kv_heads_; ++h) {
@@ -474,8 +474,8 @@ void H2oState::place_blocks(int layer, int64_t tokens_seen, const int* lengths) 
     }
 }
 
-void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-                    H2oLayerStats* stats, const HeadRowReader* rows) {
+void EvictionState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                    EvictionLayerStats* stats, const HeadRowReader* rows) {
     plans->resize(n_kv_heads_);
     for (auto& p : *plans) p.clear();
     const auto skip = [&](SkipReason r) { ++stats->skipped[static_cast<int>(r)]; };
@@ -540,7 +540,7 @@ void H2oState::plan(int layer, int64_t tokens_seen, const int* lengths, std::vec
     plan_pooled(rows);
 }
 
-bool H2oState::over_budget_global(const int64_t* tokens_seen, const int* lengths) const {
+bool EvictionState::over_budget_global(const int64_t* tokens_seen, const int* lengths) const {
     int64_t total = 0, pooled = 0;
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
         const int i = layer - cfg_.layer_start;
@@ -554,8 +554,8 @@ bool H2oState::over_budget_global(const int64_t* tokens_seen, const int* lengths
     return total > pooled;
 }
 
-void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-                           H2oLayerStats* stats, const HeadRowReader* rows, bool headroom) {
+void EvictionState::plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
+                           EvictionLayerStats* stats, const HeadRowReader* rows, bool headroom) {
     const int n_layers = cfg_.layer_end - cfg_.layer_start;
     plans->resize(static_cast<size_t>(n_layers) * n_kv_heads_);
     for (auto& p : *plans) p.clear();
@@ -563,7 +563,7 @@ void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
         const int i = layer - cfg_.layer_start;
         const int* len = lengths + static_cast<size_t>(i) * n_kv_heads_;
-        H2oLayerStats* st = stats + layer;
+        EvictionLayerStats* st = stats + layer;
         place_blocks(layer, tokens_seen[i], len);
         const SkipReason none = tokens_seen[i] < cfg_.trigger_min_tokens ? SkipReason::BelowTrigger
                                 : !(keep_ratio(tokens_seen[i]) > 0.0)     ? SkipReason::TargetUnreachable
@@ -592,7 +592,7 @@ void H2oState::plan_global(const int64_t* tokens_seen, const int* lengths, std::
             if ((*plans)[static_cast<size_t>(layer - cfg_.layer_start) * n_kv_heads_ + h].empty()) drop_token_peaks(layer, h);
 }
 
-void H2oState::plan_tokens(bool headroom) {
+void EvictionState::plan_tokens(bool headroom) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0, n_tokens = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -684,12 +684,12 @@ void H2oState::plan_tokens(bool headroom) {
     }
 }
 
-int64_t H2oState::spare_blocks(int64_t pooled) const {
+int64_t EvictionState::spare_blocks(int64_t pooled) const {
     // At most 1/64 of the budget, so a short context's ratio stays within ~1.6% of its target.
     return std::min(static_cast<int64_t>(pool_.size()), pooled / 64);
 }
 
-void H2oState::plan_pooled(const HeadRowReader* rows, bool headroom) {
+void EvictionState::plan_pooled(const HeadRowReader* rows, bool headroom) {
     select_.clear();
     int64_t total = 0, floors = 0, pooled = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
@@ -732,16 +732,16 @@ void H2oState::plan_pooled(const HeadRowReader* rows, bool headroom) {
     }
 }
 
-void H2oState::materialise_seen(std::vector<double>& seen, int n_blocks) {
+void EvictionState::materialise_seen(std::vector<double>& seen, int n_blocks) {
     double pairs = 0.0;
     for (int b = n_blocks - 1; b >= 0; --b) seen[b] = pairs += seen[b];
 }
 
-void H2oState::difference_seen(std::vector<double>& seen, int n_blocks) {
+void EvictionState::difference_seen(std::vector<double>& seen, int n_blocks) {
     for (int b = 0; b < n_blocks; ++b) seen[b] -= b + 1 < n_blocks ? seen[b + 1] : 0.0;
 }
 
-void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
+void EvictionState::compact(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
     const int old_blocks = blocks_of(old_length);
@@ -771,7 +771,7 @@ void H2oState::compact(int layer, int head, const std::vector<TokenRun>& runs, i
     }
 }
 
-void H2oState::move_token_peaks(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
+void EvictionState::move_token_peaks(int layer, int head, const std::vector<TokenRun>& runs, int old_length) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
     float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
@@ -807,7 +807,7 @@ void H2oState::move_token_peaks(int layer, int head, const std::vector<TokenRun>
     std::fill(hs.recon_prev.begin() + m, hs.recon_prev.begin() + std::max(m, old_blocks), nan);
 }
 
-void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
+void EvictionState::truncate(int layer, int head, int old_length, int n_tokens) {
     if (n_tokens > 0) {
         compact(layer, head, {TokenRun{0, n_tokens}}, old_length);
         return;
@@ -833,7 +833,7 @@ void H2oState::truncate(int layer, int head, int old_length, int n_tokens) {
     }
 }
 
-void H2oState::reset() {
+void EvictionState::reset() {
     for (LayerScores& l : layers_) {
         std::fill(l.acc.begin(), l.acc.end(), 0.f);
         std::fill(l.wacc.begin(), l.wacc.end(), 0.f);
@@ -858,7 +858,7 @@ void H2oState::reset() {
     policy_->reset();
 }
 
-float H2oState::score(int layer, int head, int block) const {
+float EvictionState::score(int layer, int head, int block) const {
     if (!collects(layer)) return std::numeric_limits<float>::quiet_NaN();
     const HeadScores& hs = layer_scores(layer).heads[head];
     return block >= 0 && block < hs.n_scored ? hs.ema[block] : std::numeric_limits<float>::quiet_NaN();

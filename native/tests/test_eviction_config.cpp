@@ -1,77 +1,77 @@
-// H2O config and plan validation: every field against the schema (its first bad one named),
+// Eviction config and plan validation: every field against the schema (its first bad one named),
 // the budget and layer rules, the model's bounds; which plans of kept runs a head accepts; the
 // policy registry against the schema's names.
-#include "h2o_test_support.h"
+#include "eviction_test_support.h"
 
 static void test_config_validation() {
-    CHECK(h2o_config_error(H2oConfig{}, 30).empty(), "defaults are valid: %s", h2o_config_error(H2oConfig{}, 30).c_str());
+    CHECK(eviction_config_error(EvictionConfig{}, 30).empty(), "defaults are valid: %s", eviction_config_error(EvictionConfig{}, 30).c_str());
     const auto bad = [](const char* field, auto mutate, int n_layers = 30) {
-        H2oConfig c;
+        EvictionConfig c;
         mutate(c);
-        const std::string e = h2o_config_error(c, n_layers);
+        const std::string e = eviction_config_error(c, n_layers);
         CHECK(e.rfind(field, 0) == 0, "bad %s gave '%s'", field, e.c_str());
         CHECK(throws<std::invalid_argument>([&] { resolved(c, n_layers); }), "resolved(%s) did not throw", field);
     };
-    bad("policy", [](H2oConfig& c) { c.policy = "lru"; });
-    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = 1.5; });
-    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = -0.1; });
-    bad("max_floor_share", [](H2oConfig& c) { c.max_floor_share = std::nan(""); });
-    bad("sink_tokens", [](H2oConfig& c) { c.sink_tokens = -1; });
-    bad("recent_tokens", [](H2oConfig& c) { c.recent_tokens = 0; });
-    bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = 1.5; });
-    bad("target_keep_ratio", [](H2oConfig& c) { c.target_keep_ratio = NAN; });
-    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.5; });
-    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = INFINITY; });
-    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 1000.5; });
+    bad("policy", [](EvictionConfig& c) { c.policy = "lru"; });
+    bad("max_floor_share", [](EvictionConfig& c) { c.max_floor_share = 1.5; });
+    bad("max_floor_share", [](EvictionConfig& c) { c.max_floor_share = -0.1; });
+    bad("max_floor_share", [](EvictionConfig& c) { c.max_floor_share = std::nan(""); });
+    bad("sink_tokens", [](EvictionConfig& c) { c.sink_tokens = -1; });
+    bad("recent_tokens", [](EvictionConfig& c) { c.recent_tokens = 0; });
+    bad("target_keep_ratio", [](EvictionConfig& c) { c.target_keep_ratio = 1.5; });
+    bad("target_keep_ratio", [](EvictionConfig& c) { c.target_keep_ratio = NAN; });
+    bad("target_lossy_ratio", [](EvictionConfig& c) { c.target_lossy_ratio = 0.5; });
+    bad("target_lossy_ratio", [](EvictionConfig& c) { c.target_lossy_ratio = INFINITY; });
+    bad("target_lossy_ratio", [](EvictionConfig& c) { c.target_lossy_ratio = 1000.5; });
     // The budget: a keep ratio or a byte cap (at most one) replaces the lossy ratio, whatever its
     // value; without either the lossy ratio is the target and must be a real ratio.
-    bad("target_keep_ratio and kv_budget_bytes", [](H2oConfig& c) {
+    bad("target_keep_ratio and kv_budget_bytes", [](EvictionConfig& c) {
         c.target_keep_ratio = 0.5;
         c.kv_budget_bytes = 1 << 20;
     });
-    bad("target_lossy_ratio", [](H2oConfig& c) { c.target_lossy_ratio = 0.0; });
+    bad("target_lossy_ratio", [](EvictionConfig& c) { c.target_lossy_ratio = 0.0; });
     for (const double lossy : {0.0, 0.5, 3.0}) {
-        H2oConfig keep, cap;
+        EvictionConfig keep, cap;
         keep.target_keep_ratio = 0.5;
         keep.target_lossy_ratio = lossy;
         cap.kv_budget_bytes = 1 << 20;
         cap.target_lossy_ratio = lossy;
-        CHECK(h2o_config_error(keep, 30).empty(), "keep ratio with lossy %g: %s", lossy, h2o_config_error(keep, 30).c_str());
-        CHECK(h2o_config_error(cap, 30).empty(), "byte cap with lossy %g: %s", lossy, h2o_config_error(cap, 30).c_str());
+        CHECK(eviction_config_error(keep, 30).empty(), "keep ratio with lossy %g: %s", lossy, eviction_config_error(keep, 30).c_str());
+        CHECK(eviction_config_error(cap, 30).empty(), "byte cap with lossy %g: %s", lossy, eviction_config_error(cap, 30).c_str());
     }
-    bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = -1; });
-    bad("kv_budget_bytes", [](H2oConfig& c) { c.kv_budget_bytes = schema::h2o::kv_budget_bytes::kHi + 1; });
-    bad("seed", [](H2oConfig& c) { c.seed = uint64_t{1} << 31; });
-    bad("sink_tokens", [](H2oConfig& c) { c.sink_tokens = (1 << 20) + 1; });
-    bad("layer_budget", [](H2oConfig& c) { c.layer_budget = "cone"; });
-    bad("head_floor_share", [](H2oConfig& c) { c.head_floor_share = -0.1; });
-    bad("observation_window", [](H2oConfig& c) { c.observation_window = 0; });
-    bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = 1.0; });
-    bad("ema_alpha", [](H2oConfig& c) { c.ema_alpha = -0.1; });
-    bad("layer_start", [](H2oConfig& c) { c.layer_start = 30; });
-    bad("layer_start", [](H2oConfig& c) { c.layer_start = 1025; }, 2000);  // the schema's bound
-    bad("layer_start", [](H2oConfig& c) { c.layer_start = -1; });
-    bad("layer_end", [](H2oConfig& c) {
+    bad("kv_budget_bytes", [](EvictionConfig& c) { c.kv_budget_bytes = -1; });
+    bad("kv_budget_bytes", [](EvictionConfig& c) { c.kv_budget_bytes = schema::eviction::kv_budget_bytes::kHi + 1; });
+    bad("seed", [](EvictionConfig& c) { c.seed = uint64_t{1} << 31; });
+    bad("sink_tokens", [](EvictionConfig& c) { c.sink_tokens = (1 << 20) + 1; });
+    bad("layer_budget", [](EvictionConfig& c) { c.layer_budget = "cone"; });
+    bad("head_floor_share", [](EvictionConfig& c) { c.head_floor_share = -0.1; });
+    bad("observation_window", [](EvictionConfig& c) { c.observation_window = 0; });
+    bad("ema_alpha", [](EvictionConfig& c) { c.ema_alpha = 1.0; });
+    bad("ema_alpha", [](EvictionConfig& c) { c.ema_alpha = -0.1; });
+    bad("layer_start", [](EvictionConfig& c) { c.layer_start = 30; });
+    bad("layer_start", [](EvictionConfig& c) { c.layer_start = 1025; }, 2000);  // the schema's bound
+    bad("layer_start", [](EvictionConfig& c) { c.layer_start = -1; });
+    bad("layer_end", [](EvictionConfig& c) {
         c.layer_start = 2;
         c.layer_end = 2;
     });
-    bad("layer_end", [](H2oConfig& c) { c.layer_end = 31; });
-    bad("trigger_min_tokens", [](H2oConfig& c) { c.trigger_min_tokens = -5; });
-    bad("update_interval", [](H2oConfig& c) { c.update_interval = 0; });
-    CHECK(resolved(H2oConfig{}, 30).layer_end == 30, "layer_end -1 resolves to n_layers");
+    bad("layer_end", [](EvictionConfig& c) { c.layer_end = 31; });
+    bad("trigger_min_tokens", [](EvictionConfig& c) { c.trigger_min_tokens = -5; });
+    bad("update_interval", [](EvictionConfig& c) { c.update_interval = 0; });
+    CHECK(resolved(EvictionConfig{}, 30).layer_end == 30, "layer_end -1 resolves to n_layers");
     // The defaults are the schema's (config_schema.h, generated from mnn_h2o/config.py).
-    const H2oConfig d;
-    CHECK(d.policy == schema::h2o::policy::kDefault && d.target_lossy_ratio == schema::h2o::target_lossy_ratio::kDefault &&
-              d.layer_start == schema::h2o::layer_start::kDefault && d.sink_tokens == schema::h2o::sink_tokens::kDefault &&
-              d.trigger_min_tokens == schema::h2o::trigger_min_tokens::kDefault &&
-              d.layer_budget == schema::h2o::layer_budget::kDefault,
-          "H2oConfig defaults are the schema's");
+    const EvictionConfig d;
+    CHECK(d.policy == schema::eviction::policy::kDefault && d.target_lossy_ratio == schema::eviction::target_lossy_ratio::kDefault &&
+              d.layer_start == schema::eviction::layer_start::kDefault && d.sink_tokens == schema::eviction::sink_tokens::kDefault &&
+              d.trigger_min_tokens == schema::eviction::trigger_min_tokens::kDefault &&
+              d.layer_budget == schema::eviction::layer_budget::kDefault,
+          "EvictionConfig defaults are the schema's");
 
     KvCache cache(small_config(3, 64));
-    H2oConfig c;
+    EvictionConfig c;
     c.layer_start = 3;  // only 3 layers
-    CHECK(throws<std::invalid_argument>([&] { cache.enable_h2o(c); }), "enable_h2o validates");
-    CHECK(cache.h2o_config() == nullptr, "a failed enable leaves eviction off");
+    CHECK(throws<std::invalid_argument>([&] { cache.enable_eviction(c); }), "enable_eviction validates");
+    CHECK(cache.eviction_config() == nullptr, "a failed enable leaves eviction off");
 }
 
 static void test_plan_validation() {
@@ -111,7 +111,7 @@ static void test_plan_validation() {
 // The registry has exactly the schema's policy names, in its order (a static_assert checks it at
 // compile time; this says it where a reader of the tests looks), and each makes its policy.
 static void test_registry_is_the_schemas() {
-    using Policy = schema::h2o::policy;
+    using Policy = schema::eviction::policy;
     const std::vector<std::string>& names = policy_list();
     CHECK(names.size() == static_cast<size_t>(Policy::kChoiceCount), "%zu names", names.size());
     for (size_t i = 0; i < names.size() && i < static_cast<size_t>(Policy::kChoiceCount); ++i) {
@@ -128,6 +128,6 @@ int main() {
         std::printf("%d check(s) failed\n", g_failures);
         return 1;
     }
-    std::printf("all h2o config tests passed\n");
+    std::printf("all eviction config tests passed\n");
     return 0;
 }

@@ -1,4 +1,4 @@
-// Scaffolding of the H2O eviction tests (test_h2o_*.cpp): a small cache geometry, random steps,
+// Scaffolding of the H2O eviction tests (test_eviction_*.cpp): a small cache geometry, random steps,
 // reading a head back and a keep-ratio config.
 #pragma once
 
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "mnn_h2o/eviction/eviction_policy.h"
-#include "mnn_h2o/eviction/h2o_config.h"
-#include "mnn_h2o/eviction/h2o_state.h"
+#include "mnn_h2o/eviction/eviction_config.h"
+#include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/cache/kv_cache.h"
 
 #include "test_support.h"
@@ -60,16 +60,16 @@ using namespace mnn_h2o;
 
 // The H2O machinery these tests check: policy h2o and the same budget in every layer. The
 // shipped default (kvzip, one global budget) is test_reconstruction.cpp's.
-[[maybe_unused]] static H2oConfig h2o_config() {
-    H2oConfig c;
+[[maybe_unused]] static EvictionConfig eviction_config() {
+    EvictionConfig c;
     c.policy = "h2o";
     c.layer_budget = "uniform";
     return c;
 }
 
 // Eviction to a static keep ratio with small floors, from the first token on.
-[[maybe_unused]] static H2oConfig keep_config(double keep_ratio, int layer_start = 0) {
-    H2oConfig c = h2o_config();
+[[maybe_unused]] static EvictionConfig keep_config(double keep_ratio, int layer_start = 0) {
+    EvictionConfig c = eviction_config();
     c.target_keep_ratio = keep_ratio;
     c.target_lossy_ratio = 0.0;
     c.layer_start = layer_start;

@@ -1,4 +1,4 @@
-#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/eviction_config.h"
 
 #include <stdexcept>
 
@@ -6,7 +6,7 @@ namespace mnn_h2o {
 
 namespace {
 
-namespace key = schema::h2o;
+namespace key = schema::eviction;
 
 template <class T>
 std::string num(T x) {
@@ -15,13 +15,13 @@ std::string num(T x) {
 
 }  // namespace
 
-std::string h2o_config_error(const H2oConfig& c, int n_layers) {
+std::string eviction_config_error(const EvictionConfig& c, int n_layers) {
     // Each field against the schema, in its order; the first bad one is named.
 #define MNN_H2O_CHECK(field, key, CType, CppType) \
-    if (std::string e = field_error<schema::h2o::key>(#field, c.field); !e.empty()) return e;
-    MNN_H2O_H2O_FIELDS(MNN_H2O_CHECK)
+    if (std::string e = field_error<schema::eviction::key>(#field, c.field); !e.empty()) return e;
+    MNN_H2O_EVICTION_FIELDS(MNN_H2O_CHECK)
 #undef MNN_H2O_CHECK
-    // The budget (docs/h2o.md "Budget"): a keep ratio or a byte cap, at most one, replaces the
+    // The budget (docs/eviction.md "Budget"): a keep ratio or a byte cap, at most one, replaces the
     // lossy ratio, which is otherwise the target and then a real ratio.
     if (c.target_keep_ratio > 0.0 && c.kv_budget_bytes > 0)
         return "target_keep_ratio and kv_budget_bytes: set at most one, got " + num(c.target_keep_ratio) + " and " +
@@ -39,10 +39,10 @@ std::string h2o_config_error(const H2oConfig& c, int n_layers) {
     return {};
 }
 
-H2oConfig resolved(const H2oConfig& c, int n_layers) {
-    const std::string error = h2o_config_error(c, n_layers);
-    if (!error.empty()) throw std::invalid_argument("enable_h2o: " + error);
-    H2oConfig r = c;
+EvictionConfig resolved(const EvictionConfig& c, int n_layers) {
+    const std::string error = eviction_config_error(c, n_layers);
+    if (!error.empty()) throw std::invalid_argument("enable_eviction: " + error);
+    EvictionConfig r = c;
     if (r.layer_end == -1) r.layer_end = n_layers;
     return r;
 }

@@ -58,41 +58,41 @@ def test_enable_validates_and_names_the_argument():
     for name, value in [*bad.items(), ("sink_tokens", 2**40), ("update_interval", -2**40),
                         ("ema_alpha", float("nan")), ("target_keep_ratio", -0.1)]:
         with pytest.raises(ValueError, match=name):
-            cache.enable_h2o(**{**ARGS, name: value})
+            cache.enable_eviction(**{**ARGS, name: value})
     with pytest.raises(ValueError, match="target_keep_ratio and kv_budget_bytes: set at most one"):
-        cache.enable_h2o(**{**ARGS, "target_keep_ratio": 0.5, "kv_budget_bytes": 1 << 20})
+        cache.enable_eviction(**{**ARGS, "target_keep_ratio": 0.5, "kv_budget_bytes": 1 << 20})
     with pytest.raises(ValueError, match="kv_budget_bytes"):
-        cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "kv_budget_bytes": -1})
+        cache.enable_eviction(**{**ARGS, "target_lossy_ratio": 0.0, "kv_budget_bytes": -1})
     with pytest.raises(ValueError, match="target_lossy_ratio must be >= 1 when"):
-        cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0})
-    assert not cache.h2o_enabled
+        cache.enable_eviction(**{**ARGS, "target_lossy_ratio": 0.0})
+    assert not cache.eviction_enabled
     # A keep ratio or a byte cap replaces the lossy ratio, whatever its value (no rewrite to 0).
     for replacing in ({"target_keep_ratio": 0.5}, {"kv_budget_bytes": 1 << 20}):
         for lossy in (0.0, 0.5, 3.0):
-            cache.enable_h2o(**{**ARGS, **replacing, "target_lossy_ratio": lossy})
-            assert cache.h2o_config()["target_lossy_ratio"] == lossy
+            cache.enable_eviction(**{**ARGS, **replacing, "target_lossy_ratio": lossy})
+            assert cache.eviction_config()["target_lossy_ratio"] == lossy
 
 
 def test_defaults_and_config_round_trip():
     """The keyword defaults are the config schema's (mnn_h2o/config.py, through the generated
-    native header): enable_h2o() is the h2o section of config.defaults()."""
+    native header): enable_eviction() is the eviction section of config.defaults()."""
     from mnn_h2o import config
 
     cache = make_cache(n_layers=30)
-    assert not cache.h2o_enabled and cache.h2o_config() is None
-    cache.enable_h2o()
-    assert cache.h2o_enabled
-    want = config.native_args("h2o", config.defaults()["h2o"])
-    assert cache.h2o_config() == {**want, "layer_end": 30 if want["layer_end"] == -1 else want["layer_end"]}
+    assert not cache.eviction_enabled and cache.eviction_config() is None
+    cache.enable_eviction()
+    assert cache.eviction_enabled
+    want = config.native_args("eviction", config.defaults()["eviction"])
+    assert cache.eviction_config() == {**want, "layer_end": 30 if want["layer_end"] == -1 else want["layer_end"]}
     with pytest.raises(ValueError) as e:
-        cache.enable_h2o(policy="nope")
+        cache.enable_eviction(policy="nope")
     # The message lists the registry's names, the one list config.py and the eval take too.
     names = core.policy_names()
-    assert names[0] == "h2o" and len(names) == len(set(names)) == len(config.native_choices(config.key("h2o.policy")))
+    assert names[0] == "h2o" and len(names) == len(set(names)) == len(config.native_choices(config.key("eviction.policy")))
     assert all(f"'{n}'" in str(e.value) for n in names)
-    assert cache.h2o_config()["policy"] == want["policy"]  # a failed enable keeps the previous settings
-    cache.disable_h2o()
-    assert not cache.h2o_enabled
+    assert cache.eviction_config()["policy"] == want["policy"]  # a failed enable keeps the previous settings
+    cache.disable_eviction()
+    assert not cache.eviction_enabled
     assert cache.end_step(1, False) is False
     with pytest.raises(ValueError):
         cache.block_scores(3)
@@ -101,11 +101,11 @@ def test_defaults_and_config_round_trip():
 def test_schedule_counts_decode_tokens():
     rng = np.random.default_rng(0)
     cache = make_cache()
-    cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "target_keep_ratio": 0.5, "trigger_min_tokens": 100})
+    cache.enable_eviction(**{**ARGS, "target_lossy_ratio": 0.0, "target_keep_ratio": 0.5, "trigger_min_tokens": 100})
     assert not forward(cache, 60, rng, prefill=True)  # below the trigger: no update
-    assert cache.h2o_stats()["updates"] == 0
+    assert cache.eviction_stats()["updates"] == 0
     assert forward(cache, 140, rng, prefill=True)  # 200 tokens > budget of 100 (7 blocks)
-    assert cache.h2o_stats()["updates"] == 1
+    assert cache.eviction_stats()["updates"] == 1
     # 7 blocks: the sink block, 3 more by score, the recent ones 10-12 (the last holds 8 tokens)
     assert [cache.length(layer, h) for layer in (1, 2) for h in (0, 1)] == [104] * 4
     assert cache.length(0, 0) == cache.length(0, 1) == 200  # layer 0 is outside [1, 3)
@@ -113,7 +113,7 @@ def test_schedule_counts_decode_tokens():
     for t in range(1, 17):
         evicted = forward(cache, 1, rng, prefill=False)
         assert not evicted or t % 4 == 0
-        updates.append(cache.h2o_stats()["updates"])
+        updates.append(cache.eviction_stats()["updates"])
     assert updates == [1 + t // 4 for t in range(1, 17)]  # one update per 4 decode tokens, all layers
     with pytest.raises(ValueError):
         cache.end_step(0, False)
@@ -122,7 +122,7 @@ def test_schedule_counts_decode_tokens():
 def test_explicit_plans_match_numpy():
     rng = np.random.default_rng(1)
     cache = make_cache(n_layers=1)
-    cache.enable_h2o(**{**ARGS, "layer_start": 0, "update_interval": 1000})
+    cache.enable_eviction(**{**ARGS, "layer_start": 0, "update_interval": 1000})
     step(cache, 0, 150, rng)
     for _ in range(30):
         step(cache, 0, 1, rng)
@@ -142,7 +142,7 @@ def test_explicit_plans_match_numpy():
         np.testing.assert_array_equal(v, want_v)
     assert cache.length(0, 0) == 116 and cache.length(0, 1) == 113
     assert held - cache.bytes_held() == 2 * (4 + 4) * block_bytes  # 12 -> 8 blocks each, K and V
-    stats = cache.h2o_stats()["layers"][0]
+    stats = cache.eviction_stats()["layers"][0]
     assert stats["evictions"] == 2 and stats["blocks_freed"] == 2 * (4 + 4) and stats["held"] == [116, 113]
 
     # Attention over the compacted cache equals attention over the kept tokens.
@@ -160,7 +160,7 @@ def test_explicit_plans_match_numpy():
 def test_invalid_plans_change_nothing():
     rng = np.random.default_rng(2)
     cache = make_cache(n_layers=1, dtype="f16")
-    cache.enable_h2o(**{**ARGS, "layer_start": 0})
+    cache.enable_eviction(**{**ARGS, "layer_start": 0})
     step(cache, 0, 100, rng)
     k0, _ = cache.read(0, 0)
     held = cache.bytes_held()
@@ -185,7 +185,7 @@ def test_invalid_plans_change_nothing():
         cache.evict(0, 2, [(0, 100)])
     np.testing.assert_array_equal(cache.read(0, 0)[0], k0)
     assert cache.bytes_held() == held and cache.length(0, 0) == 100
-    assert cache.h2o_stats()["layers"][0]["invalid_plans"] == len(invalid)
+    assert cache.eviction_stats()["layers"][0]["invalid_plans"] == len(invalid)
     cache.evict(0, 0, np.array([[0, 16], [68, 32]]))  # numpy rows are pairs too
     assert cache.length(0, 0) == 48
 
@@ -195,7 +195,7 @@ def test_block_scores_match_reference():
     rng = np.random.default_rng(3)
     cache = make_cache(n_layers=2, n_kv=2, group=2)
     alpha = 0.3
-    cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 0.0, "target_keep_ratio": 1.0, "ema_alpha": alpha,
+    cache.enable_eviction(**{**ARGS, "target_lossy_ratio": 0.0, "target_keep_ratio": 1.0, "ema_alpha": alpha,
                         "update_interval": 2})
     G, bt = 2, 16
     mass = np.zeros((2, 64))
@@ -244,7 +244,7 @@ def test_block_scores_match_reference():
             assert got.shape == (2, scored) and got.dtype == np.float32
             np.testing.assert_allclose(got, ema[:, :scored], rtol=2e-5, atol=1e-9)
     assert np.isnan(cache.block_scores(0)).all()  # layer 0 collects nothing
-    assert cache.h2o_stats()["updates"] == 2
+    assert cache.eviction_stats()["updates"] == 2
 
 
 def planted_cache(policy, per_head_budget=False, seed=0, layer_budget="uniform", **kw):
@@ -253,7 +253,7 @@ def planted_cache(policy, per_head_budget=False, seed=0, layer_budget="uniform",
     uniform. Keep ratio 0.25 of 320 tokens: 5 blocks per head, 3 of them floors."""
     rng = np.random.default_rng(4)
     cache = make_cache(n_layers=2, n_kv=2, group=2)
-    cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
+    cache.enable_eviction(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
                      per_head_budget=per_head_budget, seed=seed, layer_budget=layer_budget, **kw)
     u = rand(rng, HD)
@@ -303,10 +303,10 @@ def test_random_policy_is_seeded():
 def test_shared_budget_moves_blocks_to_the_spread_head():
     cache, _ = planted_cache("h2o", per_head_budget=False)
     cache.end_step(320, True)
-    assert cache.h2o_stats()["layers"][1]["held"] == [80, 80]
+    assert cache.eviction_stats()["layers"][1]["held"] == [80, 80]
     cache, k = planted_cache("h2o", per_head_budget=True)
     cache.end_step(320, True)
-    held = cache.h2o_stats()["layers"][1]["held"]
+    held = cache.eviction_stats()["layers"][1]["held"]
     # Same layer total; head 0 spends its share on the heavy hitter only, head 1 gets the rest.
     assert held == [64, 96]
     assert 5 in kept_blocks(cache, k)
@@ -314,17 +314,17 @@ def test_shared_budget_moves_blocks_to_the_spread_head():
     # (the heavy hitter among them); half of it (2 blocks) is less than its 3 floor blocks: no change.
     cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=1.0)
     cache.end_step(320, True)
-    assert cache.h2o_stats()["layers"][1]["held"] == [80, 80] and 5 in kept_blocks(cache, k)
+    assert cache.eviction_stats()["layers"][1]["held"] == [80, 80] and 5 in kept_blocks(cache, k)
     cache, k = planted_cache("h2o", per_head_budget=True, head_floor_share=0.5)
     cache.end_step(320, True)
-    assert cache.h2o_stats()["layers"][1]["held"] == [64, 96]
+    assert cache.eviction_stats()["layers"][1]["held"] == [64, 96]
 
 
 def test_stats_and_memory_returned():
     rng = np.random.default_rng(5)
     n_layers = 12
     cache = core.KvCache(n_layers, 2, 64, 6, dtype="f16", block_tokens=64, max_tokens=4096, threads=1)
-    cache.enable_h2o(policy="h2o", layer_budget="uniform", sink_tokens=64, recent_tokens=256,
+    cache.enable_eviction(policy="h2o", layer_budget="uniform", sink_tokens=64, recent_tokens=256,
                      target_lossy_ratio=3.0, layer_start=2, trigger_min_tokens=512)
     k = rand(rng, 512, 128)
     for layer in range(n_layers):
@@ -338,7 +338,7 @@ def test_stats_and_memory_returned():
     held0, rss0 = cache.bytes_held(), rss()
     assert cache.end_step(4096, True)
     held1, rss1 = cache.bytes_held(), rss()
-    s = cache.h2o_stats()
+    s = cache.eviction_stats()
     assert set(s) >= {"layers", "bytes_held", "bytes_uncompressed", "lossy_ratio", "policy_us"}
     assert s["bytes_held"] == held1
     assert s["bytes_uncompressed"] == n_layers * 4096 * 2 * 64 * 2 * 2
@@ -355,7 +355,7 @@ def test_stats_and_memory_returned():
     assert s["layers"][0]["held"] == [4096, 4096] and s["layers"][0]["evictions"] == 0
     assert s["policy_us"] > 0
     cache.reset()
-    s = cache.h2o_stats()
+    s = cache.eviction_stats()
     assert s["bytes_held"] == 0 and s["lossy_ratio"] == 1.0 and s["layers"][5]["evictions"] == 0
 
 
@@ -363,11 +363,11 @@ def test_unreachable_target_is_reported():
     rng = np.random.default_rng(6)
     cache = make_cache(n_layers=3)
     # 3 layers, only layer 2 evicts: the 2 full layers alone hold 2/3 > 1/2 of the uncompressed bytes.
-    cache.enable_h2o(**{**ARGS, "target_lossy_ratio": 2.0, "layer_start": 2})
+    cache.enable_eviction(**{**ARGS, "target_lossy_ratio": 2.0, "layer_start": 2})
     forward(cache, 100, rng, prefill=True)
     for _ in range(4):
         forward(cache, 1, rng, prefill=False)
-    assert cache.h2o_stats()["layers"][2]["skipped"]["target_unreachable"] == 2
+    assert cache.eviction_stats()["layers"][2]["skipped"]["target_unreachable"] == 2
     assert cache.length(2, 0) == 104
 
 
@@ -380,13 +380,13 @@ def test_quantised_dtype_pays_its_part_of_the_whole_model_target():
     held = {}  # f16 at the eviction target the frontier's one rule gives (6 * 17/32)
     for dtype, target in (("f16", eviction_target(6.0, dtype_gain("ours", "q8"))), ("q8", 6.0), ("q8r", 1.5)):
         cache = make_cache(n_layers=10, dtype=dtype)
-        cache.enable_h2o(policy="h2o", layer_budget="uniform", target_lossy_ratio=target, sink_tokens=16,
+        cache.enable_eviction(policy="h2o", layer_budget="uniform", target_lossy_ratio=target, sink_tokens=16,
                          recent_tokens=32, layer_start=2, trigger_min_tokens=512)
         rng = np.random.default_rng(3)
         for _ in range(4):
             forward(cache, 256, rng, prefill=True)
         held[dtype] = [cache.length(layer, h) for layer in range(10) for h in range(2)]
-        st = cache.h2o_stats()
+        st = cache.eviction_stats()
         if dtype == "q8":
             assert 5.0 < st["whole_model_ratio"] < 6.1  # under by the floors and whole blocks of 1024 tokens
         if dtype == "q8r":
@@ -401,11 +401,11 @@ def test_floors_larger_than_the_budget_shrink(share):
     the whole model reaches ~8x; 0 is the old rule (such heads are left alone)."""
     rng = np.random.default_rng(11)
     cache = make_cache(n_layers=16, max_tokens=2048 + 64)
-    cache.enable_h2o(**{**ARGS, "sink_tokens": 64, "recent_tokens": 256, "target_lossy_ratio": 8.0,
+    cache.enable_eviction(**{**ARGS, "sink_tokens": 64, "recent_tokens": 256, "target_lossy_ratio": 8.0,
                         "trigger_min_tokens": 512, "update_interval": 32, "max_floor_share": share})
     for _ in range(8):
         forward(cache, 256, rng, prefill=True)
-    s = cache.h2o_stats()
+    s = cache.eviction_stats()
     exceed = sum(layer["skipped"]["floors_exceed_target"] for layer in s["layers"])
     if share == 0.0:
         assert exceed > 0 and cache.length(5, 0) == 2048 and s["lossy_ratio"] < 1.1
@@ -416,7 +416,7 @@ def test_floors_larger_than_the_budget_shrink(share):
     # Decode re-eviction keeps the whole model at the target too.
     for _ in range(64):
         forward(cache, 1, rng, prefill=False)
-    assert 7.6 < cache.h2o_stats()["lossy_ratio"] <= 8.0
+    assert 7.6 < cache.eviction_stats()["lossy_ratio"] <= 8.0
 
 
 @pytest.mark.parametrize("policy", core.policy_names())
@@ -427,16 +427,16 @@ def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
     over what is kept still matches the reference (the cache stays consistent)."""
     rng = np.random.default_rng(9)
     cache = make_cache(n_layers=2, n_kv=2, group=2, dtype=dtype)
-    cache.enable_h2o(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
+    cache.enable_eviction(policy=policy, sink_tokens=16, recent_tokens=32, target_keep_ratio=0.25,
                      target_lossy_ratio=0.0, layer_start=1, trigger_min_tokens=0, update_interval=8,
                      per_head_budget=policy in ("keydiff", "expected_attention"), observation_window=4,
                      layer_budget="uniform")
     forward(cache, 320, rng, prefill=True)
-    held = cache.h2o_stats()["layers"][1]["held"]
-    assert sum(held) == 160 and cache.h2o_stats()["layers"][0]["held"] == [320, 320]
+    held = cache.eviction_stats()["layers"][1]["held"]
+    assert sum(held) == 160 and cache.eviction_stats()["layers"][0]["held"] == [320, 320]
     for _ in range(16):
         forward(cache, 1, rng, prefill=False)
-    s = cache.h2o_stats()
+    s = cache.eviction_stats()
     assert s["updates"] == 3 and s["layers"][1]["policy_us"] > 0
     n = s["layers"][1]["held"]
     assert sum(n) <= 2 * (0.25 * 336 + 16) + 16
@@ -453,18 +453,18 @@ def test_every_policy_evicts_to_budget_and_keeps_attention_exact(policy, dtype):
 
 @pytest.mark.parametrize("dtype", ["f16", "q8"])
 def test_byte_budget_caps_the_whole_model(dtype):
-    """h2o.kv_budget_bytes: the pool holds at most the cap after the prompt and through decode; the
+    """eviction.kv_budget_bytes: the pool holds at most the cap after the prompt and through decode; the
     smaller q8 rows keep more tokens under the same cap."""
     rng = np.random.default_rng(6)
     cache = make_cache(n_layers=3, dtype=dtype)
     cap = 200 * 1024
-    cache.enable_h2o(policy="h2o", layer_budget="uniform", sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0,
+    cache.enable_eviction(policy="h2o", layer_budget="uniform", sink_tokens=16, recent_tokens=32, target_lossy_ratio=0.0,
                      kv_budget_bytes=cap, layer_start=1, trigger_min_tokens=0, update_interval=4)
-    assert cache.h2o_config()["kv_budget_bytes"] == cap
+    assert cache.eviction_config()["kv_budget_bytes"] == cap
     forward(cache, 600, rng, prefill=True)
-    assert 0.9 * cap < cache.h2o_stats()["bytes_held"] <= cap
+    assert 0.9 * cap < cache.eviction_stats()["bytes_held"] <= cap
     for _ in range(12):
         forward(cache, 1, rng, prefill=False)
-    assert cache.h2o_stats()["bytes_held"] <= cap  # the 12th decode token ran an update
-    held = sum(cache.h2o_stats()["layers"][2]["held"])
+    assert cache.eviction_stats()["bytes_held"] <= cap  # the 12th decode token ran an update
+    held = sum(cache.eviction_stats()["layers"][2]["held"])
     assert held > (400 if dtype == "q8" else 100)

@@ -1,6 +1,6 @@
 // The H2O state of a KvCache: per (layer, kv head, block) attention scores, their EMA, the update
 // schedule, the budget and the per-layer statistics. KvCache owns one while eviction is enabled
-// and calls into it from step(), end_step(), evict() and truncate(); see docs/h2o.md.
+// and calls into it from step(), end_step(), evict() and truncate(); see docs/eviction.md.
 //
 // Scores. During an interval between two updates the attention kernel adds, per block, the
 // softmax mass its queries gave the block (summed over queries and the GQA group's query heads)
@@ -20,20 +20,20 @@
 
 #include "mnn_h2o/cache/snapshot_io.h"
 #include "mnn_h2o/eviction/eviction_policy.h"
-#include "mnn_h2o/eviction/h2o_config.h"
+#include "mnn_h2o/eviction/eviction_config.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
 
 namespace mnn_h2o {
 
 // Why an update left a head as it was. below_trigger and within_budget are the normal cases;
-// the last two mean the target cannot be met (see docs/h2o.md).
+// the last two mean the target cannot be met (see docs/eviction.md).
 enum class SkipReason { BelowTrigger = 0, WithinBudget, FloorsExceedTarget, TargetUnreachable };
 constexpr int kSkipReasons = 4;
 const char* skip_reason_name(SkipReason reason);  // "below_trigger", "within_budget", ...
 
 // Counters of one layer since the cache was created or reset. Kept whether or not eviction is
 // enabled (tokens_seen is what the uncompressed size is computed from).
-struct H2oLayerStats {
+struct EvictionLayerStats {
     int64_t tokens_seen = 0;   // tokens appended to the layer (every head gets each one)
     int64_t evictions = 0;     // plans applied (one per compacted head)
     int64_t blocks_freed = 0;  // pool blocks released by them, K and V blocks counted separately
@@ -43,10 +43,10 @@ struct H2oLayerStats {
     std::array<int64_t, kSkipReasons> skipped{};  // (head, update) pairs left alone, by reason
 };
 
-// A snapshot of the statistics (KvCache::h2o_stats()). Bytes count K and V.
-struct H2oStats {
+// A snapshot of the statistics (KvCache::eviction_stats()). Bytes count K and V.
+struct EvictionStats {
     struct Layer {
-        H2oLayerStats counters;
+        EvictionLayerStats counters;
         std::vector<int> held;  // tokens held per kv head
         size_t bytes_held = 0;  // blocks held * block bytes
     };
@@ -63,13 +63,13 @@ struct H2oStats {
     int64_t updates = 0;            // end_step calls that ran a policy update
 };
 
-class H2oState {
+class EvictionState {
 public:
     // cache must be a valid KvCache configuration. Throws std::invalid_argument naming the bad
     // field if config is invalid for it.
-    H2oState(const H2oConfig& config, const KvCacheConfig& cache);
+    EvictionState(const EvictionConfig& config, const KvCacheConfig& cache);
 
-    const H2oConfig& config() const { return cfg_; }  // layer_end resolved
+    const EvictionConfig& config() const { return cfg_; }  // layer_end resolved
     bool collects(int layer) const { return layer >= cfg_.layer_start && layer < cfg_.layer_end; }
 
     // The accumulator the kernel adds to for a collecting layer: [n_kv_heads][stride()].
@@ -162,7 +162,7 @@ public:
     // rows: the head's K/V rows, needed by policies whose signals() ask for keys or values
     // (std::invalid_argument without).
     void plan(int layer, int64_t tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-              H2oLayerStats* stats, const HeadRowReader* rows = nullptr);
+              EvictionLayerStats* stats, const HeadRowReader* rows = nullptr);
     // layer_budget "global" (KVzip): the eligible heads of all evicting layers keep the sum of their
     // budgets between them; their non-floor blocks are ranked together (floors stay per head). Arrays
     // over the evicting layers, i = layer - layer_start: tokens_seen[i], lengths[i * n_kv_heads + h],
@@ -173,7 +173,7 @@ public:
     // budget is followed by another on the next block boundary of any head, nearly every step, and
     // each plan ranks every held block (every held token under predicted scores).
     void plan_global(const int64_t* tokens_seen, const int* lengths, std::vector<std::vector<TokenRun>>* plans,
-                     H2oLayerStats* stats, const HeadRowReader* rows = nullptr, bool headroom = false);
+                     EvictionLayerStats* stats, const HeadRowReader* rows = nullptr, bool headroom = false);
 
     // A head of a collecting layer holding old_length tokens was compacted by runs (a valid
     // plan) or truncated to n_tokens: moves its scores along. A new block made of tokens of
@@ -186,8 +186,8 @@ public:
     // EMA of block b of a head; NaN if the block has not been through an update yet.
     float score(int layer, int head, int block) const;
 
-    // The saved-session snapshot of this state (docs/session_format.md "KVCS", H2o): config,
-    // schedule, policy state and every evicting layer's scores (h2o_snapshot.cpp). load() reads
+    // The saved-session snapshot of this state (docs/session_format.md "KVCS", Eviction): config,
+    // schedule, policy state and every evicting layer's scores (eviction_snapshot.cpp). load() reads
     // one into a fresh state made with the same config and cache shape; throws SnapshotError for
     // bytes that do not decode or a config that differs. Callers load into a new state and keep
     // it only on success.
@@ -228,7 +228,7 @@ private:
     // One head taking part in a pooled selection (a layer's shared budget, or the global one).
     struct PoolHead {
         int layer, head, length, budget;
-        H2oLayerStats* stats;
+        EvictionLayerStats* stats;
         std::vector<TokenRun>* plan;
     };
 
@@ -263,7 +263,7 @@ private:
     // The ScoreContext of head h for the policy, its inputs computed into the scratch below.
     ScoreContext context(int layer, int h, int length, const HeadRowReader* rows);
 
-    H2oConfig cfg_;
+    EvictionConfig cfg_;
     int n_layers_, n_kv_heads_, group_, block_tokens_, head_dim_;
     double dtype_gain_;  // quantised dtypes: f16 row bytes / cache row bytes; float types: 1
     size_t block_bytes_; // a pool block of K or V, as BlockPool rounds it
