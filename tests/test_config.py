@@ -374,3 +374,44 @@ def test_validate_of_a_valid_config_is_that_config():
     cfg = config.validate({"eviction": {"sink_tokens": 32}})
     assert config.validate(None, cfg) == cfg and config.validate(None, cfg) is not cfg
     assert config.validate({"eviction": {"sink_tokens": 16}}, cfg)["eviction"]["sink_tokens"] == 16
+
+
+def test_old_names_still_read_as_the_new_ones_each_named_once(capsys, monkeypatch):
+    monkeypatch.setattr(config, "_reported", set())
+    cfg = config.validate({"h2o": {"sink_tokens": 32, "policy": "h2o"},
+                           "lossless": {"scope": "h2o_kept"}, "bench": {"cases": ["baseline", "h2o", "q8_h2o"]}})
+    assert cfg["eviction"]["sink_tokens"] == 32 and cfg["eviction"]["policy"] == "h2o"
+    assert cfg["lossless"]["scope"] == "kept" and cfg["bench"]["cases"] == ["baseline", "evict", "q8_evict"]
+    err = capsys.readouterr().err.splitlines()
+    assert "config: h2o.sink_tokens is now eviction.sink_tokens (the old name still works)" in err
+    assert "config: lossless.scope=h2o_kept is now lossless.scope=kept (the old name still works)" in err
+    assert len(err) == 5  # two keys, three values; the policy named h2o is not a renamed value
+    config.load(None, {"h2o.sink_tokens": 16})
+    assert capsys.readouterr().err == ""  # once per process
+    assert config.validate({"h2o": {"recent_tokens": 8}}, notify=False)["eviction"]["recent_tokens"] == 8
+    with pytest.raises(config.ConfigError, match="h2o is the old name of eviction"):
+        config.validate({"h2o": {"sink_tokens": 32}, "eviction": {"sink_tokens": 16}})
+
+
+def test_every_old_key_has_its_new_one():
+    old = config.renamed()
+    for k in config.SCHEMA:
+        if k.section == "eviction":
+            assert old[f"h2o.{k.name}"] == k.path
+    for o, n in old.items():
+        path, _, value = n.partition("=")
+        assert path in {k.path for k in config.SCHEMA}
+        if value:
+            assert value in config.key(path).choices and o.partition("=")[2] not in config.key(path).choices
+
+
+def test_config_check_names_the_renamed_keys(tmp_path):
+    import subprocess
+    import sys
+    f = tmp_path / "old.yaml"
+    f.write_text("h2o:\n  sink_tokens: 32\n")
+    r = subprocess.run([sys.executable, "-m", "mnn_h2o.config", "--check", str(f)], capture_output=True, text=True)
+    assert r.returncode == 0 and "valid" in r.stdout and "h2o.sink_tokens is now eviction.sink_tokens" in r.stderr
+    f.write_text("h2o:\n  sink_tokens: -1\n")
+    r = subprocess.run([sys.executable, "-m", "mnn_h2o.config", "--check", str(f)], capture_output=True, text=True)
+    assert r.returncode == 1 and "eviction.sink_tokens" in r.stderr

@@ -4,6 +4,8 @@ bit (q8 and f16, after eviction), and bad files, models and settings are refused
 import copy
 import threading
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -120,6 +122,26 @@ def test_a_loaded_session_takes_turns(llm, tmp_path):
     t = Session.load(str(tmp_path / "b.session"), llm)
     assert s.say("Another one?", max_new_tokens=6).text == t.say("Another one?", max_new_tokens=6).text
     assert s.token_ids == t.token_ids
+
+
+def test_a_session_of_format_1_loads_with_its_old_section_name(llm, tmp_path, capsys):
+    """Format 1 named the eviction section h2o in META's config; such a file loads silently and
+    continues as the session it was."""
+    s = Session(llm, evicting())
+    s.say("Name a fruit.", max_new_tokens=6)
+    path = str(tmp_path / "new.session")
+    s.save(path)
+    meta, cache = session_file.read(path)
+    meta["config"] = {("h2o" if k == "eviction" else k): v for k, v in meta["config"].items()}
+    old = bytearray(session_file.encode(meta, cache))
+    old[8:12] = (1).to_bytes(4, "little")
+    old[20:24] = zlib.crc32(bytes(old[:20])).to_bytes(4, "little")
+    with open(tmp_path / "old.session", "wb") as f:
+        f.write(old)
+    capsys.readouterr()
+    t = Session.load(str(tmp_path / "old.session"), llm)
+    assert t.cfg == s.cfg and capsys.readouterr().err == ""
+    assert s.say("Another one?", max_new_tokens=6).text == t.say("Another one?", max_new_tokens=6).text
 
 
 def test_bad_files_models_and_settings_are_refused(llm, tmp_path):
