@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "float_args.h"
 #include "isa_arg.h"
-#include "mnn_h2o/attention/attention.h"
 #include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/decode_layers.h"
 #include "mnn_h2o/dense/weight_matrix.h"
@@ -59,16 +59,6 @@ WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& n
 WeightMatrix matrix_from(const py::dict& layer, const std::string& name, int cols, const std::string& where) {
     if (!layer.contains(name)) throw py::value_error(where + ": no '" + name + "'");
     return weight_matrix(cols, layer[name.c_str()].cast<py::list>(), where + " " + name);
-}
-
-const float* floats_of(const py::object& a, py::ssize_t n, const char* name, bool writable) {
-    if (!py::isinstance<py::array_t<float>>(a)) throw py::type_error(std::string(name) + " must be a float32 array");
-    auto arr = py::reinterpret_borrow<py::array_t<float>>(a);
-    if (!(arr.flags() & py::array::c_style) || arr.size() != n)
-        throw py::value_error(std::string(name) + " must be a C-contiguous float32 array of " + std::to_string(n) +
-                              " values, got " + std::to_string(arr.size()));
-    if (writable && !arr.writeable()) throw py::value_error(std::string(name) + " must be writable");
-    return arr.data();
 }
 
 // The rows of a float32 array of n rows of `width` values (its size a multiple of width, n >= 1).
@@ -281,8 +271,8 @@ void bind_decode_layers(py::module_& m) {
             py::arg("v"), py::arg("isa") = py::none(), py::arg("rest") = true,
             "one token through layer i's module: finishes layer i - 1 from attn into h (in place) unless attn is "
             "None, then writes layer i's rotated q, k and v; every array float32 and C-contiguous. rest: the "
-            "worker threads sleep after the call (False: they poll for the next, through an attention that "
-            "runs on the calling thread)");
+            "worker threads sleep after the call (False: they poll for the next; decode_token runs a whole token "
+            "so, its attention on them too)");
     cls.def(
             "forward_rows",
             [](DecodeLayers& self, int i, const py::object& h, const py::object& attn, const py::object& cos,
@@ -333,7 +323,4 @@ void bind_decode_layers(py::module_& m) {
             py::arg("h"), py::arg("attn"), py::arg("out"), py::arg("isa") = py::none(),
             "logits for n rows: h [n, hidden] (in place), attn [n, n_heads head_dim], out [n, vocab]; batched as "
             "forward_rows");
-    // Decode attention uses its threads from this many keys (one query row): the engine lets the
-    // decode layers' workers poll through the attention below it and rest from it.
-    m.attr("ATTENTION_PARALLEL_MIN_KEYS") = mnn_h2o::kParallelMinQueryKeys;
 }

@@ -20,9 +20,10 @@
 #include "mnn_h2o/eviction/eviction_config.h"
 #include "mnn_h2o/eviction/eviction_state.h"
 #include "mnn_h2o/cache/kv_cache.h"
-#include "mnn_h2o/store/kv_store.h"
+#include "mnn_h2o/store/lossless_stage.h"
 #include "mnn_h2o/store/store_config.h"
 #include "isa_arg.h"
+#include "py_kv_cache.h"
 
 namespace py = pybind11;
 using mnn_h2o::EvictionConfig;
@@ -259,25 +260,6 @@ py::dict store_stats_dict(const StoreStats& s) {
     d["total_ratio"] = s.total_ratio;
     return d;
 }
-
-// The cache plus a lock: the GIL is released during native work, so two Python threads could
-// otherwise enter one cache at once.
-struct PyKvCache {
-    explicit PyKvCache(const KvCacheConfig& config) : cache(config) {}
-    KvCache cache;
-    std::mutex mutex;
-};
-
-// Scope of one native call: releases the GIL, then takes the cache lock (in that order, so a
-// thread never waits for the cache while holding the GIL); undone in reverse.
-class NativeCall {
-public:
-    explicit NativeCall(PyKvCache& c) : lock_(c.mutex) {}
-
-private:
-    py::gil_scoped_release release_;
-    std::lock_guard<std::mutex> lock_;
-};
 
 // A KvCache method as a binding that calls it inside a NativeCall. The result is converted after
 // the call returns, with the GIL held again: eviction_stats() and store_stats() build their dicts

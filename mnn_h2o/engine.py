@@ -235,9 +235,6 @@ class Llm:
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
         if self._decode_layers is not None:
-            from . import native
-
-            self._attention_threads_from = native.ATTENTION_PARALLEL_MIN_KEYS
             self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                          for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._q8_head = None
@@ -399,9 +396,11 @@ class Llm:
         return eviction["layer_start"], self.config.n_layers if end < 0 else min(end, self.config.n_layers)
 
     def _observer(self):
-        """What sees each layer's input hidden states in this forward: tools.fit_scorer's
-        hidden_observer, else, with eviction.policy predicted_kvzip, the scorer, whose predictions go to
-        the cache for the tokens the layer's step has just appended; None for everything else."""
+        """What sees each layer's input hidden states in this forward, after the layer's cache step,
+        as ``observe(layer, h)``: tools.fit_scorer's hidden_observer, else, with eviction.policy
+        predicted_kvzip, the scorer; None for everything else. What it returns (None, or scores
+        [n_kv_heads, n]) goes to the cache as the predicted scores of the tokens the step has just
+        appended (``_observe``)."""
         if self.hidden_observer is not None:
             return self.hidden_observer
         eviction = self.eviction
@@ -410,10 +409,14 @@ class Llm:
         scorer, cache = self._scorer, self.cache
         lo, hi = self._evicting_layers(eviction)
 
-        def score(i: int, rows: np.ndarray) -> None:
-            if lo <= i < hi:
-                cache.set_token_scores(i, scorer.scores(i, rows))
+        def score(i: int, rows: np.ndarray) -> Optional[np.ndarray]:
+            return scorer.scores(i, rows) if lo <= i < hi else None
         return score
+
+    def _observe(self, observe, layer: int, h: np.ndarray) -> None:
+        scores = observe(layer, h)
+        if scores is not None:
+            self.cache.set_token_scores(layer, scores)
 
     def configure_lossless(self, lossless: Optional[dict]) -> None:
         """Turn the lossless store on (a ``lossless`` config section, missing keys at their
@@ -490,7 +493,7 @@ class Llm:
             cache.step(i, q, k, v, attn)
             t4 = perf()
             if observe is not None:  # timed as policy
-                observe(i, h.read())
+                self._observe(observe, i, h.read())
                 t_obs += perf() - t4
                 t4 = perf()
             attn_in.write(attn)
@@ -508,19 +511,21 @@ class Llm:
         return h, attn_in, attn
 
     def _decode_token(self, token: int, pos: int):
-        """``_layers`` for one token through the native decode layers: the same returns, with the
-        hidden state as numpy ([1, hidden]) and MNN's attention input None."""
-        layers = self._decode_layers
-        q, k, v = self._q, self._k, self._v
+        """``_layers`` for one token through the native decode layers, every layer and its cache
+        step in one native call on one team of threads (native/include/mnn_h2o/model/decode_token.h):
+        the same returns, with the hidden state as numpy ([1, hidden]) and MNN's attention input None."""
+        from . import native
+
         t0 = time.perf_counter()
         h = np.array(self._embed[token], dtype=np.float32)
         attn = self._input_vars(1)[4]
-        cos, sin = self._cos[pos, 0], self._sin[pos, 0]
-        # The layers' workers poll through an attention on one thread, and sleep through one on
-        # its own threads (native/include/mnn_h2o/runtime/spin_team.h).
-        rest = pos + 1 >= self._attention_threads_from
-        self._native_steps(lambda i: layers.forward(i, h, attn[0] if i else None, cos, sin, q, k, v, rest=rest),
-                           h, q, k, v, attn, t0)
+        dense, att, obs = native.decode_token(self._decode_layers, self.cache, h, self._cos[pos, 0], self._sin[pos, 0],
+                                              self._q, self._k, self._v, attn, self._observer())
+        st = self.stats
+        st.dense_s += dense
+        st.attention_s += att
+        st.policy_s += obs
+        st.convert_s += time.perf_counter() - t0 - dense - att - obs
         return h[None], None, attn
 
     def _prompt_rows(self, ids: Sequence[int], pos: int):
@@ -554,7 +559,7 @@ class Llm:
             t_dense += t2 - t1
             t_att += t3 - t2
             if observe is not None:  # timed as policy
-                observe(i, h)
+                self._observe(observe, i, h)
                 t4 = perf()
                 t_obs += t4 - t3
                 t3 = t4

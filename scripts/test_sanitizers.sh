@@ -32,7 +32,7 @@ echo "== ASan + UBSan: ctest"
 
 echo "== ASan + UBSan: Python tests on the instrumented module"
 py_tests=(tests/test_kv_cache.py tests/test_eviction.py tests/test_codec.py tests/test_codec_fuzz.py)
-[ -f tests/test_kv_store.py ] && py_tests+=(tests/test_kv_store.py)
+[ -f tests/test_lossless_stage.py ] && py_tests+=(tests/test_lossless_stage.py)
 # python is not instrumented, so the ASan runtime is preloaded (it must come first in the
 # process), and libstdc++ with it: otherwise ASan's __cxa_throw interceptor finds no real
 # __cxa_throw at start-up and the first C++ exception (an input check) aborts the process.

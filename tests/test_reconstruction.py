@@ -91,9 +91,9 @@ def test_kvzip_meets_the_ratio_and_keeps_prompt_rows(llm, tokenizer):
         for t in ids[400:]:
             llm.decode(t)
         assert 3.0 < llm.stats.whole_model_ratio < 3.4, (name, llm.stats.whole_model_ratio)
-    block_bytes = held["eviction"] // blocks["eviction"]
+    block_bytes = held["h2o"] // blocks["h2o"]
     heads = len(lengths)  # (layer, kv head) pairs, every one evicting
-    assert held["eviction"] - 2 * heads * block_bytes <= held["kvzip"] <= held["eviction"], (held, block_bytes)
+    assert held["h2o"] - 2 * heads * block_bytes <= held["kvzip"] <= held["h2o"], (held, block_bytes)
     llm.configure_eviction(None)
 
 
@@ -116,7 +116,7 @@ def test_kvzip_keeps_a_fact_asked_after_compression(llm, tokenizer):
         llm.prefill(hay[:150] + fact + hay[150:])
         answers[name] = llm.generate(question, 4, chat=False, keep_context=True).text
     assert "thunderbolt" in answers["full"] and "thunderbolt" in answers["kvzip"], answers
-    assert "thunderbolt" not in answers["eviction"], answers
+    assert "thunderbolt" not in answers["h2o"], answers
     llm.configure_eviction(None)
 
 

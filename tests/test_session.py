@@ -135,7 +135,7 @@ def test_a_session_of_format_1_loads_with_its_old_section_name(llm, tmp_path, ca
     meta["config"] = {("h2o" if k == "eviction" else k): v for k, v in meta["config"].items()}
     old = bytearray(session_file.encode(meta, cache))
     old[8:12] = (1).to_bytes(4, "little")
-    old[20:24] = zlib.crc32(bytes(old[:20])).to_bytes(4, "little")
+    old[16:20] = zlib.crc32(bytes(old[:16])).to_bytes(4, "little")
     with open(tmp_path / "old.session", "wb") as f:
         f.write(old)
     capsys.readouterr()

@@ -539,7 +539,7 @@ static void test_eviction() {
     CHECK(mnn_h2o_kv_cache_enable_eviction(nullptr, &e) == MNN_H2O_ERR_INVALID_ARGUMENT, "null cache");
     CHECK(mnn_h2o_kv_cache_enable_eviction(cache, nullptr) == MNN_H2O_ERR_INVALID_ARGUMENT, "null config");
     mnn_h2o_kv_cache_destroy(cache);
-    std::printf("h2o: %d evicting steps, lossy ratio %.2f\n", n_evicting_steps, st.lossy_ratio);
+    std::printf("eviction: %d evicting steps, lossy ratio %.2f\n", n_evicting_steps, st.lossy_ratio);
 }
 
 // The last error belongs to the thread that failed.

@@ -1,4 +1,4 @@
-// The decode cache, apart from attention (test_kv_store.cpp runs attention over it): read()
+// The decode cache, apart from attention (test_lossless_stage.cpp runs attention over it): read()
 // returns a compressed block's true bytes with and without entries; prefetch fills entries
 // within the budget and a settled prefetch gives back its room; a forgotten chunk's entry goes.
 #include <memory>

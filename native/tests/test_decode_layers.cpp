@@ -2,7 +2,9 @@
 // prompt chunk's forward_rows against forward row by row (batched products round the activation
 // per block of 32, the one-row ones in the k-quant form: close, not equal), one and two threads
 // bit for bit, a chunk below the batched products' 16 rows exactly forward's; logits_rows
-// likewise; bad calls refused. Run under ASan / UBSan in the sanitizer tier.
+// likewise; bad calls refused; decode_token (model/decode_token.h: every layer and its cache step in
+// one call, the attention on the layers' team) bit for bit the layer-by-layer calls, past the keys
+// where the attention splits over both threads. Run under ASan / UBSan in the sanitizer tier.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -11,8 +13,10 @@
 #include <vector>
 
 #include "mnn_h2o/cache/fp16.h"
+#include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/dense/decode_layers.h"
 #include "mnn_h2o/dense/weight_types.h"
+#include "mnn_h2o/model/decode_token.h"
 
 #include "test_support.h"
 
@@ -96,6 +100,66 @@ Model make(int threads) {
     for (float& v : out_norm) v += 1.f;
     m.layers->set_head(out_norm, matrix({{WeightType::Q6_K, 1000}}, s.hidden, rng));
     return m;
+}
+
+// decode_token against forward (rest between calls) and KvCache::step layer by layer on a cache of
+// its own: h and the attention output equal bit for bit at every token, over enough tokens that
+// the attention splits its keys over the threads (kParallelMinQueryKeys).
+void one_call_is_the_layers_one_by_one(int threads) {
+    Model a = make(threads), b = make(threads);
+    const DecodeShape& s = a.shape;
+    const int n_tokens = static_cast<int>(kParallelMinQueryKeys) + 80;
+    KvCache own(kv_config(2, s.n_kv_heads, s.head_dim, s.n_heads, KvDtype::Q8, 16, n_tokens, threads));
+    KvCache lent(own.config());
+    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nk = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
+    std::vector<float> q(nq), k(nk), v(nk), attn_a(nq), attn_b(nq), cos(s.head_dim), sin(s.head_dim);
+    std::mt19937 rng(11);
+    bool same = true;
+    for (int t = 0; t < n_tokens && same; ++t) {
+        std::vector<float> ha = random_vec(rng, s.hidden), hb = ha;
+        for (int j = 0; j < s.head_dim; ++j) {
+            const double th = t * std::pow(10000.0, -2.0 * (j % (s.head_dim / 2)) / s.head_dim);
+            cos[j] = static_cast<float>(std::cos(th));
+            sin[j] = static_cast<float>(std::sin(th));
+        }
+        for (int i = 0; i < 2; ++i) {
+            a.layers->forward(i, ha.data(), i ? attn_a.data() : nullptr, cos.data(), sin.data(), q.data(), k.data(),
+                              v.data(), best_isa(), true);
+            own.step(i, q.data(), k.data(), v.data(), 1, attn_a.data());
+        }
+        decode_token(*b.layers, lent, hb.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(), attn_b.data(),
+                     best_isa());
+        same = std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(float)) == 0 &&
+               std::memcmp(attn_a.data(), attn_b.data(), nq * sizeof(float)) == 0;
+        CHECK(same, "%d threads, token %d: decode_token differs from the layers one by one", threads, t);
+    }
+    CHECK(lent.team() != &b.layers->team(), "%d threads: the layers' team still lent after the token", threads);
+    // An observer's scores go to the cache: one without predicted eviction refuses them, and the
+    // token's error leaves the team returned.
+    std::vector<float> h = random_vec(rng, s.hidden);
+    const LayerObserver hand_scores = [](int, const float*, std::vector<float>& scores) {
+        scores.assign(scores.size(), 0.5f);
+        return true;
+    };
+    KvCache fresh(own.config());
+    CHECK(throws<std::invalid_argument>([&] {
+              decode_token(*b.layers, fresh, h.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(),
+                           attn_b.data(), best_isa(), hand_scores);
+          }),
+          "scores for a cache that takes none");
+    CHECK(fresh.team() != &b.layers->team(), "%d threads: the team still lent after an error", threads);
+    int seen = 0;
+    const LayerObserver count = [&seen](int, const float*, std::vector<float>&) { return ++seen < 0; };
+    KvCache counted(own.config());
+    decode_token(*b.layers, counted, h.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(), attn_b.data(),
+                 best_isa(), count);
+    CHECK(seen == 2, "the observer saw %d layers, want 2", seen);
+    KvCache three_layers(kv_config(3, s.n_kv_heads, s.head_dim, s.n_heads, KvDtype::Q8, 16, 64, threads));
+    CHECK(throws<std::invalid_argument>([&] {
+              decode_token(*b.layers, three_layers, h.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(),
+                           attn_b.data(), best_isa());
+          }),
+          "a cache of another model");
 }
 
 // The layer's form (decode_layers.h): an option missing, unknown, or of a value these layers do
@@ -220,6 +284,7 @@ int main() {
           "a layer past the last");
     CHECK(throws<std::invalid_argument>([&] { one.layers->forward_rows(1, 0, ha.data(), attn.data(), cos.data(), sin.data(), q.data(), q.data(), q.data(), best_isa()); }),
           "no rows");
+    for (int threads : {1, 2}) one_call_is_the_layers_one_by_one(threads);
     std::printf("test_decode_layers: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
     return g_failures != 0;
 }

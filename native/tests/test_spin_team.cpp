@@ -1,5 +1,7 @@
 // SpinTeam: every task of every run runs exactly once, whatever the thread count and task count,
 // including runs after the workers went to sleep or were told to rest; a team of one runs inline; shutdown joins.
+// As a Team: thread indices in range and never two tasks at once on one, a task's exception
+// rethrown to the caller (the team usable after it), a nested call run inline.
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -46,8 +48,43 @@ static void sums_match() {
     }
 }
 
+static void as_a_team(int threads) {
+    SpinTeam spin(threads);
+    Team& team = spin;
+    std::vector<std::atomic<int>> busy(threads);
+    std::atomic<int> bad{0}, ran{0};
+    for (int run = 0; run < 500; ++run)
+        team.parallel_for(1 + run % 9, [&](int, int thread) {
+            if (thread < 0 || thread >= threads || busy[thread].fetch_add(1) != 0) bad.fetch_add(1);
+            ran.fetch_add(1);
+            if (thread >= 0 && thread < threads) busy[thread].fetch_sub(1);
+        });
+    CHECK(bad.load() == 0, "%d threads: %d tasks with a bad or shared thread index", threads, bad.load());
+    for (int run = 0; run < 50; ++run) {
+        std::atomic<int> after{0};
+        const bool threw = throws<std::runtime_error>([&] {
+            team.parallel_for(8, [&](int task, int) {
+                if (task == 3) throw std::runtime_error("task 3");
+                after.fetch_add(1);
+            });
+        });
+        CHECK(threw, "%d threads, run %d: the task's exception was not rethrown", threads, run);
+    }
+    std::atomic<int> inner{0};
+    team.parallel_for(4, [&](int, int thread) {
+        team.parallel_for(3, [&](int, int inner_thread) {
+            if (inner_thread == thread) inner.fetch_add(1);
+        });
+    });
+    CHECK(inner.load() == 12, "%d threads: nested tasks %d of 12 inline on their thread", threads, inner.load());
+    std::vector<std::atomic<int>> hits(16);
+    team.parallel_for(16, [&](int task, int) { hits[task].fetch_add(1); });
+    for (auto& h : hits) CHECK(h.load() == 1, "%d threads: a task after an error ran %d times", threads, h.load());
+}
+
 int main() {
     for (int threads : {1, 2, 3}) every_task_once(threads);
+    for (int threads : {1, 2, 3}) as_a_team(threads);
     sums_match();
     CHECK(throws<std::invalid_argument>([] { SpinTeam t(0); }), "0 threads");
     std::printf("test_spin_team: %s\n", g_failures ? "FAILED" : "ok");

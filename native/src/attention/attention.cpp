@@ -12,7 +12,7 @@
 #include <string>
 
 #include "attention_kernels.h"
-#include "mnn_h2o/runtime/thread_pool.h"
+#include "mnn_h2o/runtime/team.h"
 
 namespace mnn_h2o {
 
@@ -109,14 +109,14 @@ bool parallel_worthwhile(const AttentionProblem& p) {
 }
 
 template <class Fn>
-void for_tasks(ThreadPool* pool, int n_tasks, const Fn& fn) {
+void for_tasks(Team* pool, int n_tasks, const Fn& fn) {
     if (pool) pool->parallel_for(n_tasks, fn);
     else
         for (int t = 0; t < n_tasks; ++t) fn(t, 0);
 }
 
 void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
-           ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
+           Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, R = ks.tile_rows;
     if (R > kMaxTileRows) throw std::logic_error("attention: kernel tile larger than kMaxTileRows");
     const int rows_per_head = p.n_q * G;
@@ -160,7 +160,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
                                p.block_max ? ws.tile_max.data() + static_cast<size_t>(task) * max_blocks : nullptr};
         ks.tile(args);
     };
-    ThreadPool* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
+    Team* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
     if (source) {
         for (int h = 0; h < p.n_kv_heads; ++h) {
             source->prepare(h, 0, p.heads[h].n_keys);
@@ -191,7 +191,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
 }
 
 void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
-             ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
+             Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
     const int max_keys = split_keys_of(p);
     const int max_blocks = (max_keys + bt - 1) / bt;
@@ -306,7 +306,7 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
 
 bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
 
-void attention(const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws, KeySource* source) {
+void attention(const AttentionProblem& p, Isa isa, Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
     validate(p);
     const kernels::Shape shape{p.head_dim, p.block_tokens, kv_storage_dtype(p.dtype), 1.f / std::sqrt(static_cast<float>(p.head_dim))};

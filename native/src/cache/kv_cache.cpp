@@ -230,8 +230,8 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
         hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
         p.q = rotated_q_.data();
     }
-    if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, threads_.get(), workspace_);
-    else attention(p, isa, threads_.get(), workspace_);
+    if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, team(), workspace_);
+    else attention(p, isa, team(), workspace_);
     if (rotated) hadamard_rows(out, q_rows, cfg_.head_dim);
 }
 
@@ -333,7 +333,7 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     p.n_peak = peak_n_peak_.data();
     p.peak = eviction_->token_peak_accumulator(layer);
     p.peak_stride = eviction_->token_stride();
-    token_peaks(p, best_isa(), threads_.get(), peak_ws_);
+    token_peaks(p, best_isa(), team(), peak_ws_);
 }
 
 void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
@@ -374,7 +374,7 @@ void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
         p.n_peak = &n_peak;
         p.peak = peak;
         p.peak_stride = static_cast<size_t>(n_peak);
-        token_peaks(p, best_isa(), threads_.get(), peak_ws_);
+        token_peaks(p, best_isa(), team(), peak_ws_);
         // The blocks' peaks: the largest of their tokens' (what the kernel would give a block).
         float* block = rmax + static_cast<size_t>(h) * eviction_->stride();
         for (int t = begin; t < end; ++t) block[t / bt] = std::max(block[t / bt], peak[t - begin]);
@@ -553,7 +553,7 @@ void KvCache::disable_eviction() {
 void KvCache::enable_store(const StoreConfig& config) {
     validate_store_config(config, cfg_);
     disable_store();
-    if (config.mode != StoreMode::Off) store_ = std::make_unique<KvStore>(config, cfg_, pool_, heads_);
+    if (config.mode != StoreMode::Off) store_ = std::make_unique<LosslessStage>(config, cfg_, pool_, heads_);
 }
 
 void KvCache::disable_store() {

@@ -55,7 +55,7 @@ void token_peaks_scalar(const TokenPeakProblem& p, TokenPeakWorkspace& ws) {
 
 }  // namespace
 
-void token_peaks(const TokenPeakProblem& p, Isa isa, ThreadPool* threads, TokenPeakWorkspace& ws) {
+void token_peaks(const TokenPeakProblem& p, Isa isa, Team* threads, TokenPeakWorkspace& ws) {
     check(p);
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
     if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) {

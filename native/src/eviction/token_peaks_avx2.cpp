@@ -56,7 +56,7 @@ float hsum(__m256 v) {
 
 }  // namespace
 
-void token_peaks_avx2(const TokenPeakProblem& p, ThreadPool* threads, const TokenPeakLayout& lay) {
+void token_peaks_avx2(const TokenPeakProblem& p, Team* threads, const TokenPeakLayout& lay) {
     const int H = p.n_kv_heads, G = p.group, hd = p.head_dim, n_heads = H * G;
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
     const size_t max_keys = lay.max_keys, max_peak = lay.max_peak;

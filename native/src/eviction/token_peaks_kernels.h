@@ -22,7 +22,7 @@ struct TokenPeakLayout {
 };
 
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-void token_peaks_avx2(const TokenPeakProblem& p, ThreadPool* threads, const TokenPeakLayout& layout);
+void token_peaks_avx2(const TokenPeakProblem& p, Team* threads, const TokenPeakLayout& layout);
 #endif
 
 }  // namespace mnn_h2o

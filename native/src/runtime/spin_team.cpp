@@ -14,10 +14,19 @@
 
 namespace mnn_h2o {
 
+namespace {
+
+// The team whose task this thread is running (and its thread index there), so that a nested
+// parallel_for on the same team runs inline instead of waiting for itself.
+thread_local const SpinTeam* t_running_team = nullptr;
+thread_local int t_thread_index = 0;
+
+}  // namespace
+
 SpinTeam::SpinTeam(int n_threads) {
     if (n_threads < 1) throw std::invalid_argument("SpinTeam: n_threads must be >= 1");
     try {
-        for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+        for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
     } catch (...) {
         stop();
         throw;
@@ -38,19 +47,34 @@ void SpinTeam::stop() {
     workers_.clear();
 }
 
-void SpinTeam::take_tasks() {
+void SpinTeam::take_tasks(int thread) {
+    const SpinTeam* outer_team = t_running_team;
+    const int outer_index = t_thread_index;
+    t_running_team = this;
+    t_thread_index = thread;
     for (;;) {
         const int task = next_.fetch_add(1);
-        if (task >= n_tasks_) return;
-        fn_(ctx_, task);
+        if (task >= n_tasks_) break;
+        if (!failed_.load(std::memory_order_relaxed)) {
+            try {
+                fn_(ctx_, task, thread);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mutex_);
+                if (!error_) error_ = std::current_exception();
+                failed_.store(true);
+            }
+        }
         done_.fetch_add(1);
     }
+    t_running_team = outer_team;
+    t_thread_index = outer_index;
 }
 
-void SpinTeam::run_job(int n_tasks, TaskFn fn, void* ctx) {
+void SpinTeam::run_tasks(int n_tasks, TaskFn fn, void* ctx) {
     if (n_tasks <= 0) return;
-    if (workers_.empty() || n_tasks == 1) {
-        for (int i = 0; i < n_tasks; ++i) fn(ctx, i);
+    if (workers_.empty() || n_tasks == 1 || t_running_team == this) {
+        const int thread = t_running_team == this ? t_thread_index : 0;
+        for (int i = 0; i < n_tasks; ++i) fn(ctx, i, thread);
         return;
     }
     fn_ = fn;
@@ -58,6 +82,7 @@ void SpinTeam::run_job(int n_tasks, TaskFn fn, void* ctx) {
     n_tasks_ = n_tasks;
     next_.store(0);
     done_.store(0);
+    failed_.store(false);
     open_.store(true);
     resting_.store(false);
     generation_.fetch_add(1);
@@ -65,13 +90,22 @@ void SpinTeam::run_job(int n_tasks, TaskFn fn, void* ctx) {
         std::lock_guard<std::mutex> lock(mutex_);
         if (sleeping_ > 0) wake_.notify_all();
     }
-    take_tasks();
+    take_tasks(0);
     while (done_.load() < n_tasks) MNN_H2O_PAUSE();
     open_.store(false);
     while (in_job_.load() != 0) MNN_H2O_PAUSE();
+    if (failed_.load()) {
+        std::exception_ptr error;
+        {
+            std::lock_guard<std::mutex> lock(error_mutex_);
+            error = std::move(error_);
+            error_ = nullptr;
+        }
+        std::rethrow_exception(error);
+    }
 }
 
-void SpinTeam::worker_loop() {
+void SpinTeam::worker_loop(int thread) {
     using clock = std::chrono::steady_clock;
     uint64_t seen = generation_.load();
     for (;;) {
@@ -92,7 +126,7 @@ void SpinTeam::worker_loop() {
         if (stop_flag_.load()) return;
         seen = generation_.load();
         in_job_.fetch_add(1);
-        if (open_.load()) take_tasks();
+        if (open_.load()) take_tasks(thread);
         in_job_.fetch_sub(1);
     }
 }

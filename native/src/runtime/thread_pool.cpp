@@ -21,7 +21,7 @@ ThreadPool::ThreadPool(int n_threads) {
 
 ThreadPool::~ThreadPool() { workers_.stop(); }
 
-void ThreadPool::run(int n_tasks, TaskFn fn, void* ctx) {
+void ThreadPool::run_tasks(int n_tasks, TaskFn fn, void* ctx) {
     if (n_tasks <= 0) return;
     if (workers_.size() == 0 || n_tasks == 1 || t_running_pool == this) {
         const int thread = t_running_pool == this ? t_thread_index : 0;

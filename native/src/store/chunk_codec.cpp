@@ -22,7 +22,7 @@ gear::ElementType element_type_of(KvDtype dtype) {
         case KvDtype::Q4: return gear::ElementType::Q4;
         default: break;
     }
-    throw std::invalid_argument(std::string("KvStore: the lossless store does not take dtype ") + kv_dtype_name(dtype));
+    throw std::invalid_argument(std::string("LosslessStage: the lossless store does not take dtype ") + kv_dtype_name(dtype));
 }
 
 gear::EncodeOptions codec_options(const StoreConfig& c) {
@@ -83,14 +83,14 @@ void ChunkCodec::gather_v(const Chunk& chunk, uint8_t* out) const {
     const int w = chunk.ref_width;
     for (size_t i = 0, n = static_cast<size_t>(chunk.n_blocks) * block_tokens_; i < n; ++i) {
         const uint32_t ref = read_row_ref(refs + i * w, w);
-        if (ref >= chunk.table->size()) throw std::runtime_error("KvStore: a V row reference is out of range");
+        if (ref >= chunk.table->size()) throw std::runtime_error("LosslessStage: a V row reference is out of range");
         std::memcpy(v + i * row_bytes_, chunk.table->row(ref), row_bytes_);
     }
 }
 
 void ChunkCodec::decode(const Chunk& chunk, uint8_t* out, gear::Codec& codec) const {
     if (!decode_frame(chunk, out, codec))
-        throw std::runtime_error("KvStore: a verified frame no longer decodes (memory corrupted?)");
+        throw std::runtime_error("LosslessStage: a verified frame no longer decodes (memory corrupted?)");
     if (chunk.ref_width) gather_v(chunk, out);
 }
 

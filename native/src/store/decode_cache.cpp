@@ -122,7 +122,7 @@ void DecodeCache::settle_prefetches() {
 // the next ranges of this layer will need, decoded at once on the pool's threads. One batch per
 // layer instead of one parallel decode per split: each wakes the workers, and on a VM that
 // costs tens of microseconds (at 1024 tokens a layer's chunks fill one batch).
-void DecodeCache::prepare_keys(int layer, int h, int key_begin, int key_end, ThreadPool* pool) {
+void DecodeCache::prepare_keys(int layer, int h, int key_begin, int key_end, Team* pool) {
     StoreLayerStats& st = stats_[layer];
     const int block_tokens = codec_.block_tokens();
     const int first_block = key_begin / block_tokens;
@@ -225,7 +225,7 @@ void DecodeCache::set_views(const Chunk& c, const uint8_t* base) {
     }
 }
 
-void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
+void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, Team* pool, AttentionWorkspace& ws) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G;
     int split_keys = 0;
     for (int h = 0; h < p.n_kv_heads; ++h) split_keys = std::max(split_keys, p.heads[h].n_keys);
@@ -242,7 +242,7 @@ void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, ThreadPo
         struct Source final : KeySource {
             DecodeCache* cache;
             int layer, head;
-            ThreadPool* pool;
+            Team* pool;
             void prepare(int, int key_begin, int key_end) override {
                 cache->prepare_keys(layer, head, key_begin, key_end, pool);
             }
@@ -298,7 +298,7 @@ void DecodeCache::read_block(int layer, int h, int block, const void** k, const 
         *v = base + static_cast<size_t>(c->n_blocks) * block_bytes + frame_block * block_bytes;
         return;
     }
-    throw std::logic_error("KvStore: block is not compressed");
+    throw std::logic_error("LosslessStage: block is not compressed");
 }
 
 }  // namespace mnn_h2o::store

@@ -16,7 +16,7 @@
 
 namespace mnn_h2o {
 
-class ThreadPool;
+class Team;
 
 // Attention uses more than one thread only when n_q * (keys of the longest kv head) reaches this:
 // below it, waking a sleeping worker costs more than it saves (one thread was faster below ~1k
@@ -96,11 +96,11 @@ public:
 bool isa_available(Isa isa);
 
 // Runs the attention with the kernels of isa (std::invalid_argument if unavailable or if the
-// problem is malformed). pool may be null (single thread). With a key source, the work is the
+// problem is malformed). pool (a ThreadPool or a SpinTeam) may be null (single thread). With a key source, the work is the
 // same (same splits and tiles, so bit-identical results) but ordered by key range: decode runs
 // its (head, split) tasks one after another on the calling thread, prefill one head's tiles at a
 // time.
-void attention(const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws,
+void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws,
                KeySource* source = nullptr);
 
 // Conversion of n_rows rows of head_dim elements between fp32 and the cache row format,

@@ -29,7 +29,7 @@
 #include "mnn_h2o/eviction/token_peaks.h"
 #include "mnn_h2o/cache/kv_cache_config.h"
 #include "mnn_h2o/cache/kv_head_blocks.h"
-#include "mnn_h2o/store/kv_store.h"
+#include "mnn_h2o/store/lossless_stage.h"
 #include "mnn_h2o/store/store_config.h"
 #include "mnn_h2o/runtime/thread_pool.h"
 
@@ -67,6 +67,14 @@ public:
     // evicting layers are collected too (block_scores, if given, still gets the masses).
     void step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
               float* block_scores = nullptr, size_t scores_stride = 0);
+
+    // The team the attention (and the token peaks) run on: the cache's own pool, or the one lent
+    // to it. A decode token lends the decode layers' team (model/decode_token.h), whose workers
+    // are awake from the layer's products, so no second team's workers wake for every layer. A
+    // team of another size is not taken (its splits, and so its sums, would differ). The lender
+    // takes it back (nullptr) before the team goes.
+    void lend_team(Team* team) { lent_team_ = team && team->size() == cfg_.threads ? team : nullptr; }
+    Team* team() const { return lent_team_ ? lent_team_ : threads_.get(); }
 
     int length(int layer, int head) const;
     // Bytes the KV cache holds: raw pool blocks plus, with the store on, its frames, decode
@@ -247,6 +255,7 @@ private:
     Isa isa_;  // for dtype conversion
     BlockPool pool_;
     std::unique_ptr<ThreadPool> threads_;
+    Team* lent_team_ = nullptr;  // lend_team()
     std::vector<Head> heads_;  // [layer][kv head]
     std::vector<KvHeadView> views_;
     AttentionWorkspace workspace_;
@@ -276,7 +285,7 @@ private:
         void read(int layer, int head, float* k, float* v) const override { cache->read_stored(layer, head, k, v); }
     } row_reader_;
     std::vector<void*> freed_k_, freed_v_, slots_;  // drop_blocks() scratch
-    std::unique_ptr<KvStore> store_;    // null when the store is off; last: it points at heads_, pool_
+    std::unique_ptr<LosslessStage> store_;    // null when the store is off; last: it points at heads_, pool_
 };
 
 }  // namespace mnn_h2o

@@ -61,14 +61,16 @@ public:
     int n_layers() const { return static_cast<int>(layers_.size()); }
     const DecodeShape& shape() const { return shape_; }
     size_t bytes() const;  // the weights held
+    // The threads of the products; a decode token lends them to the cache's attention too
+    // (model/decode_token.h).
+    SpinTeam& team() { return team_; }
 
     // One token through layer i's module: if attn (layer i - 1's attention output, n_heads x
     // head_dim) is given, finishes layer i - 1 into h first (i > 0); then layer i's q (n_heads x
     // head_dim), k and v (n_kv_heads x head_dim) from h, q and k rotated by cos / sin (head_dim
     // each, the token's position). h is [hidden], updated in place. rest: the team's workers sleep
-    // after the call (when the attention that follows uses its own threads; when it runs on the
-    // caller's thread, polling through it keeps them awake for the next call). Not for concurrent
-    // calls.
+    // after the call; false keeps them polling for the next call (decode_token, whose attention
+    // runs on this team too). Not for concurrent calls.
     void forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q, float* k,
                  float* v, Isa isa, bool rest);
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "mnn_h2o/runtime/cpu_features.h"
-#include "mnn_h2o/runtime/thread_pool.h"
+#include "mnn_h2o/runtime/team.h"
 
 namespace mnn_h2o {
 
@@ -41,6 +41,6 @@ struct TokenPeakWorkspace {
 // time); Avx2 and Avx512 take the AVX2 path (8-key panels, a polynomial exp), threaded over
 // (kv head, row tile) when `threads` is given. Other ISAs fall back to the reference.
 // Throws std::invalid_argument for a malformed problem.
-void token_peaks(const TokenPeakProblem& p, Isa isa, ThreadPool* threads, TokenPeakWorkspace& ws);
+void token_peaks(const TokenPeakProblem& p, Isa isa, Team* threads, TokenPeakWorkspace& ws);
 
 }  // namespace mnn_h2o

@@ -8,51 +8,51 @@
 // 2048 tokens +0.4 ms a token; resting after every layer where the attention runs on one thread
 // cost ~1 ms a token at 512, the workers waking late). A worker also sleeps after kSpinMicros
 // without a job. As in ThreadPool the caller never waits for a worker to
-// arrive: it takes tasks itself, and waits only for tasks a worker has already taken.
+// arrive: it takes tasks itself, and waits only for tasks a worker has already taken. It is a
+// Team, so the attention of a decode token can run on it too (model/decode_token.h).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "mnn_h2o/runtime/team.h"
+
 namespace mnn_h2o {
 
-class SpinTeam {
+class SpinTeam final : public Team {
 public:
     // How long a worker polls for the next job before it sleeps, unless told to rest earlier.
     static constexpr int kSpinMicros = 200;
 
     // n_threads counts the calling thread: 1 means no workers.
     explicit SpinTeam(int n_threads);
-    ~SpinTeam();  // wakes and joins the workers
+    ~SpinTeam() override;  // wakes and joins the workers
     SpinTeam(const SpinTeam&) = delete;
     SpinTeam& operator=(const SpinTeam&) = delete;
 
-    int size() const { return static_cast<int>(workers_.size()) + 1; }
+    int size() const override { return static_cast<int>(workers_.size()) + 1; }
 
-    // Runs fn(task) for every task in [0, n_tasks), on the caller and the workers that are awake,
-    // and returns when all are done. fn must not throw. One run at a time (not reentrant).
+    // Team::parallel_for, on the caller and the workers that are awake. One caller at a time.
     // The workers go to sleep once their current task is done, until the next run.
     void rest() { resting_.store(true); }
 
+    // parallel_for without the thread index.
     template <class Fn>
     void run(int n_tasks, Fn&& fn) {
-        using F = std::remove_reference_t<Fn>;
-        run_job(n_tasks, [](void* c, int task) { (*static_cast<F*>(c))(task); },
-                const_cast<void*>(static_cast<const void*>(&fn)));
+        parallel_for(n_tasks, [&fn](int task, int) { fn(task); });
     }
 
 private:
-    using TaskFn = void (*)(void* ctx, int task);
-
-    void run_job(int n_tasks, TaskFn fn, void* ctx);
+    void run_tasks(int n_tasks, TaskFn fn, void* ctx) override;
     void stop();  // wakes and joins the workers
-    void take_tasks();
-    void worker_loop();
+    void take_tasks(int thread);
+    void worker_loop(int thread);
 
     // The current job. Its fields are written before open_ is set (both seq_cst), and a worker
     // reads them only between raising in_job_ and seeing open_: the caller clears open_ and then
@@ -66,6 +66,11 @@ private:
     std::atomic<int> in_job_{0};
     std::atomic<uint64_t> generation_{0};
     std::atomic<bool> resting_{true};
+    // A task's exception: the first one is kept (under error_mutex_) and rethrown by the caller;
+    // the tasks after it are counted done without running.
+    std::atomic<bool> failed_{false};
+    std::mutex error_mutex_;
+    std::exception_ptr error_;
 
     std::mutex mutex_;
     std::condition_variable wake_;

@@ -16,37 +16,26 @@
 #include <type_traits>
 #include <utility>
 
+#include "mnn_h2o/runtime/team.h"
 #include "mnn_h2o/runtime/worker_threads.h"
 
 namespace mnn_h2o {
 
-class ThreadPool {
+class ThreadPool final : public Team {
 public:
     // n_threads counts the calling thread, which always takes part: 1 means no worker threads.
     explicit ThreadPool(int n_threads);
-    ~ThreadPool();  // wakes and joins every worker
+    ~ThreadPool() override;  // wakes and joins every worker
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
 
-    int size() const { return workers_.size() + 1; }
+    int size() const override { return workers_.size() + 1; }
 
-    // Runs fn(task, thread) for every task in [0, n_tasks) and returns when all are done. thread
-    // is in [0, size()) and no two tasks run at once with the same thread index, so it can index
-    // per-thread scratch memory. Tasks are handed out in increasing order, one at a time, so
-    // uneven tasks balance. The first exception thrown by a task is rethrown here (the remaining
-    // tasks are skipped). Calls from different threads are serialised; a call made from inside
-    // a task runs all its tasks inline on that thread.
-    template <class Fn>
-    void parallel_for(int n_tasks, Fn&& fn) {
-        using F = std::remove_reference_t<Fn>;
-        run(n_tasks, [](void* c, int task, int thread) { (*static_cast<F*>(c))(task, thread); },
-            const_cast<void*>(static_cast<const void*>(&fn)));
-    }
+    // Team::parallel_for: tasks are handed out in increasing order, one at a time, so uneven
+    // tasks balance. Calls from different threads are serialised.
 
 private:
-    using TaskFn = void (*)(void* ctx, int task, int thread);
-
-    void run(int n_tasks, TaskFn fn, void* ctx);
+    void run_tasks(int n_tasks, TaskFn fn, void* ctx) override;
     void worker_loop(int thread);
     void work(int thread);
 

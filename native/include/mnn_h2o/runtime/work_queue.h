@@ -1,4 +1,4 @@
-// Background workers for the KV store (kv_store.h): N threads taking jobs from a bounded FIFO.
+// Background workers for the KV store (lossless_stage.h): N threads taking jobs from a bounded FIFO.
 //
 // Unlike ThreadPool (a fork/join over the caller's own work), jobs here run while the caller goes
 // on with other work, and their results are collected later at a point the caller chooses. The

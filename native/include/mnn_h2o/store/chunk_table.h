@@ -59,8 +59,8 @@ public:
     bool install(int layer, int h, int first, int n_blocks, std::vector<uint8_t>&& frame, bool k_only,
                  const uint8_t* raw);
 
-    // The cache compacts a head by a valid plan (KvStore::compact) or keeps its first n_tokens
-    // (KvStore::truncate); both throw std::bad_alloc with the data valid when raw blocks cannot be
+    // The cache compacts a head by a valid plan (LosslessStage::compact) or keeps its first n_tokens
+    // (LosslessStage::truncate); both throw std::bad_alloc with the data valid when raw blocks cannot be
     // had for a chunk that must be dissolved.
     void compact(int layer, int h, const std::vector<TokenRun>& runs, bool block_aligned);
     void truncate(int layer, int h, int n_tokens);

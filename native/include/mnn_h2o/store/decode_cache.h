@@ -17,7 +17,7 @@
 #include "mnn_h2o/store/store_config.h"
 #include "mnn_h2o/store/store_jobs.h"
 #include "mnn_h2o/store/store_stats.h"
-#include "mnn_h2o/runtime/thread_pool.h"
+#include "mnn_h2o/runtime/team.h"
 
 namespace mnn_h2o::store {
 
@@ -29,7 +29,7 @@ public:
 
     // The attention of problem (all heads of layer, as KvCache would run it) with compressed
     // chunks resolved through the cache, one kv head at a time; bit-identical results.
-    void attend(int layer, const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws);
+    void attend(int layer, const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws);
     // Starts decoding layer's chunks that are not cached into new entries on the workers, while
     // the budget and the queue have room.
     void prefetch(int layer);
@@ -55,7 +55,7 @@ public:
 private:
     // attend(): points the views of the chunks that keys [key_begin, key_end) of a head touch at
     // their decoded bytes: an entry, a new one if the budget has room, else scratch.
-    void prepare_keys(int layer, int head, int key_begin, int key_end, ThreadPool* pool);
+    void prepare_keys(int layer, int head, int key_begin, int key_end, Team* pool);
     void set_views(const Chunk& chunk, const uint8_t* base);
     void finish_prefetch(int layer, Chunk& chunk);
     void decode_timed(int layer, const Chunk& chunk, uint8_t* out);  // on the caller's codec

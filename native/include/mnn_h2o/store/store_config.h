@@ -1,4 +1,4 @@
-// Settings of the KV cache's lossless store (kv_store.h, docs/kv_cache.md "Lossless store"):
+// Settings of the KV cache's lossless store (lossless_stage.h, docs/kv_cache.md "Lossless store"):
 // which blocks are compressed with the Gear codec, in what unit, and what happens to them.
 #pragma once
 

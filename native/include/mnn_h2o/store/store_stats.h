@@ -1,5 +1,5 @@
 // What the lossless store counts (docs/kv_cache.md "Accounting"): per-layer counters, the
-// reasons a chunk stayed raw, and the snapshot KvStore::stats() returns.
+// reasons a chunk stayed raw, and the snapshot LosslessStage::stats() returns.
 #pragma once
 
 #include <array>

@@ -1,8 +1,8 @@
-// The lossless store of a KvCache (docs/kv_cache.md "Lossless store"): cold blocks of the layers
-// in scope are Gear-encoded a chunk at a time (K and V of one kv head, chunk_tokens tokens, one
-// frame). Every mode runs the same path, schedule -> encode -> verify; probe and full measure
-// the frames and throw them away, store installs them in place of the raw blocks, which go back
-// to the pool, and attention reads them through a decode cache.
+// The lossless stage of a KvCache, whichever lossless.mode runs it (docs/kv_cache.md "Lossless
+// store"): cold blocks of the layers in scope are Gear-encoded a chunk at a time (K and V of one kv
+// head, chunk_tokens tokens, one frame). Every mode runs the same path, schedule -> encode ->
+// verify; probe and full measure the frames and throw them away, store installs them in place of
+// the raw blocks, which go back to the pool, and attention reads them through a decode cache.
 //
 // KvCache owns one while the store is enabled and calls into it at safe points on its own
 // thread: step/attend (install finished jobs, resolve compressed chunks, prefetch), end_step
@@ -29,24 +29,24 @@
 #include "mnn_h2o/store/store_config.h"
 #include "mnn_h2o/store/store_jobs.h"
 #include "mnn_h2o/store/store_stats.h"
-#include "mnn_h2o/runtime/thread_pool.h"
+#include "mnn_h2o/runtime/team.h"
 
 namespace mnn_h2o {
 
-class KvStore {
+class LosslessStage {
 public:
     // heads is the cache's [layer][kv head] block lists; pool the pool their blocks come from.
     // config must have been validated for cache, its mode not off.
-    KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool, std::vector<KvHeadBlocks>& heads);
-    ~KvStore();  // cancels queued jobs and joins the workers
-    KvStore(const KvStore&) = delete;
-    KvStore& operator=(const KvStore&) = delete;
+    LosslessStage(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool, std::vector<KvHeadBlocks>& heads);
+    ~LosslessStage();  // cancels queued jobs and joins the workers
+    LosslessStage(const LosslessStage&) = delete;
+    LosslessStage& operator=(const LosslessStage&) = delete;
 
     const StoreConfig& config() const { return cfg_; }
 
     // Safe point: installs the jobs that have finished.
     void install_finished();
-    // Makes (or queues) the frames of the cold chunks of every layer in scope. h2o: the active
+    // Makes (or queues) the frames of the cold chunks of every layer in scope. eviction: the active
     // eviction config (its layers are in scope with the kept scopes), or null.
     void schedule(const EvictionConfig* eviction);
     // Waits for every job and installs it.
@@ -55,7 +55,7 @@ public:
     bool holds_compressed(int layer) const { return table_.holds_compressed(layer); }
     // The attention of problem (all heads of layer, as KvCache would run it) with compressed
     // chunks resolved through the decode cache, one kv head at a time; bit-identical results.
-    void attend(int layer, const AttentionProblem& problem, Isa isa, ThreadPool* pool, AttentionWorkspace& ws) {
+    void attend(int layer, const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws) {
         cache_.attend(layer, problem, isa, pool, ws);
     }
     // Starts decoding layer's compressed chunks that are not cached into the cache (workers).

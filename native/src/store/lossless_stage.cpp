@@ -1,4 +1,4 @@
-#include "mnn_h2o/store/kv_store.h"
+#include "mnn_h2o/store/lossless_stage.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,15 +13,15 @@ using store::kQueued;
 using store::kRaw;
 using store::kSettled;
 
-KvStore::ModePlan::ModePlan(const StoreConfig& c)
+LosslessStage::ModePlan::ModePlan(const StoreConfig& c)
     : sample_every(c.mode == StoreMode::Probe ? c.probe_every : 1),
       check_blocks(c.mode != StoreMode::Probe),
       keeps_frames(c.mode == StoreMode::Store),
       v_dedup_layers(c.mode == StoreMode::Store ? c.v_dedup_layers : 0) {
-    if (c.mode == StoreMode::Off) throw std::logic_error("KvStore: the store is off");
+    if (c.mode == StoreMode::Off) throw std::logic_error("LosslessStage: the store is off");
 }
 
-KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool,
+LosslessStage::LosslessStage(const StoreConfig& config, const KvCacheConfig& cache, BlockPool& pool,
                  std::vector<KvHeadBlocks>& heads)
     : cfg_(config),
       plan_(config),
@@ -35,19 +35,19 @@ KvStore::KvStore(const StoreConfig& config, const KvCacheConfig& cache, BlockPoo
       table_(cache, config, codec_, pool, heads, own_, layer_stats_, [this](store::Chunk& c) { cache_.forget(c); }),
       cache_(config, codec_, table_, jobs_, own_, layer_stats_),
       jobs_(config, codec_, [this](Job& job, bool failed) { cache_.prefetched(job, failed); }) {
-    if (codec_.block_bytes() != pool.block_bytes()) throw std::logic_error("KvStore: block size differs from the pool's");
+    if (codec_.block_bytes() != pool.block_bytes()) throw std::logic_error("LosslessStage: block size differs from the pool's");
 }
 
-KvStore::~KvStore() = default;
+LosslessStage::~LosslessStage() = default;
 
-bool KvStore::in_scope(int layer, const EvictionConfig* eviction) const {
+bool LosslessStage::in_scope(int layer, const EvictionConfig* eviction) const {
     if (cfg_.front_n_scope() && layer < cfg_.front_n) return true;
     return cfg_.kept_scope() && eviction && layer >= eviction->layer_start && layer < eviction->layer_end;
 }
 
 // --- making frames ------------------------------------------------------------------------------
 
-void KvStore::schedule(const EvictionConfig* eviction) {
+void LosslessStage::schedule(const EvictionConfig* eviction) {
     cache_.fit_scratch();
     for (int layer = 0; layer < n_layers_; ++layer)
         if (in_scope(layer, eviction))
@@ -59,7 +59,7 @@ void KvStore::schedule(const EvictionConfig* eviction) {
 // chunk_tokens from its start; a shorter rest is encoded only once it cannot grow any more,
 // i.e. when the block after it is already compressed, queued or settled. A rest that reaches the
 // hot recent zone waits: the zone moves on as tokens arrive and the chunk fills up.
-void KvStore::schedule_head(int layer, int h) {
+void LosslessStage::schedule_head(int layer, int h) {
     const KvHeadBlocks& kv = table_.blocks(layer, h);
     std::vector<uint8_t>& state = table_.head(layer, h).state;
     state.resize(kv.k_blocks.size(), kRaw);
@@ -82,7 +82,7 @@ void KvStore::schedule_head(int layer, int h) {
     }
 }
 
-void KvStore::submit(int layer, int h, int first, int n_blocks) {
+void LosslessStage::submit(int layer, int h, int first, int n_blocks) {
     if (jobs_.full()) {
         ++deferrals_;  // stays raw; the next end_step tries again
         return;
@@ -115,12 +115,12 @@ void KvStore::submit(int layer, int h, int first, int n_blocks) {
     install(*job, job->failed);
 }
 
-void KvStore::install_finished() {
+void LosslessStage::install_finished() {
     jobs_.collect();
     for (auto& job : jobs_.take_finished()) install(*job, job->failed);
 }
 
-void KvStore::install(Job& job, bool failed) {
+void LosslessStage::install(Job& job, bool failed) {
     const int layer = job.layer;
     StoreLayerStats& st = layer_stats_[layer];
     // A job whose head moved meanwhile: its blocks were made raw again then.
@@ -180,32 +180,32 @@ void KvStore::install(Job& job, bool failed) {
         settle();
 }
 
-void KvStore::drain() {
+void LosslessStage::drain() {
     jobs_.drain();
     install_finished();
 }
 
 // --- following the cache ------------------------------------------------------------------------
 
-void KvStore::compact(int layer, int h, const std::vector<TokenRun>& runs, bool block_aligned) {
+void LosslessStage::compact(int layer, int h, const std::vector<TokenRun>& runs, bool block_aligned) {
     cache_.settle_prefetches();
     jobs_.settle_encodes(layer, h);
     table_.compact(layer, h, runs, block_aligned);
 }
 
-void KvStore::truncate(int layer, int h, int n_tokens) {
+void LosslessStage::truncate(int layer, int h, int n_tokens) {
     cache_.settle_prefetches();
     jobs_.settle_encodes(layer, h);
     table_.truncate(layer, h, n_tokens);
 }
 
-void KvStore::dissolve_all() {
+void LosslessStage::dissolve_all() {
     drain();
     cache_.settle_prefetches();
     table_.dissolve_all();
 }
 
-void KvStore::reset() {
+void LosslessStage::reset() {
     jobs_.reset();  // first: no worker reads a block or a frame any more
     table_.reset();
     cache_.reset();
@@ -216,12 +216,12 @@ void KvStore::reset() {
 
 // --- accounting ---------------------------------------------------------------------------------
 
-size_t KvStore::bytes_held() const {
+size_t LosslessStage::bytes_held() const {
     return table_.blob_bytes() + table_.table_bytes() + cache_.entry_bytes() + jobs_.bytes() + own_.bytes() +
            cache_.scratch_bytes();
 }
 
-StoreStats KvStore::stats() const {
+StoreStats LosslessStage::stats() const {
     StoreStats s;
     s.mode = cfg_.mode;
     s.layers.resize(static_cast<size_t>(n_layers_));
