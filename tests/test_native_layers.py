@@ -106,6 +106,67 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
                        q[:-1], k, v)
 
 
+def test_decode_token_is_the_layers_one_by_one(smollm2_gguf):
+    """native.decode_token (every layer and its cache step in one call, the attention on the
+    layers' threads) against forward and KvCache.step layer by layer on the real weights: h, the
+    attention output and the cache equal bit for bit; an observer sees every layer's h and its
+    scores reach a predicted_kvzip cache; bad arguments refused before anything runs."""
+    from mnn_h2o import native
+    from mnn_h2o.export import decode_layer_arrays
+    from mnn_h2o.native_layers import decode_layers_from_arrays
+    from mnn_h2o.reference import rope_tables
+
+    c = smollm2_gguf.config
+    arrays, _ = decode_layer_arrays(smollm2_gguf)
+    layers = decode_layers_from_arrays(arrays, c, threads=2)
+    nq, nk = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+
+    def cache():
+        kv = native.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, dtype="q8", block_tokens=16,
+                            max_tokens=256, threads=2)
+        kv.enable_eviction(policy="predicted_kvzip", trigger_min_tokens=1 << 20)
+        return kv
+
+    own, lent = cache(), cache()
+    cos, sin = (t.astype(np.float32) for t in rope_tables(c, np.arange(24), np.float64))
+    embed = smollm2_gguf.embedding()
+    q, k, v = np.empty(nq, np.float32), np.empty(nk, np.float32), np.empty(nk, np.float32)
+    attn_a, attn_b = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    seen = []
+
+    def observe(i, h):
+        seen.append((i, h.copy()))
+        return np.full(c.n_kv_heads, (i + 1) / 64, np.float32)
+
+    for pos, token in enumerate(range(100, 124)):
+        ha = embed[token].astype(np.float32)
+        hb = ha.copy()
+        seen.clear()
+        for i in range(c.n_layers):
+            layers.forward(i, ha, attn_a if i else None, cos[pos], sin[pos], q, k, v)
+            own.step(i, q[None], k[None], v[None], attn_a[None])
+            if i == 3:
+                h3 = ha.copy()
+            own.set_token_scores(i, np.full((c.n_kv_heads, 1), (i + 1) / 64, np.float32))
+        times = native.decode_token(layers, lent, hb, cos[pos], sin[pos], q, k, v, attn_b, observe)
+        assert np.array_equal(ha, hb) and np.array_equal(attn_a, attn_b), pos
+        assert [i for i, _ in seen] == list(range(c.n_layers)) and np.array_equal(seen[3][1], h3)
+        assert len(times) == 3 and all(t >= 0 for t in times)
+    for i in (0, c.n_layers - 1):
+        assert np.array_equal(own.token_scores(i), lent.token_scores(i))
+        assert np.allclose(lent.token_scores(i), (i + 1) / 64)
+    h = embed[7].astype(np.float32)
+    with pytest.raises(ValueError, match="attn must be"):
+        native.decode_token(layers, lent, h, cos[0], sin[0], q, k, v, attn_b[:-1])
+    with pytest.raises(ValueError, match="None or 3 scores"):
+        native.decode_token(layers, lent, h, cos[0], sin[0], q, k, v, attn_b, lambda i, h: np.zeros(5, np.float32))
+    with pytest.raises(ZeroDivisionError):
+        native.decode_token(layers, lent, h, cos[0], sin[0], q, k, v, attn_b, lambda i, h: 1 / 0)
+    other = native.KvCache(2, c.n_kv_heads, c.head_dim, c.n_heads, dtype="q8", block_tokens=16, max_tokens=64)
+    with pytest.raises(ValueError, match="layers"):
+        native.decode_token(layers, other, h, cos[0], sin[0], q, k, v, attn_b)
+
+
 def test_prompt_rows_are_decoder_layer(smollm2_gguf):
     """forward_rows: a chunk of 20 rows (batched products: the weights' integers, each activation
     row rounded twice to int8 per block) against decoder_layer.py in float64, as close as forward's
