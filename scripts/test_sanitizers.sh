@@ -3,10 +3,10 @@
 #  (a) ASan + UBSan: core, C++ tests and the Python module in $ASAN_DIR; ctest there, then the
 #      Python tests that drive native code against that module (LD_PRELOAD of the ASan runtime,
 #      because python itself is not instrumented; leak checking off, CPython leaks by design).
-#  (b) TSan: core and C++ tests in $TSAN_DIR; the tests that run threads (thread pool, the
-#      multi-threaded attention (alone, in the KV cache and in H2O), the C API's per-thread
-#      errors, the threaded token peaks of the kvzip pass, and any worker/queue/store test, the
-#      store's parts included).
+#  (b) TSan: core and C++ tests in $TSAN_DIR; the tests that run threads (thread pool, spin team,
+#      the multi-threaded attention (alone, in the KV cache, under eviction, and on the decode
+#      layers' team in a decode token), the C API's per-thread errors, the threaded token peaks of
+#      the kvzip pass, and any worker/queue/store test, the store's parts included).
 # Separate build directories from `build/`, and the instrumented module goes to
 # $ASAN_DIR/python/ so the developer's mnn_h2o/_core*.so is never replaced.
 set -euo pipefail
@@ -57,6 +57,6 @@ cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMNN_H2O_T
 cmake --build "$TSAN_DIR" -j"$JOBS"
 echo "== TSan: ctest (threaded tests)"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-(cd "$TSAN_DIR" && ctest --output-on-failure -R 'thread|work|queue|store|chunk|decode_cache|kv_cache|h2o|c_api|attention|token_peaks|reconstruction' --no-tests=error)
+(cd "$TSAN_DIR" && ctest --output-on-failure -R 'thread|spin_team|work|queue|store|lossless|chunk|decode_cache|decode_layers|kv_cache|eviction|c_api|attention|token_peaks|reconstruction' --no-tests=error)
 
 echo "sanitizers: clean in $((SECONDS - start)) s"
