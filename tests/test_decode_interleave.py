@@ -5,7 +5,6 @@ import json
 import pytest
 
 
-@pytest.mark.slow  # a measurement tool end to end on the real model (8 s)
 def test_decode_interleave_records_every_step_and_the_paired_ratios(tmp_path):
     from mnn_h2o.tools.decode_interleave import main
 

@@ -60,7 +60,7 @@ def test_generate_stop_string_stream_and_stats(llm8):
     assert s.kv_bytes_held > 0
 
 
-@pytest.mark.parametrize("decode_layers", ["native", pytest.param("mnn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("decode_layers", ["native", "mnn"])
 def test_time_counters_are_disjoint_parts_of_a_step(llm8, decode_layers):
     """A decode step's counters: the native decode layers and no Module.forward, or with
     runtime.decode_layers mnn one Module.forward per layer (the tail and the 8-bit head run
@@ -271,7 +271,7 @@ def test_native_head_refuses_bad_shapes():
         m.multiply(np.ones((1, 64), np.float32), isa="sse")
 
 
-@pytest.mark.slow  # MNN's modules: the alternative to the native layers, converted here (16 s)
+@pytest.mark.slow  # MNN's modules: the alternative to the native layers, converted here (15 s)
 def test_mnn_modules_are_built_when_a_runtime_first_needs_them(tmp_path, smollm2_path, tokenizer):
     """The export writes what the native core reads; MNN's modules come the first time an engine
     asks for one (runtime.prompt_layers mnn here), into the same folder, named in its metadata;

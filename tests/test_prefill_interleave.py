@@ -2,10 +2,7 @@
 prompt: the output's shape and the pass's share, not the speed)."""
 import re
 
-import pytest
 
-
-@pytest.mark.slow  # a measurement tool end to end on the real model (7 s)
 def test_prefill_interleave_reports_each_engine_and_the_pass(tmp_path, capsys):
     from mnn_h2o.tools.prefill_interleave import main
 

@@ -12,7 +12,6 @@ pytestmark = pytest.mark.model
 QUESTIONS = ["Name a large animal.", "Name a small bird.", "Name a cold place."]
 
 
-@pytest.mark.slow  # two server processes and a kill -9 (13 s)
 def test_sessions_on_disk_survive_kill_9_and_all_survive_a_clean_stop(tmp_path):
     import json
 

@@ -149,8 +149,7 @@ def test_bad_inputs(tmp_path, smollm2_path, stock8):
         stock8.generate("hi", max_new_tokens=0)
 
 
-@pytest.mark.slow  # the stock MNN.llm yardstick against ours on the same weights (9 s at 8 bits)
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])
 def test_engine_agrees_with_stock_on_the_same_weights(bits, smollm2_path, tokenizer, reference):
     """Our engine (per-layer modules + native attention) vs stock MNN.llm, both with the same
     int8 / int4 block-32 weights, MNN memory Low and dynamic quantisation option 2:

@@ -53,7 +53,6 @@ def test_quality_vs_exact_drops_the_row_without_a_target():
 
 
 @pytest.mark.model
-@pytest.mark.slow  # a second export of the model (15 s)
 def test_mixed_export_quantises_only_the_head_differently(smollm2_path, tokenizer, reference):
     """4-bit layers + 8-bit head: the layer modules are the 4-bit export's bytes, the lm_head is
     the 8-bit export's size class, and its next-token choices follow the exact model at least as
