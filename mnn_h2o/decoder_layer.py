@@ -11,7 +11,8 @@ the reference)::
 
 The halves are written against ``LayerOps``, one implementation per backend: ``_ModuleOps`` in
 mnn_h2o/export.py, ``_StockOps`` in mnn_h2o/stock_export.py (MNN.expr graphs, each in the layout
-its attention takes) and ``_NumpyOps`` in mnn_h2o/reference.py. Values also meet through ``+``
+its attention takes) and ``NumpyOps`` in mnn_h2o/numpy_ops.py (the reference model's and the
+native tail's). Values also meet through ``+``
 and ``*``, which MNN.expr Vars and numpy arrays both have.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ from .errors import ContextOverflowError, ModelFileError
 from .export import ensure_exported
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
-from .reference import rope_tables
+from .numpy_ops import rope_tables
 from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
 

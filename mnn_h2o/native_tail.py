@@ -19,7 +19,7 @@ from . import native
 from .decoder_layer import finish_layer
 from .export import TAIL_MATRICES
 from .gguf_model import ModelConfig
-from .reference import _NumpyOps
+from .numpy_ops import NumpyOps
 
 
 class _BlockMatrix:
@@ -39,7 +39,7 @@ class _BlockMatrix:
         return y
 
 
-class _BlockOps(_NumpyOps):
+class _BlockOps(NumpyOps):
     """decoder_layer's ops in float32 rows, the matrices being _BlockMatrix objects."""
 
     def linear(self, x, w, b=None):

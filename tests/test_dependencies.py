@@ -51,7 +51,8 @@ def test_wheel_exclusions_name_real_files():
 
 def test_runtime_modules_do_not_import_bench_eval_tools_or_serve():
     """docs/architecture.md: the top-level modules are the runtime; bench/, eval/, tools/ and
-    serve/ (whose FastAPI and uvicorn are an extra) sit on it."""
+    serve/ (whose FastAPI and uvicorn are an extra) sit on it. Nor does the runtime import its
+    numpy yardstick, reference.py (the float math both use is numpy_ops.py)."""
     import ast
 
     pkg = os.path.join(ROOT, "mnn_h2o")
@@ -71,6 +72,8 @@ def test_runtime_modules_do_not_import_bench_eval_tools_or_serve():
             for name in names:
                 assert not name.startswith(("mnn_h2o.bench", "mnn_h2o.eval", "mnn_h2o.tools", "mnn_h2o.serve")), \
                     f"{f} imports {name}"
+                assert f in ("reference.py", "stock.py", "stock_export.py") or name != "mnn_h2o.reference", \
+                    f"{f} imports the yardstick {name}"
 
 
 def test_developer_build_installs_the_build_requirements_pin():

@@ -122,7 +122,7 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.export import TAIL_MATRICES, tail_arrays
     from mnn_h2o.measure import log_softmax
-    from mnn_h2o.reference import _NumpyOps
+    from mnn_h2o.numpy_ops import NumpyOps
 
     c = llm8.config
     w = smollm2_gguf.layer(c.n_layers - 1)
@@ -139,7 +139,7 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
     rng = np.random.default_rng(0)
     h = rng.standard_normal((3, c.hidden)) * 4
     attn = rng.standard_normal((3, c.n_heads * c.head_dim))
-    ops = _NumpyOps(c, None, None)
+    ops = NumpyOps(c, None, None)
     ref = ops.rms_norm(finish_layer(ops, w, h, attn), smollm2_gguf.output_norm())
     got = tail(h.astype(np.float32), attn.astype(np.float32))
     assert got.dtype == np.float32 and got.shape == ref.shape

@@ -61,7 +61,7 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
     from mnn_h2o.decoder_layer import finish_layer, start_layer
     from mnn_h2o.export import decode_layer_arrays
     from mnn_h2o.native_layers import decode_layers_from_arrays
-    from mnn_h2o.reference import _NumpyOps, rope_tables
+    from mnn_h2o.numpy_ops import NumpyOps, rope_tables
 
     c = smollm2_gguf.config
     arrays, why_not = decode_layer_arrays(smollm2_gguf)
@@ -71,7 +71,7 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
     rng = np.random.default_rng(0)
     pos = 37
     cos, sin = rope_tables(c, np.array([pos]), np.float64)
-    ops = _NumpyOps(c, cos, sin)
+    ops = NumpyOps(c, cos, sin)
     h0 = smollm2_gguf.embedding()[123].astype(np.float64)[None] + rng.standard_normal((1, c.hidden))
     attn = rng.standard_normal((1, c.n_heads * c.head_dim))
     for i in (0, 5, 29):
@@ -114,7 +114,7 @@ def test_decode_token_is_the_layers_one_by_one(smollm2_gguf):
     from mnn_h2o import native
     from mnn_h2o.export import decode_layer_arrays
     from mnn_h2o.native_layers import decode_layers_from_arrays
-    from mnn_h2o.reference import rope_tables
+    from mnn_h2o.numpy_ops import rope_tables
 
     c = smollm2_gguf.config
     arrays, _ = decode_layer_arrays(smollm2_gguf)
@@ -175,7 +175,7 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
     from mnn_h2o.decoder_layer import finish_layer, start_layer
     from mnn_h2o.export import decode_layer_arrays
     from mnn_h2o.native_layers import decode_layers_from_arrays
-    from mnn_h2o.reference import _NumpyOps, rope_tables
+    from mnn_h2o.numpy_ops import NumpyOps, rope_tables
 
     c = smollm2_gguf.config
     arrays, _ = decode_layer_arrays(smollm2_gguf)
@@ -186,7 +186,7 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
     for n in (20, 3):
         pos = np.arange(40, 40 + n)
         cos, sin = rope_tables(c, pos, np.float64)
-        ops = _NumpyOps(c, cos, sin)
+        ops = NumpyOps(c, cos, sin)
         h0 = smollm2_gguf.embedding()[rng.integers(0, c.vocab, n)].astype(np.float64) + rng.standard_normal((n, c.hidden))
         attn = rng.standard_normal((n, nq))
         for i in (0, 7):

@@ -130,7 +130,7 @@ def test_threads_split_on_whole_super_blocks(qwen_gguf):
     from mnn_h2o import config
     from mnn_h2o.export import ensure_exported
     from mnn_h2o.native_layers import load_decode_layers
-    from mnn_h2o.reference import rope_tables
+    from mnn_h2o.numpy_ops import rope_tables
 
     c = qwen_gguf.config
     path = os.path.join(ensure_exported(config.validate({"model": {"name": "qwen2.5-1.5b"}})["model"],
