@@ -155,7 +155,7 @@ SCHEMA: Tuple[Key, ...] = (
         range=(1, 4096)),
     Key("runtime", "max_context", int, 0, "tokens", "context limit; 0 = the model's own",
         range=(0, 1 << 20)),
-    Key("eviction", "enabled", bool, True, "-", "evict KV blocks by accumulated attention (H2O) in "
+    Key("eviction", "enabled", bool, True, "-", "evict KV blocks (which ones: eviction.policy) in "
         "layers [layer_start, layer_end)"),
     Key("eviction", "policy", str, "auto", "-", "which blocks to keep (docs/eviction.md 'Policies'): auto "
         "(predicted_kvzip where the package ships a scorer for the model's GGUF, i.e. one whose "
@@ -239,7 +239,7 @@ SCHEMA: Tuple[Key, ...] = (
         "chunks held only compressed, read through the decode cache)",
         choices=("off", "probe", "full", "store")),
     Key("lossless", "scope", str, "front_n_and_kept", "-", "layers whose cold blocks are "
-        "compressed: the first front_n layers, the H2O layers (the tokens H2O keeps), or both",
+        "compressed: the first front_n layers, the evicting layers (the tokens eviction keeps), or both",
         choices=("front_n", "kept", "front_n_and_kept")),
     Key("lossless", "front_n", int, 2, "layers", "layers [0, front_n) are in the front_n scope",
         range=(0, 1 << 10)),

@@ -235,6 +235,9 @@ class Llm:
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
         if self._decode_layers is not None:
+            from . import native
+
+            self._decode_call = native.decode_token  # bound once: it runs every decode token
             self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                          for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._q8_head = None
@@ -514,13 +517,11 @@ class Llm:
         """``_layers`` for one token through the native decode layers, every layer and its cache
         step in one native call on one team of threads (native/include/mnn_h2o/model/decode_token.h):
         the same returns, with the hidden state as numpy ([1, hidden]) and MNN's attention input None."""
-        from . import native
-
         t0 = time.perf_counter()
         h = np.array(self._embed[token], dtype=np.float32)
         attn = self._input_vars(1)[4]
-        dense, att, obs = native.decode_token(self._decode_layers, self.cache, h, self._cos[pos, 0], self._sin[pos, 0],
-                                              self._q, self._k, self._v, attn, self._observer())
+        dense, att, obs = self._decode_call(self._decode_layers, self.cache, h, self._cos[pos, 0], self._sin[pos, 0],
+                                            self._q, self._k, self._v, attn, self._observer())
         st = self.stats
         st.dense_s += dense
         st.attention_s += att
