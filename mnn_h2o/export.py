@@ -225,16 +225,6 @@ def export_dir_for(gguf_path: str, weight_bits: int, sha: str | None = None,
     return os.path.join(cache_root(), "exports", f"{stem}-{sha[:12]}-{bits}-v{EXPORT_VERSION}")
 
 
-def is_complete(out_dir: str) -> bool:
-    try:
-        with open(os.path.join(out_dir, "model.json")) as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return meta.get("export_version") == EXPORT_VERSION and all(
-        os.path.isfile(os.path.join(out_dir, m["file"])) for m in meta["modules"].values())
-
-
 def resolve_bits(g: GgufModel, weight_bits: int, head_bits: int | None) -> tuple[int, int]:
     """The export bits of (layers, lm_head). -1 = as the GGUF stores them (GgufModel.stored_bits:
     4 for Q4_0/Q4_1 blocks, else 8), the head float when the layers are; head None = as the layers."""
@@ -309,13 +299,16 @@ def remember_source(path: str, sha256: str, stored: tuple[int, int]) -> None:
 
 
 def _cached_export(out_dir: str, sha: str, weight_bits: int, head_bits: int) -> bool:
-    """Whether out_dir holds a complete export of the source with this digest at these bits."""
-    if not is_complete(out_dir):
+    """Whether out_dir holds a complete export (this export version, every file it names) of the
+    source with this digest at these bits."""
+    try:
+        with open(os.path.join(out_dir, "model.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
         return False
-    with open(os.path.join(out_dir, "model.json")) as f:
-        meta = json.load(f)
-    return (meta.get("source_sha256") == sha and meta.get("weight_bits") == weight_bits
-            and meta.get("head_bits", weight_bits) == head_bits)
+    return (meta.get("export_version") == EXPORT_VERSION and meta.get("source_sha256") == sha
+            and meta.get("weight_bits") == weight_bits and meta.get("head_bits", weight_bits) == head_bits
+            and all(os.path.isfile(os.path.join(out_dir, m["file"])) for m in meta["modules"].values()))
 
 
 def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
