@@ -1,5 +1,6 @@
 """The decoding engine: the native core runs the layers' dense math (or MNN's modules do), caches
-K/V and attends.
+K/V and attends. Which of those runs each part is chosen once at load (mnn_h2o/forward_paths.py);
+the context reconstruction pass of eviction.policy kvzip is mnn_h2o/reconstruction.py.
 
 One decode step, top to bottom (llama2.c style):
 
@@ -18,13 +19,16 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from . import config as config_mod
+from . import reconstruction
 from .errors import ContextOverflowError, ModelFileError
 from .export import ensure_exported
+from .forward_paths import (Inputs, LayerRows, LayersHead, MnnHead, MnnLayers, MnnTail, NativePromptLayers,
+                            NativeTailRows, NativeTokenLayers, Q8Head, TailThenHead)
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
 from .numpy_ops import rope_tables
@@ -112,10 +116,6 @@ class Stats(SpeedCounters):
         return d
 
 
-class PassCancelled(Exception):
-    """Llm.compress was cancelled mid-pass: the cache holds partial scores (reset it)."""
-
-
 @dataclass
 class Sampled:
     """What :meth:`Llm.sample_tokens` produced: the text (a stop string cut off), every sampled
@@ -137,13 +137,6 @@ class Generation:
 
 _MEMORY_MODE = {"normal": 0, "low": 2}
 
-# The context reconstruction pass (KVzip, as kvpress runs it): the context is repeated in chunks of
-# this many tokens, each after a prompt asking for it; a chunk after the first quotes the last
-# RECONSTRUCTION_QUOTE tokens of the one before. The pass's tokens are dropped after each chunk.
-RECONSTRUCTION_CHUNK = 2048
-RECONSTRUCTION_QUOTE = 8
-REPEAT_FIRST = "\n\nRepeat the previous context exactly."
-REPEAT_LATER = "\n\nRepeat the part of the previous context exactly, starting with"
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
 # What one context is: the Llm attributes a forward pass reads and writes besides the model.
@@ -234,12 +227,6 @@ class Llm:
             from .native_tail import NativeTail
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
-        if self._decode_layers is not None:
-            from . import native
-
-            self._decode_call = native.decode_token  # bound once: it runs every decode token
-            self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
-                                         for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._q8_head = None
         if q8:
             from . import native
@@ -248,12 +235,12 @@ class Llm:
             codes = np.load(os.path.join(export_dir, q8["codes"]), mmap_mode="r")
             scales = np.load(os.path.join(export_dir, q8["scales"]), mmap_mode="r")
             self._q8_head = native.Q8Matrix(codes, scales.view(np.uint16), threads=rt["threads"])
-        self._embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
+        embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
         cos, sin = rope_tables(c, np.arange(self.max_context), np.float32)
-        self._cos = np.ascontiguousarray(cos[:, None, :])
-        self._sin = np.ascontiguousarray(sin[:, None, :])
+        self._inputs = Inputs(self._F, c, embed, np.ascontiguousarray(cos[:, None, :]),
+                              np.ascontiguousarray(sin[:, None, :]))
+        self._choose_paths()
 
-        self._inputs: Dict[int, tuple] = {}
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
         self._block_tokens = rt["block_tokens"]
         self._threads = rt["threads"]
@@ -264,6 +251,22 @@ class Llm:
         self.configure_kv_dtype(rt["kv_dtype"])
         self._apply_eviction(cfg["eviction"])  # validated above
         self._apply_lossless(cfg["lossless"])
+
+    def _choose_paths(self) -> None:
+        """The forward's paths (mnn_h2o/forward_paths.py), from the parts this runtime loaded:
+        the layers of a decode token and of a prompt chunk, and the head."""
+        inputs, layers = self._inputs, self._decode_layers
+        mnn = None if self._prompt_native else MnnLayers(self._modules, inputs)
+        self._token_path = NativeTokenLayers(layers, inputs) if layers is not None else mnn
+        self._prompt_path = NativePromptLayers(layers, inputs) if self._prompt_native else mnn
+        if self._layers_head:
+            self._head_path = LayersHead(layers, self.config.vocab)
+        else:
+            tail = (NativeTailRows(self._native_tail) if self._native_tail is not None
+                    else MnnTail(self._modules["tail"], inputs))
+            head = (Q8Head(self._q8_head) if self._q8_head is not None
+                    else MnnHead(self._modules["lm_head"], self._F, self.config.hidden))
+            self._head_path = TailThenHead(tail, head)
 
     def _native_prompt_layers(self, choice: str) -> bool:
         """Whether a prompt's layers run in our core (runtime.prompt_layers native): on the native
@@ -403,7 +406,7 @@ class Llm:
         as ``observe(layer, h)``: tools.fit_scorer's hidden_observer, else, with eviction.policy
         predicted_kvzip, the scorer; None for everything else. What it returns (None, or scores
         [n_kv_heads, n]) goes to the cache as the predicted scores of the tokens the step has just
-        appended (``_observe``)."""
+        appended (forward_paths.observe_into)."""
         if self.hidden_observer is not None:
             return self.hidden_observer
         eviction = self.eviction
@@ -415,11 +418,6 @@ class Llm:
         def score(i: int, rows: np.ndarray) -> Optional[np.ndarray]:
             return scorer.scores(i, rows) if lo <= i < hi else None
         return score
-
-    def _observe(self, observe, layer: int, h: np.ndarray) -> None:
-        scores = observe(layer, h)
-        if scores is not None:
-            self.cache.set_token_scores(layer, scores)
 
     def configure_lossless(self, lossless: Optional[dict]) -> None:
         """Turn the lossless store on (a ``lossless`` config section, missing keys at their
@@ -453,123 +451,13 @@ class Llm:
         self.unpassed: List[int] = []  # tokens written since the last reconstruction pass
         self.held = False  # a kvzip pass and its eviction left for compress() (prefill's defer_pass)
 
-    def _input_vars(self, n: int):
-        """Placeholders for an n-row step, kept per n so decode steps allocate nothing."""
-        v = self._inputs.get(n)
-        if v is None:
-            F, c = self._F, self.config
-            v = (F.placeholder([n, c.hidden]), F.placeholder([n, c.hidden]),
-                 F.placeholder([n, 1, c.head_dim]), F.placeholder([n, 1, c.head_dim]),
-                 np.empty((n, c.hidden), np.float32))
-            if n <= 1 or len(self._inputs) < 8:
-                self._inputs[n] = v
-        return v
-
     # --- forward -----------------------------------------------------------------------------
-    def _layers(self, ids: Sequence[int], pos: int):
-        """Run ``ids`` through every layer at positions pos.., caching their K/V; their time goes to
-        the counters of ``stats``. Returns the last hidden state and the last attention output as
-        MNN's input and as numpy rows (the tail's inputs)."""
-        n = len(ids)
-        if n == 1 and self._decode_layers is not None:
-            return self._decode_token(int(ids[0]), pos)
-        if self._prompt_native:
-            return self._prompt_rows(ids, pos)
-        c = self.config
-        mods, cache, perf = self._modules, self.cache, time.perf_counter
-        t0 = perf()
-        h_in, attn_in, cos_in, sin_in, attn = self._input_vars(n)
-        h_in.write(np.asarray(self._embed[np.asarray(ids)], dtype=np.float32))
-        cos_in.write(self._cos[pos:pos + n])
-        sin_in.write(self._sin[pos:pos + n])
-        t_mnn = t_att = t_obs = 0.0
-        t1 = perf()
-        t_conv = t1 - t0
-        h = h_in
-        observe = self._observer()
-        # One clock reading between consecutive parts: 4 per layer (~0.1 us each).
-        for i in range(c.n_layers):
-            h, q, k, v = mods[f"layer{i}"].forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
-            t2 = perf()
-            q, k, v = q.read(), k.read(), v.read()
-            t3 = perf()
-            cache.step(i, q, k, v, attn)
-            t4 = perf()
-            if observe is not None:  # timed as policy
-                self._observe(observe, i, h.read())
-                t_obs += perf() - t4
-                t4 = perf()
-            attn_in.write(attn)
-            t5 = perf()
-            t_mnn += t2 - t1
-            t_conv += (t3 - t2) + (t5 - t4)
-            t_att += t4 - t3
-            t1 = t5
-        st = self.stats
-        st.mnn_s += t_mnn
-        st.mnn_calls += c.n_layers
-        st.convert_s += t_conv
-        st.attention_s += t_att
-        st.policy_s += t_obs
-        return h, attn_in, attn
-
-    def _decode_token(self, token: int, pos: int):
-        """``_layers`` for one token through the native decode layers, every layer and its cache
-        step in one native call on one team of threads (native/include/mnn_h2o/model/decode_token.h):
-        the same returns, with the hidden state as numpy ([1, hidden]) and MNN's attention input None."""
-        t0 = time.perf_counter()
-        h = np.array(self._embed[token], dtype=np.float32)
-        attn = self._input_vars(1)[4]
-        dense, att, obs = self._decode_call(self._decode_layers, self.cache, h, self._cos[pos, 0], self._sin[pos, 0],
-                                            self._q, self._k, self._v, attn, self._observer())
-        st = self.stats
-        st.dense_s += dense
-        st.attention_s += att
-        st.policy_s += obs
-        st.convert_s += time.perf_counter() - t0 - dense - att - obs
-        return h[None], None, attn
-
-    def _prompt_rows(self, ids: Sequence[int], pos: int):
-        """``_layers`` for a prompt chunk through the native layers (runtime.prompt_layers
-        native): batched products over the chunk's rows, the same returns as ``_decode_token``."""
-        c, layers = self.config, self._decode_layers
-        n = len(ids)
-        t0 = time.perf_counter()
-        h = np.array(self._embed[np.asarray(ids)], dtype=np.float32)
-        q = np.empty((n, c.n_heads * c.head_dim), np.float32)
-        k, v = (np.empty((n, c.n_kv_heads * c.head_dim), np.float32) for _ in range(2))
-        attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
-        cos, sin = self._cos[pos:pos + n, 0], self._sin[pos:pos + n, 0]
-        self._native_steps(lambda i: layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v),
-                           h, q, k, v, attn, t0)
-        return h, None, attn
-
-    def _native_steps(self, layer, h, q, k, v, attn, t0: float) -> None:
-        """Every layer's ``layer(i)`` (the native layers' call, writing h, the layer's input
-        hidden states, and q, k, v) and its cache step, timed as dense, attention and (since t0,
-        the inputs' preparation) convert."""
-        cache, perf = self.cache, time.perf_counter
-        observe = self._observer()
-        t1 = perf()
-        t_dense = t_att = t_obs = 0.0
-        for i in range(self.config.n_layers):
-            layer(i)
-            t2 = perf()
-            cache.step(i, q, k, v, attn)
-            t3 = perf()
-            t_dense += t2 - t1
-            t_att += t3 - t2
-            if observe is not None:  # timed as policy
-                self._observe(observe, i, h)
-                t4 = perf()
-                t_obs += t4 - t3
-                t3 = t4
-            t1 = t3
-        st = self.stats
-        st.dense_s += t_dense
-        st.attention_s += t_att
-        st.policy_s += t_obs
-        st.convert_s += t1 - t0 - t_dense - t_att - t_obs
+    def _layers(self, ids: Sequence[int], pos: int) -> LayerRows:
+        """Run ``ids`` through every layer at positions pos.., caching their K/V in the current
+        context, on the path chosen at load for a decode token or a prompt chunk; their time goes
+        to the context's counters."""
+        path = self._token_path if len(ids) == 1 else self._prompt_path
+        return path.run(ids, pos, self.cache, self.stats, self._observer())
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
@@ -582,68 +470,16 @@ class Llm:
         if self.pos + n > self.max_context:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
-        h, attn_in, attn = self._layers(ids, self.pos)
+        rows = self._layers(ids, self.pos)
         self.unpassed.extend(int(t) for t in ids)
         if evict:
             self._end_step(n, prefill)
         logits = None
         if want is not None:
-            logits = self._head(h, attn_in, attn, n, want)
+            # The tail (the last layer's end, final norm) and lm_head of the last row or of all.
+            logits = self._head_path.logits(rows, slice(n - 1, n) if want == "last" else slice(0, n), self.stats)
         self.pos += n
         self.refresh_kv_stats()
-        return logits
-
-    def _head(self, h, attn_in, attn: np.ndarray, n: int, want: str) -> np.ndarray:
-        """The tail (last layer's end, final norm) and lm_head: logits of the last row or of all.
-        ``h`` and ``attn_in`` are MNN's, ``attn`` the attention output's numpy rows."""
-        st, perf, c = self.stats, time.perf_counter, self.config
-        rows = slice(n - 1, n) if want == "last" else slice(0, n)
-        t0 = perf()
-        if self._layers_head:
-            # logits_rows finishes the last layer into its h: a copy
-            h_rows = np.array((h if isinstance(h, np.ndarray) else h.read())[rows], np.float32)
-            a_rows = np.ascontiguousarray(attn[rows], dtype=np.float32)
-            logits = np.empty((len(h_rows), c.vocab), np.float32)
-            t1 = perf()
-            self._decode_layers.logits_rows(h_rows, a_rows, logits)
-            st.convert_s += t1 - t0
-            st.head_s += perf() - t1
-            return logits
-        if isinstance(h, np.ndarray) and self._native_tail is None:  # native decode layers, MNN's tail
-            h_in, attn_in, _, _, _ = self._input_vars(n)
-            h_in.write(h)
-            attn_in.write(attn)
-            h = h_in
-        if self._native_tail is not None:
-            h_rows = (h if isinstance(h, np.ndarray) else h.read())[rows]
-            t1 = perf()
-            x = self._native_tail(h_rows, attn[rows])
-            t2 = perf()
-            st.convert_s += t1 - t0
-            st.head_s += t2 - t1
-        else:
-            x = self._modules["tail"].forward([h, attn_in])[0]
-            t1 = perf()
-            x = x.read()[rows]
-            t2 = perf()
-            st.mnn_s += t1 - t0
-            st.mnn_calls += 1
-            st.convert_s += t2 - t1
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if self._q8_head is not None:
-            t3 = perf()
-            logits = self._q8_head.multiply(x)
-            st.convert_s += t3 - t2
-            st.head_s += perf() - t3
-            return logits
-        x = self._F.const(x, [len(x), c.hidden])
-        t3 = perf()
-        out = self._modules["lm_head"].forward([x])[0]
-        t4 = perf()
-        logits = np.array(out.read(), dtype=np.float32, copy=True)
-        st.mnn_s += t4 - t3
-        st.mnn_calls += 1
-        st.convert_s += (t3 - t2) + (perf() - t4)
         return logits
 
     def _end_step(self, n: int, prefill: bool) -> None:
@@ -667,21 +503,7 @@ class Llm:
         st.kv_bytes_uncompressed = self.pos * self._token_bytes
         st.kv_bytes_f16 = self.pos * self._f16_token_bytes
 
-    # --- context reconstruction (eviction.policy kvzip) ----------------------------------------------
-    def _repeat_ids(self) -> tuple:
-        """The ids of the reconstruction prompts: the first chunk's, a later chunk's (before its
-        quote of the previous chunk) and what closes the request, i.e. the chat template's text
-        after a user turn (end of turn, assistant header) when the model has one, else a newline
-        (kvpress's choice)."""
-        if self._repeat is None:
-            tok = self.tokenizer
-            suffix = "\n"
-            if tok.chat_template:
-                marker = "\u241e"  # a character no template writes: its end is where the user text ends
-                suffix = tok.apply_chat_template(marker).split(marker, 1)[1]
-            self._repeat = (tok.encode(REPEAT_FIRST), tok.encode(REPEAT_LATER), tok.encode(suffix))
-        return self._repeat
-
+    # --- context reconstruction (eviction.policy kvzip: mnn_h2o/reconstruction.py) -------------
     def _reconstructs(self) -> bool:
         """Whether the context's eviction policy scores with a reconstruction pass (kvzip)."""
         return self.eviction is not None and self.cache.eviction_reconstructs
@@ -694,13 +516,8 @@ class Llm:
         return self.pos + reserve >= self.eviction["trigger_min_tokens"]
 
     def _reconstruct(self, progress=None, cancel: Optional[threading.Event] = None) -> None:
-        """KVzip's scoring pass over the tokens written since the last pass: the model is asked to
-        repeat them, chunk by chunk, teacher-forced; the evicting layers keep the largest
-        probability each held token gets from those queries (eviction.reconstruction_softmax: in a
-        softmax over every key, or, chunk, over the sinks, that chunk and the pass, KVzip's
-        own scoring). The pass's own tokens are dropped
-        after each chunk, so afterwards the cache holds exactly what it held before. ``progress``
-        as :meth:`prefill`'s, stage "pass"."""
+        """KVzip's scoring pass (reconstruction.run_pass) over the tokens written since the last
+        pass. ``progress`` as :meth:`prefill`'s, stage "pass"."""
         ctx = self.unpassed
         bos = self.tokenizer.bos_token_id
         if ctx and self.pos == len(ctx) and ctx[0] == bos:
@@ -708,39 +525,11 @@ class Llm:
         self.unpassed = []
         if not ctx:
             return
-        first, later, suffix = self._repeat_ids()
-        prompt_max = max(len(first), len(later) + RECONSTRUCTION_QUOTE) + len(suffix)
-        chunk = min(RECONSTRUCTION_CHUNK, self.max_context - self.pos - prompt_max)
-        if chunk < 1:
-            raise ContextOverflowError(
-                f"the reconstruction pass of eviction.policy kvzip needs {prompt_max + 1} free positions after "
-                f"the {self.pos} tokens in context (limit {self.max_context})")
-        t0 = time.perf_counter()
-        cache, st = self.cache, self.stats
-        # (offset of the chunk in ctx, the prompt that repeats it)
-        prompts = [(s, (first if s == 0 else later + ctx[max(0, s - RECONSTRUCTION_QUOTE):s]) + suffix + ctx[s:s + chunk])
-                   for s in range(0, len(ctx), chunk)]
-        total, done = sum(len(ids) for _, ids in prompts), 0
-        windowed = self.eviction["reconstruction_softmax"] == "chunk"
-        cache.begin_reconstruction()
-        try:
-            for s, ids in prompts:
-                if windowed:  # the chunk's tokens: the last len(ctx) - s rows held, chunk of them
-                    cache.set_reconstruction_window(len(ctx) - s, min(chunk, len(ctx) - s))
-                for o in range(0, len(ids), self.prefill_chunk):
-                    if cancel is not None and cancel.is_set():
-                        raise PassCancelled("the reconstruction pass was cancelled")
-                    sub = ids[o:o + self.prefill_chunk]
-                    self._layers(sub, self.pos + o)
-                    st.kv_bytes_peak = max(st.kv_bytes_peak, cache.bytes_held())
-                    done += len(sub)
-                    if progress is not None:
-                        progress("pass", done, total)
-                st.reconstruct_tokens += len(ids)
-                cache.rewind_reconstruction()
-        finally:
-            cache.end_reconstruction()
-        st.reconstruct_s += time.perf_counter() - t0
+        if self._repeat is None:
+            self._repeat = reconstruction.repeat_ids(self.tokenizer)
+        reconstruction.run_pass(ctx, self._repeat, self._layers, self.cache, self.stats, self.pos,
+                                self.max_context, self.prefill_chunk,
+                                self.eviction["reconstruction_softmax"] == "chunk", progress, cancel)
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -800,7 +589,7 @@ class Llm:
         the last one (the prompt and the answer decoded after it), when the context has reached
         eviction.trigger_min_tokens, then the eviction to the budget. False when nothing was held.
         ``progress`` as :meth:`prefill`'s (stage "pass"). ``cancel.set()`` stops the pass
-        between chunks with :class:`PassCancelled`; the cache then holds partial scores and is
+        between chunks with :class:`reconstruction.PassCancelled`; the cache then holds partial scores and is
         for the caller to reset."""
         if not self.held:
             return False

@@ -29,8 +29,9 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 from . import config as config_mod
 from . import session_file
-from .engine import Llm, PassCancelled, Sampling, Stats
+from .engine import Llm, Sampling, Stats
 from .errors import ContextOverflowError, SessionClosedError, SessionFileError
+from .reconstruction import PassCancelled
 
 # The model identity a saved session must match (docs/session_format.md, META "model").
 _MODEL_KEYS = ("n_layers", "n_kv_heads", "n_heads", "head_dim", "vocab")

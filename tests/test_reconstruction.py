@@ -175,7 +175,7 @@ def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkey
     """eviction.reconstruction_softmax chunk (KVzip's scoring): with the context in one chunk the
     sinks, the chunk and the pass are every key a query sees, so the scores are those of the full
     softmax; in several chunks each scores only its own tokens, every block still scored."""
-    from mnn_h2o import engine
+    from mnn_h2o import reconstruction
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 300)
@@ -190,7 +190,7 @@ def test_chunk_softmax_is_the_full_one_for_a_single_chunk(llm, tokenizer, monkey
         # Not the last block (rows 288-303): the pass's first tokens fill it after the prompt's
         # last, and the full softmax's block peaks (the kernel's) count theirs too.
         np.testing.assert_allclose(b[:, :-1], a[:, :-1], rtol=1e-4, atol=1e-7)
-    monkeypatch.setattr(engine, "RECONSTRUCTION_CHUNK", 100)
+    monkeypatch.setattr(reconstruction, "CHUNK_TOKENS", 100)
     full, chunk = scores("all"), scores("chunk")
     assert not all(np.allclose(a, b) for a, b in zip(full, chunk))
     assert all(np.all((b > 0) & (b <= 1)) for b in chunk)  # each block is in some chunk

@@ -67,6 +67,7 @@ def main(argv=None) -> int:
 def _measure(args) -> int:
     from .. import config as config_mod
     from ..engine import Llm
+    from ..forward_paths import LayerRows
 
     cfg = config_mod.load(args.config, {"runtime.prompt_layers": "mnn"})  # the MNN modules it times
     llm = Llm.load(None, cfg, progress=False)
@@ -75,10 +76,11 @@ def _measure(args) -> int:
         raise ValueError(f"--context + --tokens must stay below the context limit {llm.max_context}")
     rng = np.random.default_rng(0)
     llm.prefill([int(t) for t in rng.integers(100, c.vocab // 2, args.context)])
-    h_in, attn_in, cos_in, sin_in, attn = llm._input_vars(1)
-    h_in.write(np.asarray(llm._embed[[100]], dtype=np.float32))
-    cos_in.write(llm._cos[args.context:args.context + 1])
-    sin_in.write(llm._sin[args.context:args.context + 1])
+    inputs = llm._inputs
+    h_in, attn_in, cos_in, sin_in, attn = inputs.vars(1)
+    h_in.write(inputs.embedding([100]))
+    cos_in.write(inputs.cos[args.context:args.context + 1])
+    sin_in.write(inputs.sin[args.context:args.context + 1])
     attn[:] = 0.0
     attn_in.write(attn)
     step_s = [0.0]
@@ -101,7 +103,7 @@ def _measure(args) -> int:
                 llm.cache.step(i, q, k, v, attn)
                 t_step += perf() - t1
         t0 = perf()
-        llm._head(h, attn_in, attn, 1, "last")  # the tail and lm_head as the engine runs them
+        llm._head_path.logits(LayerRows(h, attn, attn_in), slice(0, 1), llm.stats)  # as the engine runs them
         return t_mnn + perf() - t0, t_step
 
     for mode in MODES[::-1]:  # warm-up, the cache step first: its length is the spin's

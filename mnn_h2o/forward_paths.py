@@ -1,0 +1,289 @@
+"""The paths a forward takes through the model, each chosen once when an Llm loads (engine.py):
+
+    layers of a decode token:  NativeTokenLayers (one native call: every layer and its cache step)
+                               | MnnLayers (MNN's layer modules, a cache step after each)
+    layers of a prompt chunk:  NativePromptLayers (the chunk's rows, batched native products)
+                               | MnnLayers
+    head (tail + lm_head):     LayersHead (the decode layers' own tail and output matrix: a
+                               k-quant head) | TailThenHead(NativeTail | MnnTail, Q8Head | MnnHead)
+
+A layers path runs ids through every layer at positions pos.. against a context's cache (its K/V
+appended, attended; the observer given each layer's input hidden states) and returns LayerRows;
+a head path turns LayerRows into logits. Each adds its time to the context's Stats (engine.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+# An observer: (layer, input hidden states [n, hidden]) -> None or the predicted scores of the
+# tokens the layer's cache step has just appended ([n_kv_heads, n]).
+Observer = Callable[[int, np.ndarray], Optional[np.ndarray]]
+
+
+@dataclass
+class LayerRows:
+    """What the layers leave for the head: the last layer's input residual stream ``h`` (numpy
+    rows, or MNN's output variable when MNN's modules ran), its attention output ``attn``
+    ([n, n_heads * head_dim] float32) and, when MNN's modules ran, that output as MNN's input
+    variable (``mnn_attn``, so MNN's tail reads it without a copy)."""
+    h: Any
+    attn: np.ndarray
+    mnn_attn: Any = None
+
+    def h_rows(self) -> np.ndarray:
+        return self.h if isinstance(self.h, np.ndarray) else self.h.read()
+
+
+def observe_into(cache, observe: Observer, layer: int, h: np.ndarray) -> None:
+    """Gives ``observe`` a layer's input hidden states; the scores it returns go to the cache
+    as those of the tokens the layer's step has just appended."""
+    scores = observe(layer, h)
+    if scores is not None:
+        cache.set_token_scores(layer, scores)
+
+
+class Inputs:
+    """The model's inputs by position and token (the embedding rows, the RoPE tables) and MNN's
+    placeholders for an n-row step, kept per n so decode steps allocate nothing."""
+
+    def __init__(self, F, cfg, embed: np.ndarray, cos: np.ndarray, sin: np.ndarray):
+        self.F, self.cfg, self.embed, self.cos, self.sin = F, cfg, embed, cos, sin
+        self._vars: Dict[int, tuple] = {}
+
+    def vars(self, n: int) -> tuple:
+        """(h, attn, cos, sin) placeholders and an attention output buffer [n, hidden]."""
+        v = self._vars.get(n)
+        if v is None:
+            F, c = self.F, self.cfg
+            v = (F.placeholder([n, c.hidden]), F.placeholder([n, c.hidden]),
+                 F.placeholder([n, 1, c.head_dim]), F.placeholder([n, 1, c.head_dim]),
+                 np.empty((n, c.hidden), np.float32))
+            if n <= 1 or len(self._vars) < 8:
+                self._vars[n] = v
+        return v
+
+    def embedding(self, ids) -> np.ndarray:
+        return np.array(self.embed[np.asarray(ids)], dtype=np.float32)
+
+
+class MnnLayers:
+    """Every layer through MNN's module ``layer{i}`` (the export's), the cache step between."""
+
+    def __init__(self, modules: Dict[str, Any], inputs: Inputs):
+        self.layers = [modules[f"layer{i}"] for i in range(inputs.cfg.n_layers)]
+        self.inputs = inputs
+
+    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
+        n, inp, perf = len(ids), self.inputs, time.perf_counter
+        t0 = perf()
+        h_in, attn_in, cos_in, sin_in, attn = inp.vars(n)
+        h_in.write(inp.embedding(ids))
+        cos_in.write(inp.cos[pos:pos + n])
+        sin_in.write(inp.sin[pos:pos + n])
+        t_mnn = t_att = t_obs = 0.0
+        t1 = perf()
+        t_conv = t1 - t0
+        h = h_in
+        # One clock reading between consecutive parts: 4 per layer (~0.1 us each).
+        for i, layer in enumerate(self.layers):
+            h, q, k, v = layer.forward([h, cos_in, sin_in] if i == 0 else [h, attn_in, cos_in, sin_in])
+            t2 = perf()
+            q, k, v = q.read(), k.read(), v.read()
+            t3 = perf()
+            cache.step(i, q, k, v, attn)
+            t4 = perf()
+            if observe is not None:  # timed as policy
+                observe_into(cache, observe, i, h.read())
+                t_obs += perf() - t4
+                t4 = perf()
+            attn_in.write(attn)
+            t5 = perf()
+            t_mnn += t2 - t1
+            t_conv += (t3 - t2) + (t5 - t4)
+            t_att += t4 - t3
+            t1 = t5
+        st.mnn_s += t_mnn
+        st.mnn_calls += len(self.layers)
+        st.convert_s += t_conv
+        st.attention_s += t_att
+        st.policy_s += t_obs
+        return LayerRows(h, attn, attn_in)
+
+
+class NativeTokenLayers:
+    """One decode token through the native decode layers: every layer and its cache step in one
+    native call on one team of threads (native/include/mnn_h2o/model/decode_token.h)."""
+
+    def __init__(self, layers, inputs: Inputs):
+        from . import native
+
+        c = inputs.cfg
+        self.layers, self.inputs = layers, inputs
+        self._call = native.decode_token  # bound once: it runs every decode token
+        self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
+                                     for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
+        self._attn = np.empty((1, c.hidden), np.float32)
+
+    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
+        t0 = time.perf_counter()
+        inp = self.inputs
+        h = np.array(inp.embed[int(ids[0])], dtype=np.float32)
+        dense, att, obs = self._call(self.layers, cache, h, inp.cos[pos, 0], inp.sin[pos, 0],
+                                     self._q, self._k, self._v, self._attn, observe)
+        st.dense_s += dense
+        st.attention_s += att
+        st.policy_s += obs
+        st.convert_s += time.perf_counter() - t0 - dense - att - obs
+        return LayerRows(h[None], self._attn)
+
+
+class NativePromptLayers:
+    """A prompt chunk through the native layers (runtime.prompt_layers native): each layer's
+    products batched over the chunk's rows, then its cache step."""
+
+    def __init__(self, layers, inputs: Inputs):
+        self.layers, self.inputs = layers, inputs
+
+    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
+        c, inp, perf = self.inputs.cfg, self.inputs, time.perf_counter
+        n = len(ids)
+        t0 = perf()
+        h = inp.embedding(ids)
+        q = np.empty((n, c.n_heads * c.head_dim), np.float32)
+        k, v = (np.empty((n, c.n_kv_heads * c.head_dim), np.float32) for _ in range(2))
+        attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
+        cos, sin = inp.cos[pos:pos + n, 0], inp.sin[pos:pos + n, 0]
+        t1 = perf()
+        t_dense = t_att = t_obs = 0.0
+        for i in range(c.n_layers):
+            self.layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v)
+            t2 = perf()
+            cache.step(i, q, k, v, attn)
+            t3 = perf()
+            t_dense += t2 - t1
+            t_att += t3 - t2
+            if observe is not None:  # timed as policy
+                observe_into(cache, observe, i, h)
+                t4 = perf()
+                t_obs += t4 - t3
+                t3 = t4
+            t1 = t3
+        st.dense_s += t_dense
+        st.attention_s += t_att
+        st.policy_s += t_obs
+        st.convert_s += t1 - t0 - t_dense - t_att - t_obs
+        return LayerRows(h, attn)
+
+
+class LayersHead:
+    """The decode layers' own tail and output matrix (a k-quant head read from the GGUF's
+    blocks): the last layer finished, the final norm and the logits in one native call."""
+
+    def __init__(self, layers, vocab: int):
+        self.layers, self.vocab = layers, vocab
+
+    def logits(self, rows: LayerRows, sel: slice, st) -> np.ndarray:
+        perf = time.perf_counter
+        t0 = perf()
+        # logits_rows finishes the last layer into its h: a copy
+        h = np.array(rows.h_rows()[sel], np.float32)
+        a = np.ascontiguousarray(rows.attn[sel], dtype=np.float32)
+        logits = np.empty((len(h), self.vocab), np.float32)
+        t1 = perf()
+        self.layers.logits_rows(h, a, logits)
+        st.convert_s += t1 - t0
+        st.head_s += perf() - t1
+        return logits
+
+
+class MnnTail:
+    """MNN's ``tail`` module (the last layer's end and the final norm)."""
+
+    def __init__(self, module, inputs: Inputs):
+        self.module, self.inputs = module, inputs
+
+    def __call__(self, rows: LayerRows, sel: slice, st) -> np.ndarray:
+        perf = time.perf_counter
+        t0 = perf()
+        h, attn_in = rows.h, rows.mnn_attn
+        if attn_in is None:  # the layers were native: their rows into MNN's placeholders
+            h_in, attn_in = self.inputs.vars(len(rows.attn))[:2]
+            h_in.write(rows.h_rows())
+            attn_in.write(rows.attn)
+            h = h_in
+        t1 = perf()
+        x = self.module.forward([h, attn_in])[0]
+        t2 = perf()
+        x = x.read()[sel]
+        st.convert_s += (t1 - t0) + (perf() - t2)
+        st.mnn_s += t2 - t1
+        st.mnn_calls += 1
+        return x
+
+
+class NativeTailRows:
+    """The native tail (mnn_h2o/native_tail.py: the GGUF's blocks, float activations)."""
+
+    def __init__(self, tail):
+        self.tail = tail
+
+    def __call__(self, rows: LayerRows, sel: slice, st) -> np.ndarray:
+        perf = time.perf_counter
+        t0 = perf()
+        h = rows.h_rows()[sel]
+        t1 = perf()
+        x = self.tail(h, rows.attn[sel])
+        st.convert_s += t1 - t0
+        st.head_s += perf() - t1
+        return x
+
+
+class Q8Head:
+    """The native lm_head: q8_0 rows times the float activation."""
+
+    def __init__(self, matrix):
+        self.matrix = matrix
+
+    def __call__(self, x: np.ndarray, st) -> np.ndarray:
+        t0 = time.perf_counter()
+        logits = self.matrix.multiply(x)
+        st.head_s += time.perf_counter() - t0
+        return logits
+
+
+class MnnHead:
+    """MNN's ``lm_head`` module."""
+
+    def __init__(self, module, F, hidden: int):
+        self.module, self.F, self.hidden = module, F, hidden
+
+    def __call__(self, x: np.ndarray, st) -> np.ndarray:
+        perf = time.perf_counter
+        t0 = perf()
+        v = self.F.const(x, [len(x), self.hidden])
+        t1 = perf()
+        out = self.module.forward([v])[0]
+        t2 = perf()
+        logits = np.array(out.read(), dtype=np.float32, copy=True)
+        st.mnn_s += t2 - t1
+        st.mnn_calls += 1
+        st.convert_s += (t1 - t0) + (perf() - t2)
+        return logits
+
+
+class TailThenHead:
+    """A tail (native or MNN's) and then an lm_head (native q8_0 or MNN's)."""
+
+    def __init__(self, tail, head):
+        self.tail, self.head = tail, head
+
+    def logits(self, rows: LayerRows, sel: slice, st) -> np.ndarray:
+        x = self.tail(rows, sel, st)
+        t0 = time.perf_counter()
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        st.convert_s += time.perf_counter() - t0
+        return self.head(x, st)
