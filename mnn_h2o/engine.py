@@ -139,10 +139,6 @@ _MEMORY_MODE = {"normal": 0, "low": 2}
 
 _HINT_DYNAMIC_QUANT_OPTIONS = 5  # MNN::Interpreter::HintMode; MNN.llm's "dynamic_option"
 
-# What one context is: the Llm attributes a forward pass reads and writes besides the model.
-_CONTEXT_FIELDS = ("cache", "kv_dtype", "eviction", "lossless", "pos", "stats", "_token_bytes", "_f16_token_bytes",
-                   "unpassed", "held")
-
 
 def runtime_manager(runtime: dict):
     """The MNN runtime every module of an Llm runs on, from a validated ``runtime`` section
@@ -156,10 +152,25 @@ def runtime_manager(runtime: dict):
 
 class KvContext:
     """One context of an :class:`Llm`: its native KV cache as configured (element type, eviction,
-    lossless store), the position of the next token and the counters. The Llm's own attributes
-    (``llm.cache``, ``llm.pos``, ``llm.stats``, ...) are its current context; ``Llm.new_context``
-    makes another and ``Llm.using`` runs the model against it (mnn_h2o/session.py)."""
-    __slots__ = _CONTEXT_FIELDS
+    lossless store), the position of the next token, the counters, and what a kvzip pass has yet
+    to repeat. ``Llm.ctx`` is the current one, and the Llm's attributes of the same names
+    (``llm.cache``, ``llm.pos``, ``llm.stats``, ...) are its fields; ``Llm.new_context`` makes
+    another and ``Llm.using`` runs the model against it (mnn_h2o/session.py)."""
+    __slots__ = ("cache", "kv_dtype", "eviction", "lossless", "pos", "stats", "token_bytes", "f16_token_bytes",
+                 "unpassed", "held")
+
+
+class _ContextField:
+    """An Llm attribute that is a field of its current context (``Llm.ctx``)."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, llm, owner=None):
+        return self if llm is None else getattr(llm.ctx, self.name)
+
+    def __set__(self, llm, value):
+        setattr(llm.ctx, self.name, value)
 
 
 class Llm:
@@ -169,10 +180,21 @@ class Llm:
     ``new_context`` hold it; a thread calling ``prefill``/``decode`` directly on an Llm shared with
     other threads holds it around everything that must not interleave."""
 
+    # The current context's fields (KvContext), read and written through ``self.ctx``.
+    cache = _ContextField()
+    kv_dtype = _ContextField()
+    eviction = _ContextField()
+    lossless = _ContextField()
+    pos = _ContextField()
+    stats = _ContextField()
+    unpassed = _ContextField()
+    held = _ContextField()
+
     def __init__(self, export_dir: str, cfg: Optional[dict] = None):
         cfg = config_mod.validate(None, cfg) if cfg is not None else config_mod.defaults()
         self.cfg = cfg
         self.lock = threading.RLock()
+        self.ctx = KvContext()
         rt = cfg["runtime"]
         with open(os.path.join(export_dir, "model.json")) as f:
             meta = json.load(f)
@@ -310,14 +332,11 @@ class Llm:
         ``cfg`` (default: this Llm's config); the current context is left as it is. The other
         settings (block_tokens, max_context, threads, prefill_chunk) are the Llm's."""
         cfg = self.cfg if cfg is None else config_mod.validate(None, cfg)
-        with self.lock:
-            saved = self._swap_context(None)
-            try:
-                self.configure_kv_dtype(cfg["runtime"]["kv_dtype"])
-                self.configure_eviction(cfg["eviction"])
-                self.configure_lossless(cfg["lossless"])
-            finally:
-                made = self._swap_context(saved)
+        made = KvContext()
+        with self.using(made):
+            self.configure_kv_dtype(cfg["runtime"]["kv_dtype"])
+            self.configure_eviction(cfg["eviction"])
+            self.configure_lossless(cfg["lossless"])
         return made
 
     @contextmanager
@@ -325,22 +344,11 @@ class Llm:
         """Within the with-block the Llm runs against ``ctx`` (prefill, decode, generate with
         keep_context=True, reset, configure_*), holding the lock; its own context is back after."""
         with self.lock:
-            saved = self._swap_context(ctx)
+            saved, self.ctx = self.ctx, ctx
             try:
                 yield self
             finally:
-                inner = self._swap_context(saved)
-                for f in _CONTEXT_FIELDS:
-                    setattr(ctx, f, getattr(inner, f))
-
-    def _swap_context(self, ctx: Optional[KvContext]) -> KvContext:
-        """Installs ctx's fields (None: none, the caller configures a new one) and returns the
-        context that was current."""
-        old = KvContext()
-        for f in _CONTEXT_FIELDS:
-            setattr(old, f, getattr(self, f, None))
-            setattr(self, f, getattr(ctx, f) if ctx is not None else None)
-        return old
+                self.ctx = saved
 
     def configure_kv_dtype(self, kv_dtype: str) -> None:
         """A new, empty cache whose K and V rows are of element type ``kv_dtype`` (see the key
@@ -354,8 +362,8 @@ class Llm:
                                     max_tokens=self.max_context, threads=self._threads)
         self.kv_dtype = kv_dtype
         # K and V rows of every layer and kv head: bytes per token written.
-        self._token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
-        self._f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
+        self.ctx.token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
+        self.ctx.f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
         self.eviction: Optional[dict] = None
         self.lossless: Optional[dict] = None
         self.reset()
@@ -500,8 +508,8 @@ class Llm:
         st.kv_bytes_pool = cache.pool_bytes_held()
         st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
-        st.kv_bytes_uncompressed = self.pos * self._token_bytes
-        st.kv_bytes_f16 = self.pos * self._f16_token_bytes
+        st.kv_bytes_uncompressed = self.pos * self.ctx.token_bytes
+        st.kv_bytes_f16 = self.pos * self.ctx.f16_token_bytes
 
     # --- context reconstruction (eviction.policy kvzip: mnn_h2o/reconstruction.py) -------------
     def _reconstructs(self) -> bool:

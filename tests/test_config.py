@@ -340,7 +340,10 @@ def test_engine_passes_sections_through_unchanged():
     core = pytest.importorskip("mnn_h2o._core")
     from mnn_h2o.engine import Llm
 
+    from mnn_h2o.engine import KvContext
+
     llm = Llm.__new__(Llm)  # the configuration methods need only the cache
+    llm.ctx = KvContext()
     llm._block_tokens, llm.kv_dtype = 16, "f16"
     llm.cache = core.KvCache(4, 1, 16, 1, dtype="f16", block_tokens=16, max_tokens=64)
     llm.configure_eviction({"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
