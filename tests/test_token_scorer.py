@@ -95,8 +95,9 @@ def test_engine_needs_the_scorer_file(tmp_path):
 
 
 def test_engine_gives_every_token_its_score_and_evicts_by_them(tmp_path):
-    """A constant log-score puts every token at 0.1; a decode token's arrives with it; the cut
-    after the prompt holds the budget without any pass."""
+    """A constant log-score puts every token at 0.1, or above it where the prompt's last
+    observation_window queries gave it a larger probability (their peaks join the predictions); a
+    decode token's arrives with it; the cut after the prompt holds the budget without any pass."""
     from mnn_h2o.engine import Llm
     from mnn_h2o.essays import essay_tokens
 
@@ -107,9 +108,9 @@ def test_engine_gives_every_token_its_score_and_evicts_by_them(tmp_path):
     llm.prefill(ids)  # below the trigger: nothing evicted, every token's score pending
     for layer in (0, llm.config.n_layers - 1):
         s = llm.cache.token_scores(layer)
-        assert s.shape == (llm.config.n_kv_heads, 200) and np.allclose(s, 0.1, rtol=1e-6)
+        assert s.shape == (llm.config.n_kv_heads, 200) and s.min() >= 0.1 * (1 - 1e-6) and s.max() > 0.2
     llm.decode(ids[-1])
-    assert np.allclose(llm.cache.token_scores(3)[:, -1], 0.1, rtol=1e-6)
+    assert np.allclose(llm.cache.token_scores(3)[:, -1], 0.1, rtol=1e-6)  # a decode step adds no peaks
     assert llm.stats.reconstruct_tokens == 0 and llm.stats.policy_s > 0
     llm.reset()
     long_ids = essay_tokens(llm.tokenizer, 1024)
@@ -148,7 +149,7 @@ def test_an_export_without_a_scorer_uses_the_one_shipped_for_its_gguf(tmp_path, 
     monkeypatch.setattr(ts, "shipped_path", lambda sha: str(shipped) if sha == meta["source_sha256"] else "/nonexistent")
     llm = Llm(d, _cfg())
     llm.prefill([1, 2, 3])
-    assert np.allclose(llm.cache.token_scores(0), 0.1, rtol=1e-6)
+    assert llm.cache.token_scores(0).min() >= 0.1 * (1 - 1e-6)  # the scorer's (and the window's peaks)
 
 
 def test_the_shipped_scorers_are_valid_and_named_by_their_ggufs_digest():
@@ -191,7 +192,7 @@ def test_auto_is_predicted_where_a_scorer_ships_and_kvzip_elsewhere(tmp_path, mo
     llm = Llm(d, _cfg(policy="auto", prefill_eviction="chunk"))
     assert llm.eviction["policy"] == "predicted_kvzip" and llm.cache.eviction_predicts
     llm.prefill([1, 2, 3])
-    assert np.allclose(llm.cache.token_scores(0), 0.1, rtol=1e-6)
+    assert llm.cache.token_scores(0).min() >= 0.1 * (1 - 1e-6)  # the scorer's (and the window's peaks)
 
     from mnn_h2o import session_file
     from mnn_h2o.session import Session

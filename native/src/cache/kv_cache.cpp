@@ -272,9 +272,13 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         }
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) eviction_->record_step(layer, h, head(layer, h).length, n_tokens);
+    const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;  // the keys' space
+    if (n_tokens > 1 && eviction_->signals().window_peaks) {
+        const int w = std::min(eviction_->window_size(), n_tokens);
+        add_query_peaks(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
+    }
     // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
-    if (eviction_->wants_queries())
-        eviction_->record_queries(layer, kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q, n_tokens);
+    if (eviction_->wants_queries()) eviction_->record_queries(layer, q_stored, n_tokens);
     if (store_) store_->prefetch(layer + 1);
 }
 
@@ -334,6 +338,38 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     p.peak = eviction_->token_peak_accumulator(layer);
     p.peak_stride = eviction_->token_stride();
     token_peaks(p, best_isa(), team(), peak_ws_);
+}
+
+void KvCache::add_query_peaks(int layer, const float* q, int n_q) {
+    const int hd = cfg_.head_dim, G = group();
+    float* tpeak = eviction_->token_peak_accumulator(layer);
+    std::vector<float> keys, head_q(static_cast<size_t>(n_q) * G * hd);
+    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const int n_keys = head(layer, h).length;
+        keys.resize(static_cast<size_t>(n_keys) * hd);  // one head's keys at a time: the scratch stays small
+        read_stored(layer, h, keys.data(), nullptr);
+        // This head's queries, [n_q][G][hd], out of [n_q][H * G][hd].
+        for (int i = 0; i < n_q; ++i)
+            std::copy(q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h) * G * hd,
+                      q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h + 1) * G * hd,
+                      head_q.data() + static_cast<size_t>(i) * G * hd);
+        eviction_->open_token_peaks(layer, h, n_keys);
+        const float* k = keys.data();
+        TokenPeakProblem p;
+        p.n_kv_heads = 1;
+        p.group = G;
+        p.head_dim = hd;
+        p.q = head_q.data();
+        p.n_q = n_q;  // the newest queries: query i sees the first n_keys - n_q + i + 1 keys
+        p.k = &k;
+        p.n_keys = &n_keys;
+        p.n_peak = &n_keys;
+        p.peak = tpeak + static_cast<size_t>(h) * eviction_->token_stride();
+        p.peak_stride = eviction_->token_stride();
+        token_peaks(p, best_isa(), team(), peak_ws_);
+        eviction_->close_token_peaks(layer, h, n_keys);
+    }
+    peak_ws_ = {};
 }
 
 void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {

@@ -169,9 +169,28 @@ void EvictionState::add_token_scores(int layer, int head, int length, int n, con
     for (int i = 0; i < n; ++i) {
         const int t = first + i;
         const float s = scores[i];
-        tp[t] = std::isnan(s) ? 0.f : s;
+        tp[t] = std::max(t < hs.n_tpeak ? tp[t] : 0.f, std::isnan(s) ? 0.f : s);
         float& block = hs.recon[t / block_tokens_];
         if (!std::isnan(s)) block = std::isnan(block) ? s : std::max(block, s);
+    }
+    hs.n_tpeak = std::max(hs.n_tpeak, length);
+}
+
+void EvictionState::open_token_peaks(int layer, int head, int length) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    if (hs.n_tpeak == 0) std::copy(hs.recon.begin(), hs.recon.begin() + blocks_of(length), hs.recon_prev.begin());
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    std::fill(tp + std::min(hs.n_tpeak, length), tp + length, 0.f);
+}
+
+void EvictionState::close_token_peaks(int layer, int head, int length) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    const float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    for (int t = 0; t < length; ++t) {
+        float& block = hs.recon[t / block_tokens_];
+        if (tp[t] > 0.f) block = std::isnan(block) ? tp[t] : std::max(block, tp[t]);
     }
     hs.n_tpeak = std::max(hs.n_tpeak, length);
 }

@@ -225,6 +225,10 @@ private:
     void add_token_peaks(int layer, const float* q, int n_tokens);
     // The same with the window of set_reconstruction_window, and the window's block peaks.
     void add_window_peaks(int layer, const float* q, int n_tokens);
+    // After a prompt chunk's attention on an evicting layer of a window_peaks policy: the largest
+    // probability each held token gets from the chunk's last n_q queries (q, as the kernel saw
+    // them), into the state's token peaks.
+    void add_query_peaks(int layer, const float* q, int n_q);
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
     bool evict_global(bool due, bool prefill);
     void require_no_pass(const char* what) const;

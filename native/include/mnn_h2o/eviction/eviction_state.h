@@ -111,7 +111,15 @@ public:
     // Predicted peaks (signals().predicted): the last n of the `length` tokens head h holds get
     // scores[0, n) as their token peaks, and each of their blocks' reconstruction score the
     // largest of its tokens' so far; they wait for the next update as a pass's peaks do.
+    // A token's predicted score joins the peaks it already has (signals().window_peaks) by their max.
     void add_token_scores(int layer, int head, int length, int n, const float* scores);
+    // Around peaks the cache adds to head h's `length` tokens outside a pass (window_peaks): before,
+    // the tokens without a pending peak get 0 and the block scores are kept as those from before;
+    // after, each block's score becomes the largest of its tokens' peaks and the tokens count as
+    // scored, waiting for the next update as a pass's peaks do.
+    void open_token_peaks(int layer, int head, int length);
+    void close_token_peaks(int layer, int head, int length);
+    int window_size() const { return window_size_; }
     size_t token_stride() const { return token_stride_; }
     bool token_peaks_pending(int layer) const;
     // A head's token score: the largest of its pass peak and its block's score from before the
