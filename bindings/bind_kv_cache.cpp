@@ -491,7 +491,7 @@ mass each key block received, summed over the queries and the query heads of eac
             },
             // The defaults are EvictionConfig's, i.e. the config schema's (docs/config.md, h2o.*).
             py::kw_only() MNN_H2O_EVICTION_FIELDS(MNN_H2O_PY_ARG_EVICTION),
-            R"doc(Turn H2O eviction on (or replace its settings; scores restart). See docs/eviction.md.
+            R"doc(Turn eviction on (or replace its settings; scores restart). See docs/eviction.md.
 The arguments, their defaults and allowed values are the config keys eviction.* of docs/config.md
 (target_keep_ratio or kv_budget_bytes > 0, at most one, replaces target_lossy_ratio;
 layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
@@ -554,6 +554,11 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"), py::arg("scores"),
             "Predicted reconstruction scores in [0, 1] of the last n tokens each kv head of an evicting layer holds "
             "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless eviction_predicts.")
+        .def("set_query_peaks", locked(&KvCache::set_query_peaks), py::arg("on"),
+             "Predicted scores: each prompt chunk's last eviction.observation_window queries also score the "
+             "held tokens (their largest probability, max'ed with the prediction); off after enable_eviction. "
+             "ValueError unless eviction_predicts (to turn it on).")
+        .def_property_readonly("query_peaks", locked(&KvCache::query_peaks), "Whether set_query_peaks is on.")
         .def(
             "token_scores",
             [](PyKvCache& self, int layer) {

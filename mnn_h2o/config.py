@@ -168,8 +168,8 @@ SCHEMA: Tuple[Key, ...] = (
         "prompt, a reconstruction pass after each prompt that about doubles the prefill work; "
         "query-agnostic; meant with layer_budget global), predicted_kvzip (kvzip's scores predicted "
         "from each token's hidden state by a per-layer linear map fitted once per model, "
-        "python -m mnn_h2o.tools.fit_scorer: no pass; with the peaks of each prompt chunk's last "
-        "eviction.observation_window queries)",
+        "python -m mnn_h2o.tools.fit_scorer: no pass; where the map asks for it, with the peaks of "
+        "each prompt chunk's last eviction.observation_window queries)",
         # The native registry (eviction_policies.cpp) holds one class per name; a static_assert
         # there and tests/test_config.py check that its names are these but auto (ENGINE_VALUES).
         choices=("auto", "h2o", "snapkv", "tova", "keydiff", "vatp", "expected_attention", "streaming", "random",
@@ -217,8 +217,9 @@ SCHEMA: Tuple[Key, ...] = (
     Key("eviction", "observation_window", int, 32, "queries", "the window policies' observation window: "
         "snapkv and expected_attention use the attention / statistics of the most recent queries, "
         "at most this many (after a prompt: its last ones, usually the question; in decode: those "
-        "since the last update); tova always takes 1; predicted_kvzip: the last this many queries of "
-        "each prompt chunk add their attention peaks to the predicted scores", range=(1, 1 << 20)),
+        "since the last update); tova always takes 1; predicted_kvzip, where the model's map asks for "
+        "query peaks: the last this many queries of each prompt chunk add their attention peaks to the "
+        "predicted scores", range=(1, 1 << 20)),
     Key("eviction", "head_floor_share", float, 0.0, "fraction", "with per_head_budget (AdaKV): each kv head "
         "keeps at least this share of the per-head budget (its floors count towards it) before the "
         "rest of the layer's budget is chosen jointly over its heads; 0 = no minimum beyond the floors",

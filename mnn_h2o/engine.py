@@ -394,6 +394,8 @@ class Llm:
                 self._scorer = load_for_export(self.export_dir, self.meta, self.config)
             check_layers(self._scorer, self._evicting_layers(eviction))
         self.cache.enable_eviction(**config_mod.native_args("eviction", eviction))
+        if eviction["policy"] == "predicted_kvzip":
+            self.cache.set_query_peaks(self._scorer.query_peaks)  # the model's map says (token_scorer.py)
         self.eviction = eviction
 
     def policy_of(self, eviction: dict) -> str:

@@ -16,7 +16,10 @@ for the named models) holds, by name:
 
     weights   float32 [n_layers, hidden + 1, n_kv_heads]  log-score = [x, 1] @ weights[layer]
     layers    int32 [2]                                   the evicting layers [start, end) fitted
-    meta      a JSON string: the model's source_sha256, its shapes, the fit's data, loss and time
+    meta      a JSON string: the model's source_sha256, its shapes, the fit's data, loss and time,
+              and ``query_peaks`` (true: the prompt's own queries add their peaks to the
+              predictions, KvCache.set_query_peaks; a choice made per model on the dev split,
+              docs/eviction.md "Predicted scores"; absent: false)
 
 A file whose source_sha256 or shapes are not the export's is refused (ScorerFileError).
 """
@@ -81,6 +84,11 @@ class TokenScorer:
     layers: tuple                # (start, end) fitted
     meta: dict
 
+    @property
+    def query_peaks(self) -> bool:
+        """Whether the cache adds the prompt chunks' own query peaks to this map's predictions."""
+        return bool(self.meta.get("query_peaks", False))
+
     def scores(self, layer: int, h: np.ndarray) -> np.ndarray:
         """Predicted kvzip scores of h's rows at ``layer``: float32 [n_kv_heads, n] in (0, 1]."""
         logit = features(h) @ self.weights[layer]
@@ -115,6 +123,8 @@ class TokenScorer:
         if weights.shape != want or len(layers) != 2 or not 0 <= layers[0] < layers[1] <= n_layers:
             raise ScorerFileError(f"{path}: weights {weights.shape} and layers {layers} do not fit the model "
                                   f"({want}, layers within [0, {n_layers}])")
+        if not isinstance(meta.get("query_peaks", False), bool):
+            raise ScorerFileError(f"{path}: meta's query_peaks is {meta.get('query_peaks')!r}, not true or false")
         if not np.all(np.isfinite(weights)):
             raise ScorerFileError(f"{path}: weights hold non-finite values")
         return cls(weights, layers, meta)

@@ -86,6 +86,11 @@ def main(argv=None) -> int:
                                                                   "measures the agreement (default 1)")
     ap.add_argument("--lambdas", type=float, nargs="+", default=[1e-4, 1e-3, 1e-2, 1e-1],
                     help="ridge weights tried (default 1e-4 1e-3 1e-2 1e-1)")
+    ap.add_argument("--query-peaks", action="store_true",
+                    help="record in the file that each prompt chunk's last eviction.observation_window queries add "
+                         "their attention peaks to the predictions (KvCache.set_query_peaks): a per-model choice, "
+                         "made on the dev split (Qwen2.5-Coder-1.5B: better; SmolLM2: worse; "
+                         "docs/notebook/predicted_window_peaks.md)")
     ap.add_argument("--ship", action="store_true",
                     help="also copy the file into the package (mnn_h2o/scorers/, keyed by the GGUF's digest), "
                          "where every export of the same GGUF finds it: how the named models' scorers ship")
@@ -179,6 +184,7 @@ def main(argv=None) -> int:
         "heldout_r2_per_layer": per_layer,
         "lambdas_tried": [{kk: v for kk, v in r.items() if kk != "weights"} for r in results],
         "collect_s": round(t_collect, 1), "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "query_peaks": args.query_peaks,
     }
     path = scorer_path(export_dir)
     TokenScorer(w, (lo, hi), meta).save(path)

@@ -326,7 +326,7 @@ size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache) {
 
 int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache) { return cache ? cache->cache.max_blocks() : 0; }
 
-// ---- H2O eviction ------------------------------------------------------------------------------
+// ---- eviction ------------------------------------------------------------------------------------
 
 const char* mnn_h2o_policy_name(int32_t i) {
     const std::vector<std::string>& names = mnn_h2o::policy_list();

@@ -1,4 +1,4 @@
-// Scaffolding of the H2O eviction tests (test_eviction_*.cpp): a small cache geometry, random steps,
+// Scaffolding of the eviction tests (test_eviction_*.cpp): a small cache geometry, random steps,
 // reading a head back and a keep-ratio config.
 #pragma once
 

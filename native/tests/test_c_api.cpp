@@ -328,7 +328,7 @@ static void test_codec() {
     mnn_h2o_codec_destroy(codec);
 }
 
-// H2O eviction through the C API: the same evictions, lengths, bytes and outputs as KvCache with
+// Eviction through the C API: the same evictions, lengths, bytes and outputs as KvCache with
 // the same config; config errors, explicit plans, statistics and scores.
 // A C API field equals its C++ field: a string by its text, a bool as 0/1, a number by value.
 template <class C, class Cpp>

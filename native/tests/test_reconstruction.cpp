@@ -429,7 +429,6 @@ static void test_global_budget() {
 // predicted_kvzip: the engine gives each token's score as it enters (set_token_scores), no pass;
 // the scores are kept per token until the next update, which ranks tokens by them as it ranks a
 // pass's peaks (the floors, then the highest scores), and each block's score is its tokens' max.
-// Zero queries make the prompt's window peaks known exactly: 1 / (keys the query sees).
 static void test_predicted_scores() {
     std::mt19937 rng(33);
     const int L = 2, H = 2, hd = 32, n = 160;
@@ -442,22 +441,13 @@ static void test_predicted_scores() {
     CHECK(cache.eviction_predicts() && !cache.eviction_reconstructs(), "predicted: scores given, no pass");
     CHECK(throws<std::invalid_argument>([&] { cache.begin_reconstruction(); }), "no pass for predicted scores");
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
-    const std::vector<float> q(static_cast<size_t>(n) * 2 * H * hd, 0.f);
+    const auto q = random_vec(rng, static_cast<size_t>(n) * 2 * H * hd);
     // Token t of head hh scores 0.01 + 1e-4 t, except 24 tokens per head at 0.5 + 0.01 t / n.
     auto score = [](int hh, int t) {
         const bool high = hh == 0 ? (t >= 40 && t < 64) : (t >= 100 && t < 124);
         return high ? 0.5f + 0.01f * t / 160 : 0.01f + 1e-4f * t;
     };
     const int chunks[2][2] = {{0, 96}, {96, 64}};  // (first token, tokens)
-    // What a token holds: its score or a window's peak, the larger. The first of a chunk's last
-    // observation_window queries to see token t gives it the largest probability.
-    auto held = [&](int hh, int t) {
-        double want = score(hh, t);
-        for (const auto& c : chunks)
-            if (t < c[0] + c[1]) want = std::max(want, 1.0 / (std::max(t, c[0] + c[1] - h.observation_window) + 1));
-        return want;
-    };
-    auto near = [](double got, double want) { return std::fabs(got - want) <= 2e-5 * want; };
     for (const auto& c : chunks) {
         std::vector<float> qc(q.begin() + static_cast<size_t>(c[0]) * 2 * H * hd, q.begin() + static_cast<size_t>(c[0] + c[1]) * 2 * H * hd);
         std::vector<float> kc(k.begin() + static_cast<size_t>(c[0]) * H * hd, k.begin() + static_cast<size_t>(c[0] + c[1]) * H * hd);
@@ -479,14 +469,12 @@ static void test_predicted_scores() {
     for (int hh = 0; hh < H; ++hh) {
         const std::vector<float> ts = cache.token_scores(1, hh);
         bool same = ts.size() == static_cast<size_t>(n);
-        for (int t = 0; same && t < n; ++t) same = near(ts[t], held(hh, t));
-        CHECK(same, "head %d: the token scores are those given or the window's peaks (the rejected calls changed "
-              "nothing)", hh);
+        for (int t = 0; same && t < n; ++t) same = ts[t] == score(hh, t);
+        CHECK(same, "head %d: the token scores are those given (the rejected calls changed nothing)", hh);
         for (int b = 0; b < 10; ++b) {
-            double want = 0;
-            for (int t = b * 16; t < b * 16 + 16; ++t) want = std::max(want, held(hh, t));
-            CHECK(near(cache.eviction_state()->reconstruction_score(1, hh, b), want), "head %d block %d: its tokens' max",
-                  hh, b);
+            float want = 0;
+            for (int t = b * 16; t < b * 16 + 16; ++t) want = std::max(want, score(hh, t));
+            CHECK(cache.eviction_state()->reconstruction_score(1, hh, b) == want, "head %d block %d: its tokens' max", hh, b);
         }
     }
     CHECK(cache.end_step(n, true), "the prompt is cut");
@@ -523,10 +511,11 @@ static void test_predicted_scores() {
     CHECK(throws<std::invalid_argument>([&] { kvzip.set_token_scores(1, bad.data(), 1); }), "kvzip takes a pass, not scores");
 }
 
-// predicted_kvzip's window peaks against float64: after a prompt chunk each token holds the larger
+// Query peaks (set_query_peaks) against float64: after a prompt chunk each token holds the larger
 // of its predicted score and the largest probability the chunk's last observation_window queries
-// (every query head of the group) give it; a one-token step (decode) adds none.
-static void test_predicted_window_peaks() {
+// (every query head of the group) give it; a one-token step (decode) adds none; off (the default
+// after enable_eviction) the scores are the predictions; only predicted scores take them.
+static void test_query_peaks() {
     std::mt19937 rng(47);
     const int H = 2, G = 2, hd = 32, n = 100, W = 8;
     KvCache cache(cache_config(1, H, 512));
@@ -536,9 +525,19 @@ static void test_predicted_window_peaks() {
     cache.enable_eviction(h);
     const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
     const auto q = random_vec(rng, static_cast<size_t>(n) * H * G * hd, 2.f);
-    step_all(cache, q, k, v, n);
     const float given = 1e-3f;
     const std::vector<float> s(static_cast<size_t>(H) * n, given);
+    CHECK(!cache.query_peaks(), "off by default");
+    step_all(cache, q, k, v, n);
+    cache.set_token_scores(0, s.data(), n);
+    for (int hh = 0; hh < H; ++hh) {
+        const std::vector<float> ts = cache.token_scores(0, hh);
+        CHECK(std::all_of(ts.begin(), ts.end(), [&](float x) { return x == given; }), "off: the predictions alone");
+    }
+    cache.enable_eviction(h);
+    cache.reset();
+    cache.set_query_peaks(true);
+    step_all(cache, q, k, v, n);
     cache.set_token_scores(0, s.data(), n);
     std::vector<std::vector<double>> want(H, std::vector<double>(n, given));
     for (int hh = 0; hh < H; ++hh)
@@ -576,6 +575,12 @@ static void test_predicted_window_peaks() {
         for (int t = 0; t < n; ++t) same = same && std::fabs(ts[t] - want[hh][t]) <= 1e-4 * want[hh][t];
         CHECK(same, "head %d: the prompt's scores are unchanged by a decode step", hh);
     }
+    cache.enable_eviction(h);
+    CHECK(!cache.query_peaks(), "enable_eviction turns them off");
+    KvCache kvzip(cache_config(1, H, 512));
+    kvzip.enable_eviction(kvzip_config(0.5));
+    CHECK(throws<std::invalid_argument>([&] { kvzip.set_query_peaks(true); }), "kvzip has its pass: no query peaks");
+    kvzip.set_query_peaks(false);
 }
 
 // Decode under a global budget: a plan made exactly to the budget is followed by another at the
@@ -632,7 +637,7 @@ int main() {
     test_window_pass(KvDtype::Q8);
     test_global_budget();
     test_predicted_scores();
-    test_predicted_window_peaks();
+    test_query_peaks();
     test_decode_headroom();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -170,7 +170,7 @@ MNN_H2O_API size_t mnn_h2o_kv_cache_bytes_mapped(const mnn_h2o_kv_cache* cache);
 /* Blocks of one head at max_tokens: a scores_stride that always suffices. 0 for NULL. */
 MNN_H2O_API int32_t mnn_h2o_kv_cache_max_blocks(const mnn_h2o_kv_cache* cache);
 
-/* ---- H2O eviction ------------------------------------------------------------------------ */
+/* ---- eviction ------------------------------------------------------------------------------ */
 /* Heavy-hitter eviction inside the KV cache (KvCache::enable_eviction and friends, docs/eviction.md): with
  * eviction on, step() collects each block's attention mass on the evicting layers, and
  * mnn_h2o_kv_cache_end_step() (once per forward, after all layers) evicts low-scoring blocks of

@@ -273,7 +273,7 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) eviction_->record_step(layer, h, head(layer, h).length, n_tokens);
     const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;  // the keys' space
-    if (n_tokens > 1 && eviction_->signals().window_peaks) {
+    if (n_tokens > 1 && query_peaks_) {
         const int w = std::min(eviction_->window_size(), n_tokens);
         add_query_peaks(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
     }
@@ -577,6 +577,7 @@ void KvCache::reset() {
 void KvCache::enable_eviction(const EvictionConfig& config) {
     require_no_pass("enable_eviction");
     eviction_ = std::make_unique<EvictionState>(config, cfg_);
+    query_peaks_ = false;
     const EvictionConfig& c = eviction_->config();
     if (eviction_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
 }
@@ -584,6 +585,13 @@ void KvCache::enable_eviction(const EvictionConfig& config) {
 void KvCache::disable_eviction() {
     require_no_pass("disable_eviction");
     eviction_.reset();
+    query_peaks_ = false;
+}
+
+void KvCache::set_query_peaks(bool on) {
+    require(!on || eviction_predicts(), "set_query_peaks: the eviction policy takes no predicted scores "
+                                        "(enable_eviction with policy 'predicted_kvzip')");
+    query_peaks_ = on;
 }
 
 void KvCache::enable_store(const StoreConfig& config) {
@@ -837,7 +845,7 @@ EvictionStats KvCache::eviction_stats() const {
 }
 
 std::vector<float> KvCache::eviction_scores(int layer, int* n_blocks, bool reconstruction) const {
-    if (!eviction_) throw std::invalid_argument("KvCache: H2O eviction is not enabled");
+    if (!eviction_) throw std::invalid_argument("KvCache: eviction is not enabled");
     check_layer(layer);
     int n = 0;
     for (int h = 0; h < cfg_.n_kv_heads; ++h) n = std::max(n, static_cast<int>(head(layer, h).k_blocks.size()));

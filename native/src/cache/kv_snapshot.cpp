@@ -112,8 +112,8 @@ void KvCache::restore(const uint8_t* data, size_t size) {
     }
     const uint8_t enabled = r.value<uint8_t>("eviction enabled");
     r.require(enabled <= 1, "h2o enabled must be 0 or 1");
-    r.require((enabled == 1) == (eviction_ != nullptr), enabled ? "the snapshot has H2O eviction on, this cache has it off"
-                                                           : "the snapshot has H2O eviction off, this cache has it on");
+    r.require((enabled == 1) == (eviction_ != nullptr), enabled ? "the snapshot has eviction on, this cache has it off"
+                                                           : "the snapshot has eviction off, this cache has it on");
     std::unique_ptr<EvictionState> eviction;
     if (enabled) {
         eviction = std::make_unique<EvictionState>(eviction_->config(), cfg_);

@@ -214,16 +214,12 @@ public:
 // predicted from its hidden state by a map the engine fitted to kvzip's own scores
 // (mnn_h2o/token_scorer.py) and given as the token enters the cache; ranked as kvzip's. Blocks
 // without a score (tokens written before scoring was on) rank first, as kvzip's unscored do.
-// Without a pass the policy has no queries of its own; the prompt's are free: the last
-// observation_window queries of each prompt chunk add their peaks to the predictions, kvzip's max
-// over queries (dev split, Qwen2.5-Coder-1.5B: docs/notebook/predicted_window_peaks.md).
 class PredictedKvzipPolicy final : public EvictionPolicy {
 public:
     void rank(const ScoreContext& head, float* priority) override { kvzip_.rank(head, priority); }
     PolicySignals signals() const override {
         PolicySignals s = kvzip_.signals();
         s.predicted = true;
-        s.window_peaks = true;
         return s;
     }
 

@@ -122,7 +122,7 @@ EvictionState::LayerScores& EvictionState::layer_scores(int layer) {
 
 const EvictionState::LayerScores& EvictionState::layer_scores(int layer) const {
     if (!collects(layer))
-        throw std::out_of_range("H2O: layer " + std::to_string(layer) + " is outside the evicting layers [" +
+        throw std::out_of_range("eviction: layer " + std::to_string(layer) + " is outside the evicting layers [" +
                                 std::to_string(cfg_.layer_start) + ", " + std::to_string(cfg_.layer_end) + ")");
     return layers_[static_cast<size_t>(layer - cfg_.layer_start)];
 }
@@ -435,7 +435,7 @@ ScoreContext EvictionState::context(int layer, int h, int length, const HeadRowR
     }
     if (signals_.reconstruction) c.reconstruction = hs.recon.data();
     if (signals_.keys || signals_.values) {
-        if (!rows) throw std::invalid_argument("H2O: policy '" + cfg_.policy + "' needs the head's rows");
+        if (!rows) throw std::invalid_argument("eviction: policy '" + cfg_.policy + "' needs the head's rows");
         const size_t n = static_cast<size_t>(length) * head_dim_;
         if (signals_.keys && k_rows_.size() < n) k_rows_.resize(n);
         if (signals_.values && v_rows_.size() < n) v_rows_.resize(n);

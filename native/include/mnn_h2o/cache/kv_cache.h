@@ -6,7 +6,7 @@
 // different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
 // every head; attention is causal per head relative to that head's length.
 //
-// With H2O eviction enabled (enable_eviction, docs/eviction.md) step() also collects attention scores for
+// With eviction enabled (enable_eviction, docs/eviction.md) step() also collects attention scores for
 // the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
 //
 // With the lossless store enabled (enable_store, docs/kv_cache.md "Lossless store") end_step()
@@ -102,7 +102,7 @@ public:
     // memory returned.
     void reset();
 
-    // --- H2O eviction (docs/eviction.md) ---------------------------------------------------------
+    // --- eviction (docs/eviction.md) ---------------------------------------------------------
     // Turns eviction on, or replaces the config (scores and schedule restart). Throws
     // std::invalid_argument naming the bad field; the previous state is kept then.
     void enable_eviction(const EvictionConfig& config);
@@ -145,6 +145,15 @@ public:
     // during a pass, for a layer outside [layer_start, layer_end), for more tokens than a head
     // holds, or for a score outside [0, 1] (NaN included; nothing changes then).
     void set_token_scores(int layer, const float* scores, int n_tokens);
+    // Query peaks (predicted scores only; off after each enable_eviction): after every prompt
+    // chunk's attention (a step of more than one token) on an evicting layer, the chunk's last
+    // eviction.observation_window queries give each held token the largest probability any of
+    // them assigns it, as a pass's queries do, and its score is the larger of that and its
+    // prediction. Per model: the engine takes it from the model's scorer file, where the dev split
+    // chose it (docs/eviction.md "Predicted scores"). Throws std::invalid_argument unless
+    // eviction_predicts() (to turn it on).
+    void set_query_peaks(bool on);
+    bool query_peaks() const { return query_peaks_; }
     // A head's pending token scores (a pass's peaks or set_token_scores'), one per token it
     // holds: NaN for a token without one or when none are pending. Throws std::invalid_argument
     // unless the policy takes reconstruction scores; std::out_of_range for a bad layer or head.
@@ -225,7 +234,7 @@ private:
     void add_token_peaks(int layer, const float* q, int n_tokens);
     // The same with the window of set_reconstruction_window, and the window's block peaks.
     void add_window_peaks(int layer, const float* q, int n_tokens);
-    // After a prompt chunk's attention on an evicting layer of a window_peaks policy: the largest
+    // After a prompt chunk's attention on an evicting layer with query peaks on: the largest
     // probability each held token gets from the chunk's last n_q queries (q, as the kernel saw
     // them), into the state's token peaks.
     void add_query_peaks(int layer, const float* q, int n_q);
@@ -274,6 +283,7 @@ private:
     // A reconstruction pass: under way, and what it restores (every head's length, every layer's
     // tokens_seen).
     bool reconstructing_ = false;
+    bool query_peaks_ = false;  // set_query_peaks
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
     int window_from_end_ = 0, window_length_ = 0;  // set_reconstruction_window; 0: none

@@ -1,4 +1,4 @@
-// Settings of H2O eviction (see docs/eviction.md). Field names are the Python keyword arguments of
+// Settings of eviction (see docs/eviction.md). Field names are the Python keyword arguments of
 // KvCache.enable_eviction, so a validation message names what the caller actually passed.
 #pragma once
 

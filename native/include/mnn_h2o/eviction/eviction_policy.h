@@ -80,9 +80,6 @@ struct PolicySignals {
     // The reconstruction scores are predicted, not measured: the engine gives each token's as it
     // enters the cache (KvCache::set_token_scores), and no pass runs.
     bool predicted = false;
-    // The last window_queries() queries of every prompt chunk (a step of more than one token)
-    // add their peaks to the token peaks, as a pass's queries do (with `reconstruction`).
-    bool window_peaks = false;
 };
 
 class EvictionPolicy {

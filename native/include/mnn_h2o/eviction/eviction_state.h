@@ -111,9 +111,9 @@ public:
     // Predicted peaks (signals().predicted): the last n of the `length` tokens head h holds get
     // scores[0, n) as their token peaks, and each of their blocks' reconstruction score the
     // largest of its tokens' so far; they wait for the next update as a pass's peaks do.
-    // A token's predicted score joins the peaks it already has (signals().window_peaks) by their max.
+    // A token's predicted score joins the peaks it already has (KvCache::set_query_peaks) by their max.
     void add_token_scores(int layer, int head, int length, int n, const float* scores);
-    // Around peaks the cache adds to head h's `length` tokens outside a pass (window_peaks): before,
+    // Around peaks the cache adds to head h's `length` tokens outside a pass (query peaks): before,
     // the tokens without a pending peak get 0 and the block scores are kept as those from before;
     // after, each block's score becomes the largest of its tokens' peaks and the tokens count as
     // scored, waiting for the next update as a pass's peaks do.
