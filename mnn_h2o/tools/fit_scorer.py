@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--query-peaks", action="store_true",
                     help="record in the file that each prompt chunk's last eviction.observation_window queries add "
                          "their attention peaks to the predictions (KvCache.set_query_peaks): a per-model choice, "
-                         "made on the dev split (Qwen2.5-Coder-1.5B: better; SmolLM2: worse; "
-                         "docs/notebook/predicted_window_peaks.md)")
+                         "made on the dev split (Qwen2.5-Coder-1.5B: lower KL but a 1.23x slower prefill at 4096 tokens; "
+                         "SmolLM2: higher KL; docs/notebook/predicted_window_peaks.md)")
     ap.add_argument("--ship", action="store_true",
                     help="also copy the file into the package (mnn_h2o/scorers/, keyed by the GGUF's digest), "
                          "where every export of the same GGUF finds it: how the named models' scorers ship")
