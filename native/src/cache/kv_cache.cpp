@@ -340,40 +340,45 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     token_peaks(p, best_isa(), team(), peak_ws_);
 }
 
+void KvCache::head_token_peaks(const float* q, int n_q, int h, const float* k, int n_keys, int n_peak, float* peak) {
+    const int G = group(), hd = cfg_.head_dim;
+    // This head's queries, [n_q][G][hd], out of the step's [n_q][H * G][hd].
+    head_q_.resize(static_cast<size_t>(n_q) * G * hd);
+    for (int i = 0; i < n_q; ++i)
+        std::copy(q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h) * G * hd,
+                  q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h + 1) * G * hd,
+                  head_q_.data() + static_cast<size_t>(i) * G * hd);
+    TokenPeakProblem p;
+    p.n_kv_heads = 1;
+    p.group = G;
+    p.head_dim = hd;
+    p.q = head_q_.data();
+    p.n_q = n_q;  // the newest queries: query i sees the first n_keys - n_q + i + 1 keys
+    p.k = &k;
+    p.n_keys = &n_keys;
+    p.n_peak = &n_peak;
+    p.peak = peak;
+    p.peak_stride = static_cast<size_t>(n_peak);
+    token_peaks(p, best_isa(), team(), peak_ws_);
+}
+
 void KvCache::add_query_peaks(int layer, const float* q, int n_q) {
-    const int hd = cfg_.head_dim, G = group();
     float* tpeak = eviction_->token_peak_accumulator(layer);
-    std::vector<float> keys, head_q(static_cast<size_t>(n_q) * G * hd);
+    std::vector<float> keys;
     for (int h = 0; h < cfg_.n_kv_heads; ++h) {
         const int n_keys = head(layer, h).length;
-        keys.resize(static_cast<size_t>(n_keys) * hd);  // one head's keys at a time: the scratch stays small
+        keys.resize(static_cast<size_t>(n_keys) * cfg_.head_dim);  // one head's keys at a time: the scratch stays small
         read_stored(layer, h, keys.data(), nullptr);
-        // This head's queries, [n_q][G][hd], out of [n_q][H * G][hd].
-        for (int i = 0; i < n_q; ++i)
-            std::copy(q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h) * G * hd,
-                      q + (static_cast<size_t>(i) * cfg_.n_kv_heads + h + 1) * G * hd,
-                      head_q.data() + static_cast<size_t>(i) * G * hd);
         eviction_->open_token_peaks(layer, h, n_keys);
-        const float* k = keys.data();
-        TokenPeakProblem p;
-        p.n_kv_heads = 1;
-        p.group = G;
-        p.head_dim = hd;
-        p.q = head_q.data();
-        p.n_q = n_q;  // the newest queries: query i sees the first n_keys - n_q + i + 1 keys
-        p.k = &k;
-        p.n_keys = &n_keys;
-        p.n_peak = &n_keys;
-        p.peak = tpeak + static_cast<size_t>(h) * eviction_->token_stride();
-        p.peak_stride = eviction_->token_stride();
-        token_peaks(p, best_isa(), team(), peak_ws_);
+        head_token_peaks(q, n_q, h, keys.data(), n_keys, n_keys, tpeak + static_cast<size_t>(h) * eviction_->token_stride());
         eviction_->close_token_peaks(layer, h, n_keys);
     }
     peak_ws_ = {};
+    head_q_ = {};
 }
 
 void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
-    const int H = cfg_.n_kv_heads, hd = cfg_.head_dim, G = group(), bt = cfg_.block_tokens;
+    const int H = cfg_.n_kv_heads, hd = cfg_.head_dim, bt = cfg_.block_tokens;
     float* tpeak = eviction_->token_peak_accumulator(layer);
     float* rmax = eviction_->reconstruction_accumulator(layer);
     for (int h = 0; h < H; ++h) {
@@ -391,26 +396,8 @@ void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
             read_stored_rows(layer, h, from, to, dst, nullptr);
             dst += static_cast<size_t>(to - from) * hd;
         }
-        // This head's queries, [n_tokens][G][hd], out of the step's [n_tokens][H * G][hd].
-        window_q_.resize(static_cast<size_t>(n_tokens) * G * hd);
-        for (int i = 0; i < n_tokens; ++i)
-            std::copy(q + (static_cast<size_t>(i) * H + h) * G * hd, q + (static_cast<size_t>(i) * H + h + 1) * G * hd,
-                      window_q_.data() + static_cast<size_t>(i) * G * hd);
-        const float* k = window_keys_.data();
-        const int n_peak = end - begin;
         float* peak = tpeak + static_cast<size_t>(h) * eviction_->token_stride() + begin;
-        TokenPeakProblem p;
-        p.n_kv_heads = 1;
-        p.group = G;
-        p.head_dim = hd;
-        p.q = window_q_.data();
-        p.n_q = n_tokens;
-        p.k = &k;
-        p.n_keys = &n_keys;
-        p.n_peak = &n_peak;
-        p.peak = peak;
-        p.peak_stride = static_cast<size_t>(n_peak);
-        token_peaks(p, best_isa(), team(), peak_ws_);
+        head_token_peaks(q, n_tokens, h, window_keys_.data(), n_keys, end - begin, peak);
         // The blocks' peaks: the largest of their tokens' (what the kernel would give a block).
         float* block = rmax + static_cast<size_t>(h) * eviction_->stride();
         for (int t = begin; t < end; ++t) block[t / bt] = std::max(block[t / bt], peak[t - begin]);
@@ -462,7 +449,7 @@ void KvCache::end_reconstruction() {
     peak_keys_ = {};
     peak_ws_ = {};
     window_keys_ = {};
-    window_q_ = {};
+    head_q_ = {};
     window_from_end_ = window_length_ = 0;
     reconstructing_ = false;
 }

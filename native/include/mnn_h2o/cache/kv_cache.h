@@ -238,6 +238,9 @@ private:
     // probability each held token gets from the chunk's last n_q queries (q, as the kernel saw
     // them), into the state's token peaks.
     void add_query_peaks(int layer, const float* q, int n_q);
+    // The token-peaks routine on kv head h alone: its queries out of the step's q (n_q rows, the
+    // newest), keys k [n_keys][head_dim], the peaks of the first n_peak of them into peak[].
+    void head_token_peaks(const float* q, int n_q, int h, const float* k, int n_keys, int n_peak, float* peak);
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
     bool evict_global(bool due, bool prefill);
     void require_no_pass(const char* what) const;
@@ -291,7 +294,8 @@ private:
     std::vector<float> peak_keys_;
     std::vector<const float*> peak_k_;
     std::vector<int> peak_n_keys_, peak_n_peak_;
-    std::vector<float> window_keys_, window_q_;  // a windowed step's keys (window, sinks, pass) and queries, one head
+    std::vector<float> window_keys_;  // a windowed step's keys (window, sinks, pass), one head
+    std::vector<float> head_q_;       // head_token_peaks: one head's queries
     TokenPeakWorkspace peak_ws_;
     // The policies' view of a head's rows (read_stored).
     struct RowReader final : HeadRowReader {
