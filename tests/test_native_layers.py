@@ -220,57 +220,86 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
 
 def test_engine_prompt_native_is_exact(reference, tokenizer):
     """runtime.prompt_layers native: a prompt's layers and its logits in our core (no MNN module
-    loaded, none called), closer to the exact model than MNN's int8 modules (measured here over
-    300 teacher-forced prompt tokens: ~6e-7 against ~6e-4); native without the native decode
-    layers is refused."""
+    loaded, none called), within 1e-4 KL of the exact model over 300 teacher-forced prompt tokens
+    (measured ~6e-7; one rounding alone: 0.0097); native without the native decode layers is
+    refused. MNN's modules against the same yardstick: the slow test below."""
     from mnn_h2o.config import ConfigError
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.measure import log_softmax
 
     ids = essay_tokens(tokenizer, 300)
     exact = log_softmax(reference.forward(ids, all_logits=True))
-    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, prompt_layers="mnn")
+    native = make_llm(4, head_bits=8)
     assert native.prompt_layers == "native" and not native._modules
-    assert mnn.prompt_layers == "mnn" and "layer0" in mnn._modules
-    kl = {}
-    for name, llm in (("native", native), ("mnn", mnn)):
-        got = log_softmax(llm.logits(ids))
-        kl[name] = _kl(exact, got).mean()
-        if name == "native":
-            assert llm.stats.mnn_calls == 0 and llm.stats.dense_s > 0
-            assert np.mean(got.argmax(-1) == exact.argmax(-1)) > 0.99
-    print(f"KL to the exact model over {len(ids)} prompt tokens: native {kl['native']:.2e}, MNN's {kl['mnn']:.2e}")
-    assert kl["native"] < 1e-4 and kl["native"] < 0.1 * kl["mnn"]  # one rounding alone: 0.0097
+    got = log_softmax(native.logits(ids))
+    kl = _kl(exact, got).mean()
+    print(f"KL to the exact model over {len(ids)} prompt tokens: native {kl:.2e}")
+    assert native.stats.mnn_calls == 0 and native.stats.dense_s > 0
+    assert np.mean(got.argmax(-1) == exact.argmax(-1)) > 0.99
+    assert kl < 1e-4
     with pytest.raises(ConfigError, match="prompt_layers native"):
         make_llm(4, head_bits=8, prompt_layers="native", decode_layers="mnn")
 
 
-def test_engine_decode_native_against_exact_and_mnn(reference, tokenizer):
-    """Teacher-forced decode through the native layers: as close to the exact model as MNN's
-    modules (measured here on 64 essay tokens after a 192-token prompt), no MNN call per token."""
+def _teacher_forced(llm, prompt, cont):
+    """Log-probabilities of a prefill and the decode steps over ``cont`` (the last token's
+    prediction is not needed), and whether a decode step called MNN."""
+    from mnn_h2o.measure import log_softmax
+
+    llm.reset()
+    rows = [llm.prefill(prompt)]
+    calls = llm.stats.mnn_calls
+    rows += [llm.decode(t) for t in cont[:-1]]
+    return log_softmax(np.stack(rows).reshape(len(cont), -1)), llm.stats.mnn_calls != calls
+
+
+def test_engine_decode_native_is_close_to_the_exact_model(reference, tokenizer):
+    """Teacher-forced decode through the native layers: within 1e-4 KL of the exact model on 64
+    essay tokens after a 192-token prompt (measured 6e-7), no MNN call per token."""
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.measure import log_softmax
 
-    native, mnn = make_llm(4, head_bits=8), make_llm(4, head_bits=8, decode_layers="mnn", prompt_layers="mnn")
-    assert native._decode_layers is not None and mnn._decode_layers is None
+    native = make_llm(4, head_bits=8)
+    assert native._decode_layers is not None
     ids = essay_tokens(tokenizer, 256)
     prompt, cont = ids[:192], ids[192:]
     exact = log_softmax(reference.forward(ids, all_logits=True)[191:-1])
-    runs = {}
-    for name, llm in (("native", native), ("mnn", mnn)):
-        llm.reset()
-        rows = [llm.prefill(prompt)]
-        calls = llm.stats.mnn_calls
-        rows += [llm.decode(t) for t in cont[:-1]]
-        runs[name] = log_softmax(np.stack(rows).reshape(len(cont), -1))
-        if name == "native":
-            assert llm.stats.mnn_calls == calls, "a native decode step called MNN"
-            assert llm.stats.dense_s > 0
+    got, called_mnn = _teacher_forced(native, prompt, cont)
+    assert not called_mnn, "a native decode step called MNN"
+    assert native.stats.dense_s > 0
+    kl = _kl(exact, got).mean()
+    print(f"KL to the exact model over {len(cont)} decode tokens: native layers {kl:.2e}")
+    assert kl < 1e-4
+    assert np.mean(got.argmax(-1) == exact.argmax(-1)) > 0.9
+
+
+@pytest.mark.slow
+def test_mnn_modules_are_further_from_the_exact_model_than_the_native_layers(reference, tokenizer):
+    """runtime.prompt_layers / decode_layers / tail mnn (MNN's int8 modules, built on first use):
+    the same yardsticks as the two tests above; MNN's modules round activations to int8 per
+    block, so they sit further from the exact model (measured: prompt ~6e-4 against the native
+    ~6e-7; decode 0.0013 against 6e-7). Slow: MNN's modules are a non-default path and their
+    decode is ~0.2 s a token on a busy 2-core machine."""
+    from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.measure import log_softmax
+
+    ids = essay_tokens(tokenizer, 256)
+    prompt, cont = ids[:192], ids[192:]
+    exact_all = log_softmax(reference.forward(ids, all_logits=True))
+    native = make_llm(4, head_bits=8)
+    mnn = make_llm(4, head_bits=8, decode_layers="mnn", prompt_layers="mnn")
+    assert mnn._decode_layers is None and mnn.prompt_layers == "mnn"
+    kl_prompt = {name: _kl(exact_all, log_softmax(llm.logits(ids))).mean() for name, llm in
+                 (("native", native), ("mnn", mnn))}
+    assert "layer0" in mnn._modules
+    print(f"prompt KL to the exact model: native {kl_prompt['native']:.2e}, MNN's {kl_prompt['mnn']:.2e}")
+    assert kl_prompt["native"] < 0.1 * kl_prompt["mnn"]
+    exact = exact_all[191:-1]
+    runs = {name: _teacher_forced(llm, prompt, cont)[0] for name, llm in (("native", native), ("mnn", mnn))}
     kl_native, kl_mnn = _kl(exact, runs["native"]).mean(), _kl(exact, runs["mnn"]).mean()
-    print(f"KL to the exact model over {len(cont)} decode tokens: native layers {kl_native:.5f}, MNN's {kl_mnn:.5f}")
+    print(f"decode KL to the exact model: native layers {kl_native:.2e}, MNN's {kl_mnn:.2e}")
     assert kl_native < 1.2 * kl_mnn
-    agree = np.mean(runs["native"].argmax(-1) == exact.argmax(-1))
-    assert agree > 0.9, agree
+    assert np.mean(runs["mnn"].argmax(-1) == exact.argmax(-1)) > 0.9
 
     # The native layers with MNN's tail module (runtime.tail mnn): its inputs written from numpy.
     mixed = make_llm(4, head_bits=8, tail="mnn")
