@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -140,50 +141,115 @@ DECODE_MATRICES = {"qkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",)
                    "up": ("ffn_up",), "down": ("ffn_down",)}
 
 
-def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
-    """The native decode layers' arrays and None, or None and why not (naming the tensor and its
-    type). Per layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and ``{i}.qkv_bias``) in float32; per
-    matrix ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's
-    blocks as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the
-    layers hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
+def decode_layers_refusal(g: GgufModel) -> str | None:
+    """Why the native decode layers cannot run ``g`` (an option of its architecture they do not
+    implement, or a tensor of a type they do not read, named), or None."""
     from . import native
     from .architecture import missing
 
     c = g.config
     lacks = missing(c, native.decode_layer_options())
     if lacks:
-        return None, f"the native decode layers do not implement {', '.join(lacks)} (architecture {c.arch})"
+        return f"the native decode layers do not implement {', '.join(lacks)} (architecture {c.arch})"
     runs = [w["name"] for w in native.weight_types()]
-    heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
-    for i in range(c.n_layers):  # every type first: an unsupported one is found before any copy
+    for i in range(c.n_layers):
         for tensors in DECODE_MATRICES.values():
             for t in tensors:
                 name = f"blk.{i}.{t}.weight"
                 kind = g.tensors[name].tensor_type.name
                 if kind not in runs:
-                    return None, (f"{name} is {kind}; the native decode layers run {', '.join(runs)}")
-    out = {}
+                    return f"{name} is {kind}; the native decode layers run {', '.join(runs)}"
+    return None
+
+
+def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
+    """The native decode layers' arrays, one at a time (check decode_layers_refusal first). Per
+    layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and ``{i}.qkv_bias``) in float32; per matrix
+    ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's blocks
+    as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the layers
+    hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
+    from . import native
+
+    c = g.config
+    heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
     for i in range(c.n_layers):
         for name, tensors in DECODE_MATRICES.items():
             parts = [g.weight_blocks(f"blk.{i}.{t}.weight", heads.get(t)) for t in tensors]
-            out[f"{i}.{name}.types"] = np.array([kind for kind, _ in parts])
+            yield f"{i}.{name}.types", np.array([kind for kind, _ in parts])
             for j, (_, blocks) in enumerate(parts):
-                out[f"{i}.{name}.{j}"] = blocks
-        out[f"{i}.attn_norm"] = g.tensor(f"blk.{i}.attn_norm.weight")
-        out[f"{i}.ffn_norm"] = g.tensor(f"blk.{i}.ffn_norm.weight")
-        if c.qkv_bias:  # un-permuted as the rows are (GgufModel.layer)
-            w = g.layer(i)
-            out[f"{i}.qkv_bias"] = np.concatenate([w["bq"], w["bk"], w["bv"]]).astype(np.float32)
+                yield f"{i}.{name}.{j}", blocks
+            del parts
+        yield f"{i}.attn_norm", g.tensor(f"blk.{i}.attn_norm.weight")
+        yield f"{i}.ffn_norm", g.tensor(f"blk.{i}.ffn_norm.weight")
+        if c.qkv_bias:
+            yield f"{i}.qkv_bias", np.concatenate(g.qkv_biases(i)).astype(np.float32)
     # The output end too, where the layers hold the output matrix's type, but for Q8_0: the native
     # head (lm_head_q8) multiplies those very rows with the float activation, and at the head the
     # activation's rounding reaches the logits directly (docs/results.md, "The native tail and
     # lm_head"); the other types' blocks have no such kernel.
     head = "token_embd.weight" if c.tied_embeddings else "output.weight"
-    if g.tensors[head].tensor_type.name in runs and g.tensors[head].tensor_type.name != "Q8_0":
+    kind = g.tensors[head].tensor_type.name
+    if kind in [w["name"] for w in native.weight_types()] and kind != "Q8_0":
         kind, blocks = g.weight_blocks(head)
-        out["head.types"], out["head.0"] = np.array([kind]), blocks
-        out["out_norm"] = np.asarray(g.output_norm(), np.float32)
-    return out, None
+        yield "head.types", np.array([kind])
+        yield "head.0", blocks
+        yield "out_norm", np.asarray(g.output_norm(), np.float32)
+
+
+def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:
+    """The native decode layers' arrays (decode_layer_entries) as one dict and None, or None and
+    why not (decode_layers_refusal)."""
+    why = decode_layers_refusal(g)
+    return (None, why) if why else (dict(decode_layer_entries(g)), None)
+
+
+class NpzWriter:
+    """An .npz (what np.savez writes: a zip of .npy members) written one array at a time, so
+    that the export never holds every layer's blocks at once."""
+
+    def __init__(self, path: str):
+        import zipfile
+
+        self._zip = zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True)
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+    def __enter__(self) -> "NpzWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._zip.close()
+
+
+# Output rows per slice where a vocabulary-sized matrix is converted: the embedding and the head
+# are the largest arrays of an export (151936 x 1536 on the 1.5B), written slice by slice into
+# the memory-mapped file instead of held whole in float32.
+_ROWS_PER_SLICE = 8192
+
+
+def save_f16_rows(g: GgufModel, name: str, path: str) -> None:
+    """Tensor ``name`` of ``g`` as a float16 .npy at ``path``."""
+    rows, cols = (int(x) for x in reversed(g.tensors[name].shape))
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(rows, cols))
+    for r in range(0, rows, _ROWS_PER_SLICE):
+        out[r:r + _ROWS_PER_SLICE] = g.tensor_rows(name, r, min(rows, r + _ROWS_PER_SLICE))
+    out.flush()
+    del out
+
+
+def save_q8_rows(g: GgufModel, name: str, codes_path: str, scales_path: str) -> None:
+    """Tensor ``name`` of ``g`` as q8_0 codes (int8 .npy) and scales (float16 .npy, one per 32)."""
+    rows, cols = (int(x) for x in reversed(g.tensors[name].shape))
+    codes = np.lib.format.open_memmap(codes_path, mode="w+", dtype=np.int8, shape=(rows, cols))
+    scales = np.lib.format.open_memmap(scales_path, mode="w+", dtype=np.float16, shape=(rows, cols // q8_0.BLOCK))
+    for r in range(0, rows, _ROWS_PER_SLICE):
+        codes[r:r + _ROWS_PER_SLICE], scales[r:r + _ROWS_PER_SLICE] = q8_0.quantize(
+            g.tensor_rows(name, r, min(rows, r + _ROWS_PER_SLICE)))
+    codes.flush()
+    scales.flush()
+    del codes, scales
 
 
 def build_lm_head(F, cfg: ModelConfig, w):
@@ -351,8 +417,8 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     work = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(out_dir)))
     try:
         steps = tqdm(total=5, desc=f"export {os.path.basename(out_dir)}", disable=not progress, unit="step")
-        emb = g.embedding()
-        np.save(os.path.join(work, "embed_f16.npy"), emb.astype(np.float16))
+        embedding = "token_embd.weight"
+        save_f16_rows(g, embedding, os.path.join(work, "embed_f16.npy"))
         steps.update(1)
         tail_blocks = None
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
@@ -361,19 +427,18 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         steps.update(1)
         decode_layers, no_decode_layers = None, "the export's layers are float (model.weight_bits 0)"
         if weight_bits:  # the native decode layers' weights (runtime.decode_layers)
-            arrays, no_decode_layers = decode_layer_arrays(g)
-            if arrays is not None:
+            no_decode_layers = decode_layers_refusal(g)
+            if no_decode_layers is None:
                 decode_layers = "decode_layers.npz"
-                np.savez(os.path.join(work, decode_layers), **arrays)
-                del arrays
+                with NpzWriter(os.path.join(work, decode_layers)) as npz:
+                    for name, array in decode_layer_entries(g):
+                        npz.add(name, array)
         steps.update(1)
         head_q8 = None
         if head_bits == 8:  # the native head's rows (runtime.lm_head): the same values as MNN's module
-            codes, scales = q8_0.quantize(emb if cfg.tied_embeddings else g.lm_head())
             head_q8 = {"codes": "lm_head_q8_codes.npy", "scales": "lm_head_q8_scales.npy"}
-            np.save(os.path.join(work, head_q8["codes"]), codes)
-            np.save(os.path.join(work, head_q8["scales"]), scales)
-        del emb
+            save_q8_rows(g, embedding if cfg.tied_embeddings else "output.weight",
+                         os.path.join(work, head_q8["codes"]), os.path.join(work, head_q8["scales"]))
         steps.update(1)
         tok.save(os.path.join(work, "tokenizer.json"))
         steps.update(1)

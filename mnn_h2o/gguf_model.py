@@ -307,25 +307,54 @@ class GgufModel:
         return cfg
 
     # --- tensors -----------------------------------------------------------------------------
+    # Values per call of gguf's decoder. Its k-quant decoders hold temporaries several times the
+    # size of what they return: over a whole 151936 x 1536 Q6_K matrix at once that was most of
+    # the 1.5B export's 11.7 GB peak. In slices of rows the temporaries stay a few tens of MB.
+    _DECODE_VALUES = 1 << 22
+
     def tensor(self, name: str) -> np.ndarray:
         """Dequantised float32 tensor in HF layout ([out, in] for matrices)."""
+        return self.tensor_rows(name)
+
+    def tensor_rows(self, name: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """Rows [start, stop) of a dequantised float32 tensor in HF layout (a matrix's output rows;
+        a vector is one row: only the whole of it)."""
         import gguf
 
         t = self.tensors.get(name)
         if t is None:
             raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise ModelFileError(f"{self.path}: tensor {name!r} cannot be decoded: {e}") from None
-        w = np.asarray(w, dtype=np.float32)
         expect = tuple(int(x) for x in reversed(t.shape))
-        if w.size != int(np.prod(expect)):
-            raise ModelFileError(f"{self.path}: tensor {name!r} has {w.size} values, expected shape {expect}")
-        w = w.reshape(expect)
-        if not np.all(np.isfinite(w)):
+        data = np.asarray(t.data)
+        rows = expect[0] if len(expect) == 2 and data.ndim == 2 and data.shape[0] == expect[0] else None
+        if rows is None:  # not a matrix the reader gives row by row: decoded whole
+            if (start, stop) not in ((0, None), (0, 1)):
+                raise ValueError(f"tensor {name!r} of shape {expect} is read whole")
+            start, stop, step, out_shape = 0, 1, 1, expect
+        else:
+            stop = rows if stop is None else stop
+            if not 0 <= start <= stop <= rows:
+                raise ValueError(f"rows [{start}, {stop}) of tensor {name!r}, which has {rows}")
+            step = max(1, self._DECODE_VALUES // max(1, expect[1]))
+            out_shape = (stop - start, expect[1])
+        out = np.empty(out_shape, np.float32)
+        flat = out.reshape(-1)
+        at = 0
+        for r in range(start, stop, step):
+            part = data if rows is None else data[r:min(stop, r + step)]
+            try:
+                w = np.asarray(gguf.quants.dequantize(part, t.tensor_type), np.float32).reshape(-1)
+            except Exception as e:
+                raise ModelFileError(f"{self.path}: tensor {name!r} cannot be decoded: {e}") from None
+            if at + w.size > flat.size or (rows is not None and w.size != part.shape[0] * expect[1]):
+                raise ModelFileError(f"{self.path}: tensor {name!r} does not hold the values of shape {expect}")
+            flat[at:at + w.size] = w
+            at += w.size
+        if at != flat.size:
+            raise ModelFileError(f"{self.path}: tensor {name!r} has {at} values, expected shape {expect}")
+        if not np.all(np.isfinite(out)):
             raise ModelFileError(f"{self.path}: tensor {name!r} contains NaN or Inf")
-        return w
+        return out
 
     # Block-32 GGUF types as (codes, fp16 scale, fp16 min) per block: ggml's block_q8_0 {d, qs[32]},
     # block_q4_0 {d, qs[16]} (value (nibble - 8) * d), block_q4_1 {d, m, qs[16]} (nibble * d + m)
@@ -435,10 +464,16 @@ class GgufModel:
             "w_down": g("ffn_down.weight"),
         }
         if c.qkv_bias:
-            d["bq"] = self._unpermute(g("attn_q.bias"), c.n_heads)
-            d["bk"] = self._unpermute(g("attn_k.bias"), c.n_kv_heads)
-            d["bv"] = g("attn_v.bias")
+            d["bq"], d["bk"], d["bv"] = self.qkv_biases(i)
         return d
+
+    def qkv_biases(self, i: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer ``i``'s Q, K and V biases (architectures with ``qkv_bias``), un-permuted as
+        :meth:`layer`'s rows are."""
+        c = self.config
+        g = lambda n: self.tensor(f"blk.{i}.{n}")
+        return (self._unpermute(g("attn_q.bias"), c.n_heads), self._unpermute(g("attn_k.bias"), c.n_kv_heads),
+                g("attn_v.bias"))
 
     def layers(self) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
         for i in range(self.config.n_layers):
