@@ -310,9 +310,16 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
 }
 
 void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
+    const int H = cfg_.n_kv_heads;
+    peak_n_peak_.resize(static_cast<size_t>(H));
+    // Only the keys held before the pass: the pass's own are dropped at its rewind.
+    for (int h = 0; h < H; ++h) peak_n_peak_[h] = pass_lengths_[static_cast<size_t>(layer) * H + h];
+    layer_token_peaks(layer, q, n_tokens);
+}
+
+void KvCache::layer_token_peaks(int layer, const float* q, int n_q) {
     const int H = cfg_.n_kv_heads, hd = cfg_.head_dim;
     peak_n_keys_.resize(static_cast<size_t>(H));
-    peak_n_peak_.resize(static_cast<size_t>(H));
     peak_k_.resize(static_cast<size_t>(H));
     size_t rows = 0;
     for (int h = 0; h < H; ++h) rows += static_cast<size_t>(head(layer, h).length);
@@ -320,8 +327,6 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     rows = 0;
     for (int h = 0; h < H; ++h) {
         peak_n_keys_[h] = head(layer, h).length;
-        // Only the keys held before the pass: the pass's own are dropped at its rewind.
-        peak_n_peak_[h] = pass_lengths_[static_cast<size_t>(layer) * H + h];
         peak_k_[h] = peak_keys_.data() + rows * hd;
         read_stored(layer, h, peak_keys_.data() + rows * hd, nullptr);
         rows += static_cast<size_t>(peak_n_keys_[h]);
@@ -331,7 +336,7 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
     p.group = group();
     p.head_dim = hd;
     p.q = q;
-    p.n_q = n_tokens;
+    p.n_q = n_q;
     p.k = peak_k_.data();
     p.n_keys = peak_n_keys_.data();
     p.n_peak = peak_n_peak_.data();
@@ -363,18 +368,15 @@ void KvCache::head_token_peaks(const float* q, int n_q, int h, const float* k, i
 }
 
 void KvCache::add_query_peaks(int layer, const float* q, int n_q) {
-    float* tpeak = eviction_->token_peak_accumulator(layer);
-    std::vector<float> keys;
-    for (int h = 0; h < cfg_.n_kv_heads; ++h) {
-        const int n_keys = head(layer, h).length;
-        keys.resize(static_cast<size_t>(n_keys) * cfg_.head_dim);  // one head's keys at a time: the scratch stays small
-        read_stored(layer, h, keys.data(), nullptr);
-        eviction_->open_token_peaks(layer, h, n_keys);
-        head_token_peaks(q, n_q, h, keys.data(), n_keys, n_keys, tpeak + static_cast<size_t>(h) * eviction_->token_stride());
-        eviction_->close_token_peaks(layer, h, n_keys);
+    const int H = cfg_.n_kv_heads;
+    peak_n_peak_.resize(static_cast<size_t>(H));
+    for (int h = 0; h < H; ++h) {
+        peak_n_peak_[h] = head(layer, h).length;
+        eviction_->open_token_peaks(layer, h, peak_n_peak_[h]);
     }
-    peak_ws_ = {};
-    head_q_ = {};
+    // All heads in one call, so the team splits (kv head, row tile) tasks across them.
+    layer_token_peaks(layer, q, n_q);
+    for (int h = 0; h < H; ++h) eviction_->close_token_peaks(layer, h, peak_n_peak_[h]);
 }
 
 void KvCache::add_window_peaks(int layer, const float* q, int n_tokens) {
@@ -445,13 +447,16 @@ void KvCache::end_reconstruction() {
     const EvictionConfig& c = eviction_->config();
     for (int layer = c.layer_start; layer < c.layer_end; ++layer)
         eviction_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
-    // The token peaks' scratch is as large as a layer's keys: not held between passes.
+    free_peak_scratch();
+    window_from_end_ = window_length_ = 0;
+    reconstructing_ = false;
+}
+
+void KvCache::free_peak_scratch() {
     peak_keys_ = {};
     peak_ws_ = {};
     window_keys_ = {};
     head_q_ = {};
-    window_from_end_ = window_length_ = 0;
-    reconstructing_ = false;
 }
 
 void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {
@@ -557,6 +562,7 @@ void KvCache::reset() {
     window_from_end_ = window_length_ = 0;
     if (store_) store_->reset();
     for (Head& hs : heads_) release_tail(hs, 0);
+    free_peak_scratch();
     std::fill(stats_.begin(), stats_.end(), EvictionLayerStats{});
     if (eviction_) eviction_->reset();
 }
@@ -613,6 +619,8 @@ bool KvCache::end_step(int n_tokens, bool prefill) {
     require(n_tokens >= 1, "end_step: n_tokens must be >= 1");
     require_no_pass("end_step");
     if (store_) store_->install_finished();
+    // Query peaks reuse their scratch over a prompt's chunks; decode steps add none.
+    if (!prefill) free_peak_scratch();
     const bool evicted = eviction_ && evict_due(n_tokens, prefill);
     // New cold chunks, after eviction has had its say on this step's blocks.
     if (store_) store_->schedule(eviction_config());

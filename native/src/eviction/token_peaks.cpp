@@ -24,6 +24,11 @@ void check(const TokenPeakProblem& p) {
     }
 }
 
+template <class T>
+void grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
 // The reference: one (query, query head) row at a time, std::exp, as the definition reads.
 void token_peaks_scalar(const TokenPeakProblem& p, TokenPeakWorkspace& ws) {
     const int n_heads = p.n_kv_heads * p.group, hd = p.head_dim;
@@ -68,8 +73,9 @@ void token_peaks(const TokenPeakProblem& p, Isa isa, Team* threads, TokenPeakWor
             lay.max_peak = std::max(lay.max_peak, round_up(p.n_peak[h]));
         }
         lay.n_threads = threads ? threads->size() : 1;
-        ws.keys_t.assign(ws.panel_at.back(), 0.f);
-        ws.scores.resize(static_cast<size_t>(lay.n_threads) * kTokenPeakRows * lay.max_keys);
+        // Grown, never shrunk or cleared: the kernel writes every panel and score it reads.
+        grow(ws.keys_t, ws.panel_at.back());
+        grow(ws.scores, static_cast<size_t>(lay.n_threads) * kTokenPeakRows * lay.max_keys);
         ws.best.assign(static_cast<size_t>(lay.n_threads) * p.n_kv_heads * lay.max_peak, -INFINITY);
         lay.keys_t = ws.keys_t.data();
         lay.panel_at = ws.panel_at.data();

@@ -12,7 +12,7 @@ namespace mnn_h2o {
 constexpr int kTokenPeakRows = 4;
 
 struct TokenPeakLayout {
-    float* keys_t = nullptr;          // every head's key panels, zero-filled
+    float* keys_t = nullptr;          // every head's key panels (the kernel fills them)
     const size_t* panel_at = nullptr; // [n_kv_heads]: where head h's panels start in keys_t
     size_t max_keys = 0;              // the longest head's keys, rounded up to 8
     size_t max_peak = 0;              // the largest n_peak, rounded up to 8

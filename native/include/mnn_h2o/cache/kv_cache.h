@@ -238,9 +238,16 @@ private:
     // probability each held token gets from the chunk's last n_q queries (q, as the kernel saw
     // them), into the state's token peaks.
     void add_query_peaks(int layer, const float* q, int n_q);
+    // The token-peaks routine over every kv head of layer: the step's n_q newest queries q against
+    // each head's held keys, the peaks of each head's first peak_n_peak_[h] keys (set by the
+    // caller) into the state's token peaks.
+    void layer_token_peaks(int layer, const float* q, int n_q);
     // The token-peaks routine on kv head h alone: its queries out of the step's q (n_q rows, the
     // newest), keys k [n_keys][head_dim], the peaks of the first n_peak of them into peak[].
     void head_token_peaks(const float* q, int n_q, int h, const float* k, int n_keys, int n_peak, float* peak);
+    // The token peaks' scratch is as large as a layer's keys: held over a pass or a prompt's
+    // chunks (each call only grows it), given back after a pass, at a decode step and at reset().
+    void free_peak_scratch();
     // end_step()'s eviction part under layer_budget "global": one plan for every evicting layer.
     bool evict_global(bool due, bool prefill);
     void require_no_pass(const char* what) const;
@@ -290,7 +297,7 @@ private:
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
     int window_from_end_ = 0, window_length_ = 0;  // set_reconstruction_window; 0: none
-    // A pass step's per-token peaks (add_token_peaks): the heads' keys as f32 and the routine's scratch.
+    // A step's per-token peaks (layer_token_peaks): the heads' keys as f32 and the routine's scratch.
     std::vector<float> peak_keys_;
     std::vector<const float*> peak_k_;
     std::vector<int> peak_n_keys_, peak_n_peak_;
