@@ -178,7 +178,6 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
             yield f"{i}.{name}.types", np.array([kind for kind, _ in parts])
             for j, (_, blocks) in enumerate(parts):
                 yield f"{i}.{name}.{j}", blocks
-            del parts
         yield f"{i}.attn_norm", g.tensor(f"blk.{i}.attn_norm.weight")
         yield f"{i}.ffn_norm", g.tensor(f"blk.{i}.ffn_norm.weight")
         if c.qkv_bias:
