@@ -141,6 +141,13 @@ DECODE_MATRICES = {"qkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",)
                    "up": ("ffn_up",), "down": ("ffn_down",)}
 
 
+def _core_types() -> list:
+    """The GGUF weight types the native core reads (its traits table), by name."""
+    from . import native
+
+    return [w["name"] for w in native.weight_types()]
+
+
 def decode_layers_refusal(g: GgufModel) -> str | None:
     """Why the native decode layers cannot run ``g`` (an option of its architecture they do not
     implement, or a tensor of a type they do not read, named), or None."""
@@ -151,7 +158,7 @@ def decode_layers_refusal(g: GgufModel) -> str | None:
     lacks = missing(c, native.decode_layer_options())
     if lacks:
         return f"the native decode layers do not implement {', '.join(lacks)} (architecture {c.arch})"
-    runs = [w["name"] for w in native.weight_types()]
+    runs = _core_types()
     for i in range(c.n_layers):
         for tensors in DECODE_MATRICES.values():
             for t in tensors:
@@ -168,8 +175,6 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
     ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's blocks
     as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]); where the layers
     hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
-    from . import native
-
     c = g.config
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
     for i in range(c.n_layers):
@@ -188,7 +193,7 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
     # lm_head"); the other types' blocks have no such kernel.
     head = "token_embd.weight" if c.tied_embeddings else "output.weight"
     kind = g.tensors[head].tensor_type.name
-    if kind in [w["name"] for w in native.weight_types()] and kind != "Q8_0":
+    if kind in _core_types() and kind != "Q8_0":
         kind, blocks = g.weight_blocks(head)
         yield "head.types", np.array([kind])
         yield "head.0", blocks
