@@ -57,6 +57,7 @@ def fair_table(docs: str, default: str, *files: str) -> str:
     from ..eval import fair
 
     paths = [os.path.join(docs, f) for f in files]
+    # The per-point table only: the section's prose states the means and bars eval fair adds.
     return fair.table(fair.points(fair.load_rows(paths), default), default).split("\n\n")[0]
 
 
@@ -88,7 +89,7 @@ def read_section(path: str, machines: dict) -> Section:
     if not m:
         raise ValueError(f"{path}: no front matter (a block between two '---' lines at the top)")
     meta = yaml.safe_load(m.group(1)) or {}
-    name = os.path.relpath(path, ROOT)
+    name = "docs/results/" + os.path.basename(path)
     missing = [k for k in REQUIRED if not meta.get(k)]
     unknown = sorted(set(meta) - set(REQUIRED) - set(OPTIONAL))
     if missing or unknown:
@@ -138,7 +139,7 @@ def render_body(section: Section, docs: str) -> str:
         m = TABLE.match(line)
         if m:
             if m.group(1) not in TABLES:
-                raise ValueError(f"{os.path.relpath(section.path, ROOT)}: no table kind {m.group(1)!r} "
+                raise ValueError(f"docs/results/{os.path.basename(section.path)}: no table kind {m.group(1)!r} "
                                  f"(known: {', '.join(TABLES)})")
             line = TABLES[m.group(1)](docs, *m.group(2).split())
         elif line == COMMAND_HERE:
@@ -164,7 +165,7 @@ def load(docs: str):
     for s in sections:
         for t in s.meta.get("also", []):
             if t not in titles:
-                raise ValueError(f"{os.path.relpath(s.path, ROOT)}: also names {t!r}, which no section has")
+                raise ValueError(f"docs/results/{os.path.basename(s.path)}: also names {t!r}, which no section has")
     dup = {slug(t) for t in titles if [slug(u) for u in titles].count(slug(t)) > 1}
     if dup:
         raise ValueError(f"docs/results: two sections share the anchor {', '.join(sorted(dup))}")
