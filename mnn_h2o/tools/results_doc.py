@@ -28,8 +28,8 @@ NN-name.md (NN orders them) is one section: a front matter block, then the body.
 The section is written as its heading, one provenance line (machine, commit, wall, data: the
 only place a commit hash appears), the command (where the body has a line `<!-- command -->`,
 else right after the provenance line), then the body. A body line `<!-- table: KIND ARGS -->`
-is replaced by the table KIND draws from docs/data (TABLES below), so a table with a data file
-cannot drift from it.
+is replaced by the table KIND draws from docs/data (mnn_h2o/tools/results_tables.py lists the
+kinds and their ARGS), so a table with a data file cannot drift from it.
 """
 from __future__ import annotations
 
@@ -39,9 +39,12 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, List
 
 import yaml
+
+from .results_tables import TABLES
+from .results_tables import render as render_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
@@ -50,20 +53,6 @@ OPTIONAL = ("level", "claim", "figure", "also", "wall", "data")
 HASH = re.compile(r"[0-9a-f]{7,40}")
 COMMAND_HERE = "<!-- command -->"
 TABLE = re.compile(r"^<!-- table: (\S+)((?: \S+)*) -->$")
-
-
-def fair_table(docs: str, default: str, *files: str) -> str:
-    """The fair frontier's per-point table: `fair DEFAULT_METHOD FILE...` (eval fair's)."""
-    from ..eval import fair
-
-    paths = [os.path.join(docs, f) for f in files]
-    # The per-point table only: the section's prose states the means and bars eval fair adds.
-    return fair.table(fair.points(fair.load_rows(paths), default), default).split("\n\n")[0]
-
-
-# KIND -> renderer(docs dir, *args) -> Markdown table. Every data file a renderer reads is one
-# of its args, so the test can check that each is named in its section's `data`.
-TABLES: Dict[str, Callable[..., str]] = {"fair": fair_table}
 
 
 @dataclass
@@ -141,7 +130,7 @@ def render_body(section: Section, docs: str) -> str:
             if m.group(1) not in TABLES:
                 raise ValueError(f"docs/results/{os.path.basename(section.path)}: no table kind {m.group(1)!r} "
                                  f"(known: {', '.join(TABLES)})")
-            line = TABLES[m.group(1)](docs, *m.group(2).split())
+            line = render_table(m.group(1), docs, m.group(2).split())
         elif line == COMMAND_HERE:
             line = command
         lines.append(line)
