@@ -56,6 +56,14 @@ def test_every_source_names_machine_commit_and_command(real):
     assert sum(bool(s.meta.get("claim")) for s in sections) >= 20
 
 
+def test_claim_ranks_are_integers_and_put_the_headline_claims_first(real):
+    ranks = [s.meta["claim_rank"] for s in real[2] if "claim_rank" in s.meta]
+    assert ranks and all(type(r) is int for r in ranks), ranks
+    assert len(set(ranks)) == len(ranks), "two claims share a claim_rank"
+    claims = results_doc.claims_table(real[2]).splitlines()[2:]
+    assert "predicted_kvzip" in claims[0], "the default policy's claim no longer heads the Claims table"
+
+
 def test_data_files_exist_and_every_directive_reads_named_data(real):
     _, _, sections = real
     docs = results_doc.DOCS
@@ -170,9 +178,17 @@ def test_check_and_write(tiny, capsys):
     (("claim: It is good\n", "claim: It is good\nclaims: x\n"), "unknown key claims"),
     (("figure: '**4x** better'\n", ""), "a claim needs its current figure"),
     (("<!-- table: fair", "<!-- table: pie"), "no table kind 'pie'"),
+    (("claim: It is good\n", "claim: It is good\nclaim_rank: first\n"), "claim_rank must be an integer"),
 ])
 def test_bad_sources_are_refused(tiny, capsys, edit, message):
     first = tiny / "results" / "01-first.md"
     first.write_text(first.read_text().replace(*edit))
     assert results_doc.main(["--docs", str(tiny), "--check"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_claims_ordered_by_rank_then_section(tiny):
+    second = tiny / "results" / "02-second.md"
+    second.write_text(second.read_text().replace("level: 3\n", "level: 3\nclaim: Ranked\nfigure: '1'\nclaim_rank: 1\n"))
+    claims = results_doc.claims_table(results_doc.load(str(tiny))[2]).splitlines()[2:]
+    assert [c.split(" | ")[0] for c in claims] == ["| Ranked", "| It is good"]

@@ -16,6 +16,7 @@ NN-name.md (NN orders them) is one section: a front matter block, then the body.
     level: 3                            # optional: a subsection of the section before (default 2)
     claim: Against presses over ...     # optional: a row of the Claims table ...
     figure: the default's mean KL ...   # ... with the current headline figure (needed with claim)
+    claim_rank: 1                       # optional: the claim's place in the Claims table (an integer)
     also: [Another section's title]     # optional: more sections the claim's row links to
     machine: amd-vm                     # a key of machines.yaml, or {key: what it measured, ...}
     commit: "f3c2e01"                   # the code measured, or {"hash": what it measured, ...}
@@ -25,7 +26,8 @@ NN-name.md (NN orders them) is one section: a front matter block, then the body.
       python -m mnn_h2o.eval frontier ...
     ---
 
-The section is written as its heading, one provenance line (machine, commit, wall, data: the
+The Claims table lists the claims by claim_rank (the most important first), then the unranked
+ones in section order. The section is written as its heading, one provenance line (machine, commit, wall, data: the
 only place a commit hash appears), the command (where the body has a line `<!-- command -->`,
 else right after the provenance line), then the body. A body line `<!-- table: KIND ARGS -->`
 is replaced by the table KIND draws from docs/data (mnn_h2o/tools/results_tables.py lists the
@@ -49,7 +51,7 @@ from .results_tables import render as render_table
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 REQUIRED = ("title", "machine", "commit", "command")
-OPTIONAL = ("level", "claim", "figure", "also", "wall", "data")
+OPTIONAL = ("level", "claim", "claim_rank", "figure", "also", "wall", "data")
 HASH = re.compile(r"[0-9a-f]{7,40}")
 COMMAND_HERE = "<!-- command -->"
 TABLE = re.compile(r"^<!-- table: (\S+)((?: \S+)*) -->$")
@@ -86,6 +88,8 @@ def read_section(path: str, machines: dict) -> Section:
             ([f"needs {', '.join(missing)}"] if missing else []) + ([f"unknown key {', '.join(unknown)}"] if unknown else [])))
     if meta.get("claim") and not meta.get("figure"):
         raise ValueError(f"{name}: a claim needs its current figure")
+    if "claim_rank" in meta and not (meta.get("claim") and type(meta["claim_rank"]) is int):
+        raise ValueError(f"{name}: claim_rank must be an integer, beside a claim")
     for key in as_mapping(meta["machine"]):
         if key not in machines:
             raise ValueError(f"{name}: machine {key!r} is not in docs/results/machines.yaml")
@@ -164,11 +168,12 @@ def load(docs: str):
 def claims_table(sections: List[Section]) -> str:
     link = lambda t: f"[{t}](#{slug(t)})"  # noqa: E731
     rows = ["| claim | current figure | section |", "|---|---|---|"]
-    for s in sections:
-        if s.meta.get("claim"):
-            cells = [" ".join(s.meta["claim"].split()), " ".join(s.meta["figure"].split()),
-                     ", ".join(link(t) for t in [s.title] + list(s.meta.get("also", [])))]
-            rows.append("| " + " | ".join(cells) + " |")
+    claimed = [s for s in sections if s.meta.get("claim")]
+    # sorted() is stable: equal ranks, and the unranked after them, keep section order.
+    for s in sorted(claimed, key=lambda s: s.meta.get("claim_rank", float("inf"))):
+        cells = [" ".join(s.meta["claim"].split()), " ".join(s.meta["figure"].split()),
+                 ", ".join(link(t) for t in [s.title] + list(s.meta.get("also", [])))]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
