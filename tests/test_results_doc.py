@@ -1,7 +1,8 @@
 """docs/results.md is what python -m mnn_h2o.tools.results_doc writes from docs/results/ and
 docs/data/: the committed file equals the tool's output, a commit hash appears only in a
-section's provenance line, every source names its machine, commit and command, and every data
-file a section names exists (and is read, where a table is drawn from it)."""
+section's provenance line, every source names its machine, commit and command, every data
+file a section names exists (and is read, where a table is drawn from it), and every data file
+is named by a section or a notebook page."""
 import json
 import os
 import re
@@ -78,6 +79,21 @@ def test_data_files_exist_and_every_directive_reads_named_data(real):
             assert results_tables.render(kind, docs, args).startswith("| "), f"{s.path}: {kind} drew no table"
             drawn += 1
     assert drawn >= 1
+
+
+def test_every_data_file_is_named_where_it_belongs(real):
+    """A data file no one names is data no reader can find: each is a section's `data`, or a
+    notebook page's (by path or name; the dev-split experiments), or the README picture's input."""
+    from mnn_h2o.tools import readme_plot
+
+    docs = results_doc.DOCS
+    named = {d for s in real[2] for d in s.meta.get("data", [])}
+    notebook = os.path.join(docs, "notebook")
+    pages = "".join(_read(os.path.join(notebook, n)) for n in os.listdir(notebook) if n.endswith(".md"))
+    orphans = [n for n in sorted(os.listdir(os.path.join(docs, "data")))
+               if "data/" + n not in named and n not in pages
+               and os.path.join(docs, "data", n) != readme_plot.DEFAULT_JSON]
+    assert not orphans, f"docs/data files named by no section's data nor any docs/notebook page: {orphans}"
 
 
 def test_links_into_results_md_resolve():
