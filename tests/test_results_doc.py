@@ -208,3 +208,11 @@ def test_claims_ordered_by_rank_then_section(tiny):
     second.write_text(second.read_text().replace("level: 3\n", "level: 3\nclaim: Ranked\nfigure: '1'\nclaim_rank: 1\n"))
     claims = results_doc.claims_table(results_doc.load(str(tiny))[2]).splitlines()[2:]
     assert [c.split(" | ")[0] for c in claims] == ["| Ranked", "| It is good"]
+
+
+def test_fair_points_bolds_a_missed_bar_from_the_rule(tiny):
+    # 0.0050 against the best press's 0.0040 is 1.25x: above the 1.1x bar, so bold.
+    (tiny / "data" / "ours.json").write_text(json.dumps({"rows": [_row("ours:kvzip@q8", "ours", "kvzip", 0.005, 0.005)]}))
+    table = results_tables.render("fair_points", str(tiny), ["ours:kvzip@q8", "data/peers.json", "data/ours.json",
+                                                             "cols=kl,best,vs_best"])
+    assert table.splitlines()[2] == "| 3.2 | code | 0.0050 | snapkv, 0.0040 | **1.25** |"
