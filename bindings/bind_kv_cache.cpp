@@ -554,6 +554,11 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"), py::arg("scores"),
             "Predicted reconstruction scores in [0, 1] of the last n tokens each kv head of an evicting layer holds "
             "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless eviction_predicts.")
+        .def("set_prompt_end_share", locked(&KvCache::set_prompt_end_share), py::arg("share"),
+             "eviction.prompt_end_share for the next prompt step (the prompt's last; 0 after it): its last "
+             "eviction.observation_window queries' peaks keep that share of each evicting kv head's budget "
+             "first (policies with token scores). ValueError outside [0, 1].")
+        .def_property_readonly("prompt_end_share", locked(&KvCache::prompt_end_share), "The share set_prompt_end_share set.")
         .def("set_query_peaks", locked(&KvCache::set_query_peaks), py::arg("on"),
              "Predicted scores: each prompt chunk's last eviction.observation_window queries also score the "
              "held tokens (their largest probability, max'ed with the prediction); off after enable_eviction. "

@@ -236,6 +236,11 @@ SCHEMA: Tuple[Key, ...] = (
         "only (KVzip's and kvpress's; less work per pass step); all = every key a query sees (the whole "
         "context and the pass so far), every held token scored by every chunk",
         choices=("chunk", "all")),
+    Key("eviction", "prompt_end_share", float, 0.0, "fraction", "policies with token scores (kvzip, "
+        "predicted_kvzip): this share of each evicting kv head's budget goes first to the tokens the "
+        "prompt's last observation_window queries attend to most (SnapKV's choice: what the text goes on "
+        "from), the rest by the policy's scores; once per prompt, from its last chunk's attention "
+        "(docs/eviction.md 'The prompt's end'); 0 = off", range=(0.0, 1.0)),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks, in any "
         "runtime.kv_dtype (quantised rows as Gear's Q8 / Q4 frames): off; probe (encode/verify a "
         "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "
@@ -444,7 +449,7 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any, notify: bool = True) -> Non
 NATIVE_SECTIONS = ("runtime", "eviction", "lossless")
 ENGINE_KEYS = ("runtime.memory", "runtime.dynamic_quant", "runtime.lm_head", "runtime.tail",
                "runtime.decode_layers", "runtime.prompt_layers", "runtime.prefill_chunk", "runtime.max_context", "eviction.enabled", "eviction.prefill_eviction",
-               "eviction.reconstruction_softmax")
+               "eviction.reconstruction_softmax", "eviction.prompt_end_share")
 NATIVE_NAMES = {"runtime.kv_dtype": "dtype"}
 # Values of native keys that the engine resolves per model before the core sees them, each with
 # what it means to the core alone (the C API, which knows no model): the native header's choices

@@ -173,6 +173,16 @@ class _ContextField:
         setattr(llm.ctx, self.name, value)
 
 
+def chunk_starts(n: int, chunk: int, last_at_least: int = 1) -> List[int]:
+    """Where a prompt of n tokens is cut into chunks of ``chunk`` tokens; the last chunk holds at
+    least ``last_at_least`` of them (eviction.prompt_end_share scores with that chunk's last
+    queries), taken from the chunk before it."""
+    starts = list(range(0, n, chunk))
+    if len(starts) > 1 and n - starts[-1] < last_at_least:
+        starts[-1] = max(starts[-2] + 1, n - last_at_least)
+    return starts
+
+
 class Llm:
     """A loaded model: MNN modules, tokenizer, and a current context (native KV cache).
 
@@ -572,11 +582,19 @@ class Llm:
         # A reconstructing policy (kvzip) evicts once, after the pass that scores the prompt.
         reconstructs = self._reconstructs()
         end_only = self.eviction is not None and self.eviction["prefill_eviction"] == "end"
-        for s in range(0, ids.size, self.prefill_chunk):
-            chunk = ids[s:s + self.prefill_chunk]
-            last = s + self.prefill_chunk >= ids.size
-            out = self._forward(chunk, "all" if all_logits else "last" if last else None, True,
-                                evict=not reconstructs and (last or not end_only))
+        end_share = self._prompt_end_share()
+        starts = chunk_starts(int(ids.size), self.prefill_chunk, self.eviction["observation_window"] if end_share else 1)
+        for s, e in zip(starts, starts[1:] + [int(ids.size)]):
+            chunk = ids[s:e]
+            last = e == ids.size
+            if last and end_share:
+                self.cache.set_prompt_end_share(end_share)
+            try:
+                out = self._forward(chunk, "all" if all_logits else "last" if last else None, True,
+                                    evict=not reconstructs and (last or not end_only))
+            finally:
+                if last and end_share:
+                    self.cache.set_prompt_end_share(0.0)
             if out is not None:
                 outs.append(out)
             if progress is not None:
@@ -593,6 +611,13 @@ class Llm:
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += int(ids.size)
         return np.concatenate(outs, 0) if all_logits else outs[-1][-1]
+
+    def _prompt_end_share(self) -> float:
+        """eviction.prompt_end_share where it applies: a policy with token scores (kvzip,
+        predicted_kvzip), evicting; else 0."""
+        if self.eviction is None or not (self.cache.eviction_reconstructs or self.cache.eviction_predicts):
+            return 0.0
+        return float(self.eviction["prompt_end_share"])
 
     def compress(self, progress=None, cancel: Optional[threading.Event] = None) -> bool:
         """What a prefill with ``defer_pass`` left: the kvzip pass over every token written since

@@ -343,3 +343,36 @@ def test_a_session_answers_from_the_cache_as_prefilled_and_compresses_after(llm,
     finally:
         s.close()
         full.close()
+
+
+def test_chunk_starts_leave_the_last_chunk_its_window():
+    from mnn_h2o.engine import chunk_starts
+
+    assert chunk_starts(600, 256) == [0, 256, 512]
+    assert chunk_starts(600, 256, 32) == [0, 256, 512]      # 88 tokens: enough
+    assert chunk_starts(520, 256, 32) == [0, 256, 488]      # 8 would be too few: 32, from the chunk before
+    assert chunk_starts(20, 256, 32) == [0]                 # one chunk: all there is
+    assert chunk_starts(257, 256, 32) == [0, 225]
+    assert chunk_starts(3, 1, 2) == [0, 1, 2]               # never an empty chunk before the last
+
+
+@pytest.mark.model
+def test_the_prompts_end_scores_its_share_first(llm, tokenizer):
+    """eviction.prompt_end_share: the prompt's last chunk (here 8 tokens past a chunk boundary,
+    so it takes observation_window from the one before) gives every evicting head the same number
+    of tokens a score of 1, about share x keep ratio of its tokens, pending for the plan; share 0
+    gives none; the cache's share is back to 0 after the prompt."""
+    from mnn_h2o.essays import essay_tokens
+
+    ids = essay_tokens(tokenizer, 520)
+    counts = {}
+    for share in (0.0, 0.5):
+        llm.configure_eviction(dict(KVZIP, target_lossy_ratio=3.2, prompt_end_share=share))
+        llm.prefill(ids, defer_pass=True)  # the pass waits: the scores are pending
+        assert llm.held and llm.cache.prompt_end_share == 0.0
+        counts[share] = {int(n) for layer in (0, 15, 29) for n in np.sum(llm.cache.token_scores(layer) == 1.0, axis=1)}
+    assert counts[0.0] == {0}
+    (m,) = counts[0.5]  # one count for every head
+    keep = 1.88 / 3.2   # q8 pays 1.88x of the whole-model 3.2x, eviction the rest (about)
+    assert abs(m - 0.5 * keep * 520) < 0.05 * 520, m
+    llm.configure_eviction(None)

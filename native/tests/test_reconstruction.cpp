@@ -583,6 +583,91 @@ static void test_query_peaks() {
     kvzip.set_query_peaks(false);
 }
 
+// The prompt's end (set_prompt_end_share): after a prompt step with the share set, the share x
+// keep ratio x length tokens of each head with the largest float64 window peaks (the step's last
+// observation_window queries, every query head of the group) score 1 and are kept by the plan; the
+// others keep their predictions; share 0 adds nothing; enable_eviction turns it off.
+static void test_prompt_end() {
+    std::mt19937 rng(53);
+    const int H = 2, G = 2, hd = 32, n = 160, W = 8;
+    const double share = 0.5, keep = 0.5;
+    const int m = static_cast<int>(share * keep * n + 0.5);  // 40 of the 80 a head keeps
+    KvCache cache(cache_config(1, H, 512));
+    EvictionConfig h = kvzip_config(keep);
+    h.policy = "predicted_kvzip";
+    h.observation_window = W;
+    cache.enable_eviction(h);
+    const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+    const auto q = random_vec(rng, static_cast<size_t>(n) * H * G * hd, 2.f);
+    const float given = 1e-3f;
+    const std::vector<float> s(static_cast<size_t>(H) * n, given);
+    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(1.5); }), "a share above 1");
+    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(-0.1); }), "a negative share");
+    step_all(cache, q, k, v, n);  // share 0: the predictions alone
+    cache.set_token_scores(0, s.data(), n);
+    for (int hh = 0; hh < H; ++hh) {
+        const std::vector<float> ts = cache.token_scores(0, hh);
+        CHECK(std::all_of(ts.begin(), ts.end(), [&](float x) { return x == given; }), "share 0: the predictions alone");
+    }
+    cache.reset();
+    cache.set_prompt_end_share(share);
+    step_all(cache, q, k, v, n);
+    cache.set_prompt_end_share(0.0);
+    cache.set_token_scores(0, s.data(), n);
+    std::vector<std::vector<int>> chosen(H);
+    for (int hh = 0; hh < H; ++hh) {
+        std::vector<double> peak(n, 0.0);  // float64: the window's largest probability per key
+        for (int i = n - W; i < n; ++i)
+            for (int g = 0; g < G; ++g) {
+                const float* qi = &q[((static_cast<size_t>(i) * H + hh) * G + g) * hd];
+                std::vector<double> e(static_cast<size_t>(i) + 1);
+                double mx = -1e300, sum = 0.0;
+                for (int j = 0; j <= i; ++j) {
+                    double dot = 0.0;
+                    for (int d = 0; d < hd; ++d) dot += static_cast<double>(qi[d]) * k[(static_cast<size_t>(j) * H + hh) * hd + d];
+                    e[j] = dot / std::sqrt(static_cast<double>(hd));
+                    mx = std::max(mx, e[j]);
+                }
+                for (double& x : e) sum += x = std::exp(x - mx);
+                for (int j = 0; j <= i; ++j) peak[j] = std::max(peak[j], e[j] / sum);
+            }
+        const std::vector<float> ts = cache.token_scores(0, hh);
+        int ones = 0;
+        double kept_min = 1e300, left_max = 0.0;
+        for (int t = 0; t < n; ++t) {
+            CHECK(ts[t] == 1.f || ts[t] == given, "head %d token %d: 1 or its prediction, got %g", hh, t, ts[t]);
+            if (ts[t] == 1.f) {
+                ++ones;
+                chosen[hh].push_back(t);
+                kept_min = std::min(kept_min, peak[t]);
+            } else {
+                left_max = std::max(left_max, peak[t]);
+            }
+        }
+        CHECK(ones == m, "head %d: %d tokens score 1, want %d", hh, ones, m);
+        CHECK(kept_min >= left_max * (1 - 1e-4), "head %d: the kept are float64's top peaks (%g against %g)", hh,
+              kept_min, left_max);
+    }
+    CHECK(cache.end_step(n, true), "the prompt is cut");
+    for (int hh = 0; hh < H; ++hh) {
+        const int len = cache.length(0, hh);
+        CHECK(len <= n / 2 + 16, "head %d keeps within its budget (%d)", hh, len);
+        std::vector<float> k1(static_cast<size_t>(len) * hd), v1(k1.size());
+        cache.read(0, hh, k1.data(), v1.data());
+        int found = 0;  // every token that scored 1 is among the kept rows
+        for (int t : chosen[hh])
+            for (int r = 0; r < len; ++r)
+                if (std::memcmp(&k1[static_cast<size_t>(r) * hd], &k[(static_cast<size_t>(t) * H + hh) * hd], hd * sizeof(float)) == 0) {
+                    ++found;
+                    break;
+                }
+        CHECK(found == m, "head %d kept %d of the %d window tokens", hh, found, m);
+    }
+    cache.set_prompt_end_share(share);
+    cache.enable_eviction(h);
+    CHECK(cache.prompt_end_share() == 0.0, "enable_eviction turns it off");
+}
+
 // Decode under a global budget: a plan made exactly to the budget is followed by another at the
 // next block boundary of any head, so a decode plan keeps one block per head in hand. Counted
 // here: the cache never holds more blocks than the budget, and plans come every ~headroom /
@@ -638,6 +723,7 @@ int main() {
     test_global_budget();
     test_predicted_scores();
     test_query_peaks();
+    test_prompt_end();
     test_decode_headroom();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

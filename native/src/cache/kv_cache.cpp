@@ -277,6 +277,10 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         const int w = std::min(eviction_->window_size(), n_tokens);
         add_query_peaks(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
     }
+    if (n_tokens > 1 && prompt_end_share_ > 0.0 && eviction_->token_peak_accumulator(layer)) {
+        const int w = std::min(eviction_->window_size(), n_tokens);
+        keep_prompt_end(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
+    }
     // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
     if (eviction_->wants_queries()) eviction_->record_queries(layer, q_stored, n_tokens);
     if (store_) store_->prefetch(layer + 1);
@@ -318,6 +322,26 @@ void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {
 }
 
 void KvCache::layer_token_peaks(int layer, const float* q, int n_q) {
+    layer_token_peaks(layer, q, n_q, eviction_->token_peak_accumulator(layer), eviction_->token_stride());
+}
+
+void KvCache::keep_prompt_end(int layer, const float* q, int n_q) {
+    const int H = cfg_.n_kv_heads;
+    peak_n_peak_.resize(static_cast<size_t>(H));
+    int longest = 0;
+    for (int h = 0; h < H; ++h) longest = std::max(longest, peak_n_peak_[h] = head(layer, h).length);
+    end_peaks_.assign(static_cast<size_t>(H) * longest, 0.f);
+    layer_token_peaks(layer, q, n_q, end_peaks_.data(), static_cast<size_t>(longest));
+    // The uniform share of the budget: the plan's own split between heads is not known yet.
+    const double keep = std::max(0.0, eviction_->keep_ratio(stats_[layer].tokens_seen));
+    for (int h = 0; h < H; ++h) {
+        const int n = peak_n_peak_[h];
+        const int m = std::min(n, static_cast<int>(prompt_end_share_ * keep * n + 0.5));
+        eviction_->keep_top_tokens(layer, h, n, end_peaks_.data() + static_cast<size_t>(h) * longest, m);
+    }
+}
+
+void KvCache::layer_token_peaks(int layer, const float* q, int n_q, float* peak, size_t peak_stride) {
     const int H = cfg_.n_kv_heads, hd = cfg_.head_dim;
     peak_n_keys_.resize(static_cast<size_t>(H));
     peak_k_.resize(static_cast<size_t>(H));
@@ -340,8 +364,8 @@ void KvCache::layer_token_peaks(int layer, const float* q, int n_q) {
     p.k = peak_k_.data();
     p.n_keys = peak_n_keys_.data();
     p.n_peak = peak_n_peak_.data();
-    p.peak = eviction_->token_peak_accumulator(layer);
-    p.peak_stride = eviction_->token_stride();
+    p.peak = peak;
+    p.peak_stride = peak_stride;
     token_peaks(p, best_isa(), team(), peak_ws_);
 }
 
@@ -571,6 +595,7 @@ void KvCache::enable_eviction(const EvictionConfig& config) {
     require_no_pass("enable_eviction");
     eviction_ = std::make_unique<EvictionState>(config, cfg_);
     query_peaks_ = false;
+    prompt_end_share_ = 0.0;
     const EvictionConfig& c = eviction_->config();
     if (eviction_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
 }
@@ -579,6 +604,14 @@ void KvCache::disable_eviction() {
     require_no_pass("disable_eviction");
     eviction_.reset();
     query_peaks_ = false;
+    prompt_end_share_ = 0.0;
+}
+
+void KvCache::set_prompt_end_share(double share) {
+    if (!(share >= 0.0 && share <= 1.0))
+        throw std::invalid_argument("KvCache: set_prompt_end_share: the share must be in [0, 1], got " +
+                                    std::to_string(share));
+    prompt_end_share_ = share;
 }
 
 void KvCache::set_query_peaks(bool on) {

@@ -184,6 +184,25 @@ void EvictionState::open_token_peaks(int layer, int head, int length) {
     std::fill(tp + std::min(hs.n_tpeak, length), tp + length, 0.f);
 }
 
+void EvictionState::keep_top_tokens(int layer, int head, int length, const float* peaks, int m) {
+    open_token_peaks(layer, head, length);
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    m = std::clamp(m, 0, length);
+    order_.resize(static_cast<size_t>(length));
+    for (int t = 0; t < length; ++t) order_[t] = t;
+    if (m > 0 && m < length)
+        std::nth_element(order_.begin(), order_.begin() + (m - 1), order_.end(), [peaks](int a, int b) {
+            return peaks[a] > peaks[b] || (peaks[a] == peaks[b] && a > b);
+        });
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    for (int i = 0; i < m; ++i) {
+        tp[order_[i]] = 1.f;
+        hs.recon[order_[i] / block_tokens_] = 1.f;
+    }
+    hs.n_tpeak = std::max(hs.n_tpeak, length);
+}
+
 void EvictionState::close_token_peaks(int layer, int head, int length) {
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];

@@ -154,6 +154,16 @@ public:
     // eviction_predicts() (to turn it on).
     void set_query_peaks(bool on);
     bool query_peaks() const { return query_peaks_; }
+    // The prompt's end (eviction.prompt_end_share), for policies with token scores (kvzip,
+    // predicted_kvzip): set before a prompt's last step, back to 0 after it. On that step each
+    // evicting layer's last eviction.observation_window queries give every held token its peak
+    // probability (as a pass's queries do), and the share x keep ratio x length tokens of each kv
+    // head with the largest peaks get a token score of 1, so the next plan keeps them before any
+    // token the policy ranks: SnapKV's choice of what the text goes on from, with the policy's
+    // scores deciding the rest. Off after each enable_eviction. Throws std::invalid_argument for
+    // a share outside [0, 1].
+    void set_prompt_end_share(double share);
+    double prompt_end_share() const { return prompt_end_share_; }
     // A head's pending token scores (a pass's peaks or set_token_scores'), one per token it
     // holds: NaN for a token without one or when none are pending. Throws std::invalid_argument
     // unless the policy takes reconstruction scores; std::out_of_range for a bad layer or head.
@@ -238,10 +248,15 @@ private:
     // probability each held token gets from the chunk's last n_q queries (q, as the kernel saw
     // them), into the state's token peaks.
     void add_query_peaks(int layer, const float* q, int n_q);
+    // After the prompt's last step on an evicting layer (set_prompt_end_share): the peaks of the
+    // step's last n_q queries q, and each head's top tokens by them kept first.
+    void keep_prompt_end(int layer, const float* q, int n_q);
     // The token-peaks routine over every kv head of layer: the step's n_q newest queries q against
     // each head's held keys, the peaks of each head's first peak_n_peak_[h] keys (set by the
     // caller) into the state's token peaks.
     void layer_token_peaks(int layer, const float* q, int n_q);
+    // The same into peak [n_kv_heads][peak_stride] (zeroed by the caller) instead.
+    void layer_token_peaks(int layer, const float* q, int n_q, float* peak, size_t peak_stride);
     // The token-peaks routine on kv head h alone: its queries out of the step's q (n_q rows, the
     // newest), keys k [n_keys][head_dim], the peaks of the first n_peak of them into peak[].
     void head_token_peaks(const float* q, int n_q, int h, const float* k, int n_keys, int n_peak, float* peak);
@@ -294,6 +309,8 @@ private:
     // tokens_seen).
     bool reconstructing_ = false;
     bool query_peaks_ = false;  // set_query_peaks
+    double prompt_end_share_ = 0.0;  // set_prompt_end_share
+    std::vector<float> end_peaks_;   // keep_prompt_end: the window's peaks, [n_kv_heads][longest head]
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
     int window_from_end_ = 0, window_length_ = 0;  // set_reconstruction_window; 0: none

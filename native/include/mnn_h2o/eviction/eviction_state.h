@@ -118,6 +118,11 @@ public:
     // after, each block's score becomes the largest of its tokens' peaks and the tokens count as
     // scored, waiting for the next update as a pass's peaks do.
     void open_token_peaks(int layer, int head, int length);
+    // The prompt's end (KvCache::set_prompt_end_share): the m of head h's `length` tokens with the
+    // largest `peaks` (ties: the later token) get a token score of 1, the largest a score can be,
+    // and their blocks a reconstruction score of 1; the other tokens' scores are kept (0 for one
+    // without any yet). They wait for the next update as a pass's peaks do.
+    void keep_top_tokens(int layer, int head, int length, const float* peaks, int m);
     void close_token_peaks(int layer, int head, int length);
     int window_size() const { return window_size_; }
     size_t token_stride() const { return token_stride_; }
@@ -292,6 +297,7 @@ private:
     std::vector<SelectHead> select_;             // and their floors, in the same order
     std::vector<SelectHead> one_;                // one head's selection (head_floor_share)
     std::vector<uint64_t> candidates_;
+    std::vector<int> order_;                     // keep_top_tokens(): a head's tokens by peak
     std::vector<float> token_priority_;          // plan_tokens(): the pooled heads' tokens end to end
     std::vector<SelectTokensHead> token_heads_, one_token_head_;
     std::vector<std::pair<float, int>> trim_;
