@@ -236,11 +236,13 @@ SCHEMA: Tuple[Key, ...] = (
         "only (KVzip's and kvpress's; less work per pass step); all = every key a query sees (the whole "
         "context and the pass so far), every held token scored by every chunk",
         choices=("chunk", "all")),
-    Key("eviction", "prompt_end_share", float, 0.0, "fraction", "policies with token scores (kvzip, "
+    Key("eviction", "prompt_end_share", float, -1.0, "fraction", "policies with token scores (kvzip, "
         "predicted_kvzip): this share of each evicting kv head's budget goes first to the tokens the "
         "prompt's last observation_window queries attend to most (SnapKV's choice: what the text goes on "
         "from), the rest by the policy's scores; once per prompt, from its last chunk's attention "
-        "(docs/eviction.md 'The prompt's end'); 0 = off", range=(0.0, 1.0)),
+        "(docs/eviction.md 'The prompt's end'); 0 = off; -1 (any negative) = the model's choice: the "
+        "share its predicted_kvzip map was chosen with on the dev split, 0 for kvzip and without a map",
+        range=(-1.0, 1.0)),
     Key("lossless", "mode", str, "off", "-", "lossless Gear compression of cold KV blocks, in any "
         "runtime.kv_dtype (quantised rows as Gear's Q8 / Q4 frames): off; probe (encode/verify a "
         "sample, KV untouched); full (encode and verify every cold chunk, KV stays raw); store (cold "

@@ -403,6 +403,9 @@ class Llm:
             if self._scorer is None:  # the file is read once; every context's layers are checked
                 self._scorer = load_for_export(self.export_dir, self.meta, self.config)
             check_layers(self._scorer, self._evicting_layers(eviction))
+        if eviction["prompt_end_share"] < 0:  # the model's choice, as its map says (token_scorer.py)
+            mapped = eviction["policy"] == "predicted_kvzip"
+            eviction = dict(eviction, prompt_end_share=self._scorer.prompt_end_share if mapped else 0.0)
         self.cache.enable_eviction(**config_mod.native_args("eviction", eviction))
         if eviction["policy"] == "predicted_kvzip":
             self.cache.set_query_peaks(self._scorer.query_peaks)  # the model's map says (token_scorer.py)

@@ -19,7 +19,9 @@ for the named models) holds, by name:
     meta      a JSON string: the model's source_sha256, its shapes, the fit's data, loss and time,
               and ``query_peaks`` (true: the prompt's own queries add their peaks to the
               predictions, KvCache.set_query_peaks; a choice made per model on the dev split,
-              docs/eviction.md "Predicted scores"; absent: false)
+              docs/eviction.md "Predicted scores"; absent: false), and ``prompt_end_share`` (the
+              eviction.prompt_end_share this map was chosen with on the dev split, what the
+              config's -1 resolves to; absent: 0)
 
 A file whose source_sha256 or shapes are not the export's is refused (ScorerFileError).
 """
@@ -89,6 +91,11 @@ class TokenScorer:
         """Whether the cache adds the prompt chunks' own query peaks to this map's predictions."""
         return bool(self.meta.get("query_peaks", False))
 
+    @property
+    def prompt_end_share(self) -> float:
+        """The eviction.prompt_end_share this map runs with where the config leaves it to the model."""
+        return float(self.meta.get("prompt_end_share", 0.0))
+
     def scores(self, layer: int, h: np.ndarray) -> np.ndarray:
         """Predicted kvzip scores of h's rows at ``layer``: float32 [n_kv_heads, n] in (0, 1]."""
         logit = features(h) @ self.weights[layer]
@@ -125,6 +132,9 @@ class TokenScorer:
                                   f"({want}, layers within [0, {n_layers}])")
         if not isinstance(meta.get("query_peaks", False), bool):
             raise ScorerFileError(f"{path}: meta's query_peaks is {meta.get('query_peaks')!r}, not true or false")
+        share = meta.get("prompt_end_share", 0.0)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ScorerFileError(f"{path}: meta's prompt_end_share is {share!r}, not a number in [0, 1]")
         if not np.all(np.isfinite(weights)):
             raise ScorerFileError(f"{path}: weights hold non-finite values")
         return cls(weights, layers, meta)

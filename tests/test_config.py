@@ -348,6 +348,7 @@ def test_engine_passes_sections_through_unchanged():
     llm.cache = core.KvCache(4, 1, 16, 1, dtype="f16", block_tokens=16, max_tokens=64)
     llm.configure_eviction({"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"})
     want = config.validate({"eviction": {"policy": "h2o", "target_keep_ratio": 0.5, "prefill_eviction": "chunk"}})["eviction"]
+    want["prompt_end_share"] = 0.0  # -1, the model's choice, resolved: h2o takes no share
     assert llm.eviction == want
     assert llm.cache.eviction_config() == {**config.native_args("eviction", want), "layer_end": 4}
     llm.configure_lossless({"mode": "store", "scope": "kept", "front_n": 3})

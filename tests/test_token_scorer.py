@@ -59,7 +59,7 @@ def test_file_round_trip_and_refusals(tmp_path):
         ts.TokenScorer.load(p, "ab" * 32, 3, 8, 2)
 
 
-def _scored_copy(tmp_path, weights=None, query_peaks=None):
+def _scored_copy(tmp_path, weights=None, query_peaks=None, prompt_end_share=None):
     """SmolLM2's default export copied (by hard links) with a scorer file of the given weights
     (default: a constant log-score, every token 0.1, plus a strong preference for one feature)."""
     from mnn_h2o import config
@@ -74,6 +74,8 @@ def _scored_copy(tmp_path, weights=None, query_peaks=None):
         weights = np.zeros((c["n_layers"], c["hidden"] + 1, c["n_kv_heads"]), np.float32)
         weights[:, -1, :] = np.log(0.1)
     extra = {} if query_peaks is None else {"query_peaks": query_peaks}
+    if prompt_end_share is not None:
+        extra["prompt_end_share"] = prompt_end_share
     ts.TokenScorer(weights, (0, c["n_layers"]), {"source_sha256": meta["source_sha256"], **extra}).save(
         str(dst / ts.FILE_NAME))
     return str(dst), meta
@@ -143,6 +145,24 @@ def test_a_map_with_query_peaks_takes_the_prompts_own_queries(tmp_path):
     d2, _ = _scored_copy(tmp_path / "b", query_peaks="yes")
     with pytest.raises(ts.ScorerFileError, match="query_peaks"):
         Llm(d2, _cfg())
+
+
+def test_the_maps_prompt_end_share_is_the_models_choice(tmp_path):
+    """eviction.prompt_end_share -1 (the default) runs predicted_kvzip with the share its map
+    names, kvzip with none; a number in the config wins; a map's bad value is refused."""
+    from mnn_h2o.engine import Llm
+
+    d, _ = _scored_copy(tmp_path, prompt_end_share=0.25)
+    llm = Llm(d, _cfg())
+    assert llm.eviction["prompt_end_share"] == 0.25
+    llm.configure_eviction(dict(_cfg()["eviction"], prompt_end_share=0.5))
+    assert llm.eviction["prompt_end_share"] == 0.5
+    llm.configure_eviction(dict(_cfg()["eviction"], policy="kvzip"))
+    assert llm.eviction["prompt_end_share"] == 0.0
+    for bad in (1.5, "half", True):
+        d2, _ = _scored_copy(tmp_path / str(bad), prompt_end_share=bad)
+        with pytest.raises(ts.ScorerFileError, match="prompt_end_share"):
+            Llm(d2, _cfg())
 
 
 @pytest.mark.slow
@@ -236,7 +256,7 @@ def test_each_shipped_scorer_earned_the_default_on_the_dev_split():
     """docs/data/scorer_dev_<digest16>.json (``eval frontier --split dev --methods
     ours:kvzip@q8,ours:predicted_kvzip@q8``) holds, for each shipped scorer, both policies at the
     same points; predicted_kvzip is within SHIP_BAR_KVZIP of kvzip at each, measured as the file
-    runs it (its query_peaks)."""
+    runs it (its query_peaks and prompt_end_share)."""
     import glob
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,7 +266,9 @@ def test_each_shipped_scorer_earned_the_default_on_the_dev_split():
         digest = os.path.basename(path)[:-len(".npz")]
         runs = json.load(open(os.path.join(root, "docs", "data", f"scorer_dev_{digest}.json")))
         with np.load(path) as z:
-            assert json.loads(str(z["meta"])).get("query_peaks", False) == runs["meta"].get("query_peaks", False), digest
+            meta = json.loads(str(z["meta"]))
+        assert meta.get("query_peaks", False) == runs["meta"].get("query_peaks", False), digest
+        assert meta.get("prompt_end_share", 0.0) == runs["meta"].get("prompt_end_share", 0.0), digest
         kl = {}
         for r in runs["rows"]:
             if r["kind"] == "kl" and r["engine"] == "ours" and r["kv_dtype"] == "q8" and r["target_ratio"]:
