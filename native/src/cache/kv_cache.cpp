@@ -481,6 +481,7 @@ void KvCache::free_peak_scratch() {
     peak_ws_ = {};
     window_keys_ = {};
     head_q_ = {};
+    end_peaks_ = {};
 }
 
 void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {

@@ -310,7 +310,7 @@ private:
     bool reconstructing_ = false;
     bool query_peaks_ = false;  // set_query_peaks
     double prompt_end_share_ = 0.0;  // set_prompt_end_share
-    std::vector<float> end_peaks_;   // keep_prompt_end: the window's peaks, [n_kv_heads][longest head]
+    std::vector<float> end_peaks_;   // keep_prompt_end: the window's peaks, [n_kv_heads][longest head]; peak scratch
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;
     int window_from_end_ = 0, window_length_ = 0;  // set_reconstruction_window; 0: none
