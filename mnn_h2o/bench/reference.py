@@ -83,9 +83,14 @@ def _flat(cfg: dict) -> dict:
 
 
 def config_differences(ref: dict, cfg: dict) -> List[str]:
-    """The ``section.key`` names whose values differ between the reference and ``cfg``."""
+    """The ``section.key`` names whose values differ between the reference and ``cfg``. A key the
+    reference does not hold was added after it was recorded, at a default that keeps what it
+    measured (docs/config.md): it differs only where ``cfg`` sets another value."""
+    from .. import config
+
     a, b = _flat(ref["config"]), _flat(measured_config(cfg))
-    return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+    defaults = _flat(config.defaults())
+    return sorted(n for n in a.keys() | b.keys() if a.get(n, defaults.get(n)) != b.get(n))
 
 
 def select(cfg: dict, quick: bool, path: Optional[str] = None) -> Tuple[Optional[dict], str]:
