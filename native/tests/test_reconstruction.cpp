@@ -511,6 +511,29 @@ static void test_predicted_scores() {
     CHECK(throws<std::invalid_argument>([&] { kvzip.set_token_scores(1, bad.data(), 1); }), "kvzip takes a pass, not scores");
 }
 
+// Float64: for kv head hh, each of the n keys' largest probability from the last W of n causal
+// queries (every query head of the group G), the softmax over the keys each query sees.
+// q [n][H][G][hd], k [n][H][hd].
+static std::vector<double> window_peaks_f64(const std::vector<float>& q, const std::vector<float>& k, int H, int G,
+                                            int hd, int n, int W, int hh) {
+    std::vector<double> peak(n, 0.0);
+    for (int i = n - W; i < n; ++i)
+        for (int g = 0; g < G; ++g) {
+            const float* qi = &q[((static_cast<size_t>(i) * H + hh) * G + g) * hd];
+            std::vector<double> e(static_cast<size_t>(i) + 1);
+            double mx = -1e300, sum = 0.0;
+            for (int j = 0; j <= i; ++j) {
+                double dot = 0.0;
+                for (int d = 0; d < hd; ++d) dot += static_cast<double>(qi[d]) * k[(static_cast<size_t>(j) * H + hh) * hd + d];
+                e[j] = dot / std::sqrt(static_cast<double>(hd));
+                mx = std::max(mx, e[j]);
+            }
+            for (double& x : e) sum += x = std::exp(x - mx);
+            for (int j = 0; j <= i; ++j) peak[j] = std::max(peak[j], e[j] / sum);
+        }
+    return peak;
+}
+
 // Query peaks (set_query_peaks) against float64: after a prompt chunk each token holds the larger
 // of its predicted score and the largest probability the chunk's last observation_window queries
 // (every query head of the group) give it; a one-token step (decode) adds none; off (the default
@@ -539,22 +562,11 @@ static void test_query_peaks() {
     cache.set_query_peaks(true);
     step_all(cache, q, k, v, n);
     cache.set_token_scores(0, s.data(), n);
-    std::vector<std::vector<double>> want(H, std::vector<double>(n, given));
-    for (int hh = 0; hh < H; ++hh)
-        for (int i = n - W; i < n; ++i)
-            for (int g = 0; g < G; ++g) {
-                const float* qi = &q[((static_cast<size_t>(i) * H + hh) * G + g) * hd];
-                std::vector<double> e(static_cast<size_t>(i) + 1);
-                double m = -1e300, sum = 0.0;
-                for (int j = 0; j <= i; ++j) {
-                    double dot = 0.0;
-                    for (int d = 0; d < hd; ++d) dot += static_cast<double>(qi[d]) * k[(static_cast<size_t>(j) * H + hh) * hd + d];
-                    e[j] = dot / std::sqrt(static_cast<double>(hd));
-                    m = std::max(m, e[j]);
-                }
-                for (double& x : e) sum += x = std::exp(x - m);
-                for (int j = 0; j <= i; ++j) want[hh][j] = std::max(want[hh][j], e[j] / sum);
-            }
+    std::vector<std::vector<double>> want(H);
+    for (int hh = 0; hh < H; ++hh) {
+        want[hh] = window_peaks_f64(q, k, H, G, hd, n, W, hh);
+        for (double& x : want[hh]) x = std::max(x, static_cast<double>(given));
+    }
     int above = 0;
     for (int hh = 0; hh < H; ++hh) {
         const std::vector<float> ts = cache.token_scores(0, hh);
@@ -616,21 +628,7 @@ static void test_prompt_end() {
     cache.set_token_scores(0, s.data(), n);
     std::vector<std::vector<int>> chosen(H);
     for (int hh = 0; hh < H; ++hh) {
-        std::vector<double> peak(n, 0.0);  // float64: the window's largest probability per key
-        for (int i = n - W; i < n; ++i)
-            for (int g = 0; g < G; ++g) {
-                const float* qi = &q[((static_cast<size_t>(i) * H + hh) * G + g) * hd];
-                std::vector<double> e(static_cast<size_t>(i) + 1);
-                double mx = -1e300, sum = 0.0;
-                for (int j = 0; j <= i; ++j) {
-                    double dot = 0.0;
-                    for (int d = 0; d < hd; ++d) dot += static_cast<double>(qi[d]) * k[(static_cast<size_t>(j) * H + hh) * hd + d];
-                    e[j] = dot / std::sqrt(static_cast<double>(hd));
-                    mx = std::max(mx, e[j]);
-                }
-                for (double& x : e) sum += x = std::exp(x - mx);
-                for (int j = 0; j <= i; ++j) peak[j] = std::max(peak[j], e[j] / sum);
-            }
+        const std::vector<double> peak = window_peaks_f64(q, k, H, G, hd, n, W, hh);
         const std::vector<float> ts = cache.token_scores(0, hh);
         int ones = 0;
         double kept_min = 1e300, left_max = 0.0;
