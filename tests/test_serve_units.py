@@ -443,9 +443,12 @@ def test_a_turn_is_written_by_the_writer_thread_not_on_the_way_to_the_next_answe
     with pool.checkout(a + [user("a2")]) as co:  # answered while the write waits
         co.session.reply(a + [user("a2")])
         assert co.reused_messages == 2
+        a2 = co.session.messages
+    pool.write_back()
     store.release.set()
     writes_done(pool)
-    assert pool.stats()["store"]["writes_pending"] == 0 and pool.stats()["stored_turns"] == 1
+    # Both turns written in order: the second replaced the first.
+    assert pool.stats()["stored_turns"] == 2 and stored_keys(store) == [conversation_keys(NAMESPACE, a2)[-1]]
 
 
 def test_a_store_that_is_down_costs_a_prefill_shows_in_health_and_gets_the_turns_once_back(monkeypatch):

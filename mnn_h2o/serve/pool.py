@@ -292,7 +292,9 @@ class SessionPool:
                    "sessions_compression_held": sum(1 for e in live if e.held),
                    "kv_budget_bytes": self.budget,
                    **self.counters}
-        out["store"] = dict(self.store.health(), writes_pending=self._writer.pending())
+            # Completed turns the store lacks yet (being written, or waiting for a store that is down).
+            unwritten = sum(1 for e in live if e.key is not None and e.key != e.stored) if self.write_every_turn else 0
+        out["store"] = dict(self.store.health(), writes_pending=unwritten)
         return out
 
     def close(self) -> None:
@@ -332,10 +334,6 @@ class _Writer:
         with self._cond:
             job = self._jobs.get(e.id)
             return job is not None and job[1] == key
-
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._jobs) + (self._busy is not None)
 
     def settle(self, e: _Entry) -> None:
         """Forget ``e``'s waiting snapshot and wait for its write under way, if any."""
