@@ -447,8 +447,9 @@ def test_a_turn_is_written_by_the_writer_thread_not_on_the_way_to_the_next_answe
     pool.write_back()
     store.release.set()
     writes_done(pool)
-    # Both turns written in order: the second replaced the first.
-    assert pool.stats()["stored_turns"] == 2 and stored_keys(store) == [conversation_keys(NAMESPACE, a2)[-1]]
+    # The second turn is what the store holds: written after the first, or in its place when the
+    # first was still waiting (only a session's newest snapshot waits).
+    assert stored_keys(store) == [conversation_keys(NAMESPACE, a2)[-1]] and pool.stats()["stored_turns"] in (1, 2)
 
 
 def test_a_store_that_is_down_costs_a_prefill_shows_in_health_and_gets_the_turns_once_back(monkeypatch):
