@@ -104,6 +104,7 @@ class SessionPool:
             if e is not None:
                 self._drop(e, "another server continued its conversation")
             session, reused = found
+            self._drop_beyond(self.max_sessions - 1)
             e = self._add(session, keys[reused])
         elif e is None:
             self._drop_beyond(self.max_sessions - 1)
