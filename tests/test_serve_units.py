@@ -167,7 +167,6 @@ class SharedMemoryStore(MemoryStore):
     """A memory store that the pools of one test share as replicas share a Redis store."""
     where = "shared memory"
     outlives_server = True
-    shared = True
 
 
 def make_pool(store, budget=10**9, max_sessions=100, compress_after_answer=False):

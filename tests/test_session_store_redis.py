@@ -29,7 +29,7 @@ def server(tmp_path):
 
 def test_values_keys_and_a_new_turn_replacing_the_last(server):
     store = open_store(server.url, 10)
-    assert isinstance(store, RedisStore) and store.shared and store.outlives_server
+    assert isinstance(store, RedisStore) and store.outlives_server
     assert store.get(K1) is None and store.first_present([K1, K2]) is None
     store.put(K1, b"turn 1")
     store.put(K3, b"another conversation")

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         from .app import create_app
         from .pool import SessionPool
         from .service import Service
-        from .session_store import DiskStore, open_store
+        from .session_store import open_store
 
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -101,9 +101,6 @@ def main(argv=None) -> int:
                         "their history again on their next request", cfg["lossless"]["mode"])
         store = open_store(sc["session_store"], sc["max_sessions"])  # before the model: a bad store fails fast
         try:
-            if isinstance(store, DiskStore) and store.ignored:
-                log.warning("%s: %d files there are not sessions of this store (left alone): %s", store.where,
-                            len(store.ignored), ", ".join(sorted(store.ignored)[:5]))
             llm = Llm(ensure_exported(cfg["model"]), cfg)
             if not llm.tokenizer.chat_template:
                 raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")

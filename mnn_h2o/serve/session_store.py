@@ -57,7 +57,6 @@ class SessionStore:
 
     where = ""                # the setting, as /health and the logs name the store
     outlives_server = False   # another server (a restart, a replica) reads what this one writes
-    shared = False            # other servers write it too
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -81,7 +80,7 @@ class SessionStore:
         return self._call(self._first_present, list(keys)) if keys else None
 
     def count(self) -> Optional[int]:
-        """Values held; None for a shared store (other servers' count there too)."""
+        """Values held; None for a store that other servers write too (theirs would count)."""
         return None
 
     def health(self) -> dict:
@@ -176,6 +175,9 @@ class DiskStore(SessionStore):
                 os.remove(os.path.join(self.dir, name))
             elif name != ".lock" and not self._is_value(name):
                 self.ignored.append(name)
+        if self.ignored:
+            log.warning("%s: %d files there are not sessions of this store (left alone): %s", self.where,
+                        len(self.ignored), ", ".join(sorted(self.ignored)[:5]))
 
     @staticmethod
     def _is_value(name: str) -> bool:
@@ -246,7 +248,6 @@ class DiskStore(SessionStore):
 
 class RedisStore(SessionStore):
     outlives_server = True
-    shared = True
 
     def __init__(self, url: str):
         super().__init__()
