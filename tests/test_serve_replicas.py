@@ -28,6 +28,7 @@ TURNS = 10
 KILL_TURN = 4
 REDIS_TURN = 7
 MAX_TOKENS = 12
+TIMEOUT_S = 900         # any request, or a server's work after it (a 4K-token prefill, a kvzip pass)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,11 @@ def all_urls(d):
 def converse(url, messages, replies, d):
     """One turn on ``url``; the answer is appended; returns it, once every server has settled
     (compressed and written what it answered)."""
-    a = ask(url, messages, MAX_TOKENS, timeout=1800)
+    a = ask(url, messages, MAX_TOKENS, timeout=TIMEOUT_S)
     assert a.finish_reason in ("stop", "length") and a.text, a
     messages.append(a.message)
     replies.append(a)
-    settle(all_urls(d))
+    settle(all_urls(d), timeout=TIMEOUT_S)
     return a
 
 
@@ -66,7 +67,7 @@ def ask_and_kill(d, messages):
     text; the client sees the answer cut. Returns the replica killed."""
     body = json.dumps({"messages": messages, "max_tokens": 200, "temperature": 0, "stream": True}).encode()
     req = urllib.request.Request(d.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=1800) as r:
+    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
         victim = d.server_at(r.headers["X-Replica"])
         for line in r:
             if line.startswith(b"data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
@@ -139,17 +140,17 @@ def test_a_redis_restart_costs_prefills_shows_in_health_and_keeps_every_written_
     committed = stored_value(d.redis.url, msgs)
     d.redis.stop()  # Redis goes away (a clean stop: its append-only file is written)
     follow(msgs, 1)
-    down = ask(y.url, msgs, MAX_TOKENS)  # Redis unreachable: y prefills the conversation
+    down = ask(y.url, msgs, MAX_TOKENS, timeout=TIMEOUT_S)  # Redis unreachable: y prefills the conversation
     msgs.append(down.message)
     assert down.usage["session"] == "new" and down.text
     h = y.health()
     assert h["store"]["available"] is False and h["store_failed"] >= 1 and h["store"]["writes_pending"] == 1
     d.redis.start()
     assert stored_value(d.redis.url, msgs[:2]) == committed  # the turn written before is still there
-    settle(all_urls(d))  # the waiting turn is written once Redis is back
+    settle(all_urls(d), timeout=TIMEOUT_S)  # the waiting turn is written once Redis is back
     assert all(s.health()["store"]["available"] for s in d.servers)
     follow(msgs, 2)
-    after = ask(x.url, msgs, MAX_TOKENS)  # x held turn 1; Redis has y's turn 2
+    after = ask(x.url, msgs, MAX_TOKENS, timeout=TIMEOUT_S)  # x held turn 1; Redis has y's turn 2
     assert after.usage["session"] == "restored"
     assert after.usage["prompt_tokens_details"]["cached_tokens"] >= down.usage["total_tokens"] - 1
 
@@ -171,9 +172,9 @@ def test_a_damaged_or_foreign_value_in_redis_is_refused_and_prefilled_again(depl
             r.set(key, session_file.encode(meta, cache))
     failed = y.health()["restore_failed"]
     follow(msgs, 1)
-    again = ask(y.url, msgs, MAX_TOKENS)
+    again = ask(y.url, msgs, MAX_TOKENS, timeout=TIMEOUT_S)
     assert again.usage["session"] == "new" and again.finish_reason in ("stop", "length") and again.text
     assert y.health()["restore_failed"] == failed + 1 and all(s.running() for s in d.servers)
     with redis.Redis.from_url(d.redis.url) as r:
         assert r.get(key) is None  # the refused value is gone
-    settle(all_urls(d))
+    settle(all_urls(d), timeout=TIMEOUT_S)
