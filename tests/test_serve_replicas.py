@@ -178,3 +178,49 @@ def test_a_damaged_or_foreign_value_in_redis_is_refused_and_prefilled_again(depl
     with redis.Redis.from_url(d.redis.url) as r:
         assert r.get(key) is None  # the refused value is gone
     settle(all_urls(d), timeout=TIMEOUT_S)
+
+
+def test_the_recipe_starts_everything_on_loopback_and_ctrl_c_stops_it_all(tmp_path):
+    """python -m mnn_h2o.serve.replicas (what scripts/replicas.sh runs): nginx answers on the port
+    given, for a server on Redis; Ctrl-C leaves no process of it behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mnn_h2o.serve.replicas import free_port
+    from mnn_h2o.tools.shared_sessions import health
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "mnn_h2o.serve.replicas", "--replicas", "1", "--port", str(port),
+                          "--dir", str(tmp_path)], cwd=root, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            assert p.poll() is None, p.stderr.read()
+            try:
+                h = health(f"http://127.0.0.1:{port}")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nginx did not answer"
+                time.sleep(0.2)
+        assert h["status"] == "ok" and h["store"]["where"].startswith("redis://127.0.0.1:")
+        p.send_signal(signal.SIGINT)
+        assert p.wait(120) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # Nothing of it is left: Redis and nginx name the directory, the server names the Redis.
+    marks = (str(tmp_path), h["store"]["where"])
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(m in cmd for m in marks):
+            left.append(cmd)
+    assert not left, left
