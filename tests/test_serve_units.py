@@ -546,3 +546,23 @@ def test_the_work_after_an_answer_runs_behind_the_requests_that_came_meanwhile()
 
     asyncio.run(main())
     assert order == ["first", "second", "then"]
+
+
+@pytest.mark.parametrize("settings, says", [
+    (["serve.session_store=redis://127.0.0.1:{port}/0"], "cannot reach Redis"),
+    (["serve.session_store=redis://127.0.0.1:6379/x"], "the database 'x' is not a number"),
+    (["serve.session_store=ftp://host"], "expected memory, disk:PATH"),
+    (["serve.session_store=disk:{tmp}", "lossless.mode=store"], "with lossless.mode store they cannot be saved"),
+])
+def test_the_server_refuses_a_bad_or_unreachable_store_before_loading_the_model(settings, says, tmp_path):
+    import subprocess
+    import sys
+
+    from mnn_h2o.serve.replicas import free_port
+
+    args = [sys.executable, "-m", "mnn_h2o.serve", "--port", str(free_port())]
+    for s in settings:
+        args += ["--set", s.format(port=free_port(), tmp=tmp_path)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr

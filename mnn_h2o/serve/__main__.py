@@ -90,17 +90,17 @@ def main(argv=None) -> int:
         sc = cfg["serve"]
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
         log = logging.getLogger("mnn_h2o.serve")
-        if cfg["lossless"]["mode"] != "off":
-            if sc["session_store"] not in ("memory", "disk:"):
-                raise ValueError(f"serve.session_store {sc['session_store']} keeps conversations beyond this "
-                                 f"server, and with lossless.mode {cfg['lossless']['mode']} they cannot be saved "
-                                 f"(the session format holds no lossless store): use lossless.mode off, or "
-                                 f"serve.session_store memory")
-            log.warning("lossless.mode %s: sessions cannot be saved (the session format holds no lossless store), "
-                        "so conversations over serve.kv_budget_bytes are dropped, not offloaded, and prefill "
-                        "their history again on their next request", cfg["lossless"]["mode"])
         store = open_store(sc["session_store"], sc["max_sessions"])  # before the model: a bad store fails fast
         try:
+            if cfg["lossless"]["mode"] != "off":
+                if store.outlives_server:
+                    raise ValueError(f"serve.session_store {store.where} keeps conversations beyond this server, and "
+                                     f"with lossless.mode {cfg['lossless']['mode']} they cannot be saved (the session "
+                                     f"format holds no lossless store): use lossless.mode off, or serve.session_store "
+                                     f"memory")
+                log.warning("lossless.mode %s: sessions cannot be saved (the session format holds no lossless "
+                            "store), so conversations over serve.kv_budget_bytes are dropped, not offloaded, and "
+                            "prefill their history again on their next request", cfg["lossless"]["mode"])
             llm = Llm(ensure_exported(cfg["model"]), cfg)
             if not llm.tokenizer.chat_template:
                 raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")
