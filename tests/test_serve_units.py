@@ -510,11 +510,11 @@ def test_the_server_keeps_large_buffers_mapped():
     assert keep_large_buffers_mapped() is True
 
 
-def test_the_work_after_an_answer_runs_behind_the_requests_that_came_meanwhile():
-    """ModelThread.stream's ``then`` (the server's compression after an answer) is queued when the
-    job ends, so a request already waiting is answered first; its errors are logged, not raised."""
+def test_the_work_after_an_answer_runs_before_or_behind_the_requests_that_came_meanwhile():
+    """ModelThread.stream's ``after`` (the server's snapshot of a turn for the store) runs right
+    after the job, before a request already waiting; its ``then`` (the compression after an
+    answer) is queued behind it. Their errors are logged, not raised."""
     import asyncio
-    import threading
 
     from mnn_h2o.serve.model_thread import ModelThread
 
@@ -527,13 +527,15 @@ def test_the_work_after_an_answer_runs_behind_the_requests_that_came_meanwhile()
         release.wait(10)
         order.append("first")
 
-    def failing_then():
-        order.append("then")
-        raise RuntimeError("logged, not raised")
+    def failing(name):
+        def run():
+            order.append(name)
+            raise RuntimeError("logged, not raised")
+        return run
 
     async def main():
         mt = ModelThread()
-        events = mt.stream(first, then=failing_then)
+        events = mt.stream(first, after=failing("after"), then=failing("then"))
         pending = asyncio.ensure_future(events.__anext__())
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
         waiting = asyncio.ensure_future(mt.run(lambda: order.append("second")))  # queued during `first`
@@ -545,7 +547,20 @@ def test_the_work_after_an_answer_runs_behind_the_requests_that_came_meanwhile()
         mt.shutdown()
 
     asyncio.run(main())
-    assert order == ["first", "second", "then"]
+    assert order == ["first", "after", "second", "then"]
+
+
+def test_a_turn_whose_compression_waits_is_written_once_compressed():
+    store = SharedMemoryStore(100)
+    pool = make_pool(store, compress_after_answer=True)
+    with pool.checkout([user("a")]) as co:
+        co.session.reply([user("a")])
+        a = co.session.messages
+    assert pool.write_back() == 0 and pool.stats()["store"]["writes_pending"] == 1  # held: not yet
+    pool.compress_held()
+    assert pool.write_back() == 1
+    writes_done(pool)
+    assert stored_keys(store) == [conversation_keys(NAMESPACE, a)[-1]]
 
 
 @pytest.mark.parametrize("settings, says", [

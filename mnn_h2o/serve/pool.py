@@ -15,9 +15,10 @@ already holds its last turn; its next request loads it again. The session in use
 so it may exceed the budget alone. At most ``max_sessions`` stay in memory.
 
 Writing. A store that outlives the server (disk:PATH, Redis) gets every completed turn:
-``write_back``, which the model thread runs after the answer and its compression, snapshots each
-session whose last turn the store lacks, and one writer thread writes them (the snapshot is the
-only part on the model thread). A conversation's new turn replaces its previous one in the store.
+``write_back``, which the model thread runs right after the answer (and again after a compression
+the answer left), snapshots each session whose last turn the store lacks, and one writer thread
+writes them (the snapshot is the only part on the model thread). A conversation's new turn
+replaces its previous one in the store.
 The other stores (memory, a temporary directory) get a session only when it leaves memory, and
 give it up when it comes back.
 
@@ -245,12 +246,14 @@ class SessionPool:
     # --- the store -----------------------------------------------------------------------------
     def write_back(self) -> int:
         """With a store that outlives the server: hands every session whose last turn the store
-        lacks to the writer thread (a snapshot here, the write there). Returns how many."""
+        lacks to the writer thread (a snapshot here, the write there), but those whose
+        compression waits (compress_held first: the turn is written as the next turn finds it).
+        Returns how many."""
         if not self.write_every_turn:
             return 0
         handed = 0
         for e in list(self._entries.values()):
-            if e.key is None or e.key == e.stored or self._writer.has(e, e.key):
+            if e.key is None or e.key == e.stored or e.held or self._writer.has(e, e.key):
                 continue
             try:
                 meta, cache = e.session.saved()

@@ -116,9 +116,15 @@ class Service:
             with llm.lock:
                 ctx.cache.reset()
 
+    def write_turns(self) -> None:
+        """Right after a chat answer, on the model thread, before the requests waiting: the turn
+        goes to the store's writer (a snapshot here), so that another replica finds it at once;
+        one whose compression waits goes after it (after_answer)."""
+        self.pool.write_back()
+
     def after_answer(self) -> None:
         """After a chat answer, on the model thread, behind the requests already waiting: the
-        compression the answer left, then the turn handed to the store's writer."""
+        compression the answer left, then the compressed turns handed to the store's writer."""
         self.pool.compress_held()
         self.pool.write_back()
 
