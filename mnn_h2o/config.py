@@ -276,14 +276,18 @@ SCHEMA: Tuple[Key, ...] = (
         "every this many", range=(1, 1 << 20)),
     Key("serve", "kv_budget_bytes", int, 268435456, "bytes", "python -m mnn_h2o.serve: KV memory "
         "of all conversations held in memory together; over it, the least recently used idle "
-        "conversation is saved to serve.session_dir and freed, and restored on its next request (the "
+        "conversation is saved to serve.session_store and freed, and restored on its next request (the "
         "conversation just answered stays in memory even alone over it)", range=(1, 1 << 50)),
-    Key("serve", "max_sessions", int, 64, "sessions", "conversations kept, in memory or saved; "
-        "beyond it the least recently used is dropped (its next request prefills its history again)",
+    Key("serve", "max_sessions", int, 64, "sessions", "conversations kept in memory, and in a memory or "
+        "disk session store; beyond it the least recently used is dropped (its next request prefills its "
+        "history again); a Redis store is bounded by Redis (its maxmemory)",
         range=(1, 1 << 16)),
-    Key("serve", "session_dir", str, "", "-", "directory of the saved conversations (created if "
-        "missing; one server at a time); a restart with the same directory continues them; empty = "
-        "a temporary directory removed when the server stops"),
+    Key("serve", "session_store", str, "disk:", "-", "where conversations wait that are not in memory "
+        "(docs/serve.md 'Several replicas'): memory (this process; nothing outlives it); disk:PATH (files "
+        "in PATH, one server at a time; every completed turn is written, so a restart or a crash "
+        "continues them; disk: alone = a temporary directory removed when the server stops); "
+        "redis://HOST:PORT/DB (a Redis database that several servers share: every completed turn is "
+        "written, so any of them continues any conversation)"),
     Key("serve", "max_body_bytes", int, 4194304, "bytes", "largest request body accepted; a larger "
         "one is refused with HTTP 400", range=(1024, 1 << 30)),
     Key("serve", "max_tokens_limit", int, 2048, "tokens", "largest max_tokens a request may ask "
@@ -382,6 +386,8 @@ RENAMED_VALUES = {
     "bench.demo_cases": {"h2o": "evict"},
     "gates.speed_cases": {"h2o": "evict", "q8_h2o": "q8_evict"},
 }
+# Keys that became a value of another key: the old key's value X reads as the new key's prefix + X.
+RENAMED_KEYS = {"serve.session_dir": ("serve.session_store", "disk:")}
 _reported = set()
 
 
@@ -390,6 +396,7 @@ def renamed() -> Dict[str, str]:
     out = {f"{old}.{k.name}": k.path for old, new in RENAMED_SECTIONS.items() for k in SCHEMA if k.section == new}
     for path, values in RENAMED_VALUES.items():
         out.update({f"{path}={old}": f"{path}={new}" for old, new in values.items()})
+    out.update({f"{old}=X": f"{new}={prefix}X" for old, (new, prefix) in RENAMED_KEYS.items()})
     return out
 
 
@@ -437,11 +444,18 @@ def _merge(cfg: Dict[str, Dict[str, Any]], raw: Any, notify: bool = True) -> Non
         if not isinstance(values, dict):
             raise ConfigError(f"{section}: expected a mapping of keys, got {type(values).__name__}")
         for name, value in values.items():
-            key = _BY_PATH.get(f"{section}.{name}")
+            path = f"{section}.{name}"
+            if path in RENAMED_KEYS:
+                new_path, prefix = RENAMED_KEYS[path]
+                if not isinstance(value, str):
+                    raise ConfigError(f"{path}: expected a str, got {type(value).__name__} {value!r}")
+                _report(f"{path}={value}", f"{new_path}={prefix}{value}", notify)
+                path, value = new_path, prefix + value
+            key = _BY_PATH.get(path)
             if key is None:
                 known = ", ".join(k.name for k in SCHEMA if k.section == section)
                 raise ConfigError(f"unknown key {section}.{name!s} (keys of {section}: {known})")
-            cfg[section][name] = key.check(_new_value(key.path, value, notify))
+            cfg[key.section][key.name] = key.check(_new_value(key.path, value, notify))
 
 
 # The sections whose keys reach the native core: runtime's through the KvCache constructor (the

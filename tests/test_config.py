@@ -405,7 +405,9 @@ def test_every_old_key_has_its_new_one():
     for o, n in old.items():
         path, _, value = n.partition("=")
         assert path in {k.path for k in config.SCHEMA}
-        if value:
+        if value and o.partition("=")[0] in config.RENAMED_KEYS:  # a key that became another's value
+            assert value == config.RENAMED_KEYS[o.partition("=")[0]][1] + o.partition("=")[2]
+        elif value:
             assert value in config.key(path).choices and o.partition("=")[2] not in config.key(path).choices
 
 

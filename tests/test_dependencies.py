@@ -96,3 +96,22 @@ def test_the_server_says_which_extra_it_needs():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "pip install 'mnn_h2o[serve]'" in p.stderr, p.stderr
+
+
+def test_the_serve_extra_is_in_the_test_extra():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert "redis" in {_name(r) for r in extras["serve"]}
+    assert set(extras["serve"]) <= set(extras["test"])
+
+
+def test_a_redis_store_without_the_redis_client_says_which_extra_it_needs():
+    code = ("import sys\n"
+            "sys.modules['redis'] = None\n"
+            "from mnn_h2o.serve.session_store import open_store\n"
+            "try:\n"
+            "    open_store('redis://127.0.0.1:6379/0', 1)\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "needs the redis client" in p.stdout and "pip install 'mnn_h2o[serve]'" in p.stdout, (p.stdout, p.stderr)

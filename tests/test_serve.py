@@ -18,7 +18,10 @@ GREEDY = {"temperature": 0, "max_tokens": 8}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # The memory store: nothing written per turn, so a history that a session has answered since
+    # is cold (a store that gets every turn may still hold its earlier turn: docs/serve.md).
     with Server(tmp_path_factory.mktemp("serve"), {"runtime.max_context": MAX_CONTEXT,
+                                                   "serve.session_store": "memory",
                                                    "serve.max_tokens_limit": 64,
                                                    "serve.max_body_bytes": 65536}) as s:
         yield s

@@ -66,7 +66,8 @@ def test_setup_is_quiet_and_does_not_reinstall_unchanged_sources(tmp_path):
 
 def test_test_tiers_and_ci(tmp_path):
     """scripts/test.sh: the default tier runs ctest and pytest without the slow tests; --full adds
-    them (and the 1.5B model they need), aarch64 and the sanitizers; CI runs --full after setup in a venv of its own."""
+    them (and the 1.5B model, chromium, redis-server and nginx they need, installed where missing),
+    aarch64 and the sanitizers; CI runs --full after setup in a venv of its own."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "build").mkdir()
@@ -78,6 +79,8 @@ def test_test_tiers_and_ci(tmp_path):
     _tool(bin_, "python3", '#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
     _tool(bin_, "ctest", '#!/usr/bin/env bash\necho "ctest" >> "$LOG"\n')
     _tool(bin_, "chromium", "#!/usr/bin/env bash\n")
+    _tool(bin_, "redis-server", "#!/usr/bin/env bash\n")
+    _tool(bin_, "nginx", "#!/usr/bin/env bash\n")
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
     env.pop("PYTHON", None)

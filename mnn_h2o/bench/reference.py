@@ -19,13 +19,13 @@ DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "references
 # What a reference keeps of each case row: what the guards read, and the key that names the row.
 _ROW_KEYS = ("case", "prompt_tokens", "kv_bytes_held", "lossy_ratio", "total_ratio", "kl", "top1_agreement",
              "decode_tps", "decode_vs_baseline")
-# Settings that do not change a figure a guard reads.
-_IGNORED = ("gates", "bench.output_dir")
+# Settings that do not change a figure a guard reads (the bench runs no server).
+_IGNORED = ("gates", "serve", "bench.output_dir")
 
 
 def measured_config(cfg: dict) -> dict:
-    """The part of a configuration that decides the figures: every section but ``gates``, without
-    ``bench.output_dir``."""
+    """The part of a configuration that decides the figures: every section but ``gates`` and
+    ``serve``, without ``bench.output_dir``."""
     out = {}
     for section, values in cfg.items():
         if section in _IGNORED:
@@ -88,7 +88,7 @@ def config_differences(ref: dict, cfg: dict) -> List[str]:
     measured (docs/config.md): it differs only where ``cfg`` sets another value."""
     from .. import config
 
-    a, b = _flat(ref["config"]), _flat(measured_config(cfg))
+    a, b = _flat(measured_config(ref["config"])), _flat(measured_config(cfg))
     defaults = _flat(config.defaults())
     return sorted(n for n in a.keys() | b.keys() if a.get(n, defaults.get(n)) != b.get(n))
 

@@ -1,16 +1,14 @@
 """python -m mnn_h2o.serve: the OpenAI-compatible server and its chat page (docs/serve.md).
 
     python -m mnn_h2o.serve                                  # http://127.0.0.1:8080, SmolLM2
-    python -m mnn_h2o.serve --config h2o.yaml --set serve.session_dir=sessions --port 8081
+    python -m mnn_h2o.serve --config h2o.yaml --set serve.session_store=disk:sessions --port 8081
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import logging
-import shutil
 import sys
-import tempfile
 import time
 
 from .. import config as config_mod
@@ -26,8 +24,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve one model over OpenAI's HTTP API (/v1/chat/completions streamed or not, "
                     "/v1/completions, /v1/models, /health) and a chat page at /. Conversations that "
                     "extend an earlier one continue its KV cache; all of them share one KV memory "
-                    "budget (serve.kv_budget_bytes), beyond which idle ones are saved to "
-                    "serve.session_dir and restored on their next request. Settings of the serve "
+                    "budget (serve.kv_budget_bytes), beyond which idle ones are saved to the "
+                    "session store (serve.session_store: memory, disk:PATH, or a Redis that several "
+                    "servers share) and restored on their next request. Settings of the serve "
                     "section: docs/config.md; the API: docs/serve.md.")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1, this machine only; the server has no "
@@ -80,6 +79,7 @@ def main(argv=None) -> int:
         from .app import create_app
         from .pool import SessionPool
         from .service import Service
+        from .session_store import open_store
 
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -89,25 +89,29 @@ def main(argv=None) -> int:
         cfg = config_mod.load(args.config, overrides)
         sc = cfg["serve"]
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
-        llm = Llm(ensure_exported(cfg["model"]), cfg)
-        if not llm.tokenizer.chat_template:
-            raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")
-        if cfg["lossless"]["mode"] != "off":
-            logging.getLogger("mnn_h2o.serve").warning(
-                "lossless.mode %s: sessions cannot be saved (the session format holds no lossless store), so "
-                "conversations over serve.kv_budget_bytes are dropped, not offloaded, and prefill their "
-                "history again on their next request", cfg["lossless"]["mode"])
-        temporary = not sc["session_dir"]
-        session_dir = tempfile.mkdtemp(prefix="mnn_h2o-sessions-") if temporary else sc["session_dir"]
+        log = logging.getLogger("mnn_h2o.serve")
+        store = open_store(sc["session_store"], sc["max_sessions"])  # before the model: a bad store fails fast
         try:
+            if cfg["lossless"]["mode"] != "off":
+                if store.outlives_server:
+                    raise ValueError(f"serve.session_store {store.where} keeps conversations beyond this server, and "
+                                     f"with lossless.mode {cfg['lossless']['mode']} they cannot be saved (the session "
+                                     f"format holds no lossless store): use lossless.mode off, or serve.session_store "
+                                     f"memory")
+                log.warning("lossless.mode %s: sessions cannot be saved (the session format holds no lossless "
+                            "store), so conversations over serve.kv_budget_bytes are dropped, not offloaded, and "
+                            "prefill their history again on their next request", cfg["lossless"]["mode"])
+            llm = Llm(ensure_exported(cfg["model"]), cfg)
+            if not llm.tokenizer.chat_template:
+                raise ValueError(f"{cfg['model']['name']} has no chat template: the server needs a chat model")
             new, load = Service.session_factories(llm)
-            pool = SessionPool(new, load, session_dir, sc["kv_budget_bytes"], sc["max_sessions"])
-            app = create_app(Service(llm, pool, sc["max_tokens_limit"], keep_sessions=not temporary), model_id(cfg["model"]["name"]), sc,
+            pool = SessionPool(new, load, store, Service.store_namespace(llm), sc["kv_budget_bytes"],
+                               sc["max_sessions"])
+            app = create_app(Service(llm, pool, sc["max_tokens_limit"]), model_id(cfg["model"]["name"]), sc,
                              int(time.time()))
             uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
         finally:
-            if temporary:
-                shutil.rmtree(session_dir, ignore_errors=True)
+            store.close()
         return 0
 
     return run(body)

@@ -103,7 +103,8 @@ def create_app(service: Service, model_id: str, serve_cfg: dict, created: int) -
         check_model(req.model)
         head = out.Head(model_id, "chatcmpl")
         cancel = threading.Event()
-        events = model_thread.stream(lambda emit: service.chat(req, emit, cancel), then=service.compress_held)
+        events = model_thread.stream(lambda emit: service.chat(req, emit, cancel), after=service.write_turns,
+                                     then=service.after_answer)
         if not req.stream:
             return out.chat_completion(head, await _outcome(request, events, cancel))
         first = await _first_event(events, cancel)

@@ -24,11 +24,13 @@ class ModelThread:
         return await asyncio.wrap_future(self._executor.submit(fn))
 
     async def stream(self, job: Callable[[Callable[[str], None]], Any],
+                     after: Optional[Callable[[], None]] = None,
                      then: Optional[Callable[[], None]] = None) -> AsyncIterator[Tuple[str, Any]]:
         """Runs ``job(emit)`` on the model thread and yields ``("text", piece)`` for each
-        ``emit(piece)``, then ``("done", result)`` or ``("error", exception)``. ``then()``, if
-        given, is queued once the job ended, behind the jobs that came meanwhile (the work a
-        request leaves for after its answer); its errors are logged."""
+        ``emit(piece)``, then ``("done", result)`` or ``("error", exception)``. ``after()``, if
+        given, runs once the end was handed over, before the jobs that came meanwhile (short work
+        that should not wait for them); ``then()`` is queued behind those jobs (the long work a
+        request leaves for after its answer). Their errors are logged."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -42,6 +44,8 @@ class ModelThread:
                 post(("done", job(lambda piece: post(("text", piece)))))
             except BaseException as e:  # handed to the request, which answers with it
                 post(("error", e))
+            if after is not None:
+                _logged(after)
             if then is not None:
                 with contextlib.suppress(RuntimeError):  # shutting down: the work is not needed
                     self._executor.submit(_logged, then)

@@ -1,7 +1,7 @@
 """Response bodies out, in OpenAI's shapes: ``chat.completion``, ``chat.completion.chunk``,
 ``text_completion`` and server-sent events. ``usage`` carries extra fields: the
 conversation's ``kv_bytes_held`` and its ``whole_model_ratio``, and for a chat turn ``session``:
-whether the conversation's cache was new, continued in memory or restored from disk
+whether the conversation's cache was new, continued in memory or restored from the session store
 (docs/serve.md)."""
 from __future__ import annotations
 

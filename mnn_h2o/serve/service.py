@@ -3,13 +3,15 @@ pool; a plain completion runs on a cache of its own, freed after the answer.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from ..engine import Llm, Sampling
 from ..errors import ContextOverflowError
-from ..session import Session
+from ..session import Session, loads_over
 from .pool import SessionPool
 from .validation import ApiError, ChatRequest, CompletionRequest, SamplingParams
 
@@ -27,7 +29,7 @@ class Outcome:
     cached_tokens: int       # tokens of the conversation already in the cache, not prefilled again
     kv_bytes_held: int       # the conversation's KV cache after the answer
     whole_model_ratio: float
-    session: Optional[str] = None  # chat: "new", "continued" (was in memory) or "restored" (from disk)
+    session: Optional[str] = None  # chat: "new", "continued" (was in memory) or "restored" (from the session store)
 
 
 class _Cancelled(Exception):
@@ -43,16 +45,21 @@ def context_error(e: ContextOverflowError, param: str) -> ApiError:
 
 
 class Service:
-    def __init__(self, llm: Llm, pool: SessionPool, max_tokens_limit: int, keep_sessions: bool):
-        """``keep_sessions``: save the sessions in memory at close (their directory outlives the server)."""
+    def __init__(self, llm: Llm, pool: SessionPool, max_tokens_limit: int):
         self.llm, self.pool, self.max_tokens_limit = llm, pool, max_tokens_limit
-        self.keep_sessions = keep_sessions
 
     @staticmethod
     def session_factories(llm: Llm):
-        """The pool's ways to make a session and to load a saved one."""
+        """The pool's ways to make a session and to load one from saved-session bytes."""
         return (lambda: Session(llm, compress_after_answer=True)), \
-            (lambda path: Session.load(path, llm, compress_after_answer=True))
+            (lambda data, where: Session.from_bytes(data, llm, where, compress_after_answer=True))
+
+    @staticmethod
+    def store_namespace(llm: Llm) -> str:
+        """The pool's namespace of store keys: what a saved session must match to load here
+        (mnn_h2o/session.py ``loads_over``), so servers of another model never meet its sessions."""
+        identity = json.dumps(loads_over(llm), sort_keys=True)
+        return "mnn_h2o.serve/" + hashlib.sha256(identity.encode("utf-8")).hexdigest()[:32]
 
     def chat(self, req: ChatRequest, emit: Callable[[str], None], cancel: threading.Event) -> Outcome:
         if cancel.is_set():  # the client left while the request waited
@@ -109,12 +116,20 @@ class Service:
             with llm.lock:
                 ctx.cache.reset()
 
-    def compress_held(self) -> None:
-        """After a chat answer, on the model thread, behind the requests already waiting."""
+    def write_turns(self) -> None:
+        """Right after a chat answer, on the model thread, before the requests waiting: the turn
+        goes to the store's writer (a snapshot here), so that another replica finds it at once;
+        one whose compression waits goes after it (after_answer)."""
+        self.pool.write_back()
+
+    def after_answer(self) -> None:
+        """After a chat answer, on the model thread, behind the requests already waiting: the
+        compression the answer left, then the compressed turns handed to the store's writer."""
         self.pool.compress_held()
+        self.pool.write_back()
 
     def stats(self) -> dict:
         return self.pool.stats()
 
     def close(self) -> None:
-        self.pool.close(save=self.keep_sessions)
+        self.pool.close()
