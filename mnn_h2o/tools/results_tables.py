@@ -11,6 +11,7 @@ test can check that each is named in its section's `data`. It returns a Markdown
     mnn_vs_native MNN NATIVE cols=C,C   the same test points on MNN's modules and on our native ones
     needles FILE...                     needle hits per haystack length and placement
     speed_vs_llama FILE                 bench speed: ours against llama.cpp's f16 configs
+    conversation_budget FILE            tools.conversation_budget: what each config holds in one budget
 
 A bold figure is set by its renderer from a bar stated here, never typed: a fair ratio above the
 issue's bar (eval/fair.py: default <= 1.1x the best press, <= 2x KVzip@q8); needle hits below 90%
@@ -202,9 +203,30 @@ def speed_vs_llama(docs: str, path: str) -> str:
                 "ours vs llama.cpp's best: prefill / decode"], ["---:"] + ["---"] * 5, body)
 
 
+# --- one KV budget -------------------------------------------------------------------------------
+
+_BUDGET_CONFIGS = {"f16": "f16 full cache", "q8": "q8 full cache", "default": "the default (byte cap)"}
+_STOPPED_BY = {"budget": "the budget", "text": "the text", "context": "the context"}
+
+
+def conversation_budget(docs: str, path: str) -> str:
+    """tools.conversation_budget's rows: per config the conversation it held within the budget
+    (tokens, and over the f16 full cache's), its turns, what stopped it, the bytes the cache held,
+    the whole-model ratio and how many of turn 1's facts it recalled at the end."""
+    with open(os.path.join(docs, path), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    f16 = next(r["tokens"] for r in rows if r["config"] == "f16")
+    body = [[_BUDGET_CONFIGS[r["config"]], str(r["tokens"]), f"{r['tokens'] / f16:.2f}", str(r["turns"]),
+             _STOPPED_BY[r["stopped_by"]], f"{r['kv_bytes_held'] / 2**20:.2f}", f"{r['whole_model_ratio']:.2f}",
+             f"{r['recall_hits']} / {len(r['recall'])}"] for r in rows]
+    return _md(["config", "conversation tokens held", "x f16 full cache", "turns", "stopped by", "KV MiB held",
+                "whole-model ratio", "recall of turn 1's facts"], ["---", "---:", "---:", "---:", "---"] + ["---:"] * 3,
+               body)
+
+
 TABLES: Dict[str, Callable[..., str]] = {
     "fair": fair_table, "fair_points": fair_points, "kl_pair": kl_pair, "mnn_vs_native": mnn_vs_native,
-    "needles": needles, "speed_vs_llama": speed_vs_llama,
+    "needles": needles, "speed_vs_llama": speed_vs_llama, "conversation_budget": conversation_budget,
 }
 
 
