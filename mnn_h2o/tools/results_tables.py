@@ -10,7 +10,7 @@ test can check that each is named in its section's `data`. It returns a Markdown
     kl_pair A B FILE...                 per point: A's KL, B's KL and B / A (the dev-split choices)
     mnn_vs_native MNN NATIVE cols=C,C   the same test points on MNN's modules and on our native ones
     needles FILE...                     needle hits per haystack length and placement
-    speed_vs_llama FILE                 bench speed: ours against llama.cpp's f16 configs
+    speed_vs_llama FILE [columns=decode] bench speed: ours against llama.cpp's f16 configs
     conversation_budget FILE            tools.conversation_budget: what each config holds in one budget
 
 A bold figure is set by its renderer from a bar stated here, never typed: a fair ratio above the
@@ -184,23 +184,29 @@ def _tps(s: dict) -> str:
     return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
 
 
-def speed_vs_llama(docs: str, path: str) -> str:
+def speed_vs_llama(docs: str, path: str, columns: str = "prefill,decode") -> str:
     """`bench speed` with ours, llama_f16 and llama_f16_fa: per context, prefill / decode tok/s
     (decode's min-max), ours' decode ms a token split as the bench splits it (layers, cache step,
-    the rest of its total), and ours over llama.cpp's best config (the bench's own ratios)."""
+    the rest of its total), and ours over llama.cpp's best config (the bench's own ratios).
+    columns=decode: the decode figures alone (a run whose prefill another section reports)."""
     with open(os.path.join(docs, path), encoding="utf-8") as f:
         speed = json.load(f)["speed"]
+    prefill = columns.split(",") != ["decode"]
     body = []
     for ctx, r in speed.items():
         o, ms = r["ours"], r["ours"]["decode_ms"]
         layers, step = ms["mnn"] + ms["dense"], ms["attention"] + ms["policy"]
-        engine = lambda e: f"{e['prefill_tps']['median']:.1f} / {_tps(e['decode_tps'])}"  # noqa: E731
+        engine = ((lambda e: f"{e['prefill_tps']['median']:.1f} / {_tps(e['decode_tps'])}") if prefill  # noqa: E731
+                  else (lambda e: _tps(e["decode_tps"])))
+        ratio = f"**{r['decode_ratio_ours_vs_llama_best']:.2f}x**"
+        if prefill:
+            ratio = f"{r['prefill_ratio_ours_vs_llama_best']:.2f}x / " + ratio
         body.append([str(ctx), engine(o), f"{layers:.2f} / {step:.2f} / {ms['total'] - layers - step:.1f}",
-                     engine(r["llama_f16"]), engine(r["llama_f16_fa"]),
-                     f"{r['prefill_ratio_ours_vs_llama_best']:.2f}x / **{r['decode_ratio_ours_vs_llama_best']:.2f}x**"])
-    return _md(["context", "ours prefill / decode tok/s", "decode ms a token: layers / cache step / rest",
-                "llama.cpp f16: prefill / decode", "llama.cpp f16 + FA: prefill / decode",
-                "ours vs llama.cpp's best: prefill / decode"], ["---:"] + ["---"] * 5, body)
+                     engine(r["llama_f16"]), engine(r["llama_f16_fa"]), ratio])
+    what = "prefill / decode" if prefill else "decode"
+    return _md(["context", f"ours {what} tok/s", "decode ms a token: layers / cache step / rest",
+                f"llama.cpp f16: {what}", f"llama.cpp f16 + FA: {what}", f"ours vs llama.cpp's best: {what}"],
+               ["---:"] + ["---"] * 5, body)
 
 
 # --- one KV budget -------------------------------------------------------------------------------
