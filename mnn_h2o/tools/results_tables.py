@@ -12,6 +12,7 @@ test can check that each is named in its section's `data`. It returns a Markdown
     needles FILE...                     needle hits per haystack length and placement
     speed_vs_llama FILE [columns=decode] bench speed: ours against llama.cpp's f16 configs
     conversation_budget FILE            tools.conversation_budget: what each config holds in one budget
+    prefill_vs_llama FILE ENGINE...     tools.prompt_layers: prefill tok/s per engine, ours over llama.cpp's best
 
 A bold figure is set by its renderer from a bar stated here, never typed: a fair ratio above the
 issue's bar (eval/fair.py: default <= 1.1x the best press, <= 2x KVzip@q8); needle hits below 90%
@@ -209,6 +210,24 @@ def speed_vs_llama(docs: str, path: str, columns: str = "prefill,decode") -> str
                ["---:"] + ["---"] * 5, body)
 
 
+_ENGINE_TITLES = {"native": "native prefill tok/s", "mnn": "MNN's modules", "llama_f16": "llama.cpp f16",
+                  "llama_f16_fa": "llama.cpp f16 + FA", "llama_q8_fa": "llama.cpp q8_0 + FA"}
+
+
+def prefill_vs_llama(docs: str, path: str, *engines: str) -> str:
+    """tools.prompt_layers' prefill tok/s per context, medians (min-max), for the engines named
+    (ours first), and ours (the first) over the fastest llama.cpp config's median."""
+    with open(os.path.join(docs, path), encoding="utf-8") as f:
+        contexts = json.load(f)["contexts"]
+    body = []
+    for ctx, r in contexts.items():
+        tps = {e: r[e]["prefill_tps"] for e in engines}
+        best = max(v["median"] for e, v in tps.items() if e.startswith("llama"))
+        body.append([ctx] + [_tps(tps[e]) for e in engines] + [f"**{tps[engines[0]]['median'] / best:.2f}x**"])
+    return _md(["context"] + [_ENGINE_TITLES[e] for e in engines] + [f"{engines[0]} / llama.cpp's best"],
+               ["---:"] * (len(engines) + 2), body)
+
+
 # --- one KV budget -------------------------------------------------------------------------------
 
 _BUDGET_CONFIGS = {"f16": "f16 full cache", "q8": "q8 full cache", "default": "the default (byte cap)"}
@@ -233,6 +252,7 @@ def conversation_budget(docs: str, path: str) -> str:
 TABLES: Dict[str, Callable[..., str]] = {
     "fair": fair_table, "fair_points": fair_points, "kl_pair": kl_pair, "mnn_vs_native": mnn_vs_native,
     "needles": needles, "speed_vs_llama": speed_vs_llama, "conversation_budget": conversation_budget,
+    "prefill_vs_llama": prefill_vs_llama,
 }
 
 
