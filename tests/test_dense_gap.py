@@ -2,7 +2,12 @@
 step between layer calls (real model, a few tokens: the output's shape, not its speed)."""
 import re
 
+import pytest
 
+
+# A profiling tool of MNN's dense part (the modules the native layers replaced by default): it loads
+# them and times every mode, about 30 s of the default tier on 2 cores, so the full tier runs it.
+@pytest.mark.slow
 def test_dense_gap_times_every_mode_on_the_real_model(capsys):
     from mnn_h2o.tools.dense_gap import MODES, main
 
