@@ -81,7 +81,12 @@ def decode(data: bytes, name: str = "the file") -> Tuple[dict, bytes]:
 
 def write(path: str, meta: dict, cache: bytes) -> None:
     """Writes atomically: a crash leaves the old file or the new one, never half of one."""
-    data = encode(meta, cache)
+    write_atomic(path, encode(meta, cache))
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary file renamed into place (fsynced first): a crash
+    leaves the old file or the new one, never half of one."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -35,6 +35,8 @@ import urllib.parse
 from collections import OrderedDict
 from typing import List, Optional, Sequence
 
+from ..session_file import write_atomic
+
 log = logging.getLogger("mnn_h2o.serve")
 
 RETRY_AFTER_S = 2.0
@@ -202,16 +204,9 @@ class DiskStore(SessionStore):
 
     def _put(self, key, value, replaces):
         path = self._path(key)
-        tmp = f"{path}.tmp{os.getpid()}"
         try:
-            with open(tmp, "wb") as f:
-                f.write(value)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, value)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
             raise StoreUnavailable(f"{self.where}: cannot write {path}: {e.strerror}") from None
         if replaces is not None:
             self._delete(replaces)
