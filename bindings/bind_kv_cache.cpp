@@ -318,6 +318,7 @@ void bind_kv_cache(py::module_& m) {
             return names;
         },
         "Names of the KV element types, in the native order (docs/kv_cache.md \"Row formats\").");
+    m.attr("KEPT_FIRST") = mnn_h2o::kKeptFirst;  // a kept-first token's score: this + its own
     m.def("policy_names", [] { return mnn_h2o::policy_list(); },
           "Names of the eviction policies, from the native registry (docs/eviction.md \"Policies\").");
     // The keyword defaults of a config struct's fields: the default-constructed struct's.
@@ -554,10 +555,12 @@ layer_end -1 = n_layers). ValueError naming the bad argument.)doc")
             py::arg("layer"), py::arg("scores"),
             "Predicted reconstruction scores in [0, 1] of the last n tokens each kv head of an evicting layer holds "
             "(those its last step appended), float32 [n_kv_heads, n]; ValueError unless eviction_predicts.")
-        .def("set_prompt_end_share", locked(&KvCache::set_prompt_end_share), py::arg("share"),
-             "eviction.prompt_end_share for the next prompt step (the prompt's last; 0 after it): its last "
-             "eviction.observation_window queries' peaks keep that share of each evicting kv head's budget "
-             "first (policies with token scores). ValueError outside [0, 1].")
+        .def("set_prompt_end_share", locked(&KvCache::set_prompt_end_share), py::arg("share"), py::arg("prompt_tokens"),
+             "eviction.prompt_end_share for the next prompt step (the prompt's last; 0 after it) of a prompt of "
+             "prompt_tokens tokens: its last eviction.observation_window queries' peaks keep that share of the "
+             "prompt's own tokens' budget first, each evicting kv head (policies with token scores; their token "
+             "scores become KEPT_FIRST + their own until the next prompt's end). ValueError outside [0, 1], or a "
+             "share with prompt_tokens < 1.")
         .def_property_readonly("prompt_end_share", locked(&KvCache::prompt_end_share), "The share set_prompt_end_share set.")
         .def("set_query_peaks", locked(&KvCache::set_query_peaks), py::arg("on"),
              "Predicted scores: each prompt chunk's last eviction.observation_window queries also score the "

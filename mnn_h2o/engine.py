@@ -591,13 +591,13 @@ class Llm:
             chunk = ids[s:e]
             last = e == ids.size
             if last and end_share:
-                self.cache.set_prompt_end_share(end_share)
+                self.cache.set_prompt_end_share(end_share, int(ids.size))
             try:
                 out = self._forward(chunk, "all" if all_logits else "last" if last else None, True,
                                     evict=not reconstructs and (last or not end_only))
             finally:
                 if last and end_share:
-                    self.cache.set_prompt_end_share(0.0)
+                    self.cache.set_prompt_end_share(0.0, 0)
             if out is not None:
                 outs.append(out)
             if progress is not None:

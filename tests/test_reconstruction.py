@@ -359,9 +359,11 @@ def test_chunk_starts_leave_the_last_chunk_its_window():
 @pytest.mark.model
 def test_the_prompts_end_scores_its_share_first(llm, tokenizer):
     """eviction.prompt_end_share: the prompt's last chunk (here 8 tokens past a chunk boundary,
-    so it takes observation_window from the one before) gives every evicting head the same number
-    of tokens a score of 1, about share x keep ratio of its tokens, pending for the plan; share 0
-    gives none; the cache's share is back to 0 after the prompt."""
+    so it takes observation_window from the one before) keeps about share x keep ratio of every
+    evicting head's tokens first (score KEPT_FIRST + their own), pending for the plan; share 0
+    keeps none; the cache's share is back to 0 after the prompt. A second prompt (a conversation's
+    next turn) releases the first one's marks and takes its share among its own tokens alone."""
+    from mnn_h2o import native
     from mnn_h2o.essays import essay_tokens
 
     ids = essay_tokens(tokenizer, 520)
@@ -370,9 +372,23 @@ def test_the_prompts_end_scores_its_share_first(llm, tokenizer):
         llm.configure_eviction(dict(KVZIP, target_lossy_ratio=3.2, prompt_end_share=share))
         llm.prefill(ids, defer_pass=True)  # the pass waits: the scores are pending
         assert llm.held and llm.cache.prompt_end_share == 0.0
-        counts[share] = {int(n) for layer in (0, 15, 29) for n in np.sum(llm.cache.token_scores(layer) == 1.0, axis=1)}
+        counts[share] = {int(n) for layer in (0, 15, 29)
+                         for n in np.sum(llm.cache.token_scores(layer) >= native.KEPT_FIRST, axis=1)}
     assert counts[0.0] == {0}
     (m,) = counts[0.5]  # one count for every head
     keep = 1.88 / 3.2   # q8 pays 1.88x of the whole-model 3.2x, eviction the rest (about)
     assert abs(m - 0.5 * keep * 520) < 0.05 * 520, m
+
+    assert llm.compress()  # the pass and the plan: the first prompt's marks now on its blocks
+    turn = essay_tokens(tokenizer, 120)[-72:]
+    llm.prefill(turn, defer_pass=True)
+    mine = set()
+    for layer in (0, 15, 29):
+        scores = llm.cache.token_scores(layer)
+        for h, row in enumerate(scores):
+            first = llm.cache.length(layer, h) - len(turn)  # the turn's own tokens: each head's newest
+            assert (row[:first] < native.KEPT_FIRST).all(), (layer, h)  # the first prompt's released
+            mine.add(int(np.sum(row[first:first + len(turn)] >= native.KEPT_FIRST)))
+    (m2,) = mine
+    assert 0 < m2 <= 0.5 * len(turn), m2
     llm.configure_eviction(None)

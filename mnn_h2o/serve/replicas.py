@@ -288,7 +288,16 @@ class Deployment:
         self.stop()
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (kill, a CI's timeout) as Ctrl-C: the caller's ``finally`` then stops every process it
+    started, where Python's default would end it and leave Redis, nginx and the servers running."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv=None) -> int:
+    stop_on_sigterm()
     ap = argparse.ArgumentParser(prog="python -m mnn_h2o.serve.replicas", description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=2, help="servers behind nginx (default 2)")
     ap.add_argument("--port", type=int, default=8080, help="nginx's port on 127.0.0.1 (default 8080)")

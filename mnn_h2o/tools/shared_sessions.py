@@ -245,7 +245,9 @@ def main(argv=None) -> int:
         ap.error("--parts takes bytes, ttft, concurrent; --repetitions at least 1")
 
     from .. import config as config_mod
-    from ..serve.replicas import Deployment, ServerProcess
+    from ..serve.replicas import Deployment, ServerProcess, stop_on_sigterm
+
+    stop_on_sigterm()
 
     cfg = config_mod.load(args.config, {})
     workdir = args.dir or tempfile.mkdtemp(prefix="mnn_h2o-shared-sessions-")

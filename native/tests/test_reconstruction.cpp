@@ -613,8 +613,9 @@ static void test_prompt_end() {
     const auto q = random_vec(rng, static_cast<size_t>(n) * H * G * hd, 2.f);
     const float given = 1e-3f;
     const std::vector<float> s(static_cast<size_t>(H) * n, given);
-    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(1.5); }), "a share above 1");
-    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(-0.1); }), "a negative share");
+    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(1.5, n); }), "a share above 1");
+    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(-0.1, n); }), "a negative share");
+    CHECK(throws<std::invalid_argument>([&] { cache.set_prompt_end_share(0.5, 0); }), "a share without the prompt");
     step_all(cache, q, k, v, n);  // share 0: the predictions alone
     cache.set_token_scores(0, s.data(), n);
     for (int hh = 0; hh < H; ++hh) {
@@ -622,9 +623,9 @@ static void test_prompt_end() {
         CHECK(std::all_of(ts.begin(), ts.end(), [&](float x) { return x == given; }), "share 0: the predictions alone");
     }
     cache.reset();
-    cache.set_prompt_end_share(share);
+    cache.set_prompt_end_share(share, n);
     step_all(cache, q, k, v, n);
-    cache.set_prompt_end_share(0.0);
+    cache.set_prompt_end_share(0.0, 0);
     cache.set_token_scores(0, s.data(), n);
     std::vector<std::vector<int>> chosen(H);
     for (int hh = 0; hh < H; ++hh) {
@@ -633,8 +634,9 @@ static void test_prompt_end() {
         int ones = 0;
         double kept_min = 1e300, left_max = 0.0;
         for (int t = 0; t < n; ++t) {
-            CHECK(ts[t] == 1.f || ts[t] == given, "head %d token %d: 1 or its prediction, got %g", hh, t, ts[t]);
-            if (ts[t] == 1.f) {
+            CHECK(ts[t] == kKeptFirst || ts[t] == given, "head %d token %d: kept first or its prediction, got %g", hh, t,
+                  ts[t]);
+            if (ts[t] == kKeptFirst) {
                 ++ones;
                 chosen[hh].push_back(t);
                 kept_min = std::min(kept_min, peak[t]);
@@ -642,7 +644,7 @@ static void test_prompt_end() {
                 left_max = std::max(left_max, peak[t]);
             }
         }
-        CHECK(ones == m, "head %d: %d tokens score 1, want %d", hh, ones, m);
+        CHECK(ones == m, "head %d: %d tokens kept first, want %d", hh, ones, m);
         CHECK(kept_min >= left_max * (1 - 1e-4), "head %d: the kept are float64's top peaks (%g against %g)", hh,
               kept_min, left_max);
     }
@@ -661,9 +663,76 @@ static void test_prompt_end() {
                 }
         CHECK(found == m, "head %d kept %d of the %d window tokens", hh, found, m);
     }
-    cache.set_prompt_end_share(share);
+    cache.set_prompt_end_share(share, n);
     cache.enable_eviction(h);
     CHECK(cache.prompt_end_share() == 0.0, "enable_eviction turns it off");
+}
+
+// A conversation's second prompt end: the first prompt's kept-first marks (on the blocks its plan
+// made) are released, and the share is taken among the second prompt's own tokens alone: the
+// share x keep ratio x its length of them with the largest float64 window peaks over everything
+// the head holds. Without the release every turn's marks would pile up into score ties that the
+// plan breaks by recency: a cache of the latest turns only.
+static void test_prompt_end_turns() {
+    std::mt19937 rng(59);
+    const int H = 2, G = 2, hd = 32, n1 = 160, n2 = 64, W = 8;
+    const double share = 0.5, keep = 0.5;
+    KvCache cache(cache_config(1, H, 512));
+    EvictionConfig h = kvzip_config(keep);
+    h.policy = "predicted_kvzip";
+    h.observation_window = W;
+    cache.enable_eviction(h);
+    const std::vector<float> s1(static_cast<size_t>(H) * n1, 1e-3f), s2(static_cast<size_t>(H) * n2, 1e-3f);
+    const auto k1 = random_vec(rng, static_cast<size_t>(n1) * H * hd), v1 = random_vec(rng, k1.size());
+    const auto q1 = random_vec(rng, static_cast<size_t>(n1) * H * G * hd, 2.f);
+    cache.set_prompt_end_share(share, n1);
+    step_all(cache, q1, k1, v1, n1);
+    cache.set_prompt_end_share(0.0, 0);
+    cache.set_token_scores(0, s1.data(), n1);
+    CHECK(cache.end_step(n1, true), "the first prompt is cut");
+    std::vector<int> held(H);
+    for (int hh = 0; hh < H; ++hh) {
+        held[hh] = cache.length(0, hh);
+        int marked = 0;
+        for (int b = 0; b < (held[hh] + 15) / 16; ++b) marked += cache.eviction_state()->reconstruction_score(0, hh, b) >= kKeptFirst;
+        CHECK(marked > 0, "head %d: the first prompt's plan keeps its kept-first blocks marked", hh);
+    }
+    const auto k2 = random_vec(rng, static_cast<size_t>(n2) * H * hd), v2 = random_vec(rng, k2.size());
+    const auto q2 = random_vec(rng, static_cast<size_t>(n2) * H * G * hd, 2.f);
+    cache.set_prompt_end_share(share, n2);
+    step_all(cache, q2, k2, v2, n2);
+    cache.set_prompt_end_share(0.0, 0);
+    cache.set_token_scores(0, s2.data(), n2);
+    const int m = static_cast<int>(share * keep * n2 + 0.5);
+    for (int hh = 0; hh < H; ++hh) {
+        const int len = cache.length(0, hh);
+        CHECK(len == held[hh] + n2, "head %d holds the second prompt whole (%d)", hh, len);
+        // The head's keys as held, one kv head: the float64 reference's layout with H = 1.
+        std::vector<float> kh(static_cast<size_t>(len) * hd), vh(kh.size()), qh(static_cast<size_t>(len) * G * hd, 0.f);
+        cache.read(0, hh, kh.data(), vh.data());
+        for (int i = 0; i < n2; ++i)
+            for (int g = 0; g < G; ++g)
+                std::memcpy(&qh[((static_cast<size_t>(held[hh] + i)) * G + g) * hd], &q2[((static_cast<size_t>(i) * H + hh) * G + g) * hd],
+                            hd * sizeof(float));
+        const std::vector<double> peak = window_peaks_f64(qh, kh, 1, G, hd, len, W, 0);
+        const std::vector<float> ts = cache.token_scores(0, hh);
+        int kept = 0;
+        double kept_min = 1e300, left_max = 0.0;
+        for (int t = 0; t < len; ++t) {
+            const bool own = t >= held[hh];
+            CHECK(own || ts[t] < kKeptFirst, "head %d token %d of the first prompt: released, got %g", hh, t, ts[t]);
+            if (!own) continue;
+            if (ts[t] >= kKeptFirst) {
+                ++kept;
+                kept_min = std::min(kept_min, peak[t]);
+            } else {
+                left_max = std::max(left_max, peak[t]);
+            }
+        }
+        CHECK(kept == m, "head %d: %d of the second prompt's tokens kept first, want %d", hh, kept, m);
+        CHECK(kept_min >= left_max * (1 - 1e-4), "head %d: the kept are its own tokens' float64 top peaks (%g against %g)",
+              hh, kept_min, left_max);
+    }
 }
 
 // Decode under a global budget: a plan made exactly to the budget is followed by another at the
@@ -722,6 +791,7 @@ int main() {
     test_predicted_scores();
     test_query_peaks();
     test_prompt_end();
+    test_prompt_end_turns();
     test_decode_headroom();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

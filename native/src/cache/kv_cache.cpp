@@ -336,8 +336,12 @@ void KvCache::keep_prompt_end(int layer, const float* q, int n_q) {
     const double keep = std::max(0.0, eviction_->keep_ratio(stats_[layer].tokens_seen));
     for (int h = 0; h < H; ++h) {
         const int n = peak_n_peak_[h];
-        const int m = std::min(n, static_cast<int>(prompt_end_share_ * keep * n + 0.5));
-        eviction_->keep_top_tokens(layer, h, n, end_peaks_.data() + static_cast<size_t>(h) * longest, m);
+        // The prompt's own tokens: in a conversation, the earlier turns keep the scores they have.
+        // Its newest rows are its own as long as no plan ran within it (prefill_eviction end).
+        const int own = std::min(n, prompt_end_tokens_);
+        const int m = std::min(own, static_cast<int>(prompt_end_share_ * keep * own + 0.5));
+        eviction_->release_kept_first(layer, h, n);
+        eviction_->keep_top_tokens(layer, h, n - own, n, end_peaks_.data() + static_cast<size_t>(h) * longest, m);
     }
 }
 
@@ -597,6 +601,7 @@ void KvCache::enable_eviction(const EvictionConfig& config) {
     eviction_ = std::make_unique<EvictionState>(config, cfg_);
     query_peaks_ = false;
     prompt_end_share_ = 0.0;
+    prompt_end_tokens_ = 0;
     const EvictionConfig& c = eviction_->config();
     if (eviction_->global_budget()) lengths_.resize(static_cast<size_t>(c.layer_end - c.layer_start) * cfg_.n_kv_heads);
 }
@@ -606,13 +611,18 @@ void KvCache::disable_eviction() {
     eviction_.reset();
     query_peaks_ = false;
     prompt_end_share_ = 0.0;
+    prompt_end_tokens_ = 0;
 }
 
-void KvCache::set_prompt_end_share(double share) {
+void KvCache::set_prompt_end_share(double share, int prompt_tokens) {
     if (!(share >= 0.0 && share <= 1.0))
         throw std::invalid_argument("KvCache: set_prompt_end_share: the share must be in [0, 1], got " +
                                     std::to_string(share));
+    if (share > 0.0 && prompt_tokens < 1)
+        throw std::invalid_argument("KvCache: set_prompt_end_share: a share needs the prompt's tokens (at least 1), got " +
+                                    std::to_string(prompt_tokens));
     prompt_end_share_ = share;
+    prompt_end_tokens_ = share > 0.0 ? prompt_tokens : 0;
 }
 
 void KvCache::set_query_peaks(bool on) {

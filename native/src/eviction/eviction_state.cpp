@@ -184,23 +184,41 @@ void EvictionState::open_token_peaks(int layer, int head, int length) {
     std::fill(tp + std::min(hs.n_tpeak, length), tp + length, 0.f);
 }
 
-void EvictionState::keep_top_tokens(int layer, int head, int length, const float* peaks, int m) {
+void EvictionState::keep_top_tokens(int layer, int head, int first, int length, const float* peaks, int m) {
     open_token_peaks(layer, head, length);
     LayerScores& ls = layer_scores(layer);
     HeadScores& hs = ls.heads[head];
-    m = std::clamp(m, 0, length);
-    order_.resize(static_cast<size_t>(length));
-    for (int t = 0; t < length; ++t) order_[t] = t;
-    if (m > 0 && m < length)
+    first = std::clamp(first, 0, length);
+    m = std::clamp(m, 0, length - first);
+    order_.resize(static_cast<size_t>(length - first));
+    for (int t = first; t < length; ++t) order_[t - first] = t;
+    if (m > 0 && m < length - first)
         std::nth_element(order_.begin(), order_.begin() + (m - 1), order_.end(), [peaks](int a, int b) {
             return peaks[a] > peaks[b] || (peaks[a] == peaks[b] && a > b);
         });
     float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
     for (int i = 0; i < m; ++i) {
-        tp[order_[i]] = 1.f;
-        hs.recon[order_[i] / block_tokens_] = 1.f;
+        const int t = order_[i];
+        const float before = hs.recon_prev[t / block_tokens_];  // open_token_peaks zeroed tp past n_tpeak
+        const float own = std::isnan(before) ? tp[t] : std::max(before, tp[t]);
+        tp[t] = kKeptFirst + std::min(own, 1.f);
+        float& block = hs.recon[t / block_tokens_];
+        block = std::isnan(block) ? tp[t] : std::max(block, tp[t]);
     }
     hs.n_tpeak = std::max(hs.n_tpeak, length);
+}
+
+void EvictionState::release_kept_first(int layer, int head, int length) {
+    LayerScores& ls = layer_scores(layer);
+    HeadScores& hs = ls.heads[head];
+    const auto release = [](float& s) {
+        if (s >= kKeptFirst) s -= kKeptFirst;
+    };
+    float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    std::for_each(tp, tp + std::min(hs.n_tpeak, length), release);
+    const int blocks = blocks_of(length);
+    std::for_each(hs.recon.begin(), hs.recon.begin() + blocks, release);
+    std::for_each(hs.recon_prev.begin(), hs.recon_prev.begin() + blocks, release);
 }
 
 void EvictionState::close_token_peaks(int layer, int head, int length) {
@@ -816,15 +834,32 @@ void EvictionState::move_token_peaks(int layer, int head, const std::vector<Toke
     const float nan = std::numeric_limits<float>::quiet_NaN();
     if (hs.token_plan) {
         // The plan made from the token peaks: each new block's score is the largest of its kept
-        // tokens' (NaN if one was unscored: such a block ranks first, like any unscored block).
+        // tokens' own (NaN if one was unscored: such a block ranks first, like any unscored
+        // block), plus kKeptFirst if one of them was kept first (the whole block is, until
+        // release_kept_first gives it the own score of all its tokens, not only that one's).
         int64_t dst = 0;
+        float own = 0.f;
+        bool unscored = false, kept_first = false;
+        const auto write_block = [&](int64_t b) {
+            hs.recon[b] = unscored ? nan : own + (kept_first ? kKeptFirst : 0.f);
+            own = 0.f;
+            unscored = kept_first = false;
+        };
         for (const TokenRun& r : runs)
             for (int64_t t = r.offset; t < r.offset + r.length; ++t, ++dst) {
-                const float score = token_score(ls, hs, head, static_cast<int>(t));
-                float& block = hs.recon[dst / block_tokens_];
-                if (dst % block_tokens_ == 0 || std::isnan(score)) block = score;
-                else if (!std::isnan(block)) block = std::max(block, score);
+                if (dst > 0 && dst % block_tokens_ == 0) write_block(dst / block_tokens_ - 1);
+                float score = token_score(ls, hs, head, static_cast<int>(t));
+                if (std::isnan(score)) {
+                    unscored = true;
+                    continue;
+                }
+                if (score >= kKeptFirst) {
+                    kept_first = true;
+                    score -= kKeptFirst;
+                }
+                own = std::max(own, score);
             }
+        if (dst > 0) write_block((dst - 1) / block_tokens_);
         drop_token_peaks(layer, head);
         return;
     }

@@ -155,14 +155,17 @@ public:
     void set_query_peaks(bool on);
     bool query_peaks() const { return query_peaks_; }
     // The prompt's end (eviction.prompt_end_share), for policies with token scores (kvzip,
-    // predicted_kvzip): set before a prompt's last step, back to 0 after it. On that step each
-    // evicting layer's last eviction.observation_window queries give every held token its peak
-    // probability (as a pass's queries do), and the share x keep ratio x length tokens of each kv
-    // head with the largest peaks get a token score of 1, so the next plan keeps them before any
-    // token the policy ranks: SnapKV's choice of what the text goes on from, with the policy's
-    // scores deciding the rest. Off after each enable_eviction. Throws std::invalid_argument for
-    // a share outside [0, 1].
-    void set_prompt_end_share(double share);
+    // predicted_kvzip): set before a prompt's last step with the prompt's length in tokens, back
+    // to 0 after it. On that step each evicting layer's last eviction.observation_window queries
+    // give every held token its peak probability (as a pass's queries do), and the share x keep
+    // ratio x prompt_tokens of the prompt's own tokens (each head's newest) with the largest peaks
+    // are kept first (EvictionState::kKeptFirst), so the next plan keeps them before any token the
+    // policy ranks: SnapKV's choice of what the text goes on from, with the policy's scores
+    // deciding the rest. The previous prompt's kept-first marks are released first: in a
+    // conversation each turn's end chooses among its own turn, and earlier turns compete by their
+    // own scores. Off after each enable_eviction. Throws std::invalid_argument for a share outside
+    // [0, 1], or a share with prompt_tokens < 1.
+    void set_prompt_end_share(double share, int prompt_tokens);
     double prompt_end_share() const { return prompt_end_share_; }
     // A head's pending token scores (a pass's peaks or set_token_scores'), one per token it
     // holds: NaN for a token without one or when none are pending. Throws std::invalid_argument
@@ -310,6 +313,7 @@ private:
     bool reconstructing_ = false;
     bool query_peaks_ = false;  // set_query_peaks
     double prompt_end_share_ = 0.0;  // set_prompt_end_share
+    int prompt_end_tokens_ = 0;      // its prompt_tokens
     std::vector<float> end_peaks_;   // keep_prompt_end: the window's peaks, [n_kv_heads][longest head]; peak scratch
     std::vector<int> pass_lengths_;
     std::vector<int64_t> pass_seen_;

@@ -63,6 +63,11 @@ struct EvictionStats {
     int64_t updates = 0;            // end_step calls that ran a policy update
 };
 
+// A kept-first token's (or block's) score: kKeptFirst + its own. Own scores (a pass's
+// probabilities, predicted scores) lie in [0, 1], so the kept-first rank above every other and
+// among themselves by their own, and subtracting it gives the own score back.
+constexpr float kKeptFirst = 2.f;
+
 class EvictionState {
 public:
     // cache must be a valid KvCache configuration. Throws std::invalid_argument naming the bad
@@ -118,11 +123,17 @@ public:
     // after, each block's score becomes the largest of its tokens' peaks and the tokens count as
     // scored, waiting for the next update as a pass's peaks do.
     void open_token_peaks(int layer, int head, int length);
-    // The prompt's end (KvCache::set_prompt_end_share): the m of head h's `length` tokens with the
-    // largest `peaks` (ties: the later token) get a token score of 1, the largest a score can be,
-    // and their blocks a reconstruction score of 1; the other tokens' scores are kept (0 for one
-    // without any yet). They wait for the next update as a pass's peaks do.
-    void keep_top_tokens(int layer, int head, int length, const float* peaks, int m);
+    // The prompt's end (KvCache::set_prompt_end_share): of head h's tokens [first, length) (the
+    // prompt's), the m with the largest `peaks` (ties: the later token) are kept first: their
+    // token score becomes kKeptFirst + their own (0 for one without any yet), above any own score,
+    // and their blocks' reconstruction scores at least that; the other tokens' scores are kept.
+    // They wait for the next update as a pass's peaks do; the blocks the plan then makes from them
+    // score kKeptFirst + their tokens' largest own score, until release_kept_first.
+    void keep_top_tokens(int layer, int head, int first, int length, const float* peaks, int m);
+    // The next prompt's end: the kept-first marks of head h's `length` tokens and blocks taken back
+    // (their own scores again), so that each prompt's end keeps its share first and no more: the
+    // marks of 32 turns do not pile up into a cache that keeps only its latest tokens.
+    void release_kept_first(int layer, int head, int length);
     void close_token_peaks(int layer, int head, int length);
     int window_size() const { return window_size_; }
     size_t token_stride() const { return token_stride_; }
