@@ -241,8 +241,8 @@ def conversation_budget(docs: str, path: str) -> str:
     the whole-model ratio and how many of turn 1's facts it recalled at the end."""
     with open(os.path.join(docs, path), encoding="utf-8") as f:
         rows = json.load(f)["rows"]
-    f16 = next(r["tokens"] for r in rows if r["config"] == "f16")
-    body = [[_BUDGET_CONFIGS[r["config"]], str(r["tokens"]), f"{r['tokens'] / f16:.2f}", str(r["turns"]),
+    f16 = next((r["tokens"] for r in rows if r["config"] == "f16"), None)  # a run of the default alone has none
+    body = [[_BUDGET_CONFIGS[r["config"]], str(r["tokens"]), f"{r['tokens'] / f16:.2f}" if f16 else "-", str(r["turns"]),
              _STOPPED_BY[r["stopped_by"]], f"{r['kv_bytes_held'] / 2**20:.2f}", f"{r['whole_model_ratio']:.2f}",
              f"{r['recall_hits']} / {len(r['recall'])}"] for r in rows]
     return _md(["config", "conversation tokens held", "x f16 full cache", "turns", "stopped by", "KV MiB held",
