@@ -581,3 +581,33 @@ def test_the_server_refuses_a_bad_or_unreachable_store_before_loading_the_model(
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     p = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_sigterm_stops_what_a_replicas_tool_started(tmp_path):
+    """serve.replicas.stop_on_sigterm: a kill (SIGTERM) of the tool runs its ``finally``, which
+    stops Redis, nginx and the servers, where Python's default would leave them running."""
+    import signal
+    import subprocess
+    import sys
+
+    done = tmp_path / "stopped"
+    code = ("import sys, time\n"
+            "from mnn_h2o.serve.replicas import stop_on_sigterm\n"
+            "stop_on_sigterm()\n"
+            "try:\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "except KeyboardInterrupt:\n"
+            "    pass\n"
+            "finally:\n"
+            f"    open({str(done)!r}, 'w').write('yes')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+    assert done.read_text() == "yes"
