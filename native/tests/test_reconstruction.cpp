@@ -682,13 +682,18 @@ static void test_prompt_end_turns() {
     h.policy = "predicted_kvzip";
     h.observation_window = W;
     cache.enable_eviction(h);
-    const std::vector<float> s1(static_cast<size_t>(H) * n1, 1e-3f), s2(static_cast<size_t>(H) * n2, 1e-3f);
-    const auto k1 = random_vec(rng, static_cast<size_t>(n1) * H * hd), v1 = random_vec(rng, k1.size());
-    const auto q1 = random_vec(rng, static_cast<size_t>(n1) * H * G * hd, 2.f);
-    cache.set_prompt_end_share(share, n1);
-    step_all(cache, q1, k1, v1, n1);
-    cache.set_prompt_end_share(0.0, 0);
-    cache.set_token_scores(0, s1.data(), n1);
+    // One prompt of n random tokens with the share, then its predictions; its queries back.
+    const auto prompt = [&](int n) {
+        const auto k = random_vec(rng, static_cast<size_t>(n) * H * hd), v = random_vec(rng, k.size());
+        const auto q = random_vec(rng, static_cast<size_t>(n) * H * G * hd, 2.f);
+        cache.set_prompt_end_share(share, n);
+        step_all(cache, q, k, v, n);
+        cache.set_prompt_end_share(0.0, 0);
+        const std::vector<float> s(static_cast<size_t>(H) * n, 1e-3f);
+        cache.set_token_scores(0, s.data(), n);
+        return q;
+    };
+    prompt(n1);
     CHECK(cache.end_step(n1, true), "the first prompt is cut");
     std::vector<int> held(H);
     for (int hh = 0; hh < H; ++hh) {
@@ -697,12 +702,7 @@ static void test_prompt_end_turns() {
         for (int b = 0; b < (held[hh] + 15) / 16; ++b) marked += cache.eviction_state()->reconstruction_score(0, hh, b) >= kKeptFirst;
         CHECK(marked > 0, "head %d: the first prompt's plan keeps its kept-first blocks marked", hh);
     }
-    const auto k2 = random_vec(rng, static_cast<size_t>(n2) * H * hd), v2 = random_vec(rng, k2.size());
-    const auto q2 = random_vec(rng, static_cast<size_t>(n2) * H * G * hd, 2.f);
-    cache.set_prompt_end_share(share, n2);
-    step_all(cache, q2, k2, v2, n2);
-    cache.set_prompt_end_share(0.0, 0);
-    cache.set_token_scores(0, s2.data(), n2);
+    const std::vector<float> q2 = prompt(n2);
     const int m = static_cast<int>(share * keep * n2 + 0.5);
     for (int hh = 0; hh < H; ++hh) {
         const int len = cache.length(0, hh);
