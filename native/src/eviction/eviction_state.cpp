@@ -197,15 +197,13 @@ void EvictionState::keep_top_tokens(int layer, int head, int first, int length, 
             return peaks[a] > peaks[b] || (peaks[a] == peaks[b] && a > b);
         });
     float* tp = ls.tpeak.data() + static_cast<size_t>(head) * token_stride_;
+    hs.n_tpeak = std::max(hs.n_tpeak, length);  // every token scored (open_token_peaks zeroed the new)
     for (int i = 0; i < m; ++i) {
         const int t = order_[i];
-        const float before = hs.recon_prev[t / block_tokens_];  // open_token_peaks zeroed tp past n_tpeak
-        const float own = std::isnan(before) ? tp[t] : std::max(before, tp[t]);
-        tp[t] = kKeptFirst + std::min(own, 1.f);
+        tp[t] = kKeptFirst + std::min(token_score(ls, hs, head, t), 1.f);
         float& block = hs.recon[t / block_tokens_];
         block = std::isnan(block) ? tp[t] : std::max(block, tp[t]);
     }
-    hs.n_tpeak = std::max(hs.n_tpeak, length);
 }
 
 void EvictionState::release_kept_first(int layer, int head, int length) {
