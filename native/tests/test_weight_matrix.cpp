@@ -464,6 +464,13 @@ static void integer_forms() {
             CHECK(u[i] <= u_max && std::fabs(v - ref[i]) <= 1e-6f * (std::fabs(ref[i]) + std::fabs(o[i / kIntegerGroup])),
                   "%s value %zu: u %d, a u + b %g, dequantised %g", t.name, i, u[i], v, ref[i]);
         }
+        // The batched product meets the floats once per integer_group columns: a and b equal there.
+        CHECK(t.integer_group % kIntegerGroup == 0 && t.block_values % t.integer_group == 0, "%s: group %d", t.name,
+              t.integer_group);
+        const size_t per = static_cast<size_t>(t.integer_group / kIntegerGroup);
+        for (size_t g = 0; g < a.size(); ++g)
+            CHECK(a[g] == a[g / per * per] && o[g] == o[g / per * per], "%s group %zu: a or b differ within %d columns",
+                  t.name, g, t.integer_group);
     }
 }
 
@@ -505,9 +512,13 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
         double worst = 0, scale = 0, over = 0;
         for (int i = 0; i < n; ++i)
             for (int r = 0; r < R; ++r) {
+                // The errors at the mean u of each group of the row's panel: 32 columns, 16 where a
+                // Q6_K row shares the panel.
+                const int p0 = r / 16 * 16, group = m.integer_group(p0, std::min(R, p0 + 16));
+                CHECK(group == 16 || group == 32, "%s: a group of %d columns", name.c_str(), group);
                 double same = 0, exact = 0, bound = 0;
-                std::vector<double> mean(static_cast<size_t>(G), 0.0);
-                for (int c = 0; c < cols; ++c) mean[c / kIntegerGroup] += u[static_cast<size_t>(r) * cols + c] / 16.0;
+                std::vector<double> mean(static_cast<size_t>(cols / group), 0.0);
+                for (int c = 0; c < cols; ++c) mean[c / group] += u[static_cast<size_t>(r) * cols + c] / double(group);
                 for (int c = 0; c < cols; ++c) {
                     const size_t rc = static_cast<size_t>(r) * cols + c, ic = static_cast<size_t>(i) * cols + c;
                     const size_t blk = static_cast<size_t>(i) * (cols / 32) + c / 32;
@@ -519,11 +530,11 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
                     }
                     same += value * ag * u[rc];
                     exact += static_cast<double>(x[ic]) * w[rc];
-                    bound += last / 2 * std::fabs(ag * (u[rc] - mean[c / kIntegerGroup]));
+                    bound += last / 2 * std::fabs(ag * (u[rc] - mean[c / group]));
                 }
-                for (int g = 0; g < G; ++g) {
+                for (int g = 0; g < G; ++g) {  // groups of 16: a and b are equal within a group of 32
                     const size_t at = static_cast<size_t>(i) * G + g, wg = static_cast<size_t>(r) * G + g;
-                    same += static_cast<double>(o[wg]) * xq.sums[at] + a[wg] * mean[g] * xq.errors[at];
+                    same += static_cast<double>(o[wg]) * xq.sums[at] + a[wg] * mean[g * 16 / group] * xq.errors[at];
                 }
                 const double got = ref[static_cast<size_t>(i) * R + r];
                 worst = std::max(worst, std::fabs(same - got));

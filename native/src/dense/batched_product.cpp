@@ -22,6 +22,8 @@ void Q8Rows::resize(int rows, int width) {
     residual_steps.resize(residual ? static_cast<size_t>(rows) * (width / 32) : 0);
     sums.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
     errors.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
+    block_sums.resize(static_cast<size_t>(rows) * (width / 32));
+    block_errors.resize(static_cast<size_t>(rows) * (width / 32));
 }
 
 namespace {
@@ -59,17 +61,20 @@ void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
                 for (int l = 0; l < 32; ++l) left[l] -= rstep * static_cast<float>(rc[l]);
             }
             // The errors summed as differences: the difference of the sums would cancel.
+            float sum[2] = {0.f, 0.f}, error[2] = {0.f, 0.f};
             for (int h = 0; h < 2; ++h) {
-                float sum = 0.f, error = 0.f;
                 for (int l = 16 * h; l < 16 * h + 16; ++l) {
-                    sum += v[l];
-                    error += left[l];
+                    sum[h] += v[l];
+                    error[h] += left[l];
                 }
                 const size_t g = static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b + h;
-                sums[g] = sum;
-                errors[g] = error;
+                sums[g] = sum[h];
+                errors[g] = error[h];
             }
-            steps[static_cast<size_t>(i) * nb + b] = step;
+            const size_t blk = static_cast<size_t>(i) * nb + b;
+            block_sums[blk] = sum[0] + sum[1];
+            block_errors[blk] = error[0] + error[1];
+            steps[blk] = step;
         }
     }
 }
@@ -80,17 +85,18 @@ void panel_tile_scalar(const PanelTile& t) {
         float* y = t.y + static_cast<size_t>(i) * t.ldy;
         for (int j = 0; j < t.width; ++j) {
             float acc = 0.f;
-            for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+            for (int g = 0; g < t.kc / t.group; ++g) {
                 int32_t dot = 0, rdot = 0;
-                for (int l = 0; l < kIntegerGroup; ++l) {
-                    const int col = kIntegerGroup * g + l;
+                for (int l = 0; l < t.group; ++l) {
+                    const int col = t.group * g + l;
                     const int32_t u = t.u[(col / 4) * 64 + 4 * j + col % 4];
                     dot += u * x.codes[col];
                     if (x.residual_codes) rdot += u * x.residual_codes[col];
                 }
                 const size_t at = static_cast<size_t>(g * kPanelRows + j);
-                float dots = x.steps[g / 2] * static_cast<float>(dot);
-                if (x.residual_codes) dots += x.residual_steps[g / 2] * static_cast<float>(rdot);
+                const int blk = g * t.group / 32;
+                float dots = x.steps[blk] * static_cast<float>(dot);
+                if (x.residual_codes) dots += x.residual_steps[blk] * static_cast<float>(rdot);
                 acc += t.a[at] * dots + t.b[at] * x.sums[g] + t.centre[at] * x.errors[g];
             }
             y[j] = t.accumulate ? y[j] + acc : acc;
@@ -126,58 +132,67 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
     // form does: q4_matrix.h); its errors are what all of its roundings left.
     const bool twice = !xq.residual_codes.empty();
     const PanelKernel kernel = panel_kernel(isa);
-    constexpr int kGroups = kPanelCols / kIntegerGroup;
+    constexpr int kGroups = kPanelCols / kIntegerGroup;  // the most a panel has (groups of 16)
     // A panel's u as u & 63 and, where some u is larger (Q8_0's q + 128), u >> 6 as a second panel
     // of 64 times the scales: the kernels' integer dots take u <= 63 (batched_product_kernels.h).
     alignas(64) uint8_t u[kPanelCols * kPanelRows], u_high[kPanelCols * kPanelRows];
     alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows], centre[kGroups * kPanelRows];
     alignas(64) float a_high[kGroups * kPanelRows], b_high[kGroups * kPanelRows], centre_high[kGroups * kPanelRows];
     std::fill(b_high, b_high + kGroups * kPanelRows, 0.f);
-    alignas(64) uint8_t row_u[kPanelCols];
-    float row_a[kGroups], row_b[kGroups];
+    alignas(64) uint8_t rows_u[kPanelRows][kPanelCols];  // the panel's rows as integer_row gives them
+    float rows_a[kPanelRows][kGroups], rows_b[kPanelRows][kGroups];
     const int cols = w.cols();
     for (int p0 = r0; p0 < r1; p0 += kPanelRows) {
         const int width = std::min(kPanelRows, r1 - p0);
+        const int group = w.integer_group(p0, p0 + width), per = group / kIntegerGroup;
         for (int c0 = 0; c0 < cols; c0 += kPanelCols) {
-            const int kc = std::min(kPanelCols, cols - c0);
-            bool wide = false;
+            const int kc = std::min(kPanelCols, cols - c0), groups = kc / group;
+            uint8_t any = 0;
             for (int j = 0; j < kPanelRows; ++j) {
                 if (j < width) {
-                    w.integer_row(p0 + j, c0, c0 + kc, row_u, row_a, row_b);
+                    w.integer_row(p0 + j, c0, c0 + kc, rows_u[j], rows_a[j], rows_b[j]);
+                    for (int c = 0; c < kc; ++c) any |= rows_u[j][c];
                 } else {
-                    std::fill(row_u, row_u + kc, uint8_t{0});
-                    std::fill(row_a, row_a + kc / kIntegerGroup, 0.f);
-                    std::fill(row_b, row_b + kc / kIntegerGroup, 0.f);
-                }
-                // Four columns of a row are one 32-bit lane of the panel: copied as words.
-                for (int q = 0; q < kc / 4; ++q) {
-                    uint32_t word, high;
-                    std::memcpy(&word, row_u + 4 * q, 4);
-                    high = (word >> 6) & 0x03030303u;
-                    wide |= high != 0;
-                    word &= 0x3f3f3f3fu;
-                    std::memcpy(u + q * 64 + 4 * j, &word, 4);
-                    std::memcpy(u_high + q * 64 + 4 * j, &high, 4);
-                }
-                for (int g = 0; g < kc / kIntegerGroup; ++g) {
-                    int low_sum = 0, high_sum = 0;
-                    for (int l = 0; l < kIntegerGroup; ++l) {
-                        low_sum += row_u[kIntegerGroup * g + l] & 63;
-                        high_sum += row_u[kIntegerGroup * g + l] >> 6;
-                    }
-                    const int at = g * kPanelRows + j;
-                    a[at] = row_a[g];
-                    b[at] = row_b[g];
-                    centre[at] = row_a[g] * static_cast<float>(low_sum) / kIntegerGroup;
-                    a_high[at] = 64.f * row_a[g];
-                    centre_high[at] = a_high[at] * static_cast<float>(high_sum) / kIntegerGroup;
+                    std::fill(rows_u[j], rows_u[j] + kc, uint8_t{0});
+                    std::fill(rows_a[j], rows_a[j] + kc / kIntegerGroup, 0.f);
+                    std::fill(rows_b[j], rows_b[j] + kc / kIntegerGroup, 0.f);
                 }
             }
-            PanelTile tile{u, a, b, centre, kc, xq.codes.data() + c0, twice ? xq.residual_codes.data() + c0 : nullptr,
-                           xq.cols, xq.steps.data() + c0 / 32, twice ? xq.residual_steps.data() + c0 / 32 : nullptr,
-                           xq.cols / 32,
-                           xq.sums.data() + c0 / kIntegerGroup, xq.errors.data() + c0 / kIntegerGroup,
-                           xq.cols / kIntegerGroup, xq.n, y + p0, ldy, width, c0 > 0};
+            const bool wide = any >= 64;
+            // Four columns of a row are one 32-bit lane of the panel: copied as words.
+            for (int q = 0; q < kc / 4; ++q)
+                for (int j = 0; j < kPanelRows; ++j) {
+                    uint32_t word;
+                    std::memcpy(&word, rows_u[j] + 4 * q, 4);
+                    if (wide) {
+                        const uint32_t high = (word >> 6) & 0x03030303u;
+                        std::memcpy(u_high + q * 64 + 4 * j, &high, 4);
+                        word &= 0x3f3f3f3fu;
+                    }
+                    std::memcpy(u + q * 64 + 4 * j, &word, 4);
+                }
+            for (int j = 0; j < kPanelRows; ++j)
+                for (int g = 0; g < groups; ++g) {
+                    int low_sum = 0, high_sum = 0;
+                    for (int l = group * g; l < group * (g + 1); ++l) {
+                        low_sum += rows_u[j][l] & 63;
+                        high_sum += rows_u[j][l] >> 6;
+                    }
+                    const int at = g * kPanelRows + j;
+                    a[at] = rows_a[j][g * per];
+                    b[at] = rows_b[j][g * per];
+                    centre[at] = a[at] * static_cast<float>(low_sum) / static_cast<float>(group);
+                    a_high[at] = 64.f * a[at];
+                    centre_high[at] = a_high[at] * static_cast<float>(high_sum) / static_cast<float>(group);
+                }
+            const bool by_block = group == 32;
+            const int ldg = xq.cols / group;
+            PanelTile tile{u, a, b, centre, group, kc, xq.codes.data() + c0,
+                           twice ? xq.residual_codes.data() + c0 : nullptr, xq.cols, xq.steps.data() + c0 / 32,
+                           twice ? xq.residual_steps.data() + c0 / 32 : nullptr, xq.cols / 32,
+                           (by_block ? xq.block_sums : xq.sums).data() + c0 / group,
+                           (by_block ? xq.block_errors : xq.errors).data() + c0 / group, ldg, xq.n, y + p0, ldy, width,
+                           c0 > 0};
             kernel(tile);
             if (wide) {
                 tile.u = u_high;

@@ -2,8 +2,8 @@
 // columns of eight panel rows (one 32-bit lane a row); maddubs multiplies them by four codes of an
 // activation row broadcast to every lane (pairs of u <= 63 times |code| <= 127: at most 16002 an
 // int16, no saturation) and madd with ones sums each row's four in int32. Each half of the panel
-// (rows 0-7, 8-15) for M activation rows (up to 3) at a time; per group of 16 columns the int32
-// dots meet the floats. AVX-512 machines without VNNI run it too.
+// (rows 0-7, 8-15) for M activation rows (up to 3) at a time; per group (16 or 32 columns) the
+// int32 dots meet the floats. AVX-512 machines without VNNI run it too.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
@@ -14,7 +14,7 @@ namespace mnn_h2o {
 
 namespace {
 
-template <bool kResidual, int M>
+template <bool kResidual, int M, int kGroup>
 void tile(const PanelTile& t, int i0) {
     const __m256i ones = _mm256_set1_epi16(1);
     TileRow row[M];
@@ -22,12 +22,13 @@ void tile(const PanelTile& t, int i0) {
     for (int h = 0; h < 2; ++h) {
         __m256 f[M];
         for (int a = 0; a < M; ++a) f[a] = _mm256_setzero_ps();
-        for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+        for (int g = 0; g < t.kc / kGroup; ++g) {
             __m256i acc[M], racc[M];
             for (int a = 0; a < M; ++a) acc[a] = racc[a] = _mm256_setzero_si256();
-            for (int q = 0; q < 4; ++q) {
-                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.u + (4 * g + q) * 64 + 32 * h));
-                const int at = kIntegerGroup * g + 4 * q;
+            for (int q = 0; q < kGroup / 4; ++q) {
+                const __m256i w =
+                    _mm256_load_si256(reinterpret_cast<const __m256i*>(t.u + (kGroup / 4 * g + q) * 64 + 32 * h));
+                const int at = kGroup * g + 4 * q;
                 for (int a = 0; a < M; ++a) {
                     const __m256i x = _mm256_set1_epi32(four_codes(row[a].codes + at));
                     acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
@@ -39,10 +40,11 @@ void tile(const PanelTile& t, int i0) {
             }
             const __m256 A = _mm256_load_ps(t.a + g * kPanelRows + 8 * h), B = _mm256_load_ps(t.b + g * kPanelRows + 8 * h),
                          C = _mm256_load_ps(t.centre + g * kPanelRows + 8 * h);
+            const int blk = g * kGroup / 32;
             for (int a = 0; a < M; ++a) {
-                __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(row[a].steps[g / 2]));
+                __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[a]), _mm256_set1_ps(row[a].steps[blk]));
                 if (kResidual)
-                    dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(row[a].residual_steps[g / 2]), dots);
+                    dots = _mm256_fmadd_ps(_mm256_cvtepi32_ps(racc[a]), _mm256_set1_ps(row[a].residual_steps[blk]), dots);
                 f[a] = _mm256_fmadd_ps(A, dots, f[a]);
                 f[a] = _mm256_fmadd_ps(B, _mm256_set1_ps(row[a].sums[g]), f[a]);
                 f[a] = _mm256_fmadd_ps(C, _mm256_set1_ps(row[a].errors[g]), f[a]);
@@ -66,20 +68,25 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-template <bool kResidual>
+template <bool kResidual, int kGroup>
 static void tiles(const PanelTile& t) {
     int i = 0;
-    for (; i + 3 <= t.n; i += 3) tile<kResidual, 3>(t, i);
+    for (; i + 3 <= t.n; i += 3) tile<kResidual, 3, kGroup>(t, i);
     switch (t.n - i) {
-        case 2: tile<kResidual, 2>(t, i); break;
-        case 1: tile<kResidual, 1>(t, i); break;
+        case 2: tile<kResidual, 2, kGroup>(t, i); break;
+        case 1: tile<kResidual, 1, kGroup>(t, i); break;
         default: break;
     }
 }
 
 void panel_tile_avx2(const PanelTile& t) {
-    if (t.residual_codes) tiles<true>(t);
-    else tiles<false>(t);
+    if (t.group == 32) {
+        if (t.residual_codes) tiles<true, 32>(t);
+        else tiles<false, 32>(t);
+    } else {
+        if (t.residual_codes) tiles<true, 16>(t);
+        else tiles<false, 16>(t);
+    }
 }
 
 }  // namespace mnn_h2o

@@ -7,14 +7,15 @@
 
 namespace mnn_h2o {
 
-// One panel: kPanelRows weight rows by kc columns (kc a multiple of 16) in the integer form.
+// One panel: kPanelRows weight rows by kc columns (kc a multiple of 32) in the integer form.
 struct PanelTile {
     // u: column c of panel row j at u[(c / 4) * 64 + 4 j + c % 4]: four columns of the 16 rows in
     // 64 bytes, one 32-bit lane a row (vpdpbusd's operand).
     const uint8_t* u;
-    const float* a;      // group g (16 columns) of row j at a[g * kPanelRows + j]
+    const float* a;      // group g (`group` columns) of row j at a[g * kPanelRows + j]
     const float* b;      // likewise
     const float* centre; // likewise: a times the group's mean u (the rounding errors' weight)
+    int group;           // 16 or 32: columns sharing a, b and centre (the activation's sums per group)
     int kc;
     const int8_t* codes;           // activation row i's code of column 0 of the panel at codes + i * ldc
     const int8_t* residual_codes;  // likewise, nullptr where the activation is rounded once
@@ -22,8 +23,8 @@ struct PanelTile {
     const float* steps;            // its block step of the panel's first block at steps + i * lds
     const float* residual_steps;   // likewise (nullptr with residual_codes)
     int lds;
-    const float* sums;    // its group sum of the panel's first group at sums + i * ldg
-    const float* errors;  // its group's rounding error likewise
+    const float* sums;    // its sum over the panel's first group at sums + i * ldg (Q8Rows' sums or block_sums)
+    const float* errors;  // its rounding error there likewise
     int ldg;
     int n;               // activation rows
     float* y;            // output row i's panel row 0 at y + i * ldy

@@ -2,7 +2,7 @@
 // columns of four panel rows; u <= 63 is a signed byte too, so vmull_s8 multiplies them by four
 // codes of an activation row broadcast (int16 products), a pairwise add sums each row's pairs
 // (at most 2 x 63 x 127 an int16) and vpadalq the pairs into each row's int32 lane. M activation
-// rows (up to 2) at a time; per group of 16 columns the int32 dots meet the floats.
+// rows (up to 2) at a time; per group (16 or 32 columns) the int32 dots meet the floats.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
@@ -15,7 +15,7 @@ namespace {
 
 inline int8x16_t four_codes_s8(const int8_t* c) { return vreinterpretq_s8_s32(vdupq_n_s32(four_codes(c))); }
 
-template <bool kResidual, int M>
+template <bool kResidual, int M, int kGroup>
 void tile(const PanelTile& t, int i0) {
     float32x4_t f[M][4];
     for (int a = 0; a < M; ++a)
@@ -27,13 +27,13 @@ void tile(const PanelTile& t, int i0) {
         const int16x8_t hi = vmull_s8(vget_high_s8(w), vget_high_s8(x));
         return vpadalq_s16(acc, vpaddq_s16(lo, hi));
     };
-    for (int g = 0; g < t.kc / kIntegerGroup; ++g) {
+    for (int g = 0; g < t.kc / kGroup; ++g) {
         int32x4_t acc[M][4], racc[M][4];
         for (int a = 0; a < M; ++a)
             for (int r = 0; r < 4; ++r) acc[a][r] = racc[a][r] = vdupq_n_s32(0);
-        for (int q = 0; q < 4; ++q) {
-            const int8_t* u = reinterpret_cast<const int8_t*>(t.u + (4 * g + q) * 64);
-            const int at = kIntegerGroup * g + 4 * q;
+        for (int q = 0; q < kGroup / 4; ++q) {
+            const int8_t* u = reinterpret_cast<const int8_t*>(t.u + (kGroup / 4 * g + q) * 64);
+            const int at = kGroup * g + 4 * q;
             for (int r = 0; r < 4; ++r) {  // rows 4 r .. 4 r + 3
                 const int8x16_t w = vld1q_s8(u + 16 * r);
                 for (int a = 0; a < M; ++a) {
@@ -45,9 +45,10 @@ void tile(const PanelTile& t, int i0) {
         for (int r = 0; r < 4; ++r) {
             const float32x4_t A = vld1q_f32(t.a + g * kPanelRows + 4 * r), B = vld1q_f32(t.b + g * kPanelRows + 4 * r),
                               C = vld1q_f32(t.centre + g * kPanelRows + 4 * r);
+            const int blk = g * kGroup / 32;
             for (int a = 0; a < M; ++a) {
-                float32x4_t dots = vmulq_n_f32(vcvtq_f32_s32(acc[a][r]), row[a].steps[g / 2]);
-                if (kResidual) dots = vfmaq_n_f32(dots, vcvtq_f32_s32(racc[a][r]), row[a].residual_steps[g / 2]);
+                float32x4_t dots = vmulq_n_f32(vcvtq_f32_s32(acc[a][r]), row[a].steps[blk]);
+                if (kResidual) dots = vfmaq_n_f32(dots, vcvtq_f32_s32(racc[a][r]), row[a].residual_steps[blk]);
                 f[a][r] = vfmaq_f32(f[a][r], A, dots);
                 f[a][r] = vfmaq_n_f32(f[a][r], B, row[a].sums[g]);
                 f[a][r] = vfmaq_n_f32(f[a][r], C, row[a].errors[g]);
@@ -64,16 +65,21 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-template <bool kResidual>
+template <bool kResidual, int kGroup>
 static void tiles(const PanelTile& t) {
     int i = 0;
-    for (; i + 2 <= t.n; i += 2) tile<kResidual, 2>(t, i);
-    if (i < t.n) tile<kResidual, 1>(t, i);
+    for (; i + 2 <= t.n; i += 2) tile<kResidual, 2, kGroup>(t, i);
+    if (i < t.n) tile<kResidual, 1, kGroup>(t, i);
 }
 
 void panel_tile_neon(const PanelTile& t) {
-    if (t.residual_codes) tiles<true>(t);
-    else tiles<false>(t);
+    if (t.group == 32) {
+        if (t.residual_codes) tiles<true, 32>(t);
+        else tiles<false, 32>(t);
+    } else {
+        if (t.residual_codes) tiles<true, 16>(t);
+        else tiles<false, 16>(t);
+    }
 }
 
 }  // namespace mnn_h2o

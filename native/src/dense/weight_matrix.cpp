@@ -1,5 +1,6 @@
 #include "mnn_h2o/dense/weight_matrix.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -293,6 +294,15 @@ void WeightMatrix::integer_row(int r, int c0, int c1, uint8_t* u, float* a, floa
         }
         return;
     }
+}
+
+int WeightMatrix::integer_group(int r0, int r1) const {
+    if (r0 < 0 || r1 > rows_ || r0 >= r1) throw std::out_of_range("WeightMatrix::integer_group: rows out of range");
+    int group = 0;
+    for (const Segment& s : segments_)
+        if (s.row0 < r1 && r0 < s.row0 + s.rows)
+            group = group == 0 ? s.traits->integer_group : std::min(group, s.traits->integer_group);
+    return group;
 }
 
 }  // namespace mnn_h2o

@@ -165,13 +165,13 @@ void integer_q6_k(const uint8_t* b, uint8_t* u, float* a, float* o, size_t n) {
 // Id order. HeldAs: Q4_0 / Q4_1 keep the pair layout their kernels were measured on (q4_matrix.h);
 // the others run on the GGUF's own bytes.
 constexpr WeightTypeTraits kTable[] = {
-    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0, integer_q4_0},
-    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1, integer_q4_1},
-    {WeightType::Q5_0, "Q5_0", 32, 22, HeldAs::GgufBlocks, {0, -1}, dequantize_q5_0, integer_q5_0},
-    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::GgufBlocks, {0, -1}, dequantize_q8_0, integer_q8_0},
-    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>, integer_q45_k<false>},
-    {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>, integer_q45_k<true>},
-    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k, integer_q6_k},
+    {WeightType::Q4_0, "Q4_0", 32, 18, HeldAs::Q4Pairs, {0, -1}, dequantize_q4_0, integer_q4_0, 32},
+    {WeightType::Q4_1, "Q4_1", 32, 20, HeldAs::Q4Pairs, {0, 2}, dequantize_q4_1, integer_q4_1, 32},
+    {WeightType::Q5_0, "Q5_0", 32, 22, HeldAs::GgufBlocks, {0, -1}, dequantize_q5_0, integer_q5_0, 32},
+    {WeightType::Q8_0, "Q8_0", 32, 34, HeldAs::GgufBlocks, {0, -1}, dequantize_q8_0, integer_q8_0, 32},
+    {WeightType::Q4_K, "Q4_K", 256, 144, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<false>, integer_q45_k<false>, 32},
+    {WeightType::Q5_K, "Q5_K", 256, 176, HeldAs::GgufBlocks, {0, 2}, dequantize_q45_k<true>, integer_q45_k<true>, 32},
+    {WeightType::Q6_K, "Q6_K", 256, 210, HeldAs::GgufBlocks, {208, -1}, dequantize_q6_k, integer_q6_k, 16},
 };
 
 }  // namespace

@@ -58,6 +58,9 @@ struct WeightTypeTraits {
     // n_blocks * block_values bytes, a and b one float per group (nullptr: not in this form). The
     // batched product's form (dense/batched_product.h): its integer dots take u.
     void (*integer_form)(const uint8_t* blocks, uint8_t* u, float* a, float* b, size_t n_blocks);
+    // Columns that share one a and b in that form: 32 where a block or sub-block holds 32 values
+    // (Q4_K's), 16 for Q6_K's sub-blocks. The batched product meets the floats once per such group.
+    int integer_group;
 };
 
 constexpr int kIntegerGroup = 16;
