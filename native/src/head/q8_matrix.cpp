@@ -15,7 +15,7 @@ namespace {
 // hand-off (a task of 256 rows of 576 values is ~150 KB of codes).
 constexpr int kRowsPerTask = 256;
 
-void q8_rows_scalar(const Q8Rows& p, int r0, int r1) {
+void q8_rows_scalar(const HeadRowsProblem& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         float acc = 0.f;
         for (int b = 0; b < nb; ++b) {
@@ -48,8 +48,8 @@ Q8Matrix::Q8Matrix(int rows, int cols, std::vector<int8_t> codes, std::vector<ui
 void Q8Matrix::multiply(const float* x, int n, float* y, Isa isa) const {
     if (n <= 0) return;
     if (!x || !y) throw std::invalid_argument("Q8Matrix::multiply: null x or y");
-    const Q8Rows p{codes_.data(), scales_.data(), cols_, x, n, y, static_cast<size_t>(rows_)};
-    void (*kernel)(const Q8Rows&, int, int) = q8_rows_scalar;
+    const HeadRowsProblem p{codes_.data(), scales_.data(), cols_, x, n, y, static_cast<size_t>(rows_)};
+    void (*kernel)(const HeadRowsProblem&, int, int) = q8_rows_scalar;
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
     if (isa == Isa::Avx512 && cpu_features().avx512)
         kernel = q8_rows_avx512;

@@ -19,7 +19,7 @@ static inline __m256 codes8(const int8_t* c) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
 }
 
-void q8_rows_avx2(const Q8Rows& p, int r0, int r1) {
+void q8_rows_avx2(const HeadRowsProblem& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < nb; ++b) {

@@ -15,7 +15,7 @@
 
 namespace mnn_h2o {
 
-void q8_rows_avx512(const Q8Rows& p, int r0, int r1) {
+void q8_rows_avx512(const HeadRowsProblem& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         __m512 acc = _mm512_setzero_ps();
         for (int b = 0; b < nb; ++b) {

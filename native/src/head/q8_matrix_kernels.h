@@ -11,7 +11,8 @@
 
 namespace mnn_h2o {
 
-struct Q8Rows {
+// One call's operands (named apart from dense's Q8Rows: one name, one class in the program).
+struct HeadRowsProblem {
     const int8_t* codes;
     const uint16_t* scales;
     int cols;
@@ -24,7 +25,7 @@ struct Q8Rows {
 // The loop every kernel shares: y[t][r] = dot(row r's codes, its scales, activation row t, blocks
 // per row) for rows [r0, r1); each ISA supplies its dot of one row with one activation row.
 template <class Dot>
-inline void for_each_row(const Q8Rows& p, int r0, int r1, Dot dot) {
+inline void for_each_row(const HeadRowsProblem& p, int r0, int r1, Dot dot) {
     const int nb = p.cols / kQ8Block;
     for (int r = r0; r < r1; ++r) {
         const int8_t* c = p.codes + static_cast<size_t>(r) * p.cols;
@@ -34,11 +35,11 @@ inline void for_each_row(const Q8Rows& p, int r0, int r1, Dot dot) {
 }
 
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-void q8_rows_avx2(const Q8Rows& p, int r0, int r1);
-void q8_rows_avx512(const Q8Rows& p, int r0, int r1);
+void q8_rows_avx2(const HeadRowsProblem& p, int r0, int r1);
+void q8_rows_avx512(const HeadRowsProblem& p, int r0, int r1);
 #endif
 #if defined(__aarch64__)
-void q8_rows_neon(const Q8Rows& p, int r0, int r1);
+void q8_rows_neon(const HeadRowsProblem& p, int r0, int r1);
 #endif
 
 }  // namespace mnn_h2o

@@ -11,7 +11,7 @@
 
 namespace mnn_h2o {
 
-void q8_rows_neon(const Q8Rows& p, int r0, int r1) {
+void q8_rows_neon(const HeadRowsProblem& p, int r0, int r1) {
     for_each_row(p, r0, r1, [](const int8_t* c, const uint16_t* s, const float* x, int nb) {
         float32x4_t acc = vdupq_n_f32(0.f);
         for (int b = 0; b < nb; ++b) {
