@@ -521,19 +521,19 @@ static void batched_product(const std::vector<WeightType>& types, const std::vec
                 for (int c = 0; c < cols; ++c) mean[c / group] += u[static_cast<size_t>(r) * cols + c] / double(group);
                 for (int c = 0; c < cols; ++c) {
                     const size_t rc = static_cast<size_t>(r) * cols + c, ic = static_cast<size_t>(i) * cols + c;
-                    const size_t blk = static_cast<size_t>(i) * (cols / 32) + c / 32;
+                    const size_t blk = Q8Rows::value_at(i, c / 32, cols / 32), code = xq.code_at(i, c);
                     const double step = xq.steps[blk], ag = a[static_cast<size_t>(r) * G + c / kIntegerGroup];
-                    double value = step * xq.codes[ic], last = step;  // the rounded value, the last rounding's step
+                    double value = step * xq.codes[code], last = step;  // the rounded value, the last rounding's step
                     if (twice) {
                         last = xq.residual_steps[blk];
-                        value += last * xq.residual_codes[ic];
+                        value += last * xq.residual_codes[code];
                     }
                     same += value * ag * u[rc];
                     exact += static_cast<double>(x[ic]) * w[rc];
                     bound += last / 2 * std::fabs(ag * (u[rc] - mean[c / group]));
                 }
                 for (int g = 0; g < G; ++g) {  // groups of 16: a and b are equal within a group of 32
-                    const size_t at = static_cast<size_t>(i) * G + g, wg = static_cast<size_t>(r) * G + g;
+                    const size_t at = Q8Rows::value_at(i, g, G), wg = static_cast<size_t>(r) * G + g;
                     same += static_cast<double>(o[wg]) * xq.sums[at] + a[wg] * mean[g * 16 / group] * xq.errors[at];
                 }
                 const double got = ref[static_cast<size_t>(i) * R + r];

@@ -16,14 +16,30 @@ void Q8Rows::resize(int rows, int width) {
                                     " values (a positive multiple of 32)");
     n = rows;
     cols = width;
-    codes.resize(static_cast<size_t>(rows) * width);
-    residual_codes.resize(residual ? static_cast<size_t>(rows) * width : 0);
-    steps.resize(static_cast<size_t>(rows) * (width / 32));
-    residual_steps.resize(residual ? static_cast<size_t>(rows) * (width / 32) : 0);
-    sums.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
-    errors.resize(static_cast<size_t>(rows) * (width / kIntegerGroup));
-    block_sums.resize(static_cast<size_t>(rows) * (width / 32));
-    block_errors.resize(static_cast<size_t>(rows) * (width / 32));
+    tiles = (rows + kTileRows - 1) / kTileRows;
+    const size_t padded = static_cast<size_t>(tiles) * kTileRows;
+    codes.resize(padded * width);
+    residual_codes.resize(residual ? padded * width : 0);
+    steps.resize(padded * (width / 32));
+    residual_steps.resize(residual ? padded * (width / 32) : 0);
+    sums.resize(padded * (width / kIntegerGroup));
+    errors.resize(padded * (width / kIntegerGroup));
+    block_sums.resize(padded * (width / 32));
+    block_errors.resize(padded * (width / 32));
+    // The last tile's padding rows are zeros (the kernels multiply them and store nothing).
+    for (int i = rows; i < tiles * kTileRows; ++i) {
+        for (int c = 0; c < width; c += 4) {
+            std::memset(codes.data() + code_at(i, c), 0, 4);
+            if (residual) std::memset(residual_codes.data() + code_at(i, c), 0, 4);
+        }
+        for (int b = 0; b < width / 32; ++b) {
+            const size_t at = value_at(i, b, width / 32);
+            steps[at] = block_sums[at] = block_errors[at] = 0.f;
+            if (residual) residual_steps[at] = 0.f;
+        }
+        for (int g = 0; g < width / kIntegerGroup; ++g) sums[value_at(i, g, width / kIntegerGroup)] =
+            errors[value_at(i, g, width / kIntegerGroup)] = 0.f;
+    }
 }
 
 namespace {
@@ -44,20 +60,22 @@ float round_block(const float* v, int8_t* c) {
 }  // namespace
 
 void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
-    const int nb = cols / 32;
+    const int nb = cols / 32, ng = cols / kIntegerGroup;
     for (int i = i0; i < i1; ++i) {
         const float* row = x + static_cast<size_t>(i) * ldx;
-        const size_t at = static_cast<size_t>(i) * cols;
         for (int b = 0; b < nb; ++b) {
             const float* v = row + 32 * b;
-            int8_t* c = codes.data() + at + 32 * b;
+            int8_t c[32];
             const float step = round_block(v, c);
+            for (int q = 0; q < 8; ++q) std::memcpy(codes.data() + code_at(i, 32 * b + 4 * q), c + 4 * q, 4);
             float left[32];
             for (int l = 0; l < 32; ++l) left[l] = v[l] - step * static_cast<float>(c[l]);
+            const size_t blk = value_at(i, b, nb);
             if (residual) {
-                int8_t* rc = residual_codes.data() + at + 32 * b;
+                int8_t rc[32];
                 const float rstep = round_block(left, rc);
-                residual_steps[static_cast<size_t>(i) * nb + b] = rstep;
+                for (int q = 0; q < 8; ++q) std::memcpy(residual_codes.data() + code_at(i, 32 * b + 4 * q), rc + 4 * q, 4);
+                residual_steps[blk] = rstep;
                 for (int l = 0; l < 32; ++l) left[l] -= rstep * static_cast<float>(rc[l]);
             }
             // The errors summed as differences: the difference of the sums would cancel.
@@ -67,11 +85,10 @@ void Q8Rows::quantize_rows(const float* x, int ldx, int i0, int i1) {
                     sum[h] += v[l];
                     error[h] += left[l];
                 }
-                const size_t g = static_cast<size_t>(i) * (cols / kIntegerGroup) + 2 * b + h;
+                const size_t g = value_at(i, 2 * b + h, ng);
                 sums[g] = sum[h];
                 errors[g] = error[h];
             }
-            const size_t blk = static_cast<size_t>(i) * nb + b;
             block_sums[blk] = sum[0] + sum[1];
             block_errors[blk] = error[0] + error[1];
             steps[blk] = step;
@@ -90,14 +107,15 @@ void panel_tile_scalar(const PanelTile& t) {
                 for (int l = 0; l < t.group; ++l) {
                     const int col = t.group * g + l;
                     const int32_t u = t.u[(col / 4) * 64 + 4 * j + col % 4];
-                    dot += u * x.codes[col];
-                    if (x.residual_codes) rdot += u * x.residual_codes[col];
+                    const int c = kCodeStride * (col / 4) + col % 4;
+                    dot += u * x.codes[c];
+                    if (x.residual_codes) rdot += u * x.residual_codes[c];
                 }
                 const size_t at = static_cast<size_t>(g * kPanelRows + j);
-                const int blk = g * t.group / 32;
+                const int blk = kValueStride * (g * t.group / 32);
                 float dots = x.steps[blk] * static_cast<float>(dot);
                 if (x.residual_codes) dots += x.residual_steps[blk] * static_cast<float>(rdot);
-                acc += t.a[at] * dots + t.b[at] * x.sums[g] + t.centre[at] * x.errors[g];
+                acc += t.a[at] * dots + t.b[at] * x.sums[kValueStride * g] + t.centre[at] * x.errors[kValueStride * g];
             }
             y[j] = t.accumulate ? y[j] + acc : acc;
         }
@@ -185,14 +203,19 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                     a_high[at] = 64.f * a[at];
                     centre_high[at] = a_high[at] * static_cast<float>(high_sum) / static_cast<float>(group);
                 }
+            // The activation's tiles from this panel's first column on (batched_product_kernels.h).
             const bool by_block = group == 32;
-            const int ldg = xq.cols / group;
-            PanelTile tile{u, a, b, centre, group, kc, xq.codes.data() + c0,
-                           twice ? xq.residual_codes.data() + c0 : nullptr, xq.cols, xq.steps.data() + c0 / 32,
-                           twice ? xq.residual_steps.data() + c0 / 32 : nullptr, xq.cols / 32,
-                           (by_block ? xq.block_sums : xq.sums).data() + c0 / group,
-                           (by_block ? xq.block_errors : xq.errors).data() + c0 / group, ldg, xq.n, y + p0, ldy, width,
-                           c0 > 0};
+            const int per_row = xq.cols / group;
+            const size_t tile_codes = static_cast<size_t>(xq.cols) * Q8Rows::kTileRows;
+            const size_t at_block = Q8Rows::value_at(0, c0 / 32, xq.cols / 32), at_group = Q8Rows::value_at(0, c0 / group, per_row);
+            PanelTile tile{u, a, b, centre, group, kc,
+                           xq.codes.data() + xq.code_at(0, c0), twice ? xq.residual_codes.data() + xq.code_at(0, c0) : nullptr,
+                           tile_codes,
+                           xq.steps.data() + at_block, twice ? xq.residual_steps.data() + at_block : nullptr,
+                           static_cast<size_t>(xq.cols / 32) * Q8Rows::kTileRows,
+                           (by_block ? xq.block_sums : xq.sums).data() + at_group,
+                           (by_block ? xq.block_errors : xq.errors).data() + at_group,
+                           static_cast<size_t>(per_row) * Q8Rows::kTileRows, xq.n, y + p0, ldy, width, c0 > 0};
             kernel(tile);
             if (wide) {
                 tile.u = u_high;

@@ -2,7 +2,7 @@
 // four columns of the panel's 16 rows (one 32-bit lane a row), and vpdpbusd multiplies them by
 // four codes of an activation row broadcast to every lane: 64 multiply-adds an instruction, the
 // unsigned u (<= 63) times the signed codes summed in int32 lanes without saturation. M
-// activation rows (up to 8) at a time; per group (16 or 32 columns) the int32 dots meet the floats.
+// activation rows (a tile of Q8Rows, 8) at a time; per group (16 or 32 columns) the int32 dots meet the floats.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 // GCC 12 warns of an uninitialised variable inside its own _mm512_cvtepi32_ps (its header passes
 // an undefined vector as the unused merge source).
@@ -16,38 +16,39 @@ namespace mnn_h2o {
 
 namespace {
 
-template <bool kResidual, int M, int kGroup>
+// The M = Q8Rows::kTileRows rows of one activation tile (from one pointer at constant offsets).
+template <bool kResidual, int kGroup>
 void tile(const PanelTile& t, int i0) {
+    constexpr int M = Q8Rows::kTileRows;
+    const TileRow x(t, i0);
     __m512 f[M];
     for (int a = 0; a < M; ++a) f[a] = _mm512_setzero_ps();
-    TileRow row[M];
-    for (int a = 0; a < M; ++a) row[a] = TileRow(t, i0 + a);
     for (int g = 0; g < t.kc / kGroup; ++g) {
         __m512i acc[M], racc[M];
         for (int a = 0; a < M; ++a) acc[a] = racc[a] = _mm512_setzero_si512();
         for (int q = 0; q < kGroup / 4; ++q) {
             const __m512i w = _mm512_load_si512(t.u + (kGroup / 4 * g + q) * 64);
-            const int at = kGroup * g + 4 * q;
+            const int at = kCodeStride * (kGroup / 4 * g + q);
             for (int a = 0; a < M; ++a) {
-                acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(row[a].codes + at)));
+                acc[a] = _mm512_dpbusd_epi32(acc[a], w, _mm512_set1_epi32(four_codes(x.codes + at + 4 * a)));
                 if (kResidual)
-                    racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(row[a].residual_codes + at)));
+                    racc[a] = _mm512_dpbusd_epi32(racc[a], w, _mm512_set1_epi32(four_codes(x.residual_codes + at + 4 * a)));
             }
         }
         const __m512 A = _mm512_load_ps(t.a + g * kPanelRows), B = _mm512_load_ps(t.b + g * kPanelRows),
                      C = _mm512_load_ps(t.centre + g * kPanelRows);
-        const int blk = g * kGroup / 32;
+        const int blk = kValueStride * (g * kGroup / 32), grp = kValueStride * g;
         for (int a = 0; a < M; ++a) {
-            __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(row[a].steps[blk]));
+            __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[a]), _mm512_set1_ps(x.steps[blk + a]));
             if (kResidual)
-                dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(row[a].residual_steps[blk]), dots);
+                dots = _mm512_fmadd_ps(_mm512_cvtepi32_ps(racc[a]), _mm512_set1_ps(x.residual_steps[blk + a]), dots);
             f[a] = _mm512_fmadd_ps(A, dots, f[a]);
-            f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(row[a].sums[g]), f[a]);
-            f[a] = _mm512_fmadd_ps(C, _mm512_set1_ps(row[a].errors[g]), f[a]);
+            f[a] = _mm512_fmadd_ps(B, _mm512_set1_ps(x.sums[grp + a]), f[a]);
+            f[a] = _mm512_fmadd_ps(C, _mm512_set1_ps(x.errors[grp + a]), f[a]);
         }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << t.width) - 1u);
-    for (int a = 0; a < M; ++a) {
+    for (int a = 0; a < M && i0 + a < t.n; ++a) {
         float* y = t.y + static_cast<size_t>(i0 + a) * t.ldy;
         __m512 v = f[a];
         if (t.accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v);
@@ -59,18 +60,7 @@ void tile(const PanelTile& t, int i0) {
 
 template <bool kResidual, int kGroup>
 static void tiles(const PanelTile& t) {
-    int i = 0;
-    for (; i + 8 <= t.n; i += 8) tile<kResidual, 8, kGroup>(t, i);
-    switch (t.n - i) {
-        case 7: tile<kResidual, 7, kGroup>(t, i); break;
-        case 6: tile<kResidual, 6, kGroup>(t, i); break;
-        case 5: tile<kResidual, 5, kGroup>(t, i); break;
-        case 4: tile<kResidual, 4, kGroup>(t, i); break;
-        case 3: tile<kResidual, 3, kGroup>(t, i); break;
-        case 2: tile<kResidual, 2, kGroup>(t, i); break;
-        case 1: tile<kResidual, 1, kGroup>(t, i); break;
-        default: break;
-    }
+    for (int i = 0; i < t.n; i += Q8Rows::kTileRows) tile<kResidual, kGroup>(t, i);
 }
 
 void panel_tile_avx512vnni(const PanelTile& t) {

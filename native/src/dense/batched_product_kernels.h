@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mnn_h2o/dense/batched_product.h"
+
 namespace mnn_h2o {
 
 // One panel: kPanelRows weight rows by kc columns (kc a multiple of 32) in the integer form.
@@ -17,16 +19,18 @@ struct PanelTile {
     const float* centre; // likewise: a times the group's mean u (the rounding errors' weight)
     int group;           // 16 or 32: columns sharing a, b and centre (the activation's sums per group)
     int kc;
-    const int8_t* codes;           // activation row i's code of column 0 of the panel at codes + i * ldc
-    const int8_t* residual_codes;  // likewise, nullptr where the activation is rounded once
-    int ldc;
-    const float* steps;            // its block step of the panel's first block at steps + i * lds
+    // The activation (Q8Rows, tile by tile): tile 0's codes of the panel's first column, tile k's
+    // at + k * tile_codes (residual_codes likewise, nullptr where the activation is rounded once).
+    const int8_t* codes;
+    const int8_t* residual_codes;
+    size_t tile_codes;
+    const float* steps;            // tile 0's steps of the panel's first block; tile k's at + k * tile_steps
     const float* residual_steps;   // likewise (nullptr with residual_codes)
-    int lds;
-    const float* sums;    // its sum over the panel's first group at sums + i * ldg (Q8Rows' sums or block_sums)
-    const float* errors;  // its rounding error there likewise
-    int ldg;
-    int n;               // activation rows
+    size_t tile_steps;
+    const float* sums;    // tile 0's sums of the panel's first group (Q8Rows' sums or block_sums), tile k's at + k * tile_sums
+    const float* errors;  // its rounding errors likewise
+    size_t tile_sums;
+    int n;               // activation rows (the tiles hold them padded to a multiple of Q8Rows::kTileRows)
     float* y;            // output row i's panel row 0 at y + i * ldy
     int ldy;
     int width;           // panel rows that exist (<= kPanelRows; the rest of the panel is zeros)
@@ -35,18 +39,27 @@ struct PanelTile {
 
 using PanelKernel = void (*)(const PanelTile&);
 
-// Activation row i of a tile: where its codes, steps and group sums of the panel start.
+// Within a tile of activation rows: bytes from a row's four codes to its next four, and floats
+// from a row's step (sum, error) to its next one.
+constexpr int kCodeStride = 4 * Q8Rows::kTileRows;
+constexpr int kValueStride = Q8Rows::kTileRows;
+
+// Activation row i of a tile: where its four codes of the panel's first columns and its first
+// step, sum and error are. Column col's code at codes[kCodeStride * (col / 4) + col % 4], block
+// b's step at steps[kValueStride * b]; row i + a of the same tile is a (codes: 4 a) further on.
 struct TileRow {
     const int8_t *codes, *residual_codes;
     const float *steps, *residual_steps, *sums, *errors;
-    TileRow() = default;
-    TileRow(const PanelTile& t, int i)
-        : codes(t.codes + static_cast<size_t>(i) * t.ldc),
-          residual_codes(t.residual_codes ? t.residual_codes + static_cast<size_t>(i) * t.ldc : nullptr),
-          steps(t.steps + static_cast<size_t>(i) * t.lds),
-          residual_steps(t.residual_steps ? t.residual_steps + static_cast<size_t>(i) * t.lds : nullptr),
-          sums(t.sums + static_cast<size_t>(i) * t.ldg),
-          errors(t.errors + static_cast<size_t>(i) * t.ldg) {}
+    TileRow(const PanelTile& t, int i) {
+        const size_t tile = static_cast<size_t>(i / Q8Rows::kTileRows);
+        const int r = i % Q8Rows::kTileRows;
+        codes = t.codes + tile * t.tile_codes + 4 * r;
+        residual_codes = t.residual_codes ? t.residual_codes + tile * t.tile_codes + 4 * r : nullptr;
+        steps = t.steps + tile * t.tile_steps + r;
+        residual_steps = t.residual_steps ? t.residual_steps + tile * t.tile_steps + r : nullptr;
+        sums = t.sums + tile * t.tile_sums + r;
+        errors = t.errors + tile * t.tile_sums + r;
+    }
 };
 
 // Four consecutive codes as one 32-bit word (the lane a kernel broadcasts).

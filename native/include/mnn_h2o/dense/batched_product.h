@@ -37,22 +37,36 @@ constexpr int kPanelCols = 256;
 constexpr int kMinRows = 16;
 
 // n activation rows of cols values (cols a multiple of 32) rounded per block of 32: value c of row
-// i ~ steps[i][c / 32] * codes[i][c] (+ residual_steps[i][c / 32] * residual_codes[i][c] where
-// residual: the remainder rounded again) (round to nearest, |code| <= 127, step = amax / 127 of
-// what is rounded), sums[i][c / 16] the float sum of the group's unrounded values, errors[i][c /
-// 16] what the roundings left of it (summed as differences), block_sums / block_errors the same
-// per block of 32 (the two groups' added). k-quant rows read the codes alone,
-// Q4_0 / Q4_1 rows (as their pair form, q4_matrix.h) both: on SmolLM2's Q4_1 prompts one centred
-// rounding cost KL 0.0015 to the exact model (MNN's int8 modules 0.0006, two roundings 5e-7), on
-// the 1.5B's k-quant prompts 0.0007 (two: 4e-6) for 1.4x the prefill speed
-// (docs/notebook/kquant_one_rounding.md).
+// i ~ step(i, c / 32) code(i, c) (+ the residual's where residual: the remainder rounded again)
+// (round to nearest, |code| <= 127, step = amax / 127 of what is rounded), sum(i, c / 16) the
+// float sum of the group's unrounded values, error what the roundings left of it (summed as
+// differences), block_sum / block_error the same per block of 32 (the two groups' added). k-quant
+// rows read the codes alone, Q4_0 / Q4_1 rows (as their pair form, q4_matrix.h) both: on
+// SmolLM2's Q4_1 prompts one centred rounding cost KL 0.0015 to the exact model (MNN's int8
+// modules 0.0006, two roundings 5e-7), on the 1.5B's k-quant prompts 0.0007 (two: 4e-6) for 1.4x
+// the prefill speed (docs/notebook/kquant_one_rounding.md).
+//
+// Held tile by tile as the kernels read them: rows in tiles of kTileRows (the last one padded with
+// zero rows), a tile's rows side by side (four codes of each row, then the next four columns; one
+// float of each row, then the next block or group), so a kernel reaches a tile's rows from one
+// pointer at constant offsets.
 struct Q8Rows {
+    static constexpr int kTileRows = 8;
     bool residual = true;  // whether resize makes (and quantize_rows writes) the residual codes
-    int n = 0, cols = 0;
-    std::vector<int8_t> codes, residual_codes;  // [n][cols]
-    std::vector<float> steps, residual_steps;   // [n][cols / 32]
-    std::vector<float> sums, errors;            // [n][cols / 16]
-    std::vector<float> block_sums, block_errors;  // [n][cols / 32]
+    int n = 0, cols = 0, tiles = 0;
+    std::vector<int8_t> codes, residual_codes;    // [tiles][cols / 4][kTileRows][4]
+    std::vector<float> steps, residual_steps;     // [tiles][cols / 32][kTileRows]
+    std::vector<float> sums, errors;              // [tiles][cols / 16][kTileRows]
+    std::vector<float> block_sums, block_errors;  // [tiles][cols / 32][kTileRows]
+
+    // Where row i's code of column c is in codes (and residual_codes).
+    size_t code_at(int i, int c) const {
+        return (static_cast<size_t>(i / kTileRows) * (cols / 4) + c / 4) * (4 * kTileRows) + 4 * (i % kTileRows) + c % 4;
+    }
+    // Where row i's value k is in an array of `per_row` values a row (steps: cols / 32, sums: cols / 16).
+    static size_t value_at(int i, int k, int per_row) {
+        return (static_cast<size_t>(i / kTileRows) * per_row + k) * kTileRows + i % kTileRows;
+    }
 
     void resize(int n, int cols);
     // Rows [i0, i1) of x (row i at x + i * ldx), after resize: disjoint row ranges may be written
