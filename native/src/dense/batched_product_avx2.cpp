@@ -2,7 +2,7 @@
 // columns of eight panel rows (one 32-bit lane a row); maddubs multiplies them by four codes of an
 // activation row broadcast to every lane (pairs of u <= 63 times |code| <= 127: at most 16002 an
 // int16, no saturation) and madd with ones sums each row's four in int32. Each half of the panel
-// (rows 0-7, 8-15) for M activation rows of a Q8Rows tile (4, or 2 rounded twice) at a time; per group (16 or 32 columns) the
+// (rows 0-7, 8-15) for M activation rows of a Q8Rows tile (2) at a time; per group (16 or 32 columns) the
 // int32 dots meet the floats. AVX-512 machines without VNNI run it too.
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 #include <immintrin.h>
@@ -69,11 +69,11 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-// Four rows at a time on one rounding; two on two (their residual accumulators would spill).
+// Two rows at a time: four measured 1.13x slower on Q4_K rows and 1.14x on Q6_K's (GCC 12 keeps
+// their accumulators on the stack; bench_batched_product, AVX-512 VNNI VM).
 template <bool kResidual, int kGroup>
 static void tiles(const PanelTile& t) {
-    constexpr int M = kResidual ? 2 : 4;
-    for (int i = 0; i < t.n; i += M) tile<kResidual, M, kGroup>(t, i);
+    for (int i = 0; i < t.n; i += 2) tile<kResidual, 2, kGroup>(t, i);
 }
 
 void panel_tile_avx2(const PanelTile& t) {
