@@ -29,14 +29,21 @@ def test_a_llama_cpp_that_crashes_is_a_clear_error_not_a_dead_bench(monkeypatch)
     # llama.cpp's AMX kernels died with SIGSEGV on a Sapphire Rapids VM: the bench must survive and
     # say what to rebuild; a child that fails without a signal names its last error line.
     monkeypatch.setattr(L, "check", lambda: None)
+    monkeypatch.setattr(L, "_flown", set())
     monkeypatch.setattr(L, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV) # %r")
     with pytest.raises(L.LlamaUnavailable, match=r"crashed \(SIGSEGV\).*-mno-amx-tile"):
         L.preflight("model.gguf", 2)
     monkeypatch.setattr(L, "_PREFLIGHT", "raise SystemExit('no such file') # %r")
     with pytest.raises(L.LlamaUnavailable, match="failed on a test run of model.gguf: no such file"):
         L.preflight("model.gguf", 2)
+    # The tools' peers go through it too (SIGILL: the same build on a VM whose CPU lists AMX).
+    monkeypatch.setattr(L, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGILL) # %r")
+    with pytest.raises(L.LlamaUnavailable, match=r"crashed \(SIGILL\).*-mno-amx-tile"):
+        L.make_peers("model.gguf", 64, 2, ["llama_f16"])
     monkeypatch.setattr(L, "_PREFLIGHT", "pass # %r")
     L.preflight("model.gguf", 2)  # a child that evaluates cleanly: no error
+    monkeypatch.setattr(L, "_PREFLIGHT", "raise SystemExit('not run again') # %r")
+    L.preflight("model.gguf", 2)  # once per process
 
 
 def test_llama_option_is_explained_in_help(capsys):

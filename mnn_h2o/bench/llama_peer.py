@@ -104,15 +104,22 @@ for fa, tk, tv in %r:
 """
 
 
+# (gguf, threads, configs) that evaluated cleanly in this process: preflight runs each once.
+_flown: set = set()
+
+
 def preflight(gguf: str, threads: int, configs: Sequence[tuple] = tuple(CONFIGS.values()),
               timeout_s: float = 300.0) -> None:
     """Evaluate 8 tokens in each config in a child process; :class:`LlamaUnavailable` (with what
     to do) if llama.cpp crashes or fails there. Call :func:`check` first: a missing llama_cpp is
-    its install hint, not a failed test run."""
+    its install hint, not a failed test run. :func:`make_peers` calls it too; once per process."""
     import signal
     import subprocess
     import sys
 
+    key = (gguf, threads, tuple(configs))
+    if key in _flown:
+        return
     try:
         r = subprocess.run([sys.executable, "-c", _PREFLIGHT % (list(configs),), gguf, str(threads)],
                            capture_output=True, text=True, timeout=timeout_s)
@@ -126,6 +133,7 @@ def preflight(gguf: str, threads: int, configs: Sequence[tuple] = tuple(CONFIGS.
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no message"])[-1]
         raise LlamaUnavailable(f"bench speed --llama: llama.cpp failed on a test run of {gguf}: {last}")
+    _flown.add(key)
 
 
 # --- llama.cpp's log: captured (for the KV buffer size), never printed ----------------------------
@@ -242,6 +250,10 @@ def ids_digest(ids: Sequence[int]) -> str:
 
 
 def make_peers(gguf: str, n_ctx: int, threads: int, names: Sequence[str] = tuple(CONFIGS)) -> Dict[str, LlamaPeer]:
+    """The named configs' peers, after :func:`preflight` (a llama.cpp that crashes, as one built
+    with AMX kernels on a VM without AMX does, is an error with its fix, not a dead process)."""
+    check()
+    preflight(gguf, threads, [CONFIGS[n] for n in names])
     peers = {}
     for name in names:
         fa, tk, tv = CONFIGS[name]
