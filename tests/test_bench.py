@@ -14,7 +14,7 @@ MICRO = {
     "eviction": {"sink_tokens": 16, "recent_tokens": 64, "trigger_min_tokens": 128, "update_interval": 4,
             "target_lossy_ratio": 2.0},
     "lossless": {"hot_sink_tokens": 16, "hot_recent_tokens": 32, "chunk_tokens": 64, "probe_every": 2},
-    "bench": {"prompt_lengths": [512], "decode_tokens": 8, "repetitions": 3,
+    "bench": {"prompt_lengths": [256], "decode_tokens": 8, "repetitions": 3,
               "cases": ["baseline", "probe", "full", "store", "q8", "q8_evict"], "demo_cases": ["full", "store"],
               "demo_buckets": [160], "demo_new_tokens": 6},
     "gates": {"min_lossy_ratio": 1.5, "min_lossless_ratio": 1.01, "min_top1_agreement": 0.5,

@@ -33,16 +33,16 @@ def test_scores_collected_but_nothing_evicted_is_bit_identical(llm, tokenizer):
 def test_eviction_frees_memory_and_reaches_the_target(llm, tokenizer):
     from mnn_h2o.essays import essay_tokens
 
-    ids = essay_tokens(tokenizer, 2048 + 64)
+    ids = essay_tokens(tokenizer, 1024 + 64)
     llm.configure_eviction(None)
-    llm.prefill(ids[:2048])
+    llm.prefill(ids[:1024])
     full_held = llm.stats.kv_bytes_held
     llm.configure_eviction({"policy": "h2o", "layer_budget": "uniform", "target_lossy_ratio": 2.5, "update_interval": 16,
-                       "layer_start": 2, "prefill_eviction": "chunk", "trigger_min_tokens": 512})
+                       "layer_start": 2, "prefill_eviction": "chunk", "trigger_min_tokens": 256})
     rss0 = _rss()
-    logits = llm.prefill(ids[:2048])
+    logits = llm.prefill(ids[:1024])
     held_after_prefill = llm.stats.kv_bytes_held
-    for t in ids[2048:]:
+    for t in ids[1024:]:
         logits = llm.decode(t)
     s = llm.stats
     stats = llm.cache.eviction_stats()
@@ -61,7 +61,7 @@ def test_eviction_frees_memory_and_reaches_the_target(llm, tokenizer):
 
 def test_generation_stays_coherent_under_eviction(llm):
     text = ("Paris is the capital and largest city of France. " * 3 +
-            "Here is a long story about the history of the city. ") * 40
+            "Here is a long story about the history of the city. ") * 20
     llm.configure_eviction({"target_lossy_ratio": 2.0, "trigger_min_tokens": 256})
     g = llm.generate(text + "\nQuestion: What is the capital of France?\nAnswer:", max_new_tokens=6, chat=False)
     assert llm.stats.evictions >= 1 and llm.stats.lossy_ratio > 1.5
