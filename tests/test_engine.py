@@ -227,8 +227,8 @@ def test_quantised_kv_on_the_real_model(llm8, tokenizer):
     from mnn_h2o.essays import essay_tokens
     from mnn_h2o.eval.quality import metrics, teacher_forced
 
-    ids = essay_tokens(tokenizer, 576)
-    prompt, cont = ids[:512], ids[512:]
+    ids = essay_tokens(tokenizer, 320)
+    prompt, cont = ids[:256], ids[256:]
     assert llm8.kv_dtype == "f16"
     full = teacher_forced(llm8, prompt, cont)
     got = {}
@@ -242,9 +242,9 @@ def test_quantised_kv_on_the_real_model(llm8, tokenizer):
         q8 = got["q8"]
         assert 1.85 < q8["ratio"] < 1.89 and q8["whole"] == pytest.approx(q8["ratio"])
         # Top-1 over 64 tokens moves by a token or two with the attention kernels' rounding alone
-        # (int8 activations amplify it): 61 of 64 with the AVX-512 kernels, 59 with AVX2 and with
-        # the scalar reference, at KL 0.0033-0.0036. KL is the bound that says "close"; top-1 only
-        # catches a broken cache.
+        # (int8 activations amplify it): after 512 prompt tokens 61 of 64 with the AVX-512
+        # kernels, 59 with AVX2 and with the scalar reference, at KL 0.0033-0.0036; after 256, 62
+        # at 0.0010 (AVX-512). KL is the bound that says "close"; top-1 only catches a broken cache.
         assert q8["kl"] < 0.005 and q8["top1"] >= 0.9
         assert 3.4 < got["q4r"]["ratio"] < 3.6
         assert got["q4r"]["kl"] < got["q4"]["kl"]
