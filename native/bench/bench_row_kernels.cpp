@@ -25,25 +25,12 @@
 #include "mnn_h2o/dense/weight_matrix.h"
 #include "mnn_h2o/dense/weight_types.h"
 #include "mnn_h2o/runtime/cpu_features.h"
+#include "bench_support.h"
 #include "mnn_h2o/runtime/thread_pool.h"
 
 using namespace mnn_h2o;
 
 namespace {
-
-// Random bytes with finite, modest scales where the type keeps its fp16 fields.
-std::vector<uint8_t> random_blocks(const WeightTypeTraits& t, size_t n_blocks, std::mt19937& rng) {
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::vector<uint8_t> b(n_blocks * static_cast<size_t>(t.block_bytes));
-    for (auto& v : b) v = static_cast<uint8_t>(byte(rng));
-    for (size_t k = 0; k < n_blocks; ++k)
-        for (int off : t.half_offsets)
-            if (off >= 0) {
-                const uint16_t h = fp32_to_fp16(0.001f + 0.001f * static_cast<float>(byte(rng)) / 255.f);
-                std::memcpy(&b[k * t.block_bytes + static_cast<size_t>(off)], &h, 2);
-            }
-    return b;
-}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());

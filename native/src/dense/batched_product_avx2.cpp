@@ -70,20 +70,11 @@ void tile(const PanelTile& t, int i0) {
 }  // namespace
 
 // Two rows at a time: four measured 1.13x slower on Q4_K rows and 1.14x on Q6_K's (GCC 12 keeps
-// their accumulators on the stack; bench_batched_product, AVX-512 VNNI VM).
-template <bool kResidual, int kGroup>
-static void tiles(const PanelTile& t) {
-    for (int i = 0; i < t.n; i += 2) tile<kResidual, 2, kGroup>(t, i);
-}
-
+// their accumulators on the stack; bench_batched_product on the Intel VM).
 void panel_tile_avx2(const PanelTile& t) {
-    if (t.group == 32) {
-        if (t.residual_codes) tiles<true, 32>(t);
-        else tiles<false, 32>(t);
-    } else {
-        if (t.residual_codes) tiles<true, 16>(t);
-        else tiles<false, 16>(t);
-    }
+    with_form(t, [&](auto residual, auto group) {
+        for (int i = 0; i < t.n; i += 2) tile<decltype(residual)::value, 2, decltype(group)::value>(t, i);
+    });
 }
 
 }  // namespace mnn_h2o

@@ -58,19 +58,10 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-template <bool kResidual, int kGroup>
-static void tiles(const PanelTile& t) {
-    for (int i = 0; i < t.n; i += Q8Rows::kTileRows) tile<kResidual, kGroup>(t, i);
-}
-
 void panel_tile_avx512vnni(const PanelTile& t) {
-    if (t.group == 32) {
-        if (t.residual_codes) tiles<true, 32>(t);
-        else tiles<false, 32>(t);
-    } else {
-        if (t.residual_codes) tiles<true, 16>(t);
-        else tiles<false, 16>(t);
-    }
+    with_form(t, [&](auto residual, auto group) {
+        for (int i = 0; i < t.n; i += Q8Rows::kTileRows) tile<decltype(residual)::value, decltype(group)::value>(t, i);
+    });
 }
 
 }  // namespace mnn_h2o

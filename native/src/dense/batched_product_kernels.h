@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "mnn_h2o/dense/batched_product.h"
 
@@ -67,6 +68,24 @@ inline int32_t four_codes(const int8_t* c) {
     int32_t v;
     std::memcpy(&v, c, 4);
     return v;
+}
+
+// Calls fn(residual, group) with the tile's form as compile-time constants
+// (std::integral_constant<bool, ...>, std::integral_constant<int, 16 or 32>): each SIMD kernel is
+// a template over them.
+template <class Fn>
+void with_form(const PanelTile& t, Fn&& fn) {
+    using Twice = std::true_type;
+    using Once = std::false_type;
+    using G32 = std::integral_constant<int, 32>;
+    using G16 = std::integral_constant<int, 16>;
+    if (t.group == 32) {
+        if (t.residual_codes) fn(Twice{}, G32{});
+        else fn(Once{}, G32{});
+    } else {
+        if (t.residual_codes) fn(Twice{}, G16{});
+        else fn(Once{}, G16{});
+    }
 }
 
 void panel_tile_scalar(const PanelTile& t);

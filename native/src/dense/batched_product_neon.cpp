@@ -64,19 +64,10 @@ void tile(const PanelTile& t, int i0) {
 
 }  // namespace
 
-template <bool kResidual, int kGroup>
-static void tiles(const PanelTile& t) {
-    for (int i = 0; i < t.n; i += 2) tile<kResidual, 2, kGroup>(t, i);
-}
-
 void panel_tile_neon(const PanelTile& t) {
-    if (t.group == 32) {
-        if (t.residual_codes) tiles<true, 32>(t);
-        else tiles<false, 32>(t);
-    } else {
-        if (t.residual_codes) tiles<true, 16>(t);
-        else tiles<false, 16>(t);
-    }
+    with_form(t, [&](auto residual, auto group) {
+        for (int i = 0; i < t.n; i += 2) tile<decltype(residual)::value, 2, decltype(group)::value>(t, i);
+    });
 }
 
 }  // namespace mnn_h2o
