@@ -7,6 +7,7 @@ conversation is prefilled, compressed (kvzip's pass) and answered on a replica a
 alone."""
 import http.client
 import json
+import os
 import urllib.request
 
 import pytest
@@ -183,7 +184,6 @@ def test_a_damaged_or_foreign_value_in_redis_is_refused_and_prefilled_again(depl
 def test_the_recipe_starts_everything_on_loopback_and_ctrl_c_stops_it_all(tmp_path):
     """python -m mnn_h2o.serve.replicas (what scripts/replicas.sh runs): nginx answers on the port
     given, for a server on Redis; Ctrl-C leaves no process of it behind."""
-    import os
     import signal
     import subprocess
     import sys
@@ -213,8 +213,37 @@ def test_the_recipe_starts_everything_on_loopback_and_ctrl_c_stops_it_all(tmp_pa
         if p.poll() is None:
             p.kill()
     # Nothing of it is left: Redis and nginx name the directory, the server names the Redis.
-    marks = (str(tmp_path), h["store"]["where"])
-    left = []
+    assert not processes_naming(str(tmp_path), h["store"]["where"])
+
+
+def test_ctrl_c_while_the_processes_start_stops_them_all(tmp_path):
+    """A Ctrl-C before nginx is up (here: as soon as the recipe says it starts) is a clean stop too:
+    exit 0, nothing left running."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from mnn_h2o.serve.replicas import free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.Popen([sys.executable, "-m", "mnn_h2o.serve.replicas", "--replicas", "1", "--port", str(free_port()),
+                          "--dir", str(tmp_path)], cwd=root, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        redis_url = re.search(r"\((redis://[^)]+)\)", line)
+        assert line.startswith("starting") and redis_url, line
+        p.send_signal(signal.SIGINT)
+        assert p.wait(120) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not processes_naming(str(tmp_path), redis_url.group(1))
+
+
+def processes_naming(*marks: str) -> list:
+    """Command lines of the running processes that contain any of ``marks``."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -222,5 +251,5 @@ def test_the_recipe_starts_everything_on_loopback_and_ctrl_c_stops_it_all(tmp_pa
         except OSError:
             continue
         if any(m in cmd for m in marks):
-            left.append(cmd)
-    assert not left, left
+            found.append(cmd)
+    return found

@@ -313,23 +313,28 @@ def main(argv=None) -> int:
     settings = dict(a.split("=", 1) for a in args.set)
     try:
         d = Deployment(os.path.abspath(args.dir), args.replicas, settings, args.config, args.port, args.redis_maxmemory)
-        print(f"starting Redis, {args.replicas} servers and nginx (logs in {d.workdir}) ...", file=sys.stderr)
-        d.start()
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # one try from the first start on: a Ctrl-C while the last process comes up (nginx already
+    # answers, its readiness poll not yet back) is a clean stop too, not an uncaught interrupt
     try:
+        print(f"starting Redis ({d.redis.url}), {args.replicas} servers and nginx (logs in {d.workdir}) ...",
+              file=sys.stderr)
+        d.start()
         print(f"serving on {d.url} (nginx) -> " + ", ".join(s.url for s in d.servers) +
               f"; sessions in {d.redis.url}. Ctrl-C stops everything.", file=sys.stderr)
         while all(p.running() for p in (d.redis, d.nginx, *d.servers)):
             time.sleep(1)
         print("a process ended (see its log); stopping the others", file=sys.stderr)
         return 1
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 0
     finally:
         d.stop()
-
 
 if __name__ == "__main__":
     sys.exit(main())
