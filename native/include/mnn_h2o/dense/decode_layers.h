@@ -111,8 +111,8 @@ private:
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
                Isa isa);
     void rms_norm(const float* h, const std::vector<float>& w, float* out) const;
-    // Rows per task of a product of `rows` rows on the team: a multiple of unit.
-    int task_rows(int rows, int unit) const;
+    // Rows per task of a product of `rows` rows split into per_thread tasks a thread: a multiple of unit.
+    int task_rows(int rows, int unit, int per_thread) const;
     // y = m x, its rows split into tasks on the team.
     void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
 
