@@ -17,6 +17,7 @@ that answered in the ``X-Replica`` response header.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Dict, List, Optional
@@ -63,9 +65,10 @@ class Process:
         raise NotImplementedError
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "Process":
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)  # a Ctrl-C at the terminal reaches us only
+        with deferred_signals():
+            with open(self.log_path, "a") as log:
+                self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -99,6 +102,28 @@ class Process:
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Ctrl-C and SIGTERM held back until the block is done, then delivered: one arriving inside
+    Popen, or before its result is kept, would leave a child nobody stops (it has its own session:
+    a Ctrl-C reaches us only). Recorded by a handler, not masked: a child inherits a signal mask,
+    and a Redis started with SIGTERM blocked never stops. Signal handlers belong to the main thread:
+    elsewhere nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in pending:
+            signal.raise_signal(s)
 
 
 class RedisServer(Process):
