@@ -172,11 +172,12 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
     constexpr int kGroups = kPanelCols / kIntegerGroup;  // the most a panel has (groups of 16)
     // A panel's u as u & 63 and, where some u is larger (Q8_0's q + 128), u >> 6 as a second panel
     // of 64 times the scales: the kernels' integer dots take u <= 63 (batched_product_kernels.h).
-    alignas(64) uint8_t u[kPanelCols * kPanelRows], u_high[kPanelCols * kPanelRows];
+    // Words: four columns of one row, as the kernels' lanes take them.
+    alignas(64) uint32_t u[kPanelCols / 4 * kPanelRows], u_high[kPanelCols / 4 * kPanelRows];
     alignas(64) float a[kGroups * kPanelRows], b[kGroups * kPanelRows], centre[kGroups * kPanelRows];
     alignas(64) float a_high[kGroups * kPanelRows], b_high[kGroups * kPanelRows], centre_high[kGroups * kPanelRows];
     std::fill(b_high, b_high + kGroups * kPanelRows, 0.f);
-    alignas(64) uint8_t rows_u[kPanelRows][kPanelCols];  // the panel's rows as integer_row gives them
+    alignas(64) uint32_t rows_w[kPanelRows][kPanelCols / 4];  // the panel's rows as integer_row gives them
     float rows_a[kPanelRows][kGroups], rows_b[kPanelRows][kGroups];
     const int cols = w.cols();
     for (int p0 = r0; p0 < r1; p0 += kPanelRows) {
@@ -186,36 +187,38 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
             const int kc = std::min(kPanelCols, cols - c0), groups = kc / group;
             uint8_t any = 0;
             for (int j = 0; j < kPanelRows; ++j) {
+                uint8_t* row = reinterpret_cast<uint8_t*>(rows_w[j]);
                 if (j < width) {
-                    w.integer_row(p0 + j, c0, c0 + kc, rows_u[j], rows_a[j], rows_b[j]);
-                    for (int c = 0; c < kc; ++c) any |= rows_u[j][c];
+                    w.integer_row(p0 + j, c0, c0 + kc, row, rows_a[j], rows_b[j]);
+                    for (int c = 0; c < kc; ++c) any |= row[c];
                 } else {
-                    std::fill(rows_u[j], rows_u[j] + kc, uint8_t{0});
+                    std::fill(row, row + kc, uint8_t{0});
                     std::fill(rows_a[j], rows_a[j] + kc / kIntegerGroup, 0.f);
                     std::fill(rows_b[j], rows_b[j] + kc / kIntegerGroup, 0.f);
                 }
             }
             const bool wide = any >= 64;
-            // Four columns of a row are one 32-bit lane of the panel: copied as words.
-            for (int q = 0; q < kc / 4; ++q)
-                for (int j = 0; j < kPanelRows; ++j) {
-                    uint32_t word;
-                    std::memcpy(&word, rows_u[j] + 4 * q, 4);
-                    if (wide) {
-                        const uint32_t high = (word >> 6) & 0x03030303u;
-                        std::memcpy(u_high + q * 64 + 4 * j, &high, 4);
-                        word &= 0x3f3f3f3fu;
+            // The panel: word q of each of its rows side by side (a plain transpose, kept free of
+            // the wide case's split so that it stays a loop of word moves).
+            if (!wide) {
+                for (int q = 0; q < kc / 4; ++q)
+                    for (int j = 0; j < kPanelRows; ++j) u[q * kPanelRows + j] = rows_w[j][q];
+            } else {
+                for (int q = 0; q < kc / 4; ++q)
+                    for (int j = 0; j < kPanelRows; ++j) {
+                        const uint32_t word = rows_w[j][q];
+                        u_high[q * kPanelRows + j] = (word >> 6) & 0x03030303u;
+                        u[q * kPanelRows + j] = word & 0x3f3f3f3fu;
                     }
-                    std::memcpy(u + q * 64 + 4 * j, &word, 4);
-                }
+            }
             // The codes' sums per group; the high parts only where there are some.
             const float per_column = 1.f / static_cast<float>(group);  // a power of two: exact
             for (int j = 0; j < kPanelRows; ++j)
                 for (int g = 0; g < groups; ++g) {
                     int low_sum = 0, high_sum = 0;
                     for (int s = group * g; s < group * (g + 1); s += 16) {
-                        low_sum += byte_sum16(rows_u[j] + s, 0, 0x3f3f3f3f3f3f3f3full);
-                        if (wide) high_sum += byte_sum16(rows_u[j] + s, 6, 0x0303030303030303ull);
+                        low_sum += byte_sum16(reinterpret_cast<const uint8_t*>(rows_w[j]) + s, 0, 0x3f3f3f3f3f3f3f3full);
+                        if (wide) high_sum += byte_sum16(reinterpret_cast<const uint8_t*>(rows_w[j]) + s, 6, 0x0303030303030303ull);
                     }
                     const int at = g * kPanelRows + j;
                     a[at] = rows_a[j][g * per];
@@ -226,12 +229,19 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                         centre_high[at] = a_high[at] * static_cast<float>(high_sum) * per_column;
                     }
                 }
+            // The weights of the next panel slice come from DRAM while this one is multiplied
+            // (the decoding of 16 row streams stalled on them: 5% of a 1.5B prompt in one load).
+            const int next_c0 = c0 + kPanelCols < cols ? c0 + kPanelCols : 0;
+            const int next_p0 = next_c0 > 0 ? p0 : p0 + kPanelRows;
+            if (next_p0 < r1)
+                for (int j = 0; j < std::min(kPanelRows, r1 - next_p0); ++j)
+                    w.prefetch_row(next_p0 + j, next_c0, std::min(cols, next_c0 + kPanelCols));
             // The activation's tiles from this panel's first column on (batched_product_kernels.h).
             const bool by_block = group == 32;
             const int per_row = xq.cols / group;
             const size_t tile_codes = static_cast<size_t>(xq.cols) * Q8Rows::kTileRows;
             const size_t at_block = Q8Rows::value_at(0, c0 / 32, xq.cols / 32), at_group = Q8Rows::value_at(0, c0 / group, per_row);
-            PanelTile tile{u, a, b, centre, group, kc,
+            PanelTile tile{reinterpret_cast<const uint8_t*>(u), a, b, centre, group, kc,
                            xq.codes.data() + xq.code_at(0, c0), twice ? xq.residual_codes.data() + xq.code_at(0, c0) : nullptr,
                            tile_codes,
                            xq.steps.data() + at_block, twice ? xq.residual_steps.data() + at_block : nullptr,
@@ -241,7 +251,7 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                            static_cast<size_t>(per_row) * Q8Rows::kTileRows, xq.n, y + p0, ldy, width, c0 > 0};
             kernel(tile);
             if (wide) {
-                tile.u = u_high;
+                tile.u = reinterpret_cast<const uint8_t*>(u_high);
                 tile.a = a_high;
                 tile.b = b_high;
                 tile.centre = centre_high;

@@ -296,6 +296,20 @@ void WeightMatrix::integer_row(int r, int c0, int c1, uint8_t* u, float* a, floa
     }
 }
 
+void WeightMatrix::prefetch_row(int r, int c0, int c1) const {
+    if (r < 0 || r >= rows_ || c0 < 0 || c1 > cols_ || c0 >= c1) return;
+    for (const Segment& s : segments_) {
+        if (r >= s.row0 + s.rows) continue;
+        if (s.q4) return;  // the pair layout's rows: not read by the batched product's hot path
+        const int bv = s.traits->block_values;
+        const size_t block = s.traits->block_bytes;
+        const uint8_t* p = s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes + (c0 / bv) * block;
+        const size_t bytes = static_cast<size_t>((c1 - c0 + bv - 1) / bv) * block;
+        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+        return;
+    }
+}
+
 int WeightMatrix::integer_group(int r0, int r1) const {
     if (r0 < 0 || r1 > rows_ || r0 >= r1) throw std::out_of_range("WeightMatrix::integer_group: rows out of range");
     int group = 0;

@@ -66,6 +66,9 @@ public:
     // weights (dense/batched_product.h). c0 and c1 must be whole blocks of the row's type (256 for a
     // k-quant part); throws std::out_of_range otherwise.
     void integer_row(int r, int c0, int c1, uint8_t* u, float* a, float* b) const;
+    // Asks the caches for the bytes integer_row(r, c0, c1) will read: a hint, no effect on any
+    // result; rows or columns outside the matrix ask for nothing.
+    void prefetch_row(int r, int c0, int c1) const;
     // The columns sharing one a and b for every row in [r0, r1) (their types' integer_group: 32,
     // or 16 where a Q6_K row is among them). Throws std::out_of_range on rows outside the matrix.
     int integer_group(int r0, int r1) const;
