@@ -336,17 +336,12 @@ def main(argv=None) -> int:
     if args.replicas < 1:
         ap.error("--replicas must be at least 1")
     settings = dict(a.split("=", 1) for a in args.set)
+    d = None
     try:
         d = Deployment(os.path.abspath(args.dir), args.replicas, settings, args.config, args.port, args.redis_maxmemory)
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    # one try from the first start on: a Ctrl-C while the last process comes up (nginx already
-    # answers, its readiness poll not yet back) is a clean stop too, not an uncaught interrupt
-    try:
         print(f"starting Redis ({d.redis.url}), {args.replicas} servers and nginx (logs in {d.workdir}) ...",
               file=sys.stderr)
-        d.start()
+        d.start()  # a Ctrl-C from here on (nginx may answer before its readiness poll is back) stops all
         print(f"serving on {d.url} (nginx) -> " + ", ".join(s.url for s in d.servers) +
               f"; sessions in {d.redis.url}. Ctrl-C stops everything.", file=sys.stderr)
         while all(p.running() for p in (d.redis, d.nginx, *d.servers)):
@@ -359,7 +354,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        d.stop()
+        if d is not None:
+            d.stop()
+
 
 if __name__ == "__main__":
     sys.exit(main())

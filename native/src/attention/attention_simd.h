@@ -15,6 +15,8 @@
 // Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
 #pragma once
 
+#include "../runtime/exp_polynomial.h"
+
 namespace mnn_h2o {
 namespace kernels {
 namespace simd {
@@ -30,17 +32,14 @@ constexpr float kNegInf = -__builtin_inff();
 // carry no probability at all.
 template <class V>
 inline Vec<V> vexp(Vec<V> x) {
-    const Vec<V> lo = V::set1(-87.3365478515625f);
+    namespace e = exp_polynomial;
+    const Vec<V> lo = V::set1(e::kLowest);
     const Vec<V> xc = V::max(x, lo);
-    const Vec<V> n = V::round(V::mul(xc, V::set1(1.44269504088896341f)));
-    Vec<V> r = V::fmadd(n, V::set1(-0.693359375f), xc);
-    r = V::fmadd(n, V::set1(2.12194440e-4f), r);
-    Vec<V> p = V::set1(1.9875691500e-4f);
-    p = V::fmadd(p, r, V::set1(1.3981999507e-3f));
-    p = V::fmadd(p, r, V::set1(8.3334519073e-3f));
-    p = V::fmadd(p, r, V::set1(4.1665795894e-2f));
-    p = V::fmadd(p, r, V::set1(1.6666665459e-1f));
-    p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
+    const Vec<V> n = V::round(V::mul(xc, V::set1(e::kLog2e)));
+    Vec<V> r = V::fmadd(n, V::set1(-e::kLn2High), xc);
+    r = V::fmadd(n, V::set1(e::kLn2Low), r);
+    Vec<V> p = V::set1(e::kP[0]);
+    for (int i = 1; i < 6; ++i) p = V::fmadd(p, r, V::set1(e::kP[i]));
     const Vec<V> y = V::fmadd(V::mul(p, r), r, V::add(r, V::set1(1.f)));
     return V::select_lt(x, lo, V::zero(), V::mul(y, V::pow2n(n)));
 }

@@ -213,12 +213,13 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
             }
             // The codes' sums per group; the high parts only where there are some.
             const float per_column = 1.f / static_cast<float>(group);  // a power of two: exact
-            for (int j = 0; j < kPanelRows; ++j)
+            for (int j = 0; j < kPanelRows; ++j) {
+                const uint8_t* row = reinterpret_cast<const uint8_t*>(rows_w[j]);
                 for (int g = 0; g < groups; ++g) {
                     int low_sum = 0, high_sum = 0;
                     for (int s = group * g; s < group * (g + 1); s += 16) {
-                        low_sum += byte_sum16(reinterpret_cast<const uint8_t*>(rows_w[j]) + s, 0, 0x3f3f3f3f3f3f3f3full);
-                        if (wide) high_sum += byte_sum16(reinterpret_cast<const uint8_t*>(rows_w[j]) + s, 6, 0x0303030303030303ull);
+                        low_sum += byte_sum16(row + s, 0, 0x3f3f3f3f3f3f3f3full);
+                        if (wide) high_sum += byte_sum16(row + s, 6, 0x0303030303030303ull);
                     }
                     const int at = g * kPanelRows + j;
                     a[at] = rows_a[j][g * per];
@@ -229,6 +230,7 @@ void multiply_batch(const WeightMatrix& w, const Q8Rows& xq, int r0, int r1, flo
                         centre_high[at] = a_high[at] * static_cast<float>(high_sum) * per_column;
                     }
                 }
+            }
             // The weights of the next panel slice come from DRAM while this one is multiplied
             // (the decoding of 16 row streams stalled on them: 5% of a 1.5B prompt in one load).
             const int next_c0 = c0 + kPanelCols < cols ? c0 + kPanelCols : 0;

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../runtime/exp_polynomial.h"
+
 namespace mnn_h2o {
 
 namespace {
@@ -52,22 +54,17 @@ void split_qkv(const DecodeShape& s, const float* qkv, const float* cos, const f
     std::copy(qkv + nq + nk, qkv + nq + 2 * nk, v);
 }
 
-// exp(x), clamped to [-87, 88] (enough for SiLU: past it the sigmoid is 0 or 1 in float): the
-// Cephes expf polynomial after a reduction by ln 2, within ~2 ulp, as attention_simd.h's vexp.
-// No call and no branch, so the loops that call it vectorise (libm's expf was 5% of a 1.5B
-// prompt, one call a value).
+// exp(x), clamped to [-87, 88] (enough for SiLU: past it the sigmoid is 0 or 1 in float), by
+// runtime/exp_polynomial.h. No call and no branch, so the loops that call it vectorise (libm's
+// expf was 5% of a 1.5B prompt, one call a value).
 inline float exp_clamped(float x) {
+    namespace e = exp_polynomial;
     constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding and subtracting rounds to an integer
     x = std::min(88.f, std::max(-87.f, x));
-    const float n = (x * 1.44269504088896341f + kRound) - kRound;
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    const float n = (x * e::kLog2e + kRound) - kRound;
+    const float r = (x - n * e::kLn2High) + n * e::kLn2Low;
+    float p = e::kP[0];
+    for (int i = 1; i < 6; ++i) p = p * r + e::kP[i];
     const float y = p * r * r + (r + 1.f);
     const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
     float scale;

@@ -56,6 +56,14 @@ void Q4Matrix::integer_row(int r, int b0, int b1, uint8_t* u, float* a, float* b
     }
 }
 
+void Q4Matrix::prefetch_row(int r, int b0, int b1) const {
+    if (r < 0 || r >= rows_ || b0 < 0 || b1 > cols_ / kQ4Block || b0 >= b1) return;
+    const size_t first = static_cast<size_t>(r) * pairs_ + static_cast<size_t>(b0 / 2);
+    const size_t last = static_cast<size_t>(r) * pairs_ + static_cast<size_t>((b1 - 1) / 2);
+    for (size_t o = first * 32; o < (last + 1) * 32; o += 64) __builtin_prefetch(nibbles_.data() + o);
+    for (size_t o = first * 4; o < (last + 1) * 4; o += 32) __builtin_prefetch(scale_mins_.data() + o);
+}
+
 void Q8Activation::resize(int n) {
     cols = n;
     const size_t nb = static_cast<size_t>(n / kQ4Block), pairs = (nb + 1) / 2;

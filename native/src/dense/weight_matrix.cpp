@@ -276,38 +276,40 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
     }
 }
 
+const WeightMatrix::Segment& WeightMatrix::segment_of(int r) const {
+    for (const Segment& s : segments_)
+        if (r < s.row0 + s.rows) return s;
+    throw std::out_of_range("WeightMatrix: row " + std::to_string(r) + " of " + std::to_string(rows_));
+}
+
+const uint8_t* WeightMatrix::block_at(const Segment& s, int r, int c) {
+    return s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes +
+           static_cast<size_t>(c / s.traits->block_values) * s.traits->block_bytes;
+}
+
 void WeightMatrix::integer_row(int r, int c0, int c1, uint8_t* u, float* a, float* b) const {
     if (r < 0 || r >= rows_ || c0 < 0 || c1 > cols_ || c0 > c1)
         throw std::out_of_range("WeightMatrix::integer_row: row or columns out of range");
-    for (const Segment& s : segments_) {
-        if (r >= s.row0 + s.rows) continue;
-        const int bv = s.traits->block_values;
-        if (c0 % bv != 0 || c1 % bv != 0)
-            throw std::out_of_range(std::string("WeightMatrix::integer_row: columns not whole ") + s.traits->name +
-                                    " blocks");
-        if (s.q4) {
-            s.q4->integer_row(r - s.row0, c0 / kQ4Block, c1 / kQ4Block, u, a, b);
-        } else {
-            const uint8_t* row = s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes;
-            s.traits->integer_form(row + static_cast<size_t>(c0 / bv) * s.traits->block_bytes, u, a, b,
-                                   static_cast<size_t>((c1 - c0) / bv));
-        }
-        return;
-    }
+    const Segment& s = segment_of(r);
+    const int bv = s.traits->block_values;
+    if (c0 % bv != 0 || c1 % bv != 0)
+        throw std::out_of_range(std::string("WeightMatrix::integer_row: columns not whole ") + s.traits->name +
+                                " blocks");
+    if (s.q4) s.q4->integer_row(r - s.row0, c0 / kQ4Block, c1 / kQ4Block, u, a, b);
+    else s.traits->integer_form(block_at(s, r, c0), u, a, b, static_cast<size_t>((c1 - c0) / bv));
 }
 
 void WeightMatrix::prefetch_row(int r, int c0, int c1) const {
     if (r < 0 || r >= rows_ || c0 < 0 || c1 > cols_ || c0 >= c1) return;
-    for (const Segment& s : segments_) {
-        if (r >= s.row0 + s.rows) continue;
-        if (s.q4) return;  // the pair layout's rows: not read by the batched product's hot path
-        const int bv = s.traits->block_values;
-        const size_t block = s.traits->block_bytes;
-        const uint8_t* p = s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes + (c0 / bv) * block;
-        const size_t bytes = static_cast<size_t>((c1 - c0 + bv - 1) / bv) * block;
-        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+    const Segment& s = segment_of(r);
+    const int bv = s.traits->block_values;
+    if (s.q4) {
+        s.q4->prefetch_row(r - s.row0, c0 / kQ4Block, (c1 + kQ4Block - 1) / kQ4Block);
         return;
     }
+    const uint8_t* p = block_at(s, r, c0);
+    const size_t bytes = static_cast<size_t>((c1 - c0 + bv - 1) / bv) * s.traits->block_bytes;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
 }
 
 int WeightMatrix::integer_group(int r0, int r1) const {

@@ -100,6 +100,8 @@ public:
     // value = u a + b per group of 16; here u the nibble, a the scale, b the min): the batched
     // product's weights (dense/batched_product.h).
     void integer_row(int r, int b0, int b1, uint8_t* u, float* a, float* b) const;
+    // Asks the caches for what integer_row(r, b0, b1) reads (a hint; out of range: nothing).
+    void prefetch_row(int r, int b0, int b1) const;
 
 private:
     int rows_, cols_, pairs_;  // pairs_: block pairs per row

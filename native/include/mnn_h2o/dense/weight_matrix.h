@@ -81,6 +81,10 @@ private:
         std::vector<uint8_t> blocks;     // k-quants: the GGUF's bytes
         std::shared_ptr<Q4Matrix> q4;    // Q4_0 / Q4_1: the block pairs
     };
+    // The segment holding row r (0 <= r < rows_), and where its row r's block holding column c
+    // starts in that segment's GGUF bytes (a k-quant / Q5_0 / Q8_0 segment).
+    const Segment& segment_of(int r) const;
+    static const uint8_t* block_at(const Segment& s, int r, int c);
     int rows_ = 0, cols_ = 0;
     std::vector<Segment> segments_;
 };
