@@ -5,15 +5,21 @@ option, any other is positional; every data file it reads is a positional `data/
 test can check that each is named in its section's `data`. It returns a Markdown table.
 
     fair DEFAULT FILE...                eval fair's per-point table (prompt, target, domain)
-    fair_points DEFAULT FILE... cols=C,C
-                                        the same points, only the columns named (_fair_columns)
+    fair_points DEFAULT FILE... cols=C,C [prompt=N] [target=T] [digits=D]
+                                        the same points, only the columns named (_fair_column)
     kl_pair A B FILE...                 per point: A's KL, B's KL and B / A (the dev-split choices)
     mnn_vs_native MNN NATIVE cols=C,C   the same test points on MNN's modules and on our native ones
+    kv_dtypes A B FILE...               our rows of kv_dtype A against B per domain: alone, then per target
     needles FILE...                     needle hits per haystack length and placement
     speed_vs_llama FILE [columns=decode] bench speed: ours against llama.cpp's f16 configs
+    speed_engines FILE                  bench speed at one context: a row per engine, with KV held and KL
+    decode_interleave FILE [ENGINE...]...
+                                        tools.decode_interleave: a row per engine, decode against llama.cpp's
     conversation_budget FILE            tools.conversation_budget: what each config holds in one budget
     prefill_vs_llama FILE ENGINE...     tools.prompt_layers: prefill tok/s per engine, ours over llama.cpp's best
     shared_sessions FILE                tools.shared_sessions: stored bytes and a turn's TTFT from the store
+    first_turn FILE                     tools.session_ttft --first-turn: a first turn's TTFT, compressed in it,
+                                        after the answer or not at all
 
 A bold figure is set by its renderer from a bar stated here, never typed: a fair ratio above the
 issue's bar (eval/fair.py: default <= 1.1x the best press, <= 2x KVzip@q8); needle hits below 90%
@@ -72,32 +78,57 @@ def fair_table(docs: str, default: str, *files: str) -> str:
     return fair.table(fair.points(_kl_rows(docs, files), default), default).split("\n\n")[0]
 
 
-def _fair_columns(default: str) -> Dict[str, tuple]:
-    """name -> (title, alignment, cell(point)) of fair_points' columns."""
+def _fair_column(key: str, default: str, rows: Sequence[dict], first: Sequence[dict], digits: int) -> tuple:
+    """(title, alignment, cell(point)) of one fair_points column: a key below, a METHOD (its KL at
+    the point) or vs:METHOD (the default's KL over that method's). `before` is the default's KL as
+    the first file holding it gave it, before a later file replaced it (eval/fair.py's merge)."""
     pol, name = _policy(default), default.split(":", 1)[-1] + " (ours)"
+    f = lambda v: _f(v, digits)  # noqa: E731
     over = lambda p, other, bar: other is not None and p.default["kl"] > bar * other["kl"]  # noqa: E731
+    at = lambda rs, method, p: _at(rs, method, p.domain, p.prompt_tokens, p.target)  # noqa: E731
+    if key.startswith("vs:"):
+        return (f"{pol} / {_policy(key[3:])}", "---:", lambda p: _f(_ratio(p.default, at(rows, key[3:], p)), 2))
+    if ":" in key:
+        engine, method = key.split(":", 1)
+        return (f"{method} ({engine}): KL", "---:", lambda p: f((at(rows, key, p) or {}).get("kl")))
     return {
-        "x_kl": (f"{name}: x / KL", "---", lambda p: f"{p.default['ratio']:.2f} / {_f(p.default['kl'])}"),
-        "kl": (f"{name}: KL", "---:", lambda p: _f(p.default["kl"])),
-        "q8": ("q8 alone", "---:", lambda p: _f(p.q8_alone["kl"]) if p.q8_alone else "-"),
+        "x_kl": (f"{name}: x / KL", "---", lambda p: f"{p.default['ratio']:.2f} / {f(p.default['kl'])}"),
+        "kl": (f"{name}: KL", "---:", lambda p: f(p.default["kl"])),
+        "kl_exact": (f"{name}: KL / kl_exact", "---",
+                     lambda p: f"{f(p.default['kl'])} / {f(p.default.get('kl_exact'))}"),
+        "before": (f"{name}: KL as first measured", "---:", lambda p: f((at(first, default, p) or {}).get("kl"))),
+        "q8": ("q8 alone", "---:", lambda p: f(p.q8_alone["kl"]) if p.q8_alone else "-"),
         "best": ("best one-pass press@q8: press, KL", "---",
-                 lambda p: f"{p.best_press['policy']}, {_f(p.best_press['kl'])}" if p.best_press else "-"),
-        "kvzip": ("KVzip@q8: KL", "---:", lambda p: _f(p.kvzip["kl"]) if p.kvzip else "-"),
+                 lambda p: f"{p.best_press['policy']}, {f(p.best_press['kl'])}" if p.best_press else "-"),
+        "kvzip": ("KVzip@q8: KL", "---:", lambda p: f(p.kvzip["kl"]) if p.kvzip else "-"),
         "vs_best": (f"{pol} / best press", "---:", lambda p: _bold_if(
             _f(_ratio(p.default, p.best_press), 2), over(p, p.best_press, fair.BAR_BEST_PRESS))),
         "vs_kvzip": (f"{pol} / KVzip@q8", "---:", lambda p: _bold_if(
             _f(_ratio(p.default, p.kvzip), 2), over(p, p.kvzip, fair.BAR_KVZIP))),
-        "exact": (f"kl_exact: {pol} / best press", "---", lambda p: f"{_f(p.default.get('kl_exact'))} / "
-                  f"{_f(p.best_press.get('kl_exact') if p.best_press else None)}"),
-    }
+        "exact": (f"kl_exact: {pol} / best press", "---", lambda p: f"{f(p.default.get('kl_exact'))} / "
+                  f"{f(p.best_press.get('kl_exact') if p.best_press else None)}"),
+    }[key]
 
 
-def fair_points(docs: str, default: str, *files: str, cols: str) -> str:
-    """The fair frontier's points with the columns named in cols (keys of _fair_columns). The
-    prompt column appears when the points span more than one prompt length."""
-    pts = fair.points(_kl_rows(docs, files), default)
-    columns = _fair_columns(default)
-    chosen = [columns[c] for c in cols.split(",")]
+def _first_rows(docs: str, files: Sequence[str], method: str) -> List[dict]:
+    """The method's rows in the first of files that holds any (before a later file replaced them)."""
+    for f in files:
+        rows = [r for r in _kl_rows(docs, [f]) if r["method"] == method]
+        if rows:
+            return rows
+    return []
+
+
+def fair_points(docs: str, default: str, *files: str, cols: str, prompt: Optional[str] = None,
+                target: Optional[str] = None, digits: str = "4") -> str:
+    """The fair frontier's points with the columns named in cols (_fair_column), KLs to `digits`
+    decimals; prompt=N, target=T: only the points at that prompt length, that target. The prompt
+    column appears when the points span more than one prompt length."""
+    rows = _kl_rows(docs, files)
+    first = _first_rows(docs, files, default)
+    pts = [p for p in fair.points(rows, default) if (prompt is None or p.prompt_tokens == int(prompt))
+           and (target is None or abs(p.target - float(target)) < 1e-6)]
+    chosen = [_fair_column(c, default, rows, first, int(digits)) for c in cols.split(",")]
     several = len({p.prompt_tokens for p in pts}) > 1
     head = (["prompt"] if several else []) + ["target", "domain"] + [c[0] for c in chosen]
     align = (["---:"] if several else []) + ["---:", "---"] + [c[1] for c in chosen]
@@ -119,6 +150,24 @@ def kl_pair(docs: str, a: str, b: str, *files: str) -> str:
                      _f(_ratio(o, r), 2)])
     return _md(["target", "domain", f"{a.split(':', 1)[-1]} KL", f"{b.split(':', 1)[-1]} KL",
                 f"{_policy(b)} / {_policy(a)}"], ["---:", "---", "---:", "---:", "---:"], body)
+
+
+def kv_dtypes(docs: str, a: str, b: str, *files: str) -> str:
+    """Our cache rows of kv_dtype A against B (e.g. q8 and q8r) per domain, each cell A's KL / B's:
+    alone (no eviction), then at each target B ran with its policy; and KVzip@q8's KL at that
+    target (the peer). 5 decimals. One prompt length."""
+    rows = _kl_rows(docs, files)
+    ours = [r for r in rows if r["method"].startswith("ours:") and r["method"].endswith("@" + b)]
+    domains = sorted({r["domain"] for r in ours})
+    kl = lambda m, d, n, t: _f((_at(rows, m, d, n, t) or {}).get("kl"), 5)  # noqa: E731
+    body = []
+    for n, m, t in sorted({(r["prompt_tokens"], r["method"], r["target_ratio"]) for r in ours},
+                          key=lambda k: (k[0], k[2] or 0)):
+        cells = [kl(m[:-len(b)] + a, d, n, t) + " / " + kl(m, d, n, t) for d in domains]
+        body.append([f"{t:g} ({_policy(m)})" if t else "alone"] + cells
+                    + [" / ".join(kl(fair.KVZIP, d, n, t) for d in domains) if t else ""])
+    return _md(["target"] + [f"{d}: {a} / {b}" for d in domains] + [f"KVzip@q8 ({' / '.join(domains)})"],
+               ["---:"] + ["---"] * (len(domains) + 1), body)
 
 
 # --- MNN's modules against our native ones ------------------------------------------------------
@@ -229,6 +278,63 @@ def prefill_vs_llama(docs: str, path: str, *engines: str) -> str:
                ["---:"] * (len(engines) + 2), body)
 
 
+def _engine_title(engine: str, policy: str) -> str:
+    return _ENGINE_TITLES.get(engine) or f"ours, {policy}"
+
+
+def speed_engines(docs: str, path: str) -> str:
+    """`bench speed` at its one context, a row per engine: prefill tok/s (min-max) and the time to
+    first token it makes, decode tok/s (min-max), ours' decode ms a token in the layers / the
+    cache step (as speed_vs_llama splits them), the KV bytes held, and KL / top-1 against the
+    engine's own full cache (or the reference the bench names)."""
+    with open(os.path.join(docs, path), encoding="utf-8") as f:
+        d = json.load(f)
+    (ctx, r), = d["speed"].items()
+    body = []
+    for e, v in ((e, v) for e, v in r.items() if isinstance(v, dict) and "decode_tps" in v):
+        ms, q = v.get("decode_ms"), v.get("quality_vs_own_full")
+        quality = f"{q['kl']:.4f} / {100 * q['top1_agreement']:.1f}%" if q else ""
+        if q and q["reference"] in _ENGINE_TITLES:  # measured against another engine's full cache
+            quality += f" (vs {_ENGINE_TITLES[q['reference']]})"
+        body.append([_engine_title(e, d["config"]["h2o"]["policy"]),
+                     f"{_tps(v['prefill_tps'])}: {int(ctx) / v['prefill_tps']['median']:.0f} s",
+                     _tps(v["decode_tps"]),
+                     f"{ms['mnn'] + ms['dense']:.2f} / {ms['attention'] + ms['policy']:.2f}" if ms else "",
+                     f"{v['kv_bytes_held'] / 2**20:.1f}", quality])
+    return _md(["engine", "prefill tok/s (time to first token)", "decode tok/s",
+                "decode ms a token: layers / cache step", "KV MiB held", "KL / top-1 vs its own full cache"],
+               ["---", "---:", "---:", "---", "---:", "---"], body)
+
+
+def decode_interleave(docs: str, *args: str) -> str:
+    """tools.decode_interleave's engines, a row each: a FILE then the ENGINEs taken from it (none:
+    all), rows in that order. The prefill (one each; kvzip's pass within it), the decode step's
+    median ms and its cache step, the KV held, and ours over llama.cpp's best config (the paired
+    ratio and its 95% noise). A row from a later FILE is its own run: its ratio names its reference."""
+    groups: List[list] = []
+    for a in args:
+        if a.startswith("data/"):
+            with open(os.path.join(docs, a), encoding="utf-8") as f:
+                groups.append([json.load(f), []])
+        else:
+            groups[-1][1].append(a)
+    body = []
+    for i, (d, names) in enumerate(groups):
+        best = d["engines"][d["llama_best"]]
+        for e in names or list(d["engines"]):
+            v, vs = d["engines"][e], d["engines"][e].get("vs_llama_best")
+            ratio = f"{vs['ratio']:.2f}x (±{100 * vs['noise']:.1f}%)" if vs else ""
+            if vs and i:
+                ratio += (f" against {_ENGINE_TITLES[d['llama_best']]}'s {best['decode_ms_median']:.1f} ms, "
+                          f"{best['prefill_s']:.1f} s")
+            pass_s = f" (the pass {v['reconstruct_s']:.1f})" if v.get("reconstruct_s") else ""
+            body.append([_engine_title(e, e.split(":", 1)[-1]) + (" (its own run)" if i else ""),
+                         f"{v['prefill_s']:.1f}{pass_s}", f"{v['decode_ms_median']:.1f}",
+                         f"{v['cache_ms']:.1f}" if "cache_ms" in v else "", f"{v['kv_bytes_held'] / 2**20:.1f}", ratio])
+    return _md(["engine", "time to first token, s (one prefill)", "decode ms a token (median)", "of it the cache step",
+                "KV MiB held", f"decode vs {_ENGINE_TITLES[groups[0][0]['llama_best']]}"], ["---"] + ["---:"] * 5, body)
+
+
 # --- one KV budget -------------------------------------------------------------------------------
 
 _BUDGET_CONFIGS = {"f16": "f16 full cache", "q8": "q8 full cache", "default": "the default (byte cap)"}
@@ -272,10 +378,27 @@ def shared_sessions(docs: str, path: str) -> str:
                 "TTFT re-prefilled, s", "store / re-prefill"], ["---:"] * 7, body)
 
 
+def first_turn(docs: str, path: str) -> str:
+    """tools.session_ttft --first-turn: per prompt length a first turn's TTFT, medians (min-max), with
+    kvzip's pass in the turn, after the answer (then the pass, timed apart) and without eviction;
+    the first two over the third; the KV MiB each holds once compressed."""
+    with open(os.path.join(docs, path), encoding="utf-8") as f:
+        rows = json.load(f)["first_turn"]
+    body = [[str(r["prompt_tokens"]), _seconds(r["in_turn"]["ttft_s"]), _seconds(r["after_answer"]["ttft_s"]),
+             _seconds(r["after_answer"]["compress_s"]), _seconds(r["no_eviction"]["ttft_s"]),
+             f"{r['in_turn_over_no_eviction']:.2f}x", f"{r['after_answer_over_no_eviction']:.2f}x",
+             " / ".join(f"{r[k]['kv_bytes_held'] / 2**20:.1f}" for k in ("in_turn", "after_answer", "no_eviction"))]
+            for r in rows]
+    return _md(["prompt tokens", "TTFT s: in the turn", "after the answer", "then its compression, s", "no eviction",
+                "in the turn / none", "after the answer / none",
+                "KV MiB held once compressed: in the turn / after / none"], ["---:"] * 7 + ["---"], body)
+
+
 TABLES: Dict[str, Callable[..., str]] = {
     "fair": fair_table, "fair_points": fair_points, "kl_pair": kl_pair, "mnn_vs_native": mnn_vs_native,
     "needles": needles, "speed_vs_llama": speed_vs_llama, "conversation_budget": conversation_budget,
-    "prefill_vs_llama": prefill_vs_llama, "shared_sessions": shared_sessions,
+    "prefill_vs_llama": prefill_vs_llama, "shared_sessions": shared_sessions, "kv_dtypes": kv_dtypes,
+    "speed_engines": speed_engines, "decode_interleave": decode_interleave, "first_turn": first_turn,
 }
 
 
