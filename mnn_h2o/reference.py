@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .architecture import ARCHITECTURES, is_local
 from .decoder_layer import check_form, finish_layer, start_layer
 from .gguf_model import GgufModel
 from .numpy_ops import NumpyOps, rope_tables
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Softmax attention of q [n, n_heads, hd] over k, v [n, n_kv_heads, hd]; rows [n, n_heads * hd]."""
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0) -> np.ndarray:
+    """Softmax attention of q [n, n_heads, hd] over k, v [n, n_kv_heads, hd]; rows [n, n_heads * hd].
+    ``window`` > 0: each query sees the newest ``window`` keys up to itself only (a sliding-window
+    layer's)."""
     n, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     mask = np.triu(np.full((n, n), -np.inf, dtype=q.dtype), 1)
+    if window:
+        mask += np.tril(np.full((n, n), -np.inf, dtype=q.dtype), -window)
     out = np.empty(q.shape, q.dtype)
     for hq in range(n_heads):
         hk = hq // group
@@ -44,16 +49,21 @@ class ReferenceModel:
         With ``return_kv`` also returns the per-layer K (after RoPE) and V as
         ``[n_kv_heads, n, head_dim]`` arrays, the layout of the native cache.
         """
-        c, dt = self.cfg, self.dtype
+        c, dt, form = self.cfg, self.dtype, ARCHITECTURES[self.cfg.arch]
         ids = np.asarray(ids, dtype=np.int64)
         x = self.embed[ids].astype(dt)
-        ops = NumpyOps(c, *rope_tables(c, np.arange(len(ids)), dt))
+        if form.embedding_scale == "sqrt_hidden":
+            x = x * np.sqrt(c.hidden)
+        pos = np.arange(len(ids))
+        local = rope_tables(c, pos, dt, form.local_rope_base) if form.global_every else (None, None)
+        ops = NumpyOps(c, *rope_tables(c, pos, dt), *local)
         kv = []
-        for w in self.layers:
-            q, k, v = start_layer(ops, c, w, x)
+        for i, w in enumerate(self.layers):
+            q, k, v = start_layer(ops, c, w, x, i)
             if return_kv:
                 kv.append((k.transpose(1, 0, 2).copy(), v.transpose(1, 0, 2).copy()))
-            x = finish_layer(ops, w, x, causal_attention(q, k, v))
+            window = c.sliding_window if is_local(c, i) else 0
+            x = finish_layer(ops, c, w, x, causal_attention(q, k, v, window))
         rows = len(ids) if all_logits else max(1, last_rows)
         x = ops.rms_norm(x[-rows:], self.out_norm)
         logits = (x.astype(np.float32) @ self.lm_head.T).astype(np.float64)

@@ -52,7 +52,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from .decoder_layer import check_form, finish_layer, start_layer
+from .decoder_layer import BASIC, check_form, finish_layer, start_layer
 from .errors import ModelFileError
 from .gguf_model import GgufModel, ModelConfig, file_digest
 from .mnn_runtime import import_mnn, redirect_fds
@@ -208,7 +208,7 @@ def build_graph(model: GgufModel, progress: Optional[_Progress] = None, n_layers
         w = model.layer(i)
         q, k, v = start_layer(ops, c, w, x)
         a = _F.jsonop([q, k, v, attention_mask], _attention_json(f"/layers.{i}/self_attn/attn"), 1)[0]
-        x = finish_layer(ops, w, x, _F.reshape(a, [-1, nh * hd], _F.NCHW))
+        x = finish_layer(ops, c, w, x, _F.reshape(a, [-1, nh * hd], _F.NCHW))
         del w
         if progress is not None:
             progress.step(f"layer {i}")
@@ -397,7 +397,7 @@ def export_stock(gguf_path: str, out_dir: str, weight_bits: int = 8, progress: P
         raise ValueError(f"out_dir {out_dir!r} exists and is not a directory")
 
     model = GgufModel(gguf_path)  # raises ModelFileError (a ValueError) for bad files
-    check_form(model.config)
+    check_form(model.config, BASIC, "the stock MNN export")
     c = model.config
     if weight_bits and quant_block and any(n % quant_block for n in (c.hidden, c.ffn, c.n_heads * c.head_dim)):
         raise ValueError(f"quant_block {quant_block} does not divide the model's input widths "

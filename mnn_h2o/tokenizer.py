@@ -1,7 +1,19 @@
-"""Byte-level BPE tokenizer rebuilt from a GGUF file's metadata, plus the chat template.
+"""The tokenizer rebuilt from a GGUF file's metadata, plus the chat template.
 
-GGUF stores the vocabulary, merges and special tokens; ``tokenizers`` does the BPE. The
-pre-tokenizer is chosen from GGUF's ``tokenizer.ggml.pre`` the way llama.cpp does.
+Two kinds, as ``tokenizer.ggml.model`` says:
+
+- ``gpt2``, byte-level BPE (Llama 3, SmolLM, Qwen2): GGUF stores the vocabulary, the merges and
+  the special tokens; the pre-tokenizer is chosen from ``tokenizer.ggml.pre`` the way llama.cpp
+  does.
+- ``llama``, SentencePiece (Gemma, Llama 2): GGUF stores each piece's score instead of merges.
+  SentencePiece's BPE merges, of all adjacent pairs whose concatenation is a piece, the one whose
+  piece scores highest; that is BPE with merges ranked by the merged piece's score, so the merges
+  are derived from the scores (every split of a piece into two pieces). Spaces become ``▁``
+  (U+2581), with one in front of the text where ``add_space_prefix`` says so; a character no piece
+  covers falls back to its UTF-8 bytes (the ``<0xXX>`` pieces).
+
+In both, ``tokenizers`` does the merging, and control and user-defined tokens (token_type 3, 4:
+Gemma's ``<start_of_turn>``, its runs of newlines and spaces, ...) are matched whole first.
 """
 from __future__ import annotations
 
@@ -34,23 +46,55 @@ def _pre_tokenizer(pre: str):
     return pt.Sequence([pt.Split(Regex(_GPT2_SPLIT), behavior="isolated"), bytelevel])
 
 
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6  # tokenizer.ggml.token_type values
+
+
+def spm_merges(tokens, token_type, scores) -> List[tuple]:
+    """SentencePiece's merges as BPE ranks: each normal piece split in two normal pieces, every
+    split of it, ranked by the piece's score (highest first; ties by the pieces' ids, as
+    transformers' SentencePieceExtractor orders them)."""
+    normal = {t: i for i, (t, ty) in enumerate(zip(tokens, token_type)) if ty == _NORMAL}
+    ranked = []
+    for piece, i in normal.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                ranked.append((-scores[i], normal[left], normal[right], left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
 class Tokenizer:
     def __init__(self, meta: dict):
         from tokenizers import AddedToken, Tokenizer as HfTokenizer, decoders, models
 
         tokens = meta["tokens"]
         vocab = {t: i for i, t in enumerate(tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+        self.kind = meta.get("model", "gpt2")  # exports made before SentencePiece support say nothing
+        spm = self.kind == "llama"
+        merges = (spm_merges(tokens, meta["token_type"], meta["scores"]) if spm
+                  else [tuple(m.split(" ", 1)) for m in meta["merges"]])
         try:
-            bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+            bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=spm)
         except Exception as e:  # e.g. a merge of tokens that are not in the vocabulary
             raise ModelFileError(f"the model's tokenizer is inconsistent: {e}") from None
         tok = HfTokenizer(bpe)
-        tok.pre_tokenizer = _pre_tokenizer(meta.get("pre", "default"))
-        tok.decoder = decoders.ByteLevel()
+        if spm:
+            from tokenizers import pre_tokenizers
+
+            prefix = meta.get("add_space_prefix", True)
+            # "first": llama.cpp puts the prefix before the text's first piece only, not after
+            # each special token
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
+                                                         prepend_scheme="first" if prefix else "never")
+            tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                             decoders.Fuse()] + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+        else:
+            tok.pre_tokenizer = _pre_tokenizer(meta.get("pre", "default"))
+            tok.decoder = decoders.ByteLevel()
         # token_type 3 = control, 4 = user-defined: matched whole, never split by BPE.
         special = [AddedToken(t, special=True, normalized=False)
-                   for t, ty in zip(tokens, meta["token_type"]) if ty in (3, 4)]
+                   for t, ty in zip(tokens, meta["token_type"]) if ty in (_CONTROL, _USER_DEFINED)]
         tok.add_special_tokens(special)
         self._tok = tok
         self.meta = meta

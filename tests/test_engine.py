@@ -140,7 +140,7 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
     h = rng.standard_normal((3, c.hidden)) * 4
     attn = rng.standard_normal((3, c.n_heads * c.head_dim))
     ops = NumpyOps(c, None, None)
-    ref = ops.rms_norm(finish_layer(ops, w, h, attn), smollm2_gguf.output_norm())
+    ref = ops.rms_norm(finish_layer(ops, c, w, h, attn), smollm2_gguf.output_norm())
     got = tail(h.astype(np.float32), attn.astype(np.float32))
     assert got.dtype == np.float32 and got.shape == ref.shape
     assert np.abs(got - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(got - ref).max() / np.abs(ref).max()

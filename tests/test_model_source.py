@@ -27,7 +27,7 @@ def fake_parts(tmp_path, monkeypatch, spec, skip=()):
         data = tmp_path / "site" / pkg / "data"
         data.mkdir(parents=True)
         body = bytes([i]) * (1000 + 37 * i)
-        (data / f"part{i:02d}.bin").write_bytes(body)
+        (data / spec.part_file.format(i=i, i0=i - 1)).write_bytes(body)
         dirs[pkg] = str(tmp_path / "site" / pkg)
         joined += body
     monkeypatch.setattr(model_source, "_package_dir", dirs.get)

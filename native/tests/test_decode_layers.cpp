@@ -78,7 +78,8 @@ Model make(int threads) {
     s.head_dim = 64;
     s.ffn = 768;
     s.rms_eps = 1e-5f;
-    s.form = {{"qkv_bias", "true"}, {"norm", "rms"}, {"mlp", "swiglu"}, {"qk_norm", "false"}, {"post_norms", "false"}};
+    s.form = {{"qkv_bias", "true"}, {"norm", "rms"}, {"mlp", "swiglu"}, {"qk_norm", "false"}, {"post_norms", "false"},
+              {"q_width", "hidden"}, {"embedding_scale", "none"}, {"global_every", "0"}, {"local_rope_base", "0.0"}};
     std::vector<DecodeLayerWeights> ws;
     for (int i = 0; i < 2; ++i) {
         DecodeLayerWeights w;

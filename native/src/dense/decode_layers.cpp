@@ -79,7 +79,8 @@ float silu_times(float g, float u) { return g / (1.f + exp_clamped(-g)) * u; }
 const std::vector<LayerOption>& decode_layer_options() {
     static const std::vector<LayerOption> options = {
         {"qkv_bias", {"false", "true"}}, {"norm", {"rms"}}, {"mlp", {"swiglu"}}, {"qk_norm", {"false"}},
-        {"post_norms", {"false"}},
+        {"post_norms", {"false"}}, {"q_width", {"hidden"}}, {"embedding_scale", {"none"}}, {"global_every", {"0"}},
+        {"local_rope_base", {"0.0"}},
     };
     return options;
 }
