@@ -105,8 +105,9 @@ class Tokenizer:
         self._compiled = None
         if self.chat_template:
             self._template()  # a broken template is a broken model file: say so at load time
-        self.stop_token_ids = {i for i in (self.eos_token_id, vocab.get("<|im_end|>"),
-                                           vocab.get("<|endoftext|>"), vocab.get("<|eot_id|>"))
+        # the end of an assistant's turn in each family's chat format (ChatML, Llama 3, Gemma)
+        self.stop_token_ids = {i for i in (self.eos_token_id, vocab.get("<|im_end|>"), vocab.get("<|endoftext|>"),
+                                           vocab.get("<|eot_id|>"), vocab.get("<end_of_turn>"))
                                if i is not None and i >= 0}
 
     def encode(self, text: str) -> List[int]:

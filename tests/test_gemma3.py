@@ -57,7 +57,7 @@ def test_the_file_reads_as_gemma3(gemma):
 
 @pytest.mark.parametrize("text,ids", KNOWN_IDS, ids=[t[:12] for t, _ in KNOWN_IDS])
 def test_the_tokenizer_gives_llama_cpps_ids(gemma_tokenizer, text, ids):
-    assert gemma_tokenizer.kind == "llama"
+    assert gemma_tokenizer.kind == "llama" and gemma_tokenizer.stop_token_ids == {1, 106}  # <eos>, <end_of_turn>
     assert gemma_tokenizer.encode(text) == ids
     # SentencePiece decodes every ▁ as a space, a literal one too (llama.cpp alike)
     assert gemma_tokenizer.decode(ids, skip_special=False) == text.replace("\u2581", " ")
