@@ -17,6 +17,7 @@ test can check that each is named in its section's `data`. It returns a Markdown
                                         tools.decode_interleave: a row per engine, decode against llama.cpp's
     conversation_budget FILE            tools.conversation_budget: what each config holds in one budget
     prefill_vs_llama FILE ENGINE...     tools.prompt_layers: prefill tok/s per engine, ours over llama.cpp's best
+    first_token OURS BASE FILE...       tools.prefill_interleave: time to first token, a row per run and context
     shared_sessions FILE                tools.shared_sessions: stored bytes and a turn's TTFT from the store
     first_turn FILE                     tools.session_ttft --first-turn: a first turn's TTFT, compressed in it,
                                         after the answer or not at all
@@ -264,6 +265,42 @@ _ENGINE_TITLES = {"native": "native prefill tok/s", "mnn": "MNN's modules", "lla
                   "llama_f16_fa": "llama.cpp f16 + FA", "llama_q8_fa": "llama.cpp q8_0 + FA"}
 
 
+TTFT_BAR = 1.5  # the first token at least this times faster than llama.cpp's best (issue 50's bar)
+
+
+def _interleave_rows(path: str) -> Dict[tuple, tuple]:
+    """tools.prefill_interleave's printed table: (context, engine) -> (median, min, max) seconds."""
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            cells = line.split()
+            if len(cells) == 6 and cells[0].isdigit():
+                lo, hi = cells[3].split("-")
+                rows[(int(cells[0]), cells[1])] = (float(cells[2]), float(lo), float(hi))
+    return rows
+
+
+def first_token(docs: str, ours: str, base: str, *files: str) -> str:
+    """tools.prefill_interleave runs, a row per (FILE, context): the time to first token of our
+    engine OURS, of BASE (our prefill without eviction) and of llama.cpp's configs, medians
+    (min-max) in seconds; OURS over BASE and llama.cpp's best over OURS, the latter bold where it
+    misses TTFT_BAR."""
+    llamas = ("llama_f16", "llama_f16_fa")
+    cell = lambda v: f"{v[0]:.2f} ({v[1]:.2f}-{v[2]:.2f})"  # noqa: E731
+    body = []
+    for run, f in enumerate(files, 1):
+        rows = _interleave_rows(os.path.join(docs, f))
+        for ctx in sorted({c for c, _ in rows}):
+            o, b = rows[(ctx, ours)], rows[(ctx, base)]
+            best = min(rows[(ctx, e)][0] for e in llamas)
+            ratio = best / o[0]
+            body.append([str(run), str(ctx), cell(b), cell(o)] + [cell(rows[(ctx, e)]) for e in llamas]
+                        + [f"{o[0] / b[0]:.2f}x / " + _bold_if(f"{ratio:.2f}x faster", ratio < TTFT_BAR)])
+    return _md(["run", "prompt tokens", "no eviction", _policy(ours), "llama.cpp f16",
+                "llama.cpp f16 + FA", f"{_policy(ours)}: vs no eviction / vs llama.cpp's best"],
+               ["---", "---:", "---:", "---:", "---:", "---:", "---:"], body)
+
+
 def prefill_vs_llama(docs: str, path: str, *engines: str) -> str:
     """tools.prompt_layers' prefill tok/s per context, medians (min-max), for the engines named
     (ours first), and ours (the first) over the fastest llama.cpp config's median."""
@@ -399,6 +436,7 @@ TABLES: Dict[str, Callable[..., str]] = {
     "needles": needles, "speed_vs_llama": speed_vs_llama, "conversation_budget": conversation_budget,
     "prefill_vs_llama": prefill_vs_llama, "shared_sessions": shared_sessions, "kv_dtypes": kv_dtypes,
     "speed_engines": speed_engines, "decode_interleave": decode_interleave, "first_turn": first_turn,
+    "first_token": first_token,
 }
 
 
