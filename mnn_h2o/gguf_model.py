@@ -549,8 +549,7 @@ class GgufModel:
             if len(scores) != len(tokens) or not all(math.isfinite(x) for x in scores):
                 raise ModelFileError(f"{self.path}: {len(scores)} piece scores for {len(tokens)} tokens, or one "
                                      "not finite")
-            # llama.cpp's defaults for a SentencePiece file that does not say
+            # llama.cpp's default for a SentencePiece file that does not say
             meta.update(scores=[float(x) for x in scores],
-                        add_space_prefix=bool(self._get("tokenizer.ggml.add_space_prefix", True, kind="bool")),
-                        add_bos=bool(self._get("tokenizer.ggml.add_bos_token", True, kind="bool")))
+                        add_space_prefix=bool(self._get("tokenizer.ggml.add_space_prefix", True, kind="bool")))
         return meta

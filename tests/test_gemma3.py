@@ -107,6 +107,7 @@ def test_against_llama_cpp_live(gemma, gemma_tokenizer):
     exact model was 4.7e-3 here, before and past the window alike)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     from mnn_h2o.essays import essay_text
+    from mnn_h2o.measure import log_softmax
     from mnn_h2o.reference import ReferenceModel
 
     text = essay_text()[:3500]
@@ -116,10 +117,7 @@ def test_against_llama_cpp_live(gemma, gemma_tokenizer):
     llm.eval(ids)
     theirs = np.array(llm.scores[:len(ids)], np.float64)
     ours = ReferenceModel(gemma, np.float64).forward(ids, all_logits=True)
-    lp = theirs - theirs.max(-1, keepdims=True)
-    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
-    lq = ours - ours.max(-1, keepdims=True)
-    lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+    lp, lq = log_softmax(theirs), log_softmax(ours)
     kl = (np.exp(lp) * (lp - lq)).sum(-1)
     assert kl.mean() < 0.01 and kl[512:].mean() < 0.01
     assert (theirs.argmax(-1) == ours.argmax(-1)).mean() > 0.9

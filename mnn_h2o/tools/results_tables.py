@@ -296,8 +296,8 @@ def first_token(docs: str, ours: str, base: str, *files: str) -> str:
             ratio = best / o[0]
             body.append([str(run), str(ctx), cell(b), cell(o)] + [cell(rows[(ctx, e)]) for e in llamas]
                         + [f"{o[0] / b[0]:.2f}x / " + _bold_if(f"{ratio:.2f}x faster", ratio < TTFT_BAR)])
-    return _md(["run", "prompt tokens", "no eviction", _policy(ours), "llama.cpp f16",
-                "llama.cpp f16 + FA", f"{_policy(ours)}: vs no eviction / vs llama.cpp's best"],
+    return _md(["run", "prompt tokens", "no eviction", _policy(ours)] + [_ENGINE_TITLES[e] for e in llamas]
+               + [f"{_policy(ours)}: vs no eviction / vs llama.cpp's best"],
                ["---", "---:", "---:", "---:", "---:", "---:", "---:"], body)
 
 
