@@ -18,7 +18,7 @@ struct Avx2 {
     // 16 registers: 4 keys x 3 rows of accumulators + 3 query vectors fill them.
     static constexpr int kDecodeRows = 3;
     static constexpr int kTileKeys = 4;  // 8 accumulators (4 keys x 2 row vectors)
-    static constexpr int kPvRows = 2;    // 8 accumulators (2 rows x 4 vectors of head_dim)
+    static constexpr int kPvCols = 4;    // 8 accumulators (4 value columns x 2 row vectors)
 
     static vec zero() { return _mm256_setzero_ps(); }
     static vec set1(float x) { return _mm256_set1_ps(x); }

@@ -23,7 +23,7 @@ struct Avx512 {
     static constexpr int W = 16;
     static constexpr int kDecodeRows = 4;  // 16 accumulators (4 keys x 4 rows) of 32 registers
     static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
-    static constexpr int kPvRows = 4;      // 16 accumulators (4 rows x 4 vectors of head_dim)
+    static constexpr int kPvCols = 8;      // 16 accumulators (8 value columns x 2 row vectors)
 
     static vec zero() { return _mm512_setzero_ps(); }
     static vec set1(float x) { return _mm512_set1_ps(x); }

@@ -18,7 +18,7 @@ struct Neon {
     static constexpr int W = 4;
     static constexpr int kDecodeRows = 4;  // 16 accumulators of 32 registers
     static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
-    static constexpr int kPvRows = 4;      // 16 accumulators (4 rows x 4 vectors of head_dim)
+    static constexpr int kPvCols = 8;      // 16 accumulators (8 value columns x 2 row vectors)
 
     static vec zero() { return vdupq_n_f32(0.f); }
     static vec set1(float x) { return vdupq_n_f32(x); }

@@ -6,7 +6,7 @@
 // body into an AVX2 caller. For the same reason nothing here calls into the standard library.
 //
 // V provides: vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
-// kTileKeys (keys per score micro-tile in prefill), kPvRows (rows per P*V micro-tile), and
+// kTileKeys (keys per score micro-tile in prefill), kPvCols (value columns per P*V micro-tile in prefill), and
 // zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
 // load_f16/load_bf16/store_f16/store_bf16, load_i8 (W int8 -> fp32), load_u4 (W 4-bit codes from
 // W/2 bytes, element 2i in the low nibble, -> fp32 in [0, 15]) and half (one fp16 -> fp32). The
@@ -264,19 +264,29 @@ void decode_impl(const DecodeArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill tile: R = 2*W query rows of one kv head against its keys, one cache block at a time
-// (online softmax across blocks). Queries are stored transposed (qt[d][r]) so the scores of one
-// key for all R rows come out as two vectors without horizontal sums: a small GEMM micro-kernel
-// with the key element broadcast. Each converted key/value block then serves all R rows.
+// Prefill tile: R = 2*W query rows of one kv head against its keys, a step of a few cache blocks
+// at a time (online softmax across steps). Queries are stored transposed (qt[d][r]) so the scores
+// of one key for all R rows come out as two vectors without horizontal sums: a small GEMM
+// micro-kernel with the key element broadcast. Each converted key/value row then serves all R rows.
+// A step spans kTileStepKeys keys, not one 16-token block: the P x V accumulators (R x head_dim
+// floats) are loaded, rescaled and stored once a step, which at one block a step took about a
+// third of P x V's time (perf, the 1.5B's shape).
 
 template <class V>
 constexpr int kTileRows = 2 * V::W;
 
+constexpr int kTileStepKeys = 64;
+
+// Cache blocks per online-softmax step.
+inline int tile_step_blocks(int block_tokens) {
+    return block_tokens >= kTileStepKeys ? 1 : kTileStepKeys / block_tokens;
+}
+
 template <class V>
 size_t tile_scratch_floats(const Shape& s, int n_blocks) {
     constexpr size_t R = kTileRows<V>;
-    const size_t hd = s.head_dim, bt = s.block_tokens;
-    return hd * R + 2 * bt * hd + bt * R + R * hd + 4 * R + 3 * static_cast<size_t>(n_blocks) * R;
+    const size_t hd = s.head_dim, keys = static_cast<size_t>(tile_step_blocks(s.block_tokens)) * s.block_tokens;
+    return hd * R + 2 * keys * hd + keys * R + R * hd + 4 * R + 3 * static_cast<size_t>(n_blocks) * R;
 }
 
 // st[j][0..R) = sum_d kf[j][d] * qt[d][0..R) for j in [0, nk).
@@ -312,36 +322,30 @@ void tile_scores(const float* qt, const float* kf, int nk, int hd, float* st) {
     }
 }
 
-// o[r0 + r][c0 ..] = o[..] * alpha[r0 + r] + sum_j pt[j][r0 + r] * vf[j][c0 ..]
-template <class V, int RC, int DC>
-void tile_pv_block(const float* pt, const float* alpha, const float* vf, int nk, int hd, int r0, int c0, float* o) {
+// ot[c][0..R) = ot[c][..] * alpha[0..R) + sum_j vf[j][c] * pt[j][0..R) for c in [c0, c0 + KC): the
+// output held transposed, so that a key's probabilities for all R rows are two vector loads and
+// each value element one broadcast (tile_scores' micro-kernel again): V is read once a step and
+// the probabilities (R floats a key) stay in L1.
+template <class V, int KC>
+void tile_pv_cols(const float* pt, const float* alpha, const float* vf, int nk, int hd, int c0, float* ot) {
     constexpr int R = kTileRows<V>;
-    Vec<V> acc[RC][DC];
-    for (int r = 0; r < RC; ++r) {
-        const Vec<V> a = V::set1(alpha[r0 + r]);
-        for (int d = 0; d < DC; ++d) acc[r][d] = V::mul(V::load(o + (r0 + r) * hd + c0 + d * V::W), a);
+    const Vec<V> a0 = V::load(alpha), a1 = V::load(alpha + V::W);
+    Vec<V> acc0[KC], acc1[KC];
+    for (int c = 0; c < KC; ++c) {
+        acc0[c] = V::mul(V::load(ot + (c0 + c) * R), a0);
+        acc1[c] = V::mul(V::load(ot + (c0 + c) * R + V::W), a1);
     }
     for (int j = 0; j < nk; ++j) {
-        Vec<V> v[DC];
-        for (int d = 0; d < DC; ++d) v[d] = V::load(vf + j * hd + c0 + d * V::W);
-        for (int r = 0; r < RC; ++r) {
-            const Vec<V> p = V::set1(pt[j * R + r0 + r]);
-            for (int d = 0; d < DC; ++d) acc[r][d] = V::fmadd(p, v[d], acc[r][d]);
+        const Vec<V> p0 = V::load(pt + j * R), p1 = V::load(pt + j * R + V::W);
+        for (int c = 0; c < KC; ++c) {
+            const Vec<V> v = V::set1(vf[j * hd + c0 + c]);
+            acc0[c] = V::fmadd(p0, v, acc0[c]);
+            acc1[c] = V::fmadd(p1, v, acc1[c]);
         }
     }
-    for (int r = 0; r < RC; ++r)
-        for (int d = 0; d < DC; ++d) V::store(o + (r0 + r) * hd + c0 + d * V::W, acc[r][d]);
-}
-
-template <class V, int RC>
-void tile_pv_rows(const float* pt, const float* alpha, const float* vf, int nk, int hd, int r0, float* o) {
-    for (int c0 = 0; c0 < hd; c0 += 4 * V::W) {
-        switch (imin<V>(4, (hd - c0) / V::W)) {
-            case 1: tile_pv_block<V, RC, 1>(pt, alpha, vf, nk, hd, r0, c0, o); break;
-            case 2: tile_pv_block<V, RC, 2>(pt, alpha, vf, nk, hd, r0, c0, o); break;
-            case 3: tile_pv_block<V, RC, 3>(pt, alpha, vf, nk, hd, r0, c0, o); break;
-            default: tile_pv_block<V, RC, 4>(pt, alpha, vf, nk, hd, r0, c0, o); break;
-        }
+    for (int c = 0; c < KC; ++c) {
+        V::store(ot + (c0 + c) * R, acc0[c]);
+        V::store(ot + (c0 + c) * R + V::W, acc1[c]);
     }
 }
 
@@ -353,8 +357,7 @@ void convert_block(const void* blk, int nk, int hd, float* dst) {
 
 template <class V, KvDtype DT>
 void tile_impl(const TileArgs& a) {
-    constexpr int R = kTileRows<V>, W = V::W, PR = V::kPvRows;
-    static_assert(R % PR == 0, "P*V row micro-tiles must divide the tile");
+    constexpr int R = kTileRows<V>, W = V::W, PC = V::kPvCols;
     const Shape& s = a.shape;
     const int hd = s.head_dim, bt = s.block_tokens;
     int lim_min = a.limits[0], lim_max = a.limits[0];
@@ -363,12 +366,13 @@ void tile_impl(const TileArgs& a) {
         lim_max = a.limits[r] > lim_max ? a.limits[r] : lim_max;
     }
     const int n_blocks = (lim_max + bt - 1) / bt;
+    const int step_blocks = tile_step_blocks(bt), step_keys = step_blocks * bt;
 
     float* qt = a.scratch;
     float* kf = qt + hd * R;
-    float* vf = kf + bt * hd;
-    float* st = vf + bt * hd;
-    float* o = st + bt * R;
+    float* vf = kf + static_cast<size_t>(step_keys) * hd;
+    float* st = vf + static_cast<size_t>(step_keys) * hd;
+    float* o = st + static_cast<size_t>(step_keys) * R;  // transposed: o[c * R + r]
     float* m = o + R * hd;
     float* l = m + R;
     float* alpha = l + R;
@@ -387,25 +391,21 @@ void tile_impl(const TileArgs& a) {
     }
     for (int i = 0; i < R * hd; i += W) V::store(o + i, V::zero());
 
-    for (int b = 0; b < n_blocks; ++b) {
-        const int k0 = b * bt;
-        const int nk = imin<V>(bt, lim_max - k0);
-        const float* kb;
-        const float* vb;
-        if constexpr (DT == KvDtype::F32) {
-            kb = static_cast<const float*>(a.kv->k_blocks[b]);
-            vb = static_cast<const float*>(a.kv->v_blocks[b]);
-        } else {
-            convert_block<V, DT>(a.kv->k_blocks[b], nk, hd, kf);
-            convert_block<V, DT>(a.kv->v_blocks[b], nk, hd, vf);
-            kb = kf;
-            vb = vf;
+    const Vec<V> lim0 = V::load(limf), lim1 = V::load(limf + W);
+    const Vec<V> neg_inf = V::set1(kNegInf<V>);
+    for (int b0 = 0; b0 < n_blocks; b0 += step_blocks) {
+        // The step's blocks converted into consecutive rows of kf / vf: keys [k0, k0 + nk).
+        const int b1 = imin<V>(n_blocks, b0 + step_blocks);
+        const int k0 = b0 * bt;
+        const int nk = lim_max - k0 < step_keys ? lim_max - k0 : step_keys;
+        for (int b = b0; b < b1; ++b) {
+            const int bk = imin<V>(bt, lim_max - b * bt);
+            convert_block<V, DT>(a.kv->k_blocks[b], bk, hd, kf + static_cast<size_t>(b - b0) * bt * hd);
+            convert_block<V, DT>(a.kv->v_blocks[b], bk, hd, vf + static_cast<size_t>(b - b0) * bt * hd);
         }
-        tile_scores<V, V::kTileKeys>(qt, kb, nk, hd, st);
+        tile_scores<V, V::kTileKeys>(qt, kf, nk, hd, st);
 
-        // Causal mask, only where some row's limit falls inside this block.
-        const Vec<V> lim0 = V::load(limf), lim1 = V::load(limf + W);
-        const Vec<V> neg_inf = V::set1(kNegInf<V>);
+        // Causal mask, only where some row's limit falls inside this step.
         if (k0 + nk > lim_min) {
             for (int j = 0; j < nk; ++j) {
                 const Vec<V> key = V::set1(static_cast<float>(k0 + j));
@@ -413,24 +413,45 @@ void tile_impl(const TileArgs& a) {
                 V::store(st + j * R + W, V::select_lt(key, lim1, V::load(st + j * R + W), neg_inf));
             }
         }
-        Vec<V> mb0 = neg_inf, mb1 = neg_inf;
-        for (int j = 0; j < nk; ++j) {
-            mb0 = V::max(mb0, V::load(st + j * R));
-            mb1 = V::max(mb1, V::load(st + j * R + W));
+        // Each block's own largest score (kept for block_max), and the step's.
+        Vec<V> ms0 = neg_inf, ms1 = neg_inf;
+        for (int b = b0; b < b1; ++b) {
+            Vec<V> mb0 = neg_inf, mb1 = neg_inf;
+            for (int j = (b - b0) * bt, je = imin<V>(nk, j + bt); j < je; ++j) {
+                mb0 = V::max(mb0, V::load(st + j * R));
+                mb1 = V::max(mb1, V::load(st + j * R + W));
+            }
+            if (a.block_max) {
+                V::store(bpeak + b * R, mb0);
+                V::store(bpeak + b * R + W, mb1);
+            }
+            ms0 = V::max(ms0, mb0);
+            ms1 = V::max(ms1, mb1);
         }
-        // Key 0 is visible to every row, so after block 0 the running max is finite and
+        // Key 0 is visible to every row, so after the first step the running max is finite and
         // m - m_new is never (-inf) - (-inf).
         const Vec<V> m0 = V::load(m), m1 = V::load(m + W);
-        const Vec<V> mn0 = V::max(m0, mb0), mn1 = V::max(m1, mb1);
+        const Vec<V> mn0 = V::max(m0, ms0), mn1 = V::max(m1, ms1);
         const Vec<V> a0 = vexp<V>(V::sub(m0, mn0)), a1 = vexp<V>(V::sub(m1, mn1));
         Vec<V> ls0 = V::zero(), ls1 = V::zero();
-        for (int j = 0; j < nk; ++j) {
-            const Vec<V> p0 = vexp<V>(V::sub(V::load(st + j * R), mn0));
-            const Vec<V> p1 = vexp<V>(V::sub(V::load(st + j * R + W), mn1));
-            V::store(st + j * R, p0);
-            V::store(st + j * R + W, p1);
-            ls0 = V::add(ls0, p0);
-            ls1 = V::add(ls1, p1);
+        for (int b = b0; b < b1; ++b) {
+            Vec<V> bs0 = V::zero(), bs1 = V::zero();
+            for (int j = (b - b0) * bt, je = imin<V>(nk, j + bt); j < je; ++j) {
+                const Vec<V> p0 = vexp<V>(V::sub(V::load(st + j * R), mn0));
+                const Vec<V> p1 = vexp<V>(V::sub(V::load(st + j * R + W), mn1));
+                V::store(st + j * R, p0);
+                V::store(st + j * R + W, p1);
+                bs0 = V::add(bs0, p0);
+                bs1 = V::add(bs1, p1);
+            }
+            if (a.block_scores) {
+                V::store(bsum + b * R, bs0);
+                V::store(bsum + b * R + W, bs1);
+                V::store(bmax + b * R, mn0);
+                V::store(bmax + b * R + W, mn1);
+            }
+            ls0 = V::add(ls0, bs0);
+            ls1 = V::add(ls1, bs1);
         }
         V::store(l, V::fmadd(V::load(l), a0, ls0));
         V::store(l + W, V::fmadd(V::load(l + W), a1, ls1));
@@ -438,22 +459,14 @@ void tile_impl(const TileArgs& a) {
         V::store(m + W, mn1);
         V::store(alpha, a0);
         V::store(alpha + W, a1);
-        if (a.block_scores) {
-            V::store(bsum + b * R, ls0);
-            V::store(bsum + b * R + W, ls1);
-            V::store(bmax + b * R, mn0);
-            V::store(bmax + b * R + W, mn1);
-        }
-        if (a.block_max) {
-            V::store(bpeak + b * R, mb0);
-            V::store(bpeak + b * R + W, mb1);
-        }
-        for (int r0 = 0; r0 < a.n_rows; r0 += PR) tile_pv_rows<V, PR>(st, alpha, vb, nk, hd, r0, o);
+        int c0 = 0;
+        for (; c0 + PC <= hd; c0 += PC) tile_pv_cols<V, PC>(st, alpha, vf, nk, hd, c0, o);
+        for (; c0 < hd; ++c0) tile_pv_cols<V, 1>(st, alpha, vf, nk, hd, c0, o);
     }
 
     for (int r = 0; r < a.n_rows; ++r) {
-        const Vec<V> inv = V::set1(1.f / l[r]);
-        for (int c = 0; c < hd; c += W) V::store(a.out_rows[r] + c, V::mul(V::load(o + r * hd + c), inv));
+        const float inv = 1.f / l[r];
+        for (int c = 0; c < hd; ++c) a.out_rows[r][c] = o[c * R + r] * inv;
     }
     if (a.block_scores) {
         // Probability mass of block b for row r: bsum * exp(bmax - m_final) / l_final.
