@@ -92,11 +92,21 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::seque
             if (!l.contains(key)) throw py::value_error(where + ": no '" + std::string(key) + "'");
             return vector_of<float>(py::array(l[key]), where + " " + key);
         };
-        const int attn_width = s.n_heads * s.head_dim;
-        ws.push_back(DecodeLayerWeights{vec("attn_norm"), vec("ffn_norm"), matrix_from(l, "qkv", s.hidden, where),
-                                        l.contains("qkv_bias") ? vec("qkv_bias") : std::vector<float>{},
-                                        matrix_from(l, "wo", attn_width, where), matrix_from(l, "gate", s.hidden, where),
-                                        matrix_from(l, "up", s.hidden, where), matrix_from(l, "down", s.ffn, where)});
+        auto optional = [&](const char* key) { return l.contains(key) ? vec(key) : std::vector<float>{}; };
+        DecodeLayerWeights w;
+        w.attn_norm = vec("attn_norm");
+        w.ffn_norm = vec("ffn_norm");
+        w.qkv = matrix_from(l, "qkv", s.hidden, where);
+        w.qkv_bias = optional("qkv_bias");
+        w.wo = matrix_from(l, "wo", s.n_heads * s.head_dim, where);
+        w.gate = matrix_from(l, "gate", s.hidden, where);
+        w.up = matrix_from(l, "up", s.hidden, where);
+        w.down = matrix_from(l, "down", s.ffn, where);
+        w.q_norm = optional("q_norm");
+        w.k_norm = optional("k_norm");
+        w.post_attn_norm = optional("post_attn_norm");
+        w.post_ffn_norm = optional("post_ffn_norm");
+        ws.push_back(std::move(w));
     }
     if (threads < 1) throw py::value_error("threads must be >= 1");
     try {
@@ -217,7 +227,8 @@ void bind_decode_layers(py::module_& m) {
         .def(py::init(&make_layers), py::arg("shape"), py::arg("layers"), py::arg("threads") = 1,
              py::arg("head") = py::none(),
              "shape: dict of hidden, n_heads, n_kv_heads, head_dim, ffn, rms_eps, form (the layer's options by name); layers: one dict per "
-             "layer of attn_norm, ffn_norm, optional qkv_bias, and qkv, wo, gate, up, down: each a list of "
+             "layer of attn_norm, ffn_norm, optional qkv_bias, q_norm / k_norm (qk_norm), post_attn_norm / post_ffn_norm "
+             "(post_norms), and qkv, wo, gate, up, down: each a list of "
              "(GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows (WeightMatrix); head: None or a dict "
              "of out_norm (the final norm) and matrix (the output projection's parts, as a matrix above)")
         .def_property_readonly("n_layers", &DecodeLayers::n_layers)

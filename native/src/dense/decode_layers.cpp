@@ -34,24 +34,33 @@ void check_matrix(const WeightMatrix& m, int rows, int cols, const std::string& 
                                                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
 }
 
-// One row's q, k, v from its qkv product: q and k rotated (rotate-half) by cos / sin.
-void split_qkv(const DecodeShape& s, const float* qkv, const float* cos, const float* sin, float* q, float* k,
-               float* v) {
-    const int hd = s.head_dim, half = hd / 2;
-    auto rope = [&](const float* in, float* out, int heads) {
-        for (int hh = 0; hh < heads; ++hh) {
-            const float* x = in + hh * hd;
-            float* o = out + hh * hd;
-            for (int j = 0; j < half; ++j) {
-                o[j] = x[j] * cos[j] - x[j + half] * sin[j];
-                o[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
-            }
+// 1 / RMS of n values (the norm's scale before its weights), in the order rms_norm sums them.
+float inv_rms(const float* x, int n, float eps) {
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+// heads rows of hd values from in to out, each RMS-normed by norm (or, empty, copied), then
+// rotated (rotate-half) by cos / sin in place.
+void norm_rope_heads(const float* in, float* out, int heads, int hd, const std::vector<float>& norm, float eps,
+                     const float* cos, const float* sin) {
+    const int half = hd / 2;
+    for (int hh = 0; hh < heads; ++hh) {
+        const float* x = in + hh * hd;
+        float* o = out + hh * hd;
+        if (norm.empty()) {
+            std::copy(x, x + hd, o);
+        } else {
+            const float inv = inv_rms(x, hd, eps);
+            for (int j = 0; j < hd; ++j) o[j] = x[j] * inv * norm[static_cast<size_t>(j)];
         }
-    };
-    const int nq = s.n_heads * hd, nk = s.n_kv_heads * hd;
-    rope(qkv, q, s.n_heads);
-    rope(qkv + nq, k, s.n_kv_heads);
-    std::copy(qkv + nq + nk, qkv + nq + 2 * nk, v);
+        for (int j = 0; j < half; ++j) {
+            const float a = o[j], b = o[j + half];
+            o[j] = a * cos[j] - b * sin[j];
+            o[j + half] = b * cos[j + half] + a * sin[j + half];
+        }
+    }
 }
 
 // exp(x), clamped to [-87, 88] (enough for SiLU: past it the sigmoid is 0 or 1 in float), by
@@ -74,13 +83,37 @@ inline float exp_clamped(float x) {
 
 float silu_times(float g, float u) { return g / (1.f + exp_clamped(-g)) * u; }
 
+// out[j] = SiLU(g[j]) * u[j], or GELU(g[j]) * u[j] (geglu), j < n; out may be g. One loop per
+// function, so each vectorises without a branch inside.
+void gate_values(bool geglu, int n, const float* g, const float* u, float* out);
+
+// GELU's tanh approximation times u; tanh(t) = 1 - 2 / (exp(2t) + 1), which the clamped exp keeps
+// finite at both ends (-1 and 1).
+float gelu_times(float g, float u) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    const float t = kSqrt2OverPi * (g + 0.044715f * g * g * g);
+    const float tanh_t = 1.f - 2.f / (exp_clamped(2.f * t) + 1.f);
+    return 0.5f * g * (1.f + tanh_t) * u;
+}
+
+void gate_values(bool geglu, int n, const float* g, const float* u, float* out) {
+    if (geglu) {
+        for (int j = 0; j < n; ++j) out[j] = gelu_times(g[j], u[j]);
+    } else {
+        for (int j = 0; j < n; ++j) out[j] = silu_times(g[j], u[j]);
+    }
+}
+
 }  // namespace
 
 const std::vector<LayerOption>& decode_layer_options() {
+    // embedding_scale, global_every and local_rope_base are the caller's (the embedding, the RoPE
+    // table each layer's cos / sin come from, the cache's window): listed here with the values
+    // the engine implements, so the export refuses these layers for a model it cannot run.
     static const std::vector<LayerOption> options = {
-        {"qkv_bias", {"false", "true"}}, {"norm", {"rms"}}, {"mlp", {"swiglu"}}, {"qk_norm", {"false"}},
-        {"post_norms", {"false"}}, {"q_width", {"hidden"}}, {"embedding_scale", {"none"}}, {"global_every", {"0"}},
-        {"local_rope_base", {"0.0"}},
+        {"qkv_bias", {"false", "true"}}, {"norm", {"rms"}}, {"mlp", {"swiglu", "geglu"}}, {"qk_norm", {"false", "true"}},
+        {"post_norms", {"false", "true"}}, {"q_width", {"hidden", "heads"}}, {"embedding_scale", {"none"}},
+        {"global_every", {"0"}}, {"local_rope_base", {"0.0"}},
     };
     return options;
 }
@@ -101,11 +134,16 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         check(known, "these layers do not implement the option " + kv.first);
     }
     const bool bias = s.form.at("qkv_bias") == "true";
+    geglu_ = s.form.at("mlp") == "geglu";
+    qk_norm_ = s.form.at("qk_norm") == "true";
+    post_norms_ = s.form.at("post_norms") == "true";
     check(s.hidden > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.ffn > 0 && s.rms_eps > 0.f,
           "every size and the epsilon must be positive");
     check(s.head_dim % 2 == 0 && s.n_heads % s.n_kv_heads == 0, "head_dim must be even, n_heads a multiple of n_kv_heads");
     check(s.hidden % kQ4Block == 0 && s.ffn % kQ4Block == 0 && (s.n_heads * s.head_dim) % kQ4Block == 0,
           "hidden, ffn and n_heads * head_dim must be multiples of 32");
+    check(s.form.at("q_width") == "heads" || s.n_heads * s.head_dim == s.hidden,
+          "q_width hidden needs n_heads * head_dim == hidden");
     check(!layers_.empty(), "no layers");
     const int qkv_rows = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim;
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -120,6 +158,12 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
         check_matrix(w.gate, s.ffn, s.hidden, l + "gate");
         check_matrix(w.up, s.ffn, s.hidden, l + "up");
         check_matrix(w.down, s.hidden, s.ffn, l + "down");
+        const size_t hd = qk_norm_ ? static_cast<size_t>(s.head_dim) : 0u, hid = post_norms_ ? static_cast<size_t>(s.hidden) : 0u;
+        check(w.q_norm.size() == hd && w.k_norm.size() == hd,
+              l + (qk_norm_ ? "q_norm and k_norm must have head_dim values" : "q_norm / k_norm given where qk_norm is false"));
+        check(w.post_attn_norm.size() == hid && w.post_ffn_norm.size() == hid,
+              l + (post_norms_ ? "post_attn_norm and post_ffn_norm must have hidden values"
+                               : "post norms given where post_norms is false"));
     }
     // Each activation gets the k-quant form only where a k-quant matrix reads it, and a prompt
     // chunk's rows their second rounding only where a Q4_0 / Q4_1 one does.
@@ -150,7 +194,8 @@ size_t DecodeLayers::bytes() const {
     size_t n = head_.bytes() + out_norm_.size() * sizeof(float);
     for (const DecodeLayerWeights& w : layers_)
         n += w.qkv.bytes() + w.wo.bytes() + w.gate.bytes() + w.up.bytes() + w.down.bytes() +
-             (w.attn_norm.size() + w.ffn_norm.size() + w.qkv_bias.size()) * sizeof(float);
+             (w.attn_norm.size() + w.ffn_norm.size() + w.qkv_bias.size() + w.q_norm.size() + w.k_norm.size() +
+              w.post_attn_norm.size() + w.post_ffn_norm.size()) * sizeof(float);
     return n;
 }
 
@@ -179,10 +224,17 @@ void DecodeLayers::logits(float* h, const float* attn, float* out, Isa isa) {
 
 void DecodeLayers::rms_norm(const float* h, const std::vector<float>& w, float* out) const {
     const int n = shape_.hidden;
-    float ss = 0.f;
-    for (int i = 0; i < n; ++i) ss += h[i] * h[i];
-    const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + shape_.rms_eps);
+    const float inv = inv_rms(h, n, shape_.rms_eps);
     for (int i = 0; i < n; ++i) out[i] = h[i] * inv * w[static_cast<size_t>(i)];
+}
+
+void DecodeLayers::split_qkv(const DecodeLayerWeights& w, const float* qkv, const float* cos, const float* sin,
+                             float* q, float* k, float* v) const {
+    const DecodeShape& s = shape_;
+    const int nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim;
+    norm_rope_heads(qkv, q, s.n_heads, s.head_dim, w.q_norm, s.rms_eps, cos, sin);
+    norm_rope_heads(qkv + nq, k, s.n_kv_heads, s.head_dim, w.k_norm, s.rms_eps, cos, sin);
+    std::copy(qkv + nq + nk, qkv + nq + 2 * nk, v);
 }
 
 int DecodeLayers::task_rows(int rows, int unit, int per_thread) const {
@@ -204,6 +256,7 @@ void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
     const DecodeLayerWeights& w = layers_[static_cast<size_t>(layer)];
     attn_q_.quantize(attn, s.n_heads * s.head_dim);
     product(w.wo, attn_q_, y_.data(), isa);
+    if (post_norms_) rms_norm(y_.data(), w.post_attn_norm, y_.data());
     for (int i = 0; i < s.hidden; ++i) h[i] += y_[static_cast<size_t>(i)];
     rms_norm(h, w.ffn_norm, x_.data());
     xq_.quantize(x_.data(), s.hidden);
@@ -217,12 +270,11 @@ void DecodeLayers::finish(int layer, float* h, const float* attn, Isa isa) {
         const int r1 = std::min(ffn, r0 + step);
         w.gate.multiply_rows(xq_, r0, r1, gate_.data() + r0, isa);
         w.up.multiply_rows(xq_, r0, r1, up_.data() + r0, isa);
-        for (int j = r0; j < r1; ++j) {
-            act_[static_cast<size_t>(j)] = silu_times(gate_[static_cast<size_t>(j)], up_[static_cast<size_t>(j)]);
-        }
+        gate_values(geglu_, r1 - r0, gate_.data() + r0, up_.data() + r0, act_.data() + r0);
         act_q_.quantize_blocks(act_.data(), r0 / kQ4Block, r1 / kQ4Block);
     });
     product(w.down, act_q_, y_.data(), isa);
+    if (post_norms_) rms_norm(y_.data(), w.post_ffn_norm, y_.data());
     for (int i = 0; i < s.hidden; ++i) h[i] += y_[static_cast<size_t>(i)];
 }
 
@@ -235,7 +287,7 @@ void DecodeLayers::start(int layer, const float* h, const float* cos, const floa
     product(w.qkv, xq_, qkv_.data(), isa);
     if (!w.qkv_bias.empty())
         for (size_t i = 0; i < qkv_.size(); ++i) qkv_[i] += w.qkv_bias[i];
-    split_qkv(s, qkv_.data(), cos, sin, q, k, v);
+    split_qkv(w, qkv_.data(), cos, sin, q, k, v);
 }
 
 void DecodeLayers::forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q,
@@ -285,23 +337,26 @@ void DecodeLayers::finish_rows(int layer, int n, float* h, const float* attn, Is
     const size_t hid = static_cast<size_t>(s.hidden), ffn = static_cast<size_t>(s.ffn);
     quantize_rows(attn, n, s.n_heads * s.head_dim, attn_rows_);
     product_rows(w.wo, attn_rows_, ys_.data(), isa);
+    if (post_norms_)
+        for (int r = 0; r < n; ++r) rms_norm(ys_.data() + r * hid, w.post_attn_norm, ys_.data() + r * hid);
     for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
     for (int r = 0; r < n; ++r) rms_norm(h + r * hid, w.ffn_norm, xs_.data() + r * hid);
     quantize_rows(xs_.data(), n, s.hidden, x_rows_);
-    // Gate and up rows of a task meet in SiLU(gate) * up for every token (into gates_).
+    // Gate and up rows of a task meet in SiLU(gate) * up (or GELU) for every token (into gates_).
     const int step = task_rows(s.ffn, kPanelRows, kPromptTasksPerThread);
     team_.run((s.ffn + step - 1) / step, [&](int task) {
         const int r0 = task * step, r1 = std::min(s.ffn, r0 + step);
         multiply_batch(w.gate, x_rows_, r0, r1, gates_.data(), s.ffn, isa);
         multiply_batch(w.up, x_rows_, r0, r1, ups_.data(), s.ffn, isa);
-        for (int r = 0; r < n; ++r)
-            for (int j = r0; j < r1; ++j) {
-                const size_t at = static_cast<size_t>(r) * ffn + static_cast<size_t>(j);
-                gates_[at] = silu_times(gates_[at], ups_[at]);
-            }
+        for (int r = 0; r < n; ++r) {
+            const size_t at = static_cast<size_t>(r) * ffn + static_cast<size_t>(r0);
+            gate_values(geglu_, r1 - r0, gates_.data() + at, ups_.data() + at, gates_.data() + at);
+        }
     });
     quantize_rows(gates_.data(), n, s.ffn, act_rows_);
     product_rows(w.down, act_rows_, ys_.data(), isa);
+    if (post_norms_)
+        for (int r = 0; r < n; ++r) rms_norm(ys_.data() + r * hid, w.post_ffn_norm, ys_.data() + r * hid);
     for (size_t i = 0; i < static_cast<size_t>(n) * hid; ++i) h[i] += ys_[i];
 }
 
@@ -318,7 +373,7 @@ void DecodeLayers::start_rows(int layer, int n, const float* h, const float* cos
         float* row = qkvs_.data() + r * width;
         if (!w.qkv_bias.empty())
             for (size_t j = 0; j < width; ++j) row[j] += w.qkv_bias[j];
-        split_qkv(s, row, cos + r * hd, sin + r * hd, q + r * nq, k + r * nk, v + r * nk);
+        split_qkv(w, row, cos + r * hd, sin + r * hd, q + r * nq, k + r * nk, v + r * nk);
     }
 }
 

@@ -13,6 +13,10 @@
 // Layer i's call continues from where the engine's module i starts: it finishes layer i - 1 from
 // its attention output (h += attn Wo; h += (SiLU(x Wgate) * x Wup) Wdown with x = RMSNorm(h)), then
 // starts layer i (x = RMSNorm(h); q, k, v = x Wq, x Wk, x Wv (+ bias); RoPE on q and k, rotate-half).
+// Gemma 3's form adds: q and k RMS-normed per head before RoPE (qk_norm), attn Wo and the MLP's
+// output RMS-normed before their residual adds (post_norms), GELU (tanh) for SiLU (mlp geglu), and
+// n_heads x head_dim apart from hidden (q_width heads). Its other options are the caller's: the
+// embedding's scale, which RoPE table each layer's cos / sin come from, the window of its cache.
 #pragma once
 
 #include <map>
@@ -50,6 +54,8 @@ struct DecodeLayerWeights {
     WeightMatrix wo;                         // [hidden, n_heads head_dim]
     WeightMatrix gate, up;                   // [ffn, hidden]
     WeightMatrix down;                       // [hidden, ffn]
+    std::vector<float> q_norm, k_norm;                // qk_norm true: [head_dim] each; else empty
+    std::vector<float> post_attn_norm, post_ffn_norm;  // post_norms true: [hidden] each; else empty
 };
 
 class DecodeLayers {
@@ -111,12 +117,16 @@ private:
     void start(int layer, const float* h, const float* cos, const float* sin, float* q, float* k, float* v,
                Isa isa);
     void rms_norm(const float* h, const std::vector<float>& w, float* out) const;
+    // One row's q, k, v from its qkv product: q and k per-head normed (qk_norm), then rotated.
+    void split_qkv(const DecodeLayerWeights& w, const float* qkv, const float* cos, const float* sin, float* q,
+                   float* k, float* v) const;
     // Rows per task of a product of `rows` rows split into per_thread tasks a thread: a multiple of unit.
     int task_rows(int rows, int unit, int per_thread) const;
     // y = m x, its rows split into tasks on the team.
     void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
 
     DecodeShape shape_;
+    bool geglu_ = false, qk_norm_ = false, post_norms_ = false;  // from shape_.form
     std::vector<DecodeLayerWeights> layers_;
     std::vector<float> out_norm_;
     WeightMatrix head_;
