@@ -284,18 +284,19 @@ def first_token(docs: str, ours: str, base: str, *files: str) -> str:
     """tools.prefill_interleave runs, a row per (FILE, context): the time to first token of our
     engine OURS, of BASE (our prefill without eviction) and of llama.cpp's configs, medians
     (min-max) in seconds; OURS over BASE and llama.cpp's best over OURS, the latter bold where it
-    misses TTFT_BAR."""
+    misses TTFT_BAR. A run without BASE shows "-" for it."""
     llamas = ("llama_f16", "llama_f16_fa")
     cell = lambda v: f"{v[0]:.2f} ({v[1]:.2f}-{v[2]:.2f})"  # noqa: E731
     body = []
     for run, f in enumerate(files, 1):
         rows = _interleave_rows(os.path.join(docs, f))
         for ctx in sorted({c for c, _ in rows}):
-            o, b = rows[(ctx, ours)], rows[(ctx, base)]
+            o, b = rows[(ctx, ours)], rows.get((ctx, base))
             best = min(rows[(ctx, e)][0] for e in llamas)
             ratio = best / o[0]
-            body.append([str(run), str(ctx), cell(b), cell(o)] + [cell(rows[(ctx, e)]) for e in llamas]
-                        + [f"{o[0] / b[0]:.2f}x / " + _bold_if(f"{ratio:.2f}x faster", ratio < TTFT_BAR)])
+            body.append([str(run), str(ctx), cell(b) if b else "-", cell(o)] + [cell(rows[(ctx, e)]) for e in llamas]
+                        + [(f"{o[0] / b[0]:.2f}x" if b else "-") + " / "
+                           + _bold_if(f"{ratio:.2f}x faster", ratio < TTFT_BAR)])
     return _md(["run", "prompt tokens", "no eviction", _policy(ours)] + [_ENGINE_TITLES[e] for e in llamas]
                + [f"{_policy(ours)}: vs no eviction / vs llama.cpp's best"],
                ["---", "---:", "---:", "---:", "---:", "---:", "---:"], body)
