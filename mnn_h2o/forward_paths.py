@@ -126,12 +126,12 @@ class NativeTokenLayers:
         self._call = native.decode_token  # bound once: it runs every decode token
         self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                      for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
-        self._attn = np.empty((1, c.hidden), np.float32)
+        self._attn = np.empty((1, c.n_heads * c.head_dim), np.float32)  # the attention output: heads x head_dim wide
 
     def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
         t0 = time.perf_counter()
         inp = self.inputs
-        h = np.array(inp.embed[int(ids[0])], dtype=np.float32)
+        h = inp.embedding(ids[:1])[0]  # one place for the embedding (and, for Gemma, its scale)
         dense, att, obs = self._call(self.layers, cache, h, inp.cos[pos, 0], inp.sin[pos, 0],
                                      self._q, self._k, self._v, self._attn, observe)
         st.dense_s += dense
