@@ -83,10 +83,6 @@ inline float exp_clamped(float x) {
 
 float silu_times(float g, float u) { return g / (1.f + exp_clamped(-g)) * u; }
 
-// out[j] = SiLU(g[j]) * u[j], or GELU(g[j]) * u[j] (geglu), j < n; out may be g. One loop per
-// function, so each vectorises without a branch inside.
-void gate_values(bool geglu, int n, const float* g, const float* u, float* out);
-
 // GELU's tanh approximation times u; tanh(t) = 1 - 2 / (exp(2t) + 1), which the clamped exp keeps
 // finite at both ends (-1 and 1).
 float gelu_times(float g, float u) {
@@ -96,6 +92,8 @@ float gelu_times(float g, float u) {
     return 0.5f * g * (1.f + tanh_t) * u;
 }
 
+// out[j] = SiLU(g[j]) * u[j], or GELU(g[j]) * u[j] (geglu), j < n; out may be g. One loop per
+// function, so each vectorises without a branch inside.
 void gate_values(bool geglu, int n, const float* g, const float* u, float* out) {
     if (geglu) {
         for (int j = 0; j < n; ++j) out[j] = gelu_times(g[j], u[j]);
