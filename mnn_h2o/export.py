@@ -40,10 +40,9 @@ from typing import Iterator
 import numpy as np
 
 from .cli_errors import run
-from .architecture import ARCHITECTURES
 from .decoder_layer import BASIC, check_form, finish_layer, start_layer
 from .errors import ModelFileError
-from .gguf_model import GgufModel, ModelConfig, file_digest
+from .gguf_model import GgufModel, ModelConfig, file_digest, layer_vectors
 from .mnn_runtime import import_mnn, redirect_fds
 from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
@@ -140,11 +139,6 @@ def tail_arrays(g: GgufModel, last_w: dict) -> dict:
 # attention inputs' rows stacked (q, k, v), Q and K un-permuted as GgufModel.layer does.
 DECODE_MATRICES = {"qkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "gate": ("ffn_gate",),
                    "up": ("ffn_up",), "down": ("ffn_down",)}
-# The layers' float vectors by the core's name: the GGUF tensor (blk.N.<tensor>.weight) and the
-# layer option that brings it (None: every layer has it).
-DECODE_VECTORS = {"attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", None),
-                  "q_norm": ("attn_q_norm", "qk_norm"), "k_norm": ("attn_k_norm", "qk_norm"),
-                  "post_attn_norm": ("post_attention_norm", "post_norms"), "post_ffn_norm": ("post_ffw_norm", "post_norms")}
 
 
 def _core_types() -> list:
@@ -180,10 +174,10 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
     layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and ``{i}.qkv_bias``) in float32; per matrix
     ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's blocks
     as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]), and the vectors
-    of DECODE_VECTORS its form has (q_norm, ...); where the layers
+    of gguf_model.LAYER_VECTORS its form has (q_norm, ...); where the layers
     hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
     c = g.config
-    form = ARCHITECTURES[c.arch]
+    vectors = layer_vectors(c)
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
     for i in range(c.n_layers):
         for name, tensors in DECODE_MATRICES.items():
@@ -191,9 +185,8 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
             yield f"{i}.{name}.types", np.array([kind for kind, _ in parts])
             for j, (_, blocks) in enumerate(parts):
                 yield f"{i}.{name}.{j}", blocks
-        for name, (tensor, option) in DECODE_VECTORS.items():
-            if option is None or getattr(form, option):
-                yield f"{i}.{name}", np.asarray(g.tensor(f"blk.{i}.{tensor}.weight"), np.float32)
+        for name, (tensor, _) in vectors.items():
+            yield f"{i}.{name}", np.asarray(g.tensor(f"blk.{i}.{tensor}.weight"), np.float32)
         if c.qkv_bias:
             yield f"{i}.qkv_bias", np.concatenate(g.qkv_biases(i)).astype(np.float32)
     # The output end too, where the layers hold the output matrix's type, but for Q8_0: the native

@@ -183,26 +183,39 @@ def check_layout(path: str) -> None:
                 fail("tensor data offset past the end of the file")
 
 
+# Each layer's float vectors, by the name the layer's halves and the native layers use: the GGUF
+# tensor (blk.N.<tensor>.weight), its length, and the LayerForm option that brings it (None:
+# every layer has it).
+LAYER_VECTORS = {"attn_norm": ("attn_norm", "hidden", None), "ffn_norm": ("ffn_norm", "hidden", None),
+                 "q_norm": ("attn_q_norm", "head_dim", "qk_norm"), "k_norm": ("attn_k_norm", "head_dim", "qk_norm"),
+                 "post_attn_norm": ("post_attention_norm", "hidden", "post_norms"),
+                 "post_ffn_norm": ("post_ffw_norm", "hidden", "post_norms")}
+
+
+def layer_vectors(c: "ModelConfig") -> Dict[str, Tuple[str, int]]:
+    """The vectors of LAYER_VECTORS a model's layers have: name -> (GGUF tensor, length)."""
+    form = ARCHITECTURES[c.arch]
+    return {name: (tensor, getattr(c, width)) for name, (tensor, width, option) in LAYER_VECTORS.items()
+            if option is None or getattr(form, option)}
+
+
 def expected_shapes(c: "ModelConfig") -> Dict[str, Tuple[int, ...]]:
     """HF-layout shape of every tensor the loader uses, from the config (output.weight and the
     q/k/v biases are optional)."""
-    form = ARCHITECTURES[c.arch]
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    vectors = layer_vectors(c)
     shapes = {"token_embd.weight": (c.vocab, c.hidden), "output_norm.weight": (c.hidden,),
               "output.weight": (c.vocab, c.hidden)}
     for i in range(c.n_layers):
         b = f"blk.{i}."
-        shapes.update({b + "attn_norm.weight": (c.hidden,), b + "attn_q.weight": (q, c.hidden),
+        shapes.update({b + "attn_q.weight": (q, c.hidden),
                        b + "attn_k.weight": (kv, c.hidden), b + "attn_v.weight": (kv, c.hidden),
-                       b + "attn_output.weight": (c.hidden, q), b + "ffn_norm.weight": (c.hidden,),
+                       b + "attn_output.weight": (c.hidden, q),
                        b + "ffn_gate.weight": (c.ffn, c.hidden), b + "ffn_up.weight": (c.ffn, c.hidden),
                        b + "ffn_down.weight": (c.hidden, c.ffn)})
+        shapes.update({f"{b}{tensor}.weight": (n,) for tensor, n in vectors.values()})
         if c.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
-        if form.qk_norm:
-            shapes.update({b + "attn_q_norm.weight": (c.head_dim,), b + "attn_k_norm.weight": (c.head_dim,)})
-        if form.post_norms:
-            shapes.update({b + "post_attention_norm.weight": (c.hidden,), b + "post_ffw_norm.weight": (c.hidden,)})
     return shapes
 
 
@@ -470,23 +483,17 @@ class GgufModel:
         c = self.config
         g = lambda n: self.tensor(f"blk.{i}.{n}")
         d = {
-            "attn_norm": g("attn_norm.weight"),
             "wq": self._unpermute(g("attn_q.weight"), c.n_heads),
             "wk": self._unpermute(g("attn_k.weight"), c.n_kv_heads),
             "wv": g("attn_v.weight"),
             "wo": g("attn_output.weight"),
-            "ffn_norm": g("ffn_norm.weight"),
             "w_gate": g("ffn_gate.weight"),
             "w_up": g("ffn_up.weight"),
             "w_down": g("ffn_down.weight"),
         }
+        d.update((name, g(f"{tensor}.weight")) for name, (tensor, _) in layer_vectors(c).items())
         if c.qkv_bias:
             d["bq"], d["bk"], d["bv"] = self.qkv_biases(i)
-        form = ARCHITECTURES[c.arch]
-        if form.qk_norm:
-            d["q_norm"], d["k_norm"] = g("attn_q_norm.weight"), g("attn_k_norm.weight")
-        if form.post_norms:
-            d["post_attn_norm"], d["post_ffn_norm"] = g("post_attention_norm.weight"), g("post_ffw_norm.weight")
         return d
 
     def qkv_biases(self, i: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

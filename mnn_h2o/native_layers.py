@@ -14,8 +14,8 @@ import numpy as np
 
 from . import native
 from .architecture import layer_options
-from .export import DECODE_MATRICES, DECODE_VECTORS
-from .gguf_model import ModelConfig
+from .export import DECODE_MATRICES
+from .gguf_model import LAYER_VECTORS, ModelConfig
 
 def load_decode_layers(path: str, cfg: ModelConfig, threads: int):
     """The export's decode layers (decode_layers.npz) as a native DecodeLayers."""
@@ -39,7 +39,7 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
         for name in DECODE_MATRICES:
             types = [str(t) for t in get(f"{i}.{name}.types")]
             d[name] = [(t, get(f"{i}.{name}.{j}")) for j, t in enumerate(types)]
-        for key in (*DECODE_VECTORS, "qkv_bias"):
+        for key in (*LAYER_VECTORS, "qkv_bias"):
             if f"{i}.{key}" in names:
                 d[key] = np.asarray(arrays[f"{i}.{key}"], np.float32)
         return d

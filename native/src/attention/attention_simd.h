@@ -277,15 +277,16 @@ constexpr int kTileRows = 2 * V::W;
 
 constexpr int kTileStepKeys = 64;
 
-// Cache blocks per online-softmax step.
-inline int tile_step_blocks(int block_tokens) {
+// Cache blocks per online-softmax step (a template on V like everything here: internal linkage).
+template <class V>
+int tile_step_blocks(int block_tokens) {
     return block_tokens >= kTileStepKeys ? 1 : kTileStepKeys / block_tokens;
 }
 
 template <class V>
 size_t tile_scratch_floats(const Shape& s, int n_blocks) {
     constexpr size_t R = kTileRows<V>;
-    const size_t hd = s.head_dim, keys = static_cast<size_t>(tile_step_blocks(s.block_tokens)) * s.block_tokens;
+    const size_t hd = s.head_dim, keys = static_cast<size_t>(tile_step_blocks<V>(s.block_tokens)) * s.block_tokens;
     return hd * R + 2 * keys * hd + keys * R + R * hd + 4 * R + 3 * static_cast<size_t>(n_blocks) * R;
 }
 
@@ -366,7 +367,7 @@ void tile_impl(const TileArgs& a) {
         lim_max = a.limits[r] > lim_max ? a.limits[r] : lim_max;
     }
     const int n_blocks = (lim_max + bt - 1) / bt;
-    const int step_blocks = tile_step_blocks(bt), step_keys = step_blocks * bt;
+    const int step_blocks = tile_step_blocks<V>(bt), step_keys = step_blocks * bt;
 
     float* qt = a.scratch;
     float* kf = qt + hd * R;
