@@ -14,8 +14,25 @@ def make_cache(n_layers=2, n_kv=3, hd=64, group=3, **kw):
     return core.KvCache(n_layers, n_kv, hd, n_kv * group, **{"dtype": "f16", "block_tokens": 64, "threads": 1, **kw})
 
 
+def queries_seen(dtype, q):
+    """q [n, n_heads, hd] as attention over a cache of dtype uses it (attention.h): a q8 cache's
+    rounded to q8 rows, the codes of kv_rows_encode times their fp16 scales. (A q8r cache rounds
+    them in its rotated basis, which numpy's rotation does not reproduce bit for bit: a few codes
+    round the other way. native/tests/test_attention.cpp checks q8r with the core's rotation.)"""
+    assert dtype != "q8r"
+    if dtype != "q8":
+        return q
+    n, heads, hd = q.shape
+    rows = core.kv_rows_encode("q8", q.reshape(-1, hd).astype(np.float32))
+    codes = rows[:, :hd].view(np.int8).astype(np.float64)
+    scales = np.ascontiguousarray(rows[:, hd:]).view(np.float16).astype(np.float64)
+    return (codes * np.repeat(scales, 32, axis=1)).reshape(n, heads, hd)
+
+
 def reference(cache, layer, q):
-    """float64 causal GQA attention of q [n, n_heads, hd] over what the cache holds."""
+    """float64 causal GQA attention of q [n, n_heads, hd] over what the cache holds, the queries as
+    the cache's dtype has them seen."""
+    q = queries_seen(cache.dtype, q)
     n = q.shape[0]
     hd, g, bt = cache.head_dim, cache.group, cache.block_tokens
     out = np.zeros((n, cache.n_heads, hd))
@@ -39,7 +56,7 @@ def rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", core.kv_dtypes())
+@pytest.mark.parametrize("dtype", [d for d in core.kv_dtypes() if d != "q8r"])  # q8r: see queries_seen
 @pytest.mark.parametrize("isa", ISAS)
 def test_step_matches_reference(dtype, isa):
     rng = np.random.default_rng(0)
@@ -264,7 +281,8 @@ def test_quantised_attention_is_close_to_exact(isa):
             exact, exact_last = out, last
         err[dtype] = max(float(np.abs(out - exact).mean()), float(np.abs(last - exact_last).mean()))
     assert err["q8"] < 0.01 and err["q4r"] < 0.7 * err["q4"] and err["q4"] < 0.2, err
-    assert err["q8r"] < 0.7 * err["q8"], err
+    # Less of q8's error is the keys' since the queries are rounded too (the same in both bases).
+    assert err["q8r"] < 0.8 * err["q8"], err
 
 
 def test_kv_rows_encode_checks_its_input():

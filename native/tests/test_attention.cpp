@@ -38,6 +38,7 @@ static Reference reference(const KvCache& cache, int layer, const std::vector<fl
     Reference ref;
     ref.out.assign(static_cast<size_t>(n_q) * c.n_heads * hd, 0.0);
     ref.scores.assign(static_cast<size_t>(c.n_kv_heads) * mb, 0.0);
+    const std::vector<float> seen = queries_seen(c.dtype, q, hd);
     for (int h = 0; h < c.n_kv_heads; ++h) {
         const int len = cache.length(layer, h);
         std::vector<float> k(static_cast<size_t>(len) * hd), v(k.size());
@@ -45,7 +46,7 @@ static Reference reference(const KvCache& cache, int layer, const std::vector<fl
         for (int t = 0; t < n_q; ++t) {
             const int visible = len - n_q + t + 1;
             for (int g = 0; g < G; ++g) {
-                const float* qr = &q[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
+                const float* qr = &seen[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
                 std::vector<double> s(visible);
                 double m = -INFINITY;
                 for (int j = 0; j < visible; ++j) {
@@ -439,13 +440,14 @@ static void test_window_scores() {
         KvHeadView views[2] = {cache.view(0, 0), cache.view(0, 1)};
         for (int n_q : {1, 2, 8, 37, 130}) {
             auto q = random_vec(rng, static_cast<size_t>(n_q) * 6 * hd, 2.f);
+            const std::vector<float> seen = queries_seen(dt, q, hd);
             for (int w : {1, 5, n_q}) {
                 if (w > n_q) continue;
                 std::vector<double> ref(2 * static_cast<size_t>(mb), 0.0);
                 for (int h = 0; h < 2; ++h)
                     for (int t = n_q - w; t < n_q; ++t)
                         for (int g = 0; g < G; ++g) {
-                            const float* qr = &q[(static_cast<size_t>(t) * 6 + h * G + g) * hd];
+                            const float* qr = &seen[(static_cast<size_t>(t) * 6 + h * G + g) * hd];
                             const int visible = n_keys - n_q + t + 1;
                             std::vector<double> sc(visible);
                             double m = -INFINITY, l = 0;

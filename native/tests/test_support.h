@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "mnn_h2o/cache/kv_cache_config.h"
+#include "mnn_h2o/attention/attention.h"
+#include "mnn_h2o/cache/kv_dtype.h"
 
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                \
@@ -67,4 +69,19 @@ template <class E, class F>
     c.max_tokens = max_tokens;
     c.threads = threads;
     return c;
+}
+
+// The queries as attention over a cache of this dtype sees them (attention_queries), in the
+// keys' unrotated space as float64 references read them: a q8r cache's are rounded in its rotated
+// basis and rotated back here.
+[[maybe_unused]] static std::vector<float> queries_seen(mnn_h2o::KvDtype dtype, const std::vector<float>& q, int hd) {
+    const size_t rows = q.size() / hd;
+    const bool rotated = mnn_h2o::kv_dtype_rotated(dtype);
+    std::vector<float> x = q, rounded;
+    std::vector<uint8_t> codes;
+    if (rotated) mnn_h2o::hadamard_rows(x.data(), rows, hd);
+    const float* seen = mnn_h2o::attention_queries(dtype, x.data(), rows, hd, codes, rounded);
+    x.assign(seen, seen + rows * hd);
+    if (rotated) mnn_h2o::hadamard_rows(x.data(), rows, hd);
+    return x;
 }

@@ -43,7 +43,8 @@ const kernels::KernelSet* kernel_set(Isa isa) {
             return nullptr;
         case Isa::Avx512:
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-            if (cpu_features().avx512) return &kernels::avx512_kernels();
+            if (cpu_features().avx512)
+                return cpu_features().avx512_vnni ? &kernels::avx512vnni_kernels() : &kernels::avx512_kernels();
 #endif
             return nullptr;
         case Isa::Neon:
@@ -115,8 +116,8 @@ void for_tasks(Team* pool, int n_tasks, const Fn& fn) {
         for (int t = 0; t < n_tasks; ++t) fn(t, 0);
 }
 
-void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape, int n_threads,
-           Team* pool, AttentionWorkspace& ws, KeySource* source) {
+void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernels::Shape& shape,
+           const uint8_t* q8_rows, int n_threads, Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, R = ks.tile_rows;
     if (R > kMaxTileRows) throw std::logic_error("attention: kernel tile larger than kMaxTileRows");
     const int rows_per_head = p.n_q * G;
@@ -132,17 +133,20 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
     if (p.block_max) ws.tile_max.assign(static_cast<size_t>(n_tasks) * max_blocks, 0.f);
     // Rows are query-major (row = t * G + g), so the window's rows are the last ones of a head.
     const int window_row = p.window_scores ? (p.n_q - p.window_queries) * G : rows_per_head;
+    const size_t q8_row_bytes = kv_row_bytes(KvDtype::Q8, hd);
 
     const auto run_tile = [&](int task, int thread) {
         const int h = task / tiles_per_head, r0 = task % tiles_per_head * R;
         const int n_rows = std::min(R, rows_per_head - r0);
         const float* q_rows[kMaxTileRows];
+        const uint8_t* q8_row_ptrs[kMaxTileRows];
         float* out_rows[kMaxTileRows];
         int limits[kMaxTileRows];
         for (int i = 0; i < n_rows; ++i) {
             const int t = (r0 + i) / G, qh = h * G + (r0 + i) % G;
             const size_t offset = (static_cast<size_t>(t) * n_heads + qh) * hd;
             q_rows[i] = p.q + offset;
+            if (q8_rows) q8_row_ptrs[i] = q8_rows + offset / hd * q8_row_bytes;
             out_rows[i] = p.out + offset;
             limits[i] = p.heads[h].n_keys - p.n_q + t + 1;
         }
@@ -150,6 +154,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
         kernels::TileArgs args{shape,
                                &p.heads[h],
                                q_rows,
+                               q8_rows ? q8_row_ptrs : nullptr,
                                out_rows,
                                limits,
                                n_rows,
@@ -306,13 +311,30 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
 
 bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
 
-void attention(const AttentionProblem& p, Isa isa, Team* pool, AttentionWorkspace& ws, KeySource* source) {
+void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);
-    validate(p);
-    const kernels::Shape shape{p.head_dim, p.block_tokens, kv_storage_dtype(p.dtype), 1.f / std::sqrt(static_cast<float>(p.head_dim))};
+    validate(problem);
+    const kernels::Shape shape{problem.head_dim, problem.block_tokens, kv_storage_dtype(problem.dtype),
+                               1.f / std::sqrt(static_cast<float>(problem.head_dim))};
+    // The kernels read the rounded queries as floats; the VNNI tile reads their codes.
+    AttentionProblem p = problem;
+    p.q = attention_queries(shape.dtype, p.q, static_cast<size_t>(p.n_q) * p.n_kv_heads * p.group, p.head_dim,
+                            ws.q8_rows, ws.q_rounded);
+    const uint8_t* q8_rows = shape.dtype == KvDtype::Q8 ? ws.q8_rows.data() : nullptr;
     const int n_threads = pool ? pool->size() : 1;
-    if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, n_threads, pool, ws, source);
+    if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, q8_rows, n_threads, pool, ws, source);
     else decoded(p, ks, shape, n_threads, pool, ws, source);
+}
+
+// By the cache's own reference code, so that every ISA gets the same bytes.
+const float* attention_queries(KvDtype dtype, const float* q, size_t n_rows, int head_dim, std::vector<uint8_t>& codes,
+                               std::vector<float>& rounded) {
+    if (kv_storage_dtype(dtype) != KvDtype::Q8) return q;
+    codes.resize(n_rows * kv_row_bytes(KvDtype::Q8, head_dim));
+    rounded.resize(n_rows * head_dim);
+    kv_rows_from_f32(KvDtype::Q8, q, codes.data(), n_rows, head_dim);
+    kv_rows_to_f32(KvDtype::Q8, codes.data(), rounded.data(), n_rows, head_dim);
+    return rounded.data();
 }
 
 // Float types: the SIMD sets convert whole vectors of 16, and rows are multiples of 16 long.

@@ -19,6 +19,7 @@ struct Avx2 {
     static constexpr int kDecodeRows = 3;
     static constexpr int kTileKeys = 4;  // 8 accumulators (4 keys x 2 row vectors)
     static constexpr int kPvCols = 4;    // 8 accumulators (4 value columns x 2 row vectors)
+    static constexpr bool kInt8Scores = false;
 
     static vec zero() { return _mm256_setzero_ps(); }
     static vec set1(float x) { return _mm256_set1_ps(x); }

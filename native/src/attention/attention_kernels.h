@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "mnn_h2o/attention/attention.h"
 
@@ -51,6 +52,7 @@ struct TileArgs {
     Shape shape;
     const KvHeadView* kv;
     const float* const* q_rows;
+    const uint8_t* const* q8_rows;  // a q8 cache's: the same queries as q8 rows (attention.h), else null
     float* const* out_rows;
     const int* limits;
     int n_rows;
@@ -76,6 +78,7 @@ const KernelSet& scalar_kernels();
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
 const KernelSet& avx2_kernels();
 const KernelSet& avx512_kernels();
+const KernelSet& avx512vnni_kernels();
 #endif
 #if defined(__aarch64__)
 const KernelSet& neon_kernels();

@@ -11,6 +11,8 @@
 // load_f16/load_bf16/store_f16/store_bf16, load_i8 (W int8 -> fp32), load_u4 (W 4-bit codes from
 // W/2 bytes, element 2i in the low nibble, -> fp32 in [0, 15]) and half (one fp16 -> fp32). The
 // quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
+// kInt8Scores says whether V also has the int8 dot products of tile_scores_q8 (ivec, iload,
+// iload32, ibroadcast4, idot, to_float).
 //
 // Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
 #pragma once
@@ -350,6 +352,111 @@ void tile_pv_cols(const float* pt, const float* alpha, const float* vf, int nk, 
     }
 }
 
+// ---- A q8 cache's Q x K^T as int8 products (traits with kInt8Scores: AVX-512 VNNI) -------------
+// The queries arrive rounded to q8 rows (attention.h), so a score is
+//   scale * sum over groups g of dq_g * dk_g * (sum over the group's 32 codes of cq * ck)
+// with exact integer inner sums: the float part is one multiply-add per group, key and row vector
+// where the float kernel does 32. vpdpbusd multiplies unsigned by signed bytes, so the keys' codes
+// are copied with 128 added (ck ^ 0x80) and each row's surplus, 128 x its group's code sum, is
+// taken off by starting the accumulator at minus that. The float path reads the same rounded
+// queries; the two differ by float rounding only.
+
+constexpr int kQ8Group = 32;  // codes per fp16 scale in a q8 row (kv_dtype.h)
+
+// The tile's queries as qi[g][t][r][4] (group g, its t-th 4 codes, row r: one vector load gives W
+// rows' 4 codes), their scales times the softmax scale as qs[g][r] and the offsets qc[g][r] =
+// -128 x the sum of row r's codes in group g. Padding rows are zero everywhere.
+template <class V>
+void pack_queries_q8(const TileArgs& a, int hd, float scale, int8_t* qi, float* qs, int32_t* qc) {
+    constexpr int R = kTileRows<V>, T = kQ8Group / 4;
+    const int G = hd / kQ8Group;
+    for (int r = 0; r < R; ++r) {
+        const uint8_t* row = r < a.n_rows ? a.q8_rows[r] : nullptr;
+        for (int g = 0; g < G; ++g) {
+            int32_t sum = 0;
+            float dq = 0.f;
+            if (row) {
+                for (int c = g * kQ8Group; c < (g + 1) * kQ8Group; ++c) sum += static_cast<int8_t>(row[c]);
+                uint16_t bits;
+                __builtin_memcpy(&bits, row + hd + 2 * g, sizeof bits);
+                dq = V::half(bits) * scale;
+            }
+            for (int t = 0; t < T; ++t) {
+                int8_t* dst = qi + (static_cast<size_t>(g * T + t) * R + r) * 4;
+                if (row) __builtin_memcpy(dst, row + g * kQ8Group + t * 4, 4);
+                else __builtin_memset(dst, 0, 4);
+            }
+            qs[g * R + r] = dq;
+            const int32_t offset = -128 * sum;
+            __builtin_memcpy(qc + g * R + r, &offset, sizeof offset);
+        }
+    }
+}
+
+// nk keys of a q8 block: codes + 128 into ku[j][hd], scales into ks[j][G].
+template <class V>
+void pack_keys_q8(const void* blk, int nk, int hd, uint8_t* ku, float* ks) {
+    const int G = hd / kQ8Group;
+    for (int j = 0; j < nk; ++j) {
+        const uint8_t* row = quant_row<KvDtype::Q8>(blk, j, hd);
+        for (int c = 0; c < hd; c += 8) {
+            uint64_t x;
+            __builtin_memcpy(&x, row + c, sizeof x);
+            x ^= 0x8080808080808080ull;
+            __builtin_memcpy(ku + static_cast<size_t>(j) * hd + c, &x, sizeof x);
+        }
+        for (int g = 0; g < G; ++g) ks[j * G + g] = group_scale<V, KvDtype::Q8>(blk, j, hd, g * kQ8Group);
+    }
+}
+
+// st[j][0..R) for keys [j, j + KJ): tile_scores' micro-kernel with 4 codes a broadcast.
+template <class V, int KJ>
+void q8_scores_at(const int8_t* qi, const float* qs, const int32_t* qc, const uint8_t* ku, const float* ks, int hd,
+                  int j, float* st) {
+    using IVec = typename V::ivec;
+    constexpr int R = kTileRows<V>, W = V::W, T = kQ8Group / 4;
+    const int G = hd / kQ8Group;
+    for (int g = 0; g < G; ++g) {
+        IVec acc0[KJ], acc1[KJ];
+        const IVec c0 = V::iload32(qc + g * R), c1 = V::iload32(qc + g * R + W);
+        for (int jj = 0; jj < KJ; ++jj) {
+            acc0[jj] = c0;
+            acc1[jj] = c1;
+        }
+        const int8_t* qg = qi + static_cast<size_t>(g) * T * R * 4;
+        const uint8_t* kg = ku + static_cast<size_t>(j) * hd + g * kQ8Group;
+        for (int t = 0; t < T; ++t) {
+            const IVec q0 = V::iload(qg + t * R * 4), q1 = V::iload(qg + t * R * 4 + W * 4);
+            for (int jj = 0; jj < KJ; ++jj) {
+                const IVec k = V::ibroadcast4(kg + static_cast<size_t>(jj) * hd + t * 4);
+                acc0[jj] = V::idot(acc0[jj], k, q0);
+                acc1[jj] = V::idot(acc1[jj], k, q1);
+            }
+        }
+        const Vec<V> s0 = V::load(qs + g * R), s1 = V::load(qs + g * R + W);
+        for (int jj = 0; jj < KJ; ++jj) {
+            const Vec<V> dk = V::set1(ks[static_cast<size_t>(j + jj) * G + g]);
+            float* out = st + static_cast<size_t>(j + jj) * R;
+            const Vec<V> f0 = V::mul(s0, dk), f1 = V::mul(s1, dk);
+            if (g == 0) {
+                V::store(out, V::mul(V::to_float(acc0[jj]), f0));
+                V::store(out + W, V::mul(V::to_float(acc1[jj]), f1));
+            } else {
+                V::store(out, V::fmadd(V::to_float(acc0[jj]), f0, V::load(out)));
+                V::store(out + W, V::fmadd(V::to_float(acc1[jj]), f1, V::load(out + W)));
+            }
+        }
+    }
+}
+
+template <class V>
+void tile_scores_q8(const int8_t* qi, const float* qs, const int32_t* qc, const uint8_t* ku, const float* ks, int nk,
+                    int hd, float* st) {
+    int j = 0;
+    for (; j + V::kTileKeys <= nk; j += V::kTileKeys) q8_scores_at<V, V::kTileKeys>(qi, qs, qc, ku, ks, hd, j, st);
+    for (; j < nk; ++j) q8_scores_at<V, 1>(qi, qs, qc, ku, ks, hd, j, st);
+}
+
 template <class V, KvDtype DT>
 void convert_block(const void* blk, int nk, int hd, float* dst) {
     for (int j = 0; j < nk; ++j)
@@ -359,6 +466,7 @@ void convert_block(const void* blk, int nk, int hd, float* dst) {
 template <class V, KvDtype DT>
 void tile_impl(const TileArgs& a) {
     constexpr int R = kTileRows<V>, W = V::W, PC = V::kPvCols;
+    constexpr bool kQ8Products = DT == KvDtype::Q8 && V::kInt8Scores;
     const Shape& s = a.shape;
     const int hd = s.head_dim, bt = s.block_tokens;
     int lim_min = a.limits[0], lim_max = a.limits[0];
@@ -381,11 +489,20 @@ void tile_impl(const TileArgs& a) {
     float* bsum = limf + R;
     float* bmax = bsum + static_cast<size_t>(n_blocks) * R;
     float* bpeak = bmax + static_cast<size_t>(n_blocks) * R;  // each block's own largest (masked) score
+    // The int8 products' operands in the float buffers they replace: qt's hd x R floats hold the
+    // packed queries (hd x R bytes, then 2 x hd / 32 x R scales and offsets), kf's the keys.
+    int8_t* qi = reinterpret_cast<int8_t*>(qt);
+    float* qs = qt + hd * R / 4;
+    int32_t* qc = reinterpret_cast<int32_t*>(qs + hd / kQ8Group * R);
+    uint8_t* ku = reinterpret_cast<uint8_t*>(kf);
+    float* ks = kf + static_cast<size_t>(step_keys) * hd / 4;
 
     // Padding rows get zero queries and the widest limit: harmless lanes that are never read.
+    if constexpr (kQ8Products) pack_queries_q8<V>(a, hd, s.scale, qi, qs, qc);
     for (int r = 0; r < R; ++r) {
         const bool real = r < a.n_rows;
-        for (int d = 0; d < hd; ++d) qt[d * R + r] = real ? a.q_rows[r][d] * s.scale : 0.f;
+        if constexpr (!kQ8Products)
+            for (int d = 0; d < hd; ++d) qt[d * R + r] = real ? a.q_rows[r][d] * s.scale : 0.f;
         limf[r] = static_cast<float>(real ? a.limits[r] : lim_max);
         m[r] = kNegInf<V>;
         l[r] = 0.f;
@@ -401,10 +518,15 @@ void tile_impl(const TileArgs& a) {
         const int nk = lim_max - k0 < step_keys ? lim_max - k0 : step_keys;
         for (int b = b0; b < b1; ++b) {
             const int bk = imin<V>(bt, lim_max - b * bt);
-            convert_block<V, DT>(a.kv->k_blocks[b], bk, hd, kf + static_cast<size_t>(b - b0) * bt * hd);
-            convert_block<V, DT>(a.kv->v_blocks[b], bk, hd, vf + static_cast<size_t>(b - b0) * bt * hd);
+            const size_t first = static_cast<size_t>(b - b0) * bt;
+            if constexpr (kQ8Products)
+                pack_keys_q8<V>(a.kv->k_blocks[b], bk, hd, ku + first * hd, ks + first * (hd / kQ8Group));
+            else
+                convert_block<V, DT>(a.kv->k_blocks[b], bk, hd, kf + first * hd);
+            convert_block<V, DT>(a.kv->v_blocks[b], bk, hd, vf + first * hd);
         }
-        tile_scores<V, V::kTileKeys>(qt, kf, nk, hd, st);
+        if constexpr (kQ8Products) tile_scores_q8<V>(qi, qs, qc, ku, ks, nk, hd, st);
+        else tile_scores<V, V::kTileKeys>(qt, kf, nk, hd, st);
 
         // Causal mask, only where some row's limit falls inside this step.
         if (k0 + nk > lim_min) {

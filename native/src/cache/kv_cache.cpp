@@ -272,7 +272,8 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         }
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) eviction_->record_step(layer, h, head(layer, h).length, n_tokens);
-    const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;  // the keys' space
+    const bool peaks = n_tokens > 1 && (query_peaks_ || (prompt_end_share_ > 0.0 && eviction_->token_peak_accumulator(layer)));
+    const float* q_stored = peaks || eviction_->wants_queries() ? queries_seen(q, n_tokens) : nullptr;
     if (n_tokens > 1 && query_peaks_) {
         const int w = std::min(eviction_->window_size(), n_tokens);
         add_query_peaks(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
@@ -281,7 +282,7 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         const int w = std::min(eviction_->window_size(), n_tokens);
         keep_prompt_end(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
     }
-    // Query statistics in the keys' space: attend() left the rotated queries in rotated_q_.
+    // Query statistics in the keys' space, as attention saw them.
     if (eviction_->wants_queries()) eviction_->record_queries(layer, q_stored, n_tokens);
     if (store_) store_->prefetch(layer + 1);
 }
@@ -300,8 +301,7 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
         attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
                        windowed ? nullptr : eviction_->reconstruction_accumulator(layer));
-        // The keys' space: attend() left rotated queries in rotated_q_ for a rotated dtype.
-        const float* q_stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
+        const float* q_stored = queries_seen(q, n_tokens);
         if (windowed) add_window_peaks(layer, q_stored, n_tokens);
         else add_token_peaks(layer, q_stored, n_tokens);
         for (int h = 0; block_scores && h < cfg_.n_kv_heads; ++h) {
@@ -311,6 +311,13 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         }
     }
     if (store_) store_->prefetch(layer + 1);
+}
+
+const float* KvCache::queries_seen(const float* q, int n_tokens) {
+    // attend() left a rotated dtype's queries, rotated, in rotated_q_.
+    const float* stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
+    return attention_queries(cfg_.dtype, stored, static_cast<size_t>(n_tokens) * cfg_.n_heads, cfg_.head_dim, seen_codes_,
+                             seen_q_);
 }
 
 void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {

@@ -4,7 +4,13 @@
 // fp16, bf16, fp32, or int8/int4 codes with fp16 group scales), token-major inside a block, and
 // converts them to fp32 in registers; there is never a dequantised copy of the cache. Softmax is
 // exact (max-subtracted, fp32 accumulation). Each kernel exists per ISA (scalar reference,
-// AVX2+F16C+FMA, AVX-512, NEON) behind one entry point that takes the ISA explicitly.
+// AVX2+F16C+FMA, AVX-512 with and without VNNI, NEON) behind one entry point that takes the ISA
+// explicitly.
+//
+// Over an int8 (q8) cache the queries are rounded as the keys are, to q8 rows (int8 per 32 values
+// with an fp16 scale; llama.cpp rounds them to q8_0 for a q8_0 cache the same way), before any
+// product: every ISA sees the same rounded queries, and the AVX-512 VNNI prompt kernel takes
+// Q x K^T as int8 dot products.
 #pragma once
 
 #include <cstddef>
@@ -78,6 +84,8 @@ public:
     std::vector<float> tile_scores;  // prefill: per-tile block scores, summed afterwards
     std::vector<float> tile_window;  // and the observation window's part of them
     std::vector<float> tile_max;     // prefill: per-tile block peaks (block_max), maxed afterwards
+    std::vector<uint8_t> q8_rows;    // a q8 cache's queries as q8 rows (codes, fp16 scales)
+    std::vector<float> q_rounded;    // and those rows read back: the queries every kernel sees
 };
 
 // Makes the keys of a kv head readable through the problem's views just before the kernels read
@@ -102,6 +110,13 @@ bool isa_available(Isa isa);
 // time.
 void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws,
                KeySource* source = nullptr);
+
+// The queries as attention() over a cache of `dtype` (its storage type) uses them: a q8 cache's
+// rounded to q8 rows (the codes into `codes`, read back into `rounded`, which is returned), any
+// other's unchanged (q is returned). Callers that score keys outside attention() (token peaks)
+// take these, so that their softmax is the kernels'.
+const float* attention_queries(KvDtype dtype, const float* q, size_t n_rows, int head_dim, std::vector<uint8_t>& codes,
+                               std::vector<float>& rounded);
 
 // Conversion of n_rows rows of head_dim elements between fp32 and the cache row format,
 // bit-identical on every ISA (round-to-nearest-even; the same bytes as fp16.h and
