@@ -16,13 +16,13 @@ def make_cache(n_layers=2, n_kv=3, hd=64, group=3, **kw):
 
 def queries_seen(dtype, q):
     """q [n, n_heads, hd] as attention over a cache of dtype uses it (attention.h): a q8 cache's
-    rounded to q8 rows, the codes of kv_rows_encode times their fp16 scales. (A q8r cache rounds
+    prompt queries (n > 1) rounded to q8 rows, the codes of kv_rows_encode times their fp16 scales. (A q8r cache rounds
     them in its rotated basis, which numpy's rotation does not reproduce bit for bit: a few codes
     round the other way. native/tests/test_attention.cpp checks q8r with the core's rotation.)"""
     assert dtype != "q8r"
-    if dtype != "q8":
-        return q
     n, heads, hd = q.shape
+    if dtype != "q8" or n == 1:
+        return q
     rows = core.kv_rows_encode("q8", q.reshape(-1, hd).astype(np.float32))
     codes = rows[:, :hd].view(np.int8).astype(np.float64)
     scales = np.ascontiguousarray(rows[:, hd:]).view(np.float16).astype(np.float64)

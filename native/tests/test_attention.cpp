@@ -38,7 +38,7 @@ static Reference reference(const KvCache& cache, int layer, const std::vector<fl
     Reference ref;
     ref.out.assign(static_cast<size_t>(n_q) * c.n_heads * hd, 0.0);
     ref.scores.assign(static_cast<size_t>(c.n_kv_heads) * mb, 0.0);
-    const std::vector<float> seen = queries_seen(c.dtype, q, hd);
+    const std::vector<float> seen = queries_seen(c.dtype, q, n_q, hd);
     for (int h = 0; h < c.n_kv_heads; ++h) {
         const int len = cache.length(layer, h);
         std::vector<float> k(static_cast<size_t>(len) * hd), v(k.size());
@@ -440,7 +440,7 @@ static void test_window_scores() {
         KvHeadView views[2] = {cache.view(0, 0), cache.view(0, 1)};
         for (int n_q : {1, 2, 8, 37, 130}) {
             auto q = random_vec(rng, static_cast<size_t>(n_q) * 6 * hd, 2.f);
-            const std::vector<float> seen = queries_seen(dt, q, hd);
+            const std::vector<float> seen = queries_seen(dt, q, n_q, hd);
             for (int w : {1, 5, n_q}) {
                 if (w > n_q) continue;
                 std::vector<double> ref(2 * static_cast<size_t>(mb), 0.0);

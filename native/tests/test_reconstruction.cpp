@@ -72,7 +72,7 @@ static void test_block_max() {
         // 1 and 2 queries take the decode path, 37 and 130 the tiles (on every ISA).
         for (int n_q : {1, 2, 37, 130}) {
             auto q = random_vec(rng, static_cast<size_t>(n_q) * 2 * G * hd, 3.f);
-            const std::vector<float> seen = queries_seen(dt, q, hd);
+            const std::vector<float> seen = queries_seen(dt, q, n_q, hd);
             // A prior peak on block 1 above anything softmax gives there, and one below.
             std::vector<double> ref(2 * static_cast<size_t>(mb), 0.0);
             ref[1] = 2.0;
@@ -313,7 +313,7 @@ static void test_window_pass(KvDtype dtype) {
         const int begin = n - c[0], end = begin + c[1];
         cache.set_reconstruction_window(c[0], c[1]);
         const auto rq = random_vec(rng, static_cast<size_t>(n_rep) * G * H * hd, 2.f);
-        const std::vector<float> rq_seen = queries_seen(dtype, rq, hd);
+        const std::vector<float> rq_seen = queries_seen(dtype, rq, n_rep, hd);
         auto rk = random_vec(rng, static_cast<size_t>(n_rep) * H * hd);
         // The pass's keys as stored, too (a round trip is exact for F32).
         std::vector<uint8_t> stored(kv_row_bytes(dtype, hd) * n_rep * H);

@@ -71,16 +71,17 @@ template <class E, class F>
     return c;
 }
 
-// The queries as attention over a cache of this dtype sees them (attention_queries), in the
+// The n_q queries as attention over a cache of this dtype sees them (attention_queries), in the
 // keys' unrotated space as float64 references read them: a q8r cache's are rounded in its rotated
 // basis and rotated back here.
-[[maybe_unused]] static std::vector<float> queries_seen(mnn_h2o::KvDtype dtype, const std::vector<float>& q, int hd) {
+[[maybe_unused]] static std::vector<float> queries_seen(mnn_h2o::KvDtype dtype, const std::vector<float>& q, int n_q,
+                                                        int hd) {
     const size_t rows = q.size() / hd;
     const bool rotated = mnn_h2o::kv_dtype_rotated(dtype);
     std::vector<float> x = q, rounded;
     std::vector<uint8_t> codes;
     if (rotated) mnn_h2o::hadamard_rows(x.data(), rows, hd);
-    const float* seen = mnn_h2o::attention_queries(dtype, x.data(), rows, hd, codes, rounded);
+    const float* seen = mnn_h2o::attention_queries(dtype, x.data(), n_q, static_cast<int>(rows / n_q), hd, codes, rounded);
     x.assign(seen, seen + rows * hd);
     if (rotated) mnn_h2o::hadamard_rows(x.data(), rows, hd);
     return x;

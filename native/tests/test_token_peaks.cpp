@@ -172,7 +172,7 @@ static void test_pass_peaks() {
                     std::vector<float> v(k[h].size());
                     cache.read(layer, h, k[h].data(), v.data());
                 }
-                brute_force(queries_seen(dt, q, hd), chunk[c], H, G, hd, k, {n + chunk[c], n + chunk[c]}, {n, n}, &ref[layer]);
+                brute_force(queries_seen(dt, q, chunk[c], hd), chunk[c], H, G, hd, k, {n + chunk[c], n + chunk[c]}, {n, n}, &ref[layer]);
             }
             cache.rewind_reconstruction();
         }

@@ -318,18 +318,18 @@ void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWo
                                1.f / std::sqrt(static_cast<float>(problem.head_dim))};
     // The kernels read the rounded queries as floats; the VNNI tile reads their codes.
     AttentionProblem p = problem;
-    p.q = attention_queries(shape.dtype, p.q, static_cast<size_t>(p.n_q) * p.n_kv_heads * p.group, p.head_dim,
-                            ws.q8_rows, ws.q_rounded);
-    const uint8_t* q8_rows = shape.dtype == KvDtype::Q8 ? ws.q8_rows.data() : nullptr;
+    p.q = attention_queries(shape.dtype, p.q, p.n_q, p.n_kv_heads * p.group, p.head_dim, ws.q8_rows, ws.q_rounded);
+    const uint8_t* q8_rows = p.q != problem.q ? ws.q8_rows.data() : nullptr;
     const int n_threads = pool ? pool->size() : 1;
     if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, q8_rows, n_threads, pool, ws, source);
     else decoded(p, ks, shape, n_threads, pool, ws, source);
 }
 
 // By the cache's own reference code, so that every ISA gets the same bytes.
-const float* attention_queries(KvDtype dtype, const float* q, size_t n_rows, int head_dim, std::vector<uint8_t>& codes,
-                               std::vector<float>& rounded) {
-    if (kv_storage_dtype(dtype) != KvDtype::Q8) return q;
+const float* attention_queries(KvDtype dtype, const float* q, int n_q, int n_heads, int head_dim,
+                               std::vector<uint8_t>& codes, std::vector<float>& rounded) {
+    if (kv_storage_dtype(dtype) != KvDtype::Q8 || n_q < 2) return q;
+    const size_t n_rows = static_cast<size_t>(n_q) * n_heads;
     codes.resize(n_rows * kv_row_bytes(KvDtype::Q8, head_dim));
     rounded.resize(n_rows * head_dim);
     kv_rows_from_f32(KvDtype::Q8, q, codes.data(), n_rows, head_dim);

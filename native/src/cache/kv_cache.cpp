@@ -316,8 +316,7 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
 const float* KvCache::queries_seen(const float* q, int n_tokens) {
     // attend() left a rotated dtype's queries, rotated, in rotated_q_.
     const float* stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
-    return attention_queries(cfg_.dtype, stored, static_cast<size_t>(n_tokens) * cfg_.n_heads, cfg_.head_dim, seen_codes_,
-                             seen_q_);
+    return attention_queries(cfg_.dtype, stored, n_tokens, cfg_.n_heads, cfg_.head_dim, seen_codes_, seen_q_);
 }
 
 void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {

@@ -7,10 +7,11 @@
 // AVX2+F16C+FMA, AVX-512 with and without VNNI, NEON) behind one entry point that takes the ISA
 // explicitly.
 //
-// Over an int8 (q8) cache the queries are rounded as the keys are, to q8 rows (int8 per 32 values
-// with an fp16 scale; llama.cpp rounds them to q8_0 for a q8_0 cache the same way), before any
-// product: every ISA sees the same rounded queries, and the AVX-512 VNNI prompt kernel takes
-// Q x K^T as int8 dot products.
+// Over an int8 (q8) cache a prompt's queries (more than one) are rounded as the keys are, to q8
+// rows (int8 per 32 values with an fp16 scale; llama.cpp rounds them to q8_0 for a q8_0 cache the
+// same way), before any product: every ISA sees the same rounded queries, and the AVX-512 VNNI
+// prompt kernel takes Q x K^T as int8 dot products. A decode step's one query stays float: its
+// attention waits on memory, not on arithmetic, so rounding it would cost quality for nothing.
 #pragma once
 
 #include <cstddef>
@@ -111,12 +112,12 @@ bool isa_available(Isa isa);
 void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws,
                KeySource* source = nullptr);
 
-// The queries as attention() over a cache of `dtype` (its storage type) uses them: a q8 cache's
-// rounded to q8 rows (the codes into `codes`, read back into `rounded`, which is returned), any
-// other's unchanged (q is returned). Callers that score keys outside attention() (token peaks)
-// take these, so that their softmax is the kernels'.
-const float* attention_queries(KvDtype dtype, const float* q, size_t n_rows, int head_dim, std::vector<uint8_t>& codes,
-                               std::vector<float>& rounded);
+// The n_q queries [n_q][n_heads][head_dim] as attention() over a cache of `dtype` (its storage
+// type) uses them: a q8 cache's rounded to q8 rows when n_q > 1 (the codes into `codes`, read
+// back into `rounded`, which is returned), else unchanged (q is returned). Callers that score keys
+// outside attention() (token peaks) take these, so that their softmax is the kernels'.
+const float* attention_queries(KvDtype dtype, const float* q, int n_q, int n_heads, int head_dim,
+                               std::vector<uint8_t>& codes, std::vector<float>& rounded);
 
 // Conversion of n_rows rows of head_dim elements between fp32 and the cache row format,
 // bit-identical on every ISA (round-to-nearest-even; the same bytes as fp16.h and
