@@ -252,6 +252,23 @@ static void test_errors() {
     CHECK(throws<std::invalid_argument>([&] { cache.step(0, q.data(), k.data(), k.data(), 90, out.data(), scores.data(), 1); }),
           "scores stride too small");
     CHECK(cache.length(0, 0) == 10, "failed step must not append");
+    {  // q8 rows are only for a q8 cache's prompt queries
+        KvHeadView views[2] = {cache.view(0, 0), cache.view(0, 1)};
+        AttentionProblem p;
+        p.n_kv_heads = 2;
+        p.group = 2;
+        p.head_dim = 64;
+        p.block_tokens = 64;
+        p.dtype = KvDtype::F16;
+        p.heads = views;
+        p.q = q.data();
+        p.n_q = 2;
+        p.out = out.data();
+        std::vector<uint8_t> codes(4 * 2 * kv_row_bytes(KvDtype::Q8, 64));
+        p.q8_rows = codes.data();
+        AttentionWorkspace ws;
+        CHECK(throws<std::invalid_argument>([&] { attention(p, Isa::Scalar, nullptr, ws); }), "q8 rows for an f16 cache");
+    }
     for (auto bad : {kv_config(0, 1, 64, 1), kv_config(1, 2, 64, 3), kv_config(1, 1, 72, 1),
                      kv_config(1, 1, 512, 1), kv_config(1, 1, 64, 1, KvDtype::F16, 24),
                      kv_config(1, 1, 64, 1, KvDtype::F16, 64, 0), kv_config(1, 1, 64, 1, KvDtype::F16, 64, 8, 0)})

@@ -79,6 +79,8 @@ void validate(const AttentionProblem& p) {
     if (p.split_keys < 0) fail("split_keys must be >= 0");
     if (p.window_scores && !p.block_scores) fail("window_scores needs block_scores");
     if (p.block_max && !p.block_scores) fail("block_max needs block_scores");
+    if (p.q8_rows && (kv_storage_dtype(p.dtype) != KvDtype::Q8 || p.n_q < 2))
+        fail("q8_rows are for a q8 cache's prompt queries (attention_queries)");
     if (p.window_scores && (p.window_queries < 1 || p.window_queries > p.n_q))
         fail("window_queries must be in [1, n_q], got " + std::to_string(p.window_queries));
     for (int h = 0; h < p.n_kv_heads; ++h) {
@@ -318,8 +320,11 @@ void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWo
                                1.f / std::sqrt(static_cast<float>(problem.head_dim))};
     // The kernels read the rounded queries as floats; the VNNI tile reads their codes.
     AttentionProblem p = problem;
-    p.q = attention_queries(shape.dtype, p.q, p.n_q, p.n_kv_heads * p.group, p.head_dim, ws.q8_rows, ws.q_rounded);
-    const uint8_t* q8_rows = p.q != problem.q ? ws.q8_rows.data() : nullptr;
+    if (!p.q8_rows) {
+        p.q = attention_queries(shape.dtype, p.q, p.n_q, p.n_kv_heads * p.group, p.head_dim, ws.q8_rows, ws.q_rounded);
+        if (p.q != problem.q) p.q8_rows = ws.q8_rows.data();
+    }
+    const uint8_t* q8_rows = p.q8_rows;
     const int n_threads = pool ? pool->size() : 1;
     if (use_tiles(p, ks.tile_rows)) tiled(p, ks, shape, q8_rows, n_threads, pool, ws, source);
     else decoded(p, ks, shape, n_threads, pool, ws, source);

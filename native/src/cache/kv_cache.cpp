@@ -230,6 +230,10 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
         hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
         p.q = rotated_q_.data();
     }
+    // Rounded here, once (attention.h): the peaks and query statistics after the step read them.
+    p.q = attention_queries(cfg_.dtype, p.q, n_q, cfg_.n_heads, cfg_.head_dim, seen_codes_, seen_q_);
+    if (p.q == seen_q_.data()) p.q8_rows = seen_codes_.data();
+    attended_q_ = p.q;
     if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, team(), workspace_);
     else attention(p, isa, team(), workspace_);
     if (rotated) hadamard_rows(out, q_rows, cfg_.head_dim);
@@ -272,8 +276,7 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
         }
     }
     for (int h = 0; h < cfg_.n_kv_heads; ++h) eviction_->record_step(layer, h, head(layer, h).length, n_tokens);
-    const bool peaks = n_tokens > 1 && (query_peaks_ || (prompt_end_share_ > 0.0 && eviction_->token_peak_accumulator(layer)));
-    const float* q_stored = peaks || eviction_->wants_queries() ? queries_seen(q, n_tokens) : nullptr;
+    const float* q_stored = attended_q_;  // the keys' space, as attention saw them
     if (n_tokens > 1 && query_peaks_) {
         const int w = std::min(eviction_->window_size(), n_tokens);
         add_query_peaks(layer, q_stored + static_cast<size_t>(n_tokens - w) * cfg_.n_heads * cfg_.head_dim, w);
@@ -301,7 +304,7 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         scores_scratch_.assign(static_cast<size_t>(cfg_.n_kv_heads) * stride, 0.f);
         attend_checked(layer, q, n_tokens, out, scores_scratch_.data(), stride, nullptr, 0, best_isa(),
                        windowed ? nullptr : eviction_->reconstruction_accumulator(layer));
-        const float* q_stored = queries_seen(q, n_tokens);
+        const float* q_stored = attended_q_;
         if (windowed) add_window_peaks(layer, q_stored, n_tokens);
         else add_token_peaks(layer, q_stored, n_tokens);
         for (int h = 0; block_scores && h < cfg_.n_kv_heads; ++h) {
@@ -311,12 +314,6 @@ void KvCache::step_reconstruction(int layer, const float* q, int n_tokens, float
         }
     }
     if (store_) store_->prefetch(layer + 1);
-}
-
-const float* KvCache::queries_seen(const float* q, int n_tokens) {
-    // attend() left a rotated dtype's queries, rotated, in rotated_q_.
-    const float* stored = kv_dtype_rotated(cfg_.dtype) ? rotated_q_.data() : q;
-    return attention_queries(cfg_.dtype, stored, n_tokens, cfg_.n_heads, cfg_.head_dim, seen_codes_, seen_q_);
 }
 
 void KvCache::add_token_peaks(int layer, const float* q, int n_tokens) {

@@ -232,6 +232,8 @@ void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, Team* po
     const size_t group_floats = static_cast<size_t>(G) * hd;
     q_head_.resize(static_cast<size_t>(p.n_q) * group_floats);
     out_head_.resize(q_head_.size());
+    const size_t group_q8 = p.q8_rows ? G * kv_row_bytes(KvDtype::Q8, hd) : 0;
+    q8_head_.resize(static_cast<size_t>(p.n_q) * group_q8);
     ++batch_;  // a new layer: nothing of it is in scratch yet
     batch_used_ = 0;
     for (int h = 0; h < p.n_kv_heads; ++h) {
@@ -255,13 +257,18 @@ void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, Team* po
         view.k_blocks = k_view_.data();
         view.v_blocks = v_view_.data();
         view.n_keys = p.heads[h].n_keys;
-        for (int t = 0; t < p.n_q; ++t)
+        for (int t = 0; t < p.n_q; ++t) {
             std::memcpy(q_head_.data() + t * group_floats, p.q + (static_cast<size_t>(t) * n_heads + h * G) * hd,
                         group_floats * sizeof(float));
+            if (group_q8)
+                std::memcpy(q8_head_.data() + t * group_q8, p.q8_rows + (static_cast<size_t>(t) * p.n_kv_heads + h) * group_q8,
+                            group_q8);
+        }
         AttentionProblem one = p;
         one.n_kv_heads = 1;
         one.heads = &view;
         one.q = q_head_.data();
+        one.q8_rows = group_q8 ? q8_head_.data() : nullptr;
         one.out = out_head_.data();
         one.block_scores = p.block_scores ? p.block_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.window_scores = p.window_scores ? p.window_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;

@@ -75,6 +75,11 @@ struct AttentionProblem {
     // head of the whole problem, so the splits, and so the results, are bit-identical to the
     // all-heads call.
     int split_keys = 0;
+
+    // Optional: q's q8 rows, when q already holds a q8 cache's prompt queries rounded by
+    // attention_queries (a caller that reads the rounded queries itself rounds them once);
+    // attention() then rounds nothing.
+    const uint8_t* q8_rows = nullptr;
 };
 
 // Scratch memory of attention(), kept between calls so a decode step allocates nothing.

@@ -244,9 +244,6 @@ private:
     // After a pass step's attention on an evicting layer: the largest probability each key held
     // before the pass got from the step's queries (q as the kernel saw them), into the state's
     // token peaks.
-    // The step's queries as attention saw them (attention_queries), in the keys' space: what the
-    // peaks and query statistics outside attention() must score with. Valid until the next step.
-    const float* queries_seen(const float* q, int n_tokens);
     void add_token_peaks(int layer, const float* q, int n_tokens);
     // The same with the window of set_reconstruction_window, and the window's block peaks.
     void add_window_peaks(int layer, const float* q, int n_tokens);
@@ -308,8 +305,11 @@ private:
     std::unique_ptr<EvictionState> eviction_;     // null when eviction is off
     std::vector<float> scores_scratch_; // step(): masses wanted by both the caller and H2O
     std::vector<float> rotated_q_;      // attend() with a rotated dtype
-    std::vector<uint8_t> seen_codes_;   // queries_seen(): a q8 cache's queries as q8 rows
+    std::vector<uint8_t> seen_codes_;   // attend(): a q8 cache's prompt queries as q8 rows
     std::vector<float> seen_q_;         // and read back
+    // The queries the last attend() gave attention (rotated, rounded: attention_queries), which
+    // the peaks and query statistics outside attention() must score with; valid until the next.
+    const float* attended_q_ = nullptr;
     std::vector<int> lengths_;          // end_step(): a layer's head lengths (global: every evicting layer's)
     std::vector<int64_t> seen_;         // evict_global(): tokens_seen of every evicting layer
     std::vector<std::vector<TokenRun>> plans_;

@@ -89,6 +89,7 @@ private:
     const Chunk* read_chunk_ = nullptr;
     std::vector<const void*> k_view_, v_view_;
     std::vector<float> q_head_, out_head_;
+    std::vector<uint8_t> q8_head_;  // the head's q8 rows, when the problem brings them
 };
 
 }  // namespace mnn_h2o::store
