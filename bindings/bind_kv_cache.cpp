@@ -310,6 +310,19 @@ void bind_kv_cache(py::module_& m) {
         },
         "Every kernel set that can run here (for tests and benchmarks).");
     m.def(
+        "attention_kernels",
+        [](const py::object& isa) {
+            const Isa which = parse_isa(isa);
+            const char* name = mnn_h2o::attention_kernels_name(which);
+            if (!name)
+                throw std::invalid_argument(std::string("ISA '") + mnn_h2o::isa_name(which) +
+                                            "' is not available on this CPU/build");
+            return std::string(name);
+        },
+        py::arg("isa") = py::none(),
+        "The attention kernel set an ISA runs here: within avx512 the CPU's extensions choose "
+        "avx512, avx512-vnni (int8 scores over a q8 prompt) or avx512-bf16 (bf16 P x V too).");
+    m.def(
         "kv_dtypes",
         [] {
             std::vector<std::string> names;

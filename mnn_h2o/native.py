@@ -5,7 +5,7 @@ one file, and a missing or stale build is one clear error rather than an ImportE
 deep in the stack."""
 try:
     from ._core import (KEPT_FIRST, DecodeLayers, GearCodec, GearError, KvCache, Q8Matrix, WeightMatrix,
-                        best_isa, decode_layer_options, decode_token, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes,
+                        attention_kernels, best_isa, decode_layer_options, decode_token, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes,
                         kv_rows_encode, policy_names, weight_types)
 except ImportError as e:
     raise ImportError(
@@ -15,5 +15,5 @@ except ImportError as e:
     ) from e
 
 __all__ = ["KEPT_FIRST", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q8Matrix", "WeightMatrix",
-           "best_isa", "decode_layer_options", "decode_token", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
+           "attention_kernels", "best_isa", "decode_layer_options", "decode_token", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
            "policy_names", "weight_types"]

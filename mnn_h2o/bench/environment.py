@@ -40,7 +40,7 @@ def environment() -> dict:
     from .. import native
 
     return {"cpu": _cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
-            "isa": native.best_isa(),
+            "isa": native.best_isa(), "attention_kernels": native.attention_kernels(),
             "zstd": native.gear_zstd_available(),
             "python": sys.version.split()[0], "os": platform.platform(),
             "versions": {p: _version(p) for p in ("MNN", "numpy", "gguf", "tokenizers", "zstandard")},

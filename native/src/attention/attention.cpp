@@ -43,8 +43,10 @@ const kernels::KernelSet* kernel_set(Isa isa) {
             return nullptr;
         case Isa::Avx512:
 #if defined(MNN_H2O_HAVE_X86_KERNELS)
-            if (cpu_features().avx512)
+            if (cpu_features().avx512) {
+                if (cpu_features().avx512_bf16) return &kernels::avx512bf16_kernels();
                 return cpu_features().avx512_vnni ? &kernels::avx512vnni_kernels() : &kernels::avx512_kernels();
+            }
 #endif
             return nullptr;
         case Isa::Neon:
@@ -312,6 +314,11 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
 }  // namespace
 
 bool isa_available(Isa isa) { return kernel_set(isa) != nullptr; }
+
+const char* attention_kernels_name(Isa isa) {
+    const kernels::KernelSet* set = kernel_set(isa);
+    return set ? set->name : nullptr;
+}
 
 void attention(const AttentionProblem& problem, Isa isa, Team* pool, AttentionWorkspace& ws, KeySource* source) {
     const kernels::KernelSet& ks = checked_kernel_set(isa);

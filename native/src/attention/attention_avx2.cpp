@@ -13,6 +13,7 @@ namespace kernels {
 namespace {
 
 struct Avx2 {
+    static constexpr const char* kName = "avx2";
     using vec = __m256;
     static constexpr int W = 8;
     // 16 registers: 4 keys x 3 rows of accumulators + 3 query vectors fill them.
@@ -20,6 +21,7 @@ struct Avx2 {
     static constexpr int kTileKeys = 4;  // 8 accumulators (4 keys x 2 row vectors)
     static constexpr int kPvCols = 4;    // 8 accumulators (4 value columns x 2 row vectors)
     static constexpr bool kInt8Scores = false;
+    static constexpr bool kBf16Values = false;
 
     static vec zero() { return _mm256_setzero_ps(); }
     static vec set1(float x) { return _mm256_set1_ps(x); }

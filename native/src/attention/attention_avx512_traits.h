@@ -1,6 +1,8 @@
 // The AVX-512 (F/BW/VL, with F16C) traits of the SIMD attention kernels, shared by the plain set
-// (attention_avx512.cpp) and the VNNI one (attention_avx512vnni.cpp), which adds int8 dot
-// products. An anonymous namespace: each includer, compiled with its own flags, gets its own copy.
+// (attention_avx512.cpp), the VNNI one (attention_avx512vnni.cpp), which adds int8 dot products
+// where the includer is compiled with VNNI, and the BF16 one (attention_avx512bf16.cpp), which
+// adds bf16 dot products to those. An anonymous namespace: each includer, compiled with its own
+// flags, gets its own copy.
 //
 // Includers provide <immintrin.h>, <cstddef>, <cstdint> and attention_kernels.h.
 #pragma once
@@ -10,12 +12,14 @@ namespace kernels {
 namespace {
 
 struct Avx512 {
+    static constexpr const char* kName = "avx512";
     using vec = __m512;
     static constexpr int W = 16;
     static constexpr int kDecodeRows = 4;  // 16 accumulators (4 keys x 4 rows) of 32 registers
     static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
     static constexpr int kPvCols = 8;      // 16 accumulators (8 value columns x 2 row vectors)
     static constexpr bool kInt8Scores = false;
+    static constexpr bool kBf16Values = false;
 
     static vec zero() { return _mm512_setzero_ps(); }
     static vec set1(float x) { return _mm512_set1_ps(x); }
@@ -84,6 +88,28 @@ struct Avx512 {
     }
     static float half(uint16_t h) { return _cvtsh_ss(h); }
 };
+
+#if defined(__AVX512VNNI__)
+struct Avx512Vnni : Avx512 {
+    static constexpr const char* kName = "avx512-vnni";
+    static constexpr bool kInt8Scores = true;
+    using ivec = __m512i;  // W int32 lanes, each the dot product of 4 byte pairs
+
+    static ivec iload(const int8_t* p) { return _mm512_loadu_si512(p); }
+    static ivec izero() { return _mm512_setzero_si512(); }
+    static ivec iload32(const int32_t* p) { return _mm512_loadu_si512(p); }
+    // 4 bytes broadcast to every lane.
+    static ivec ibroadcast4(const uint8_t* p) {
+        int32_t x;
+        __builtin_memcpy(&x, p, sizeof x);
+        return _mm512_set1_epi32(x);
+    }
+    // acc + the dot products of unsigned bytes u and signed bytes s, 4 per lane (exact: no
+    // saturation in vpdpbusd).
+    static ivec idot(ivec acc, ivec u, ivec s) { return _mm512_dpbusd_epi32(acc, u, s); }
+    static vec to_float(ivec v) { return _mm512_cvtepi32_ps(v); }
+};
+#endif  // __AVX512VNNI__
 
 }  // namespace
 }  // namespace kernels

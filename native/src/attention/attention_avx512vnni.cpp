@@ -16,33 +16,6 @@
 
 #include "attention_avx512_traits.h"
 
-namespace mnn_h2o {
-namespace kernels {
-namespace {
-
-struct Avx512Vnni : Avx512 {
-    static constexpr bool kInt8Scores = true;
-    using ivec = __m512i;  // W int32 lanes, each the dot product of 4 byte pairs
-
-    static ivec iload(const int8_t* p) { return _mm512_loadu_si512(p); }
-    static ivec izero() { return _mm512_setzero_si512(); }
-    static ivec iload32(const int32_t* p) { return _mm512_loadu_si512(p); }
-    // 4 bytes broadcast to every lane.
-    static ivec ibroadcast4(const uint8_t* p) {
-        int32_t x;
-        __builtin_memcpy(&x, p, sizeof x);
-        return _mm512_set1_epi32(x);
-    }
-    // acc + the dot products of unsigned bytes u and signed bytes s, 4 per lane (exact: no
-    // saturation in vpdpbusd).
-    static ivec idot(ivec acc, ivec u, ivec s) { return _mm512_dpbusd_epi32(acc, u, s); }
-    static vec to_float(ivec v) { return _mm512_cvtepi32_ps(v); }
-};
-
-}  // namespace
-}  // namespace kernels
-}  // namespace mnn_h2o
-
 #include "attention_simd.h"
 
 namespace mnn_h2o {

@@ -64,7 +64,8 @@ struct TileArgs {
 };
 
 struct KernelSet {
-    int tile_rows;  // rows per prefill tile
+    const char* name;  // "avx512-bf16", ...: what attention_kernels_name() reports
+    int tile_rows;     // rows per prefill tile
     size_t (*decode_scratch_floats)(const Shape& shape, int n_rows, int n_keys);
     size_t (*tile_scratch_floats)(const Shape& shape, int n_blocks);
     void (*decode)(const DecodeArgs& args);
@@ -79,6 +80,7 @@ const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();
 const KernelSet& avx512_kernels();
 const KernelSet& avx512vnni_kernels();
+const KernelSet& avx512bf16_kernels();
 #endif
 #if defined(__aarch64__)
 const KernelSet& neon_kernels();

@@ -14,12 +14,14 @@ namespace kernels {
 namespace {
 
 struct Neon {
+    static constexpr const char* kName = "neon";
     using vec = float32x4_t;
     static constexpr int W = 4;
     static constexpr int kDecodeRows = 4;  // 16 accumulators of 32 registers
     static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
     static constexpr int kPvCols = 8;      // 16 accumulators (8 value columns x 2 row vectors)
     static constexpr bool kInt8Scores = false;
+    static constexpr bool kBf16Values = false;
 
     static vec zero() { return vdupq_n_f32(0.f); }
     static vec set1(float x) { return vdupq_n_f32(x); }

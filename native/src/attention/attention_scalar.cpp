@@ -109,7 +109,7 @@ void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
 const KernelSet& scalar_kernels() {
     // Small tiles: the scalar path is a reference, and small tiles exercise both the tile and the
     // decode code of the dispatcher at small sizes in tests.
-    static const KernelSet set{8, decode_scratch_floats, tile_scratch_floats, decode, tile, from_f32, to_f32};
+    static const KernelSet set{"scalar", 8, decode_scratch_floats, tile_scratch_floats, decode, tile, from_f32, to_f32};
     return set;
 }
 

@@ -1,18 +1,20 @@
 // The SIMD attention kernels, written once over a traits class V and instantiated by each ISA
-// file (attention_avx2.cpp, attention_avx512.cpp, attention_neon.cpp) with its own traits.
+// file (attention_avx2.cpp, attention_avx512.cpp, attention_avx512vnni.cpp,
+// attention_avx512bf16.cpp, attention_neon.cpp) with its own traits.
 //
 // Every function here is a template on V, and each ISA file declares its traits in an anonymous
 // namespace, so every instantiation has internal linkage: the linker can never swap an AVX-512
 // body into an AVX2 caller. For the same reason nothing here calls into the standard library.
 //
-// V provides: vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
+// V provides: kName (the set's name), vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
 // kTileKeys (keys per score micro-tile in prefill), kPvCols (value columns per P*V micro-tile in prefill), and
 // zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
 // load_f16/load_bf16/store_f16/store_bf16, load_i8 (W int8 -> fp32), load_u4 (W 4-bit codes from
 // W/2 bytes, element 2i in the low nibble, -> fp32 in [0, 15]) and half (one fp16 -> fp32). The
 // quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
 // kInt8Scores says whether V also has the int8 dot products of tile_scores_q8 (ivec, iload,
-// iload32, ibroadcast4, idot, to_float).
+// iload32, ibroadcast4, idot, to_float), kBf16Values whether it has the bf16 ones of
+// tile_pv_pairs (pvec, pair, pload, pstore, pdot; only with kInt8Scores).
 //
 // Includers provide <cstddef>, <cstdint>, the intrinsics header and attention_kernels.h.
 #pragma once
@@ -457,6 +459,70 @@ void tile_scores_q8(const int8_t* qi, const float* qs, const int32_t* qc, const 
     for (; j < nk; ++j) q8_scores_at<V, 1>(qi, qs, qc, ku, ks, hd, j, st);
 }
 
+// ---- A q8 cache's P x V as bf16 products (traits with kBf16Values: AVX-512 BF16) -------------
+// Each key pair (j, j + 1) of a step is one 32-bit lane, and vdpbf16ps takes both keys in one
+// instruction where the float kernel takes one key in one FMA. The probabilities and the values
+// (code x scale) are rounded to bf16 (8 significant bits: up to 2^-8 of each, and a row's largest
+// probability, 1, exactly); sums and the softmax's normaliser stay fp32. On random rows the
+// output moves by about 2e-3 of its size, where the q8 rows' own rounding moves it by about 4e-3;
+// folding each value's scale into its probability instead (the codes exact) measured the same.
+
+// vb[jp][c] = column c of the values of keys k0 + 2jp and k0 + 2jp + 1 as a pair (an odd last
+// key pairs with 0).
+template <class V, KvDtype DT>
+void pack_values_pairs(const KvHeadView* kv, int k0, int nk, int bt, int hd, uint32_t* vb) {
+    for (int j = 0; j < nk; j += 2) {
+        const int ka = k0 + j, kb = ka + 1;
+        const void* blk_a = kv->v_blocks[ka / bt];
+        const void* blk_b = j + 1 < nk ? kv->v_blocks[kb / bt] : nullptr;
+        for (int c = 0; c < hd; c += V::W) {
+            const Vec<V> a = load_kv<V, DT>(blk_a, ka % bt, hd, c);
+            const Vec<V> b = blk_b ? load_kv<V, DT>(blk_b, kb % bt, hd, c) : V::zero();
+            V::pstore(vb + static_cast<size_t>(j / 2) * hd + c, V::pair(a, b));
+        }
+    }
+}
+
+// pb[jp][0..R) = the probabilities st[2jp][..] and st[2jp + 1][..] as pairs.
+template <class V>
+void pack_probabilities_pairs(const float* st, int nk, uint32_t* pb) {
+    constexpr int R = kTileRows<V>, W = V::W;
+    for (int j = 0; j < nk; j += 2) {
+        const bool has_b = j + 1 < nk;
+        for (int h = 0; h < R; h += W) {
+            const Vec<V> a = V::load(st + j * R + h);
+            const Vec<V> b = has_b ? V::load(st + (j + 1) * R + h) : V::zero();
+            V::pstore(pb + (j / 2) * R + h, V::pair(a, b));
+        }
+    }
+}
+
+// tile_pv_cols over key pairs: ot[c][0..R) = ot[c][..] * alpha + sum over pairs jp of
+// pb[jp][..] . vb[jp][c], for c in [c0, c0 + KC).
+template <class V, int KC>
+void tile_pv_pairs(const uint32_t* pb, const float* alpha, const uint32_t* vb, int n_pairs, int hd, int c0,
+                   float* ot) {
+    constexpr int R = kTileRows<V>;
+    const Vec<V> a0 = V::load(alpha), a1 = V::load(alpha + V::W);
+    Vec<V> acc0[KC], acc1[KC];
+    for (int c = 0; c < KC; ++c) {
+        acc0[c] = V::mul(V::load(ot + (c0 + c) * R), a0);
+        acc1[c] = V::mul(V::load(ot + (c0 + c) * R + V::W), a1);
+    }
+    for (int jp = 0; jp < n_pairs; ++jp) {
+        const typename V::pvec p0 = V::pload(pb + jp * R), p1 = V::pload(pb + jp * R + V::W);
+        const uint32_t* v = vb + static_cast<size_t>(jp) * hd + c0;
+        for (int c = 0; c < KC; ++c) {
+            acc0[c] = V::pdot(acc0[c], p0, v[c]);
+            acc1[c] = V::pdot(acc1[c], p1, v[c]);
+        }
+    }
+    for (int c = 0; c < KC; ++c) {
+        V::store(ot + (c0 + c) * R, acc0[c]);
+        V::store(ot + (c0 + c) * R + V::W, acc1[c]);
+    }
+}
+
 template <class V, KvDtype DT>
 void convert_block(const void* blk, int nk, int hd, float* dst) {
     for (int j = 0; j < nk; ++j)
@@ -467,6 +533,7 @@ template <class V, KvDtype DT>
 void tile_impl(const TileArgs& a) {
     constexpr int R = kTileRows<V>, W = V::W, PC = V::kPvCols;
     constexpr bool kQ8Products = DT == KvDtype::Q8 && V::kInt8Scores;
+    constexpr bool kBf16Products = kQ8Products && V::kBf16Values;
     const Shape& s = a.shape;
     const int hd = s.head_dim, bt = s.block_tokens;
     int lim_min = a.limits[0], lim_max = a.limits[0];
@@ -496,6 +563,10 @@ void tile_impl(const TileArgs& a) {
     int32_t* qc = reinterpret_cast<int32_t*>(qs + hd / kQ8Group * R);
     uint8_t* ku = reinterpret_cast<uint8_t*>(kf);
     float* ks = kf + static_cast<size_t>(step_keys) * hd / 4;
+    // bf16 P x V: the value pairs in kf's second half (the packed keys and scales fill less than
+    // 9/32 of it), the probability pairs in vf (R / 2 of its hd floats a key).
+    uint32_t* vb = reinterpret_cast<uint32_t*>(kf + static_cast<size_t>(step_keys) * hd / 2);
+    uint32_t* pb = reinterpret_cast<uint32_t*>(vf);
 
     // Padding rows get zero queries and the widest limit: harmless lanes that are never read.
     if constexpr (kQ8Products) pack_queries_q8<V>(a, hd, s.scale, qi, qs, qc);
@@ -523,8 +594,9 @@ void tile_impl(const TileArgs& a) {
                 pack_keys_q8<V>(a.kv->k_blocks[b], bk, hd, ku + first * hd, ks + first * (hd / kQ8Group));
             else
                 convert_block<V, DT>(a.kv->k_blocks[b], bk, hd, kf + first * hd);
-            convert_block<V, DT>(a.kv->v_blocks[b], bk, hd, vf + first * hd);
+            if constexpr (!kBf16Products) convert_block<V, DT>(a.kv->v_blocks[b], bk, hd, vf + first * hd);
         }
+        if constexpr (kBf16Products) pack_values_pairs<V, DT>(a.kv, k0, nk, bt, hd, vb);
         if constexpr (kQ8Products) tile_scores_q8<V>(qi, qs, qc, ku, ks, nk, hd, st);
         else tile_scores<V, V::kTileKeys>(qt, kf, nk, hd, st);
 
@@ -583,8 +655,15 @@ void tile_impl(const TileArgs& a) {
         V::store(alpha, a0);
         V::store(alpha + W, a1);
         int c0 = 0;
-        for (; c0 + PC <= hd; c0 += PC) tile_pv_cols<V, PC>(st, alpha, vf, nk, hd, c0, o);
-        for (; c0 < hd; ++c0) tile_pv_cols<V, 1>(st, alpha, vf, nk, hd, c0, o);
+        if constexpr (kBf16Products) {
+            pack_probabilities_pairs<V>(st, nk, pb);
+            const int n_pairs = (nk + 1) / 2;
+            for (; c0 + PC <= hd; c0 += PC) tile_pv_pairs<V, PC>(pb, alpha, vb, n_pairs, hd, c0, o);
+            for (; c0 < hd; ++c0) tile_pv_pairs<V, 1>(pb, alpha, vb, n_pairs, hd, c0, o);
+        } else {
+            for (; c0 + PC <= hd; c0 += PC) tile_pv_cols<V, PC>(st, alpha, vf, nk, hd, c0, o);
+            for (; c0 < hd; ++c0) tile_pv_cols<V, 1>(st, alpha, vf, nk, hd, c0, o);
+        }
     }
 
     for (int r = 0; r < a.n_rows; ++r) {
@@ -670,7 +749,7 @@ void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
 
 template <class V>
 constexpr KernelSet kernel_set() {
-    return KernelSet{kTileRows<V>, decode_scratch_floats<V>, tile_scratch_floats<V>, decode<V>,
+    return KernelSet{V::kName, kTileRows<V>, decode_scratch_floats<V>, tile_scratch_floats<V>, decode<V>,
                      tile<V>,      from_f32<V>,              to_f32<V>};
 }
 

@@ -28,6 +28,12 @@ CpuFeatures detect() {
     f.avx2_f16c_fma = ymm_os && avx2 && fma && f16c;
     f.avx512 = f.avx2_f16c_fma && zmm_os && avx512f && avx512bw && avx512vl;
     f.avx512_vnni = f.avx512 && (c & (1u << 11));
+    unsigned eax1 = 0;
+    if (__get_cpuid_count(7, 1, &eax1, &b, &c, &d)) f.avx512_bf16 = f.avx512_vnni && (eax1 & (1u << 5));
+    if (const char* off = std::getenv("MNN_H2O_CPU_DISABLE")) {
+        if (std::strstr(off, "avx512_vnni")) f.avx512_vnni = f.avx512_bf16 = false;
+        if (std::strstr(off, "avx512_bf16")) f.avx512_bf16 = false;
+    }
 #elif defined(__aarch64__)
     f.neon = true;
 #endif

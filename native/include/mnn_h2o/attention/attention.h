@@ -109,6 +109,10 @@ public:
 // True if kernels for isa are compiled in and this CPU can run them.
 bool isa_available(Isa isa);
 
+// The kernel set attention() runs for isa on this CPU ("scalar", "avx2", "avx512", "avx512-vnni",
+// "avx512-bf16", "neon"; the AVX-512 one follows the CPU's extensions), or null if unavailable.
+const char* attention_kernels_name(Isa isa);
+
 // Runs the attention with the kernels of isa (std::invalid_argument if unavailable or if the
 // problem is malformed). pool (a ThreadPool or a SpinTeam) may be null (single thread). With a key source, the work is the
 // same (same splits and tiles, so bit-identical results) but ordered by key range: decode runs

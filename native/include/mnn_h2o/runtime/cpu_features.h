@@ -10,10 +10,12 @@ struct CpuFeatures {
     bool avx2_f16c_fma = false;  // AVX2 + FMA + F16C (FP16 conversion)
     bool avx512 = false;         // AVX-512 F + BW + VL
     bool avx512_vnni = false;    // and VNNI (int8 dot products; Ice Lake, Zen 4 on)
+    bool avx512_bf16 = false;    // and BF16 (bf16 dot products; with VNNI here: Sapphire Rapids, Zen 4 on)
     bool neon = false;           // always true on aarch64
 };
 
-// Detected once, then cached.
+// Detected once, then cached. MNN_H2O_CPU_DISABLE=avx512_bf16[,avx512_vnni] hides those
+// extensions (for the tests of the kernel sets a CPU with them would never pick).
 const CpuFeatures& cpu_features();
 
 // Widest ISA both compiled in and supported by this CPU. The environment variable
