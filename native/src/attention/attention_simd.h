@@ -327,6 +327,27 @@ void tile_scores(const float* qt, const float* kf, int nk, int hd, float* st) {
     }
 }
 
+// The P x V micro-kernels' accumulators: columns [c0, c0 + KC) of the transposed output ot, two
+// row vectors each, loaded rescaled by the step's alpha and stored back.
+template <class V, int KC>
+inline void pv_accumulators_load(const float* ot, const float* alpha, int c0, Vec<V>* acc0, Vec<V>* acc1) {
+    constexpr int R = kTileRows<V>;
+    const Vec<V> a0 = V::load(alpha), a1 = V::load(alpha + V::W);
+    for (int c = 0; c < KC; ++c) {
+        acc0[c] = V::mul(V::load(ot + (c0 + c) * R), a0);
+        acc1[c] = V::mul(V::load(ot + (c0 + c) * R + V::W), a1);
+    }
+}
+
+template <class V, int KC>
+inline void pv_accumulators_store(const Vec<V>* acc0, const Vec<V>* acc1, int c0, float* ot) {
+    constexpr int R = kTileRows<V>;
+    for (int c = 0; c < KC; ++c) {
+        V::store(ot + (c0 + c) * R, acc0[c]);
+        V::store(ot + (c0 + c) * R + V::W, acc1[c]);
+    }
+}
+
 // ot[c][0..R) = ot[c][..] * alpha[0..R) + sum_j vf[j][c] * pt[j][0..R) for c in [c0, c0 + KC): the
 // output held transposed, so that a key's probabilities for all R rows are two vector loads and
 // each value element one broadcast (tile_scores' micro-kernel again): V is read once a step and
@@ -334,12 +355,8 @@ void tile_scores(const float* qt, const float* kf, int nk, int hd, float* st) {
 template <class V, int KC>
 void tile_pv_cols(const float* pt, const float* alpha, const float* vf, int nk, int hd, int c0, float* ot) {
     constexpr int R = kTileRows<V>;
-    const Vec<V> a0 = V::load(alpha), a1 = V::load(alpha + V::W);
     Vec<V> acc0[KC], acc1[KC];
-    for (int c = 0; c < KC; ++c) {
-        acc0[c] = V::mul(V::load(ot + (c0 + c) * R), a0);
-        acc1[c] = V::mul(V::load(ot + (c0 + c) * R + V::W), a1);
-    }
+    pv_accumulators_load<V, KC>(ot, alpha, c0, acc0, acc1);
     for (int j = 0; j < nk; ++j) {
         const Vec<V> p0 = V::load(pt + j * R), p1 = V::load(pt + j * R + V::W);
         for (int c = 0; c < KC; ++c) {
@@ -348,10 +365,7 @@ void tile_pv_cols(const float* pt, const float* alpha, const float* vf, int nk, 
             acc1[c] = V::fmadd(p1, v, acc1[c]);
         }
     }
-    for (int c = 0; c < KC; ++c) {
-        V::store(ot + (c0 + c) * R, acc0[c]);
-        V::store(ot + (c0 + c) * R + V::W, acc1[c]);
-    }
+    pv_accumulators_store<V, KC>(acc0, acc1, c0, ot);
 }
 
 // ---- A q8 cache's Q x K^T as int8 products (traits with kInt8Scores: AVX-512 VNNI) -------------
@@ -503,12 +517,8 @@ template <class V, int KC>
 void tile_pv_pairs(const uint32_t* pb, const float* alpha, const uint32_t* vb, int n_pairs, int hd, int c0,
                    float* ot) {
     constexpr int R = kTileRows<V>;
-    const Vec<V> a0 = V::load(alpha), a1 = V::load(alpha + V::W);
     Vec<V> acc0[KC], acc1[KC];
-    for (int c = 0; c < KC; ++c) {
-        acc0[c] = V::mul(V::load(ot + (c0 + c) * R), a0);
-        acc1[c] = V::mul(V::load(ot + (c0 + c) * R + V::W), a1);
-    }
+    pv_accumulators_load<V, KC>(ot, alpha, c0, acc0, acc1);
     for (int jp = 0; jp < n_pairs; ++jp) {
         const typename V::pvec p0 = V::pload(pb + jp * R), p1 = V::pload(pb + jp * R + V::W);
         const uint32_t* v = vb + static_cast<size_t>(jp) * hd + c0;
@@ -517,10 +527,7 @@ void tile_pv_pairs(const uint32_t* pb, const float* alpha, const uint32_t* vb, i
             acc1[c] = V::pdot(acc1[c], p1, v[c]);
         }
     }
-    for (int c = 0; c < KC; ++c) {
-        V::store(ot + (c0 + c) * R, acc0[c]);
-        V::store(ot + (c0 + c) * R + V::W, acc1[c]);
-    }
+    pv_accumulators_store<V, KC>(acc0, acc1, c0, ot);
 }
 
 template <class V, KvDtype DT>
