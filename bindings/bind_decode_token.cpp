@@ -22,12 +22,15 @@ void bind_decode_token(py::module_& m) {
         "decode_token",
         [](DecodeLayers& layers, PyKvCache& cache, const py::object& h, const py::object& cos, const py::object& sin,
            const py::object& q, const py::object& k, const py::object& v, const py::object& attn,
-           const py::object& observe, const py::object& isa) {
+           const py::object& observe, const py::object& isa, const py::object& local_cos,
+           const py::object& local_sin) {
             const mnn_h2o::DecodeShape& s = layers.shape();
             const py::ssize_t nq = s.n_heads * s.head_dim, nk = s.n_kv_heads * s.head_dim;
             float* hp = const_cast<float*>(floats_of(h, s.hidden, "h", true));
             const float* cp = floats_of(cos, s.head_dim, "cos", false);
             const float* sp = floats_of(sin, s.head_dim, "sin", false);
+            const float* lcp = local_cos.is_none() ? nullptr : floats_of(local_cos, s.head_dim, "local_cos", false);
+            const float* lsp = local_sin.is_none() ? nullptr : floats_of(local_sin, s.head_dim, "local_sin", false);
             float* qp = const_cast<float*>(floats_of(q, nq, "q", true));
             float* kp = const_cast<float*>(floats_of(k, nk, "k", true));
             float* vp = const_cast<float*>(floats_of(v, nk, "v", true));
@@ -52,7 +55,7 @@ void bind_decode_token(py::module_& m) {
             mnn_h2o::TokenTimes t;
             try {
                 NativeCall call(cache);
-                t = mnn_h2o::decode_token(layers, cache.cache, hp, cp, sp, qp, kp, vp, ap, which, see);
+                t = mnn_h2o::decode_token(layers, cache.cache, hp, cp, sp, qp, kp, vp, ap, which, see, lcp, lsp);
             } catch (const std::out_of_range& e) {
                 throw py::index_error(e.what());
             } catch (const std::invalid_argument& e) {
@@ -62,8 +65,10 @@ void bind_decode_token(py::module_& m) {
         },
         py::arg("layers"), py::arg("cache"), py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("attn"), py::arg("observe") = py::none(), py::arg("isa") = py::none(),
+        py::arg("local_cos") = py::none(), py::arg("local_sin") = py::none(),
         "One decode token through every layer and its cache step, on the layers' threads: h [hidden] (the "
-        "embedding in, the last layer's input hidden state out), cos / sin [head_dim], q, k, v scratch, attn "
+        "embedding in, the last layer's input hidden state out), cos / sin [head_dim] (local_cos / local_sin: the "
+        "sliding-window layers', where the cache has windows), q, k, v scratch, attn "
         "[n_heads * head_dim] (the last layer's attention output out); every array float32 and C-contiguous. "
         "observe(layer, h) after each layer's step returns None or that layer's predicted reconstruction "
         "scores of the token (n_kv_heads floats, set_token_scores) and must not call the cache. Returns the "

@@ -400,8 +400,8 @@ k/v rows are float32 [n, n_kv_heads*head_dim] (or [n, n_kv_heads, head_dim]); q 
 place. scores, if given, is float32 [n_kv_heads, max_blocks] and accumulates (+=) the softmax
 mass each key block received, summed over the queries and the query heads of each kv head.
 )doc")
-        .def(py::init([](int n_layers, int n_kv_heads, int head_dim, int n_heads, int max_tokens
-                             MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_PARAM)) {
+        .def(py::init([](int n_layers, int n_kv_heads, int head_dim, int n_heads, int max_tokens,
+                         std::vector<int> windows MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_PARAM)) {
                  const char* where = "KvCache";
                  KvCacheConfig c;
                  c.n_layers = n_layers;
@@ -409,13 +409,16 @@ mass each key block received, summed over the queries and the query heads of eac
                  c.head_dim = head_dim;
                  c.n_heads = n_heads;
                  c.max_tokens = max_tokens;
+                 c.windows = std::move(windows);
                  MNN_H2O_RUNTIME_FIELDS(MNN_H2O_FROM_PY)
                  return new PyKvCache(c);
              }),
              // The defaults are KvCacheConfig's: the config keys' the config schema's (docs/config.md,
-             // runtime.*; runtime.kv_dtype is dtype).
+             // runtime.*; runtime.kv_dtype is dtype). windows: per layer, a sliding window in tokens
+             // (0: global; empty: every layer global).
              py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("n_heads"), py::kw_only(),
-             py::arg("max_tokens") = kCache.max_tokens MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_ARG_CACHE))
+             py::arg("max_tokens") = kCache.max_tokens,
+             py::arg("windows") = std::vector<int>() MNN_H2O_RUNTIME_FIELDS(MNN_H2O_PY_ARG_CACHE))
         .def(
             "step",
             [](PyKvCache& self, int layer, const py::object& q, const py::object& k, const py::object& v,
@@ -681,6 +684,8 @@ docs/config.md. faults (tests only): any of 'encode_error', 'verify_mismatch', '
         .def_property_readonly("dtype", [](const PyKvCache& s) { return std::string(mnn_h2o::kv_dtype_name(s.cache.config().dtype)); })
         .def_property_readonly("block_tokens", [](const PyKvCache& s) { return s.cache.config().block_tokens; })
         .def_property_readonly("max_tokens", [](const PyKvCache& s) { return s.cache.config().max_tokens; })
+        .def_property_readonly("windows", [](const PyKvCache& s) { return s.cache.config().windows; },
+                               "Per layer, its sliding window in tokens (0: global); empty: none.")
         .def_property_readonly("max_blocks", [](const PyKvCache& s) { return s.cache.max_blocks(); })
         .def_property_readonly("threads", [](const PyKvCache& s) { return s.cache.config().threads; });
 }

@@ -25,13 +25,13 @@ import numpy as np
 
 from . import config as config_mod
 from . import reconstruction
+from .architecture import ARCHITECTURES, is_local
 from .errors import ContextOverflowError, ModelFileError
 from .export import ensure_exported
 from .forward_paths import (Inputs, LayerRows, LayersHead, MnnHead, MnnLayers, MnnTail, NativePromptLayers,
                             NativeTailRows, NativeTokenLayers, Q8Head, TailThenHead)
 from .mnn_runtime import import_mnn
 from .gguf_model import ModelConfig
-from .numpy_ops import rope_tables
 from .speed_counters import SpeedCounters
 from .tokenizer import Tokenizer
 
@@ -156,8 +156,8 @@ class KvContext:
     to repeat. ``Llm.ctx`` is the current one, and the Llm's attributes of the same names
     (``llm.cache``, ``llm.pos``, ``llm.stats``, ...) are its fields; ``Llm.new_context`` makes
     another and ``Llm.using`` runs the model against it (mnn_h2o/session.py)."""
-    __slots__ = ("cache", "kv_dtype", "eviction", "lossless", "pos", "stats", "token_bytes", "f16_token_bytes",
-                 "unpassed", "held")
+    __slots__ = ("cache", "kv_dtype", "eviction", "lossless", "pos", "stats", "layer_token_bytes",
+                 "layer_f16_token_bytes", "unpassed", "held")
 
 
 class _ContextField:
@@ -268,9 +268,7 @@ class Llm:
             scales = np.load(os.path.join(export_dir, q8["scales"]), mmap_mode="r")
             self._q8_head = native.Q8Matrix(codes, scales.view(np.uint16), threads=rt["threads"])
         embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
-        cos, sin = rope_tables(c, np.arange(self.max_context), np.float32)
-        self._inputs = Inputs(self._F, c, embed, np.ascontiguousarray(cos[:, None, :]),
-                              np.ascontiguousarray(sin[:, None, :]))
+        self._inputs = Inputs(self._F, c, embed)
         self._choose_paths()
 
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
@@ -311,6 +309,15 @@ class Llm:
                                          "and runtime.decode_layers mnn loads none; set runtime.prompt_layers=mnn "
                                          "too")
         return self._decode_layers is not None
+
+    @property
+    def layer_windows(self) -> List[int]:
+        """Per layer, its sliding window in tokens (0: a global layer); empty when every layer is
+        global (mnn_h2o/architecture.py, the file's attention.sliding_window)."""
+        c = self.config
+        if not ARCHITECTURES[c.arch].global_every:
+            return []
+        return [c.sliding_window if is_local(c, i) else 0 for i in range(c.n_layers)]
 
     @property
     def prompt_layers(self) -> str:
@@ -369,11 +376,12 @@ class Llm:
         c = self.config
         self.cache = native.KvCache(c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads,
                                     dtype=kv_dtype, block_tokens=self._block_tokens,
-                                    max_tokens=self.max_context, threads=self._threads)
+                                    max_tokens=self.max_context, threads=self._threads,
+                                    windows=self.layer_windows)
         self.kv_dtype = kv_dtype
-        # K and V rows of every layer and kv head: bytes per token written.
-        self.ctx.token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
-        self.ctx.f16_token_bytes = 2 * c.n_layers * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
+        # K and V rows of one layer's kv heads: bytes per token written to a layer.
+        self.ctx.layer_token_bytes = 2 * c.n_kv_heads * native.kv_row_bytes(kv_dtype, c.head_dim)
+        self.ctx.layer_f16_token_bytes = 2 * c.n_kv_heads * native.kv_row_bytes("f16", c.head_dim)
         self.eviction: Optional[dict] = None
         self.lossless: Optional[dict] = None
         self.reset()
@@ -523,8 +531,10 @@ class Llm:
         st.kv_bytes_pool = cache.pool_bytes_held()
         st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
-        st.kv_bytes_uncompressed = self.pos * self.ctx.token_bytes
-        st.kv_bytes_f16 = self.pos * self.ctx.f16_token_bytes
+        # What each layer would hold without compression: every token, or a window layer its window.
+        tokens = sum(min(self.pos, w) if w else self.pos for w in self.layer_windows or [0] * self.config.n_layers)
+        st.kv_bytes_uncompressed = tokens * self.ctx.layer_token_bytes
+        st.kv_bytes_f16 = tokens * self.ctx.layer_f16_token_bytes
 
     # --- context reconstruction (eviction.policy kvzip: mnn_h2o/reconstruction.py) -------------
     def _reconstructs(self) -> bool:
@@ -695,13 +705,13 @@ class Llm:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         sampling = sampling or Sampling()
         tok = self.tokenizer
-        if isinstance(prompt, str):
-            text = tok.apply_chat_template(prompt) if chat else prompt
-            ids = tok.encode(text)
-        else:
-            ids = list(prompt)
         if not keep_context:
             self.reset()
+        if isinstance(prompt, str):
+            text = tok.apply_chat_template(prompt) if chat else prompt
+            ids = (tok.sequence_start() if self.pos == 0 else []) + tok.encode(text)
+        else:
+            ids = list(prompt)
         if self.pos + len(ids) + max_new_tokens > self.max_context:
             raise ContextOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

@@ -114,18 +114,22 @@ def build_tail(F, cfg: ModelConfig, last_w, out_norm):
     return [y]
 
 
-# finish_layer's weights -> their GGUF tensors, for the native tail
+# finish_layer's weights -> their GGUF tensors, for the native tail; and its vectors (those a
+# model's layer has: GgufModel.layer)
 TAIL_MATRICES = {"wo": "attn_output", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+TAIL_VECTORS = ("ffn_norm", "post_attn_norm", "post_ffn_norm")
 
 
 def tail_arrays(g: GgufModel, last_w: dict) -> dict:
     """The native tail's arrays (mnn_h2o/native_tail.py) from ``g`` and its last layer's weights
     ``last_w`` (GgufModel.layer): per matrix of the layer's end its blocks of 32 as
     ``<name>.codes`` (int8), ``<name>.scales`` and ``<name>.mins`` (fp16; value = code * scale +
-    min), then ``ffn_norm`` and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 / Q5_0 tensors are stored as
+    min), then the norms of the layer's end (``ffn_norm``; Gemma's ``post_attn_norm`` and
+    ``post_ffn_norm``) and ``out_norm`` in float32. Q8_0 / Q4_0 / Q4_1 / Q5_0 tensors are stored as
     the GGUF holds them, exactly; other types as q8_0 (mins 0)."""
     last, w = g.config.n_layers - 1, last_w
-    out = {"ffn_norm": np.asarray(w["ffn_norm"], np.float32), "out_norm": np.asarray(g.output_norm(), np.float32)}
+    out = {name: np.asarray(w[name], np.float32) for name in TAIL_VECTORS if name in w}
+    out["out_norm"] = np.asarray(g.output_norm(), np.float32)
     for name, tensor in TAIL_MATRICES.items():
         blocks = g.blocks(f"blk.{last}.{tensor}.weight")
         if blocks is None:
@@ -403,7 +407,6 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
                 ensure_modules(cached, progress)
             return cached
     g = GgufModel(gguf_path)
-    check_form(g.config, BASIC, "the MNN export (its modules' ops)")
     weight_bits, head_bits = resolve_bits(g, weight_bits, head_bits)
     sha = file_digest(gguf_path)
     remember_source(gguf_path, sha, g.stored_bits())
@@ -484,9 +487,12 @@ def module_names(cfg: ModelConfig) -> list:
 
 
 def _write_modules(g: GgufModel, folder: str, weight_bits: int, head_bits: int, progress: bool, label: str) -> dict:
-    """MNN's modules of ``g`` written into ``folder``: {name: {file, inputs, outputs}}."""
+    """MNN's modules of ``g`` written into ``folder``: {name: {file, inputs, outputs}}.
+    ModelFileError naming the options of its layer that MNN's modules' ops lack (Gemma 3's: its
+    export has the native layers alone)."""
     from tqdm import tqdm
 
+    check_form(g.config, BASIC, "the MNN export (its modules' ops)")
     MNN = import_mnn()
     F = MNN.expr
     cfg = g.config

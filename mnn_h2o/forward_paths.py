@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from .architecture import ARCHITECTURES, is_local
+
 # An observer: (layer, input hidden states [n, hidden]) -> None or the predicted scores of the
 # tokens the layer's cache step has just appended ([n_kv_heads, n]).
 Observer = Callable[[int, np.ndarray], Optional[np.ndarray]]
@@ -47,12 +49,45 @@ def observe_into(cache, observe: Observer, layer: int, h: np.ndarray) -> None:
 
 
 class Inputs:
-    """The model's inputs by position and token (the embedding rows, the RoPE tables) and MNN's
-    placeholders for an n-row step, kept per n so decode steps allocate nothing."""
+    """The model's inputs by position and token (the embedding rows, scaled where the architecture
+    says so; the RoPE rows of the global layers and, where the model has sliding-window layers,
+    theirs) and MNN's placeholders for an n-row step, kept per n so decode steps allocate nothing.
 
-    def __init__(self, F, cfg, embed: np.ndarray, cos: np.ndarray, sin: np.ndarray):
-        self.F, self.cfg, self.embed, self.cos, self.sin = F, cfg, embed, cos, sin
+    The RoPE rows are computed a block of positions at a time, and the last block of each table
+    kept: a whole table would hold max_context x head_dim floats twice per base (128 MiB for
+    Gemma 3 at 32K tokens). The rows are those of the whole table bit for bit (rope_tables is
+    elementwise)."""
+
+    ROPE_BLOCK = 1024  # positions a RoPE block holds
+
+    def __init__(self, F, cfg, embed: np.ndarray):
+        self.F, self.cfg, self.embed = F, cfg, embed
+        form = ARCHITECTURES[cfg.arch]
+        self._scale = np.float32(np.sqrt(cfg.hidden)) if form.embedding_scale == "sqrt_hidden" else None
+        # base 0: the model's own (rope_tables); the window layers' where it has them.
+        self._bases = {False: 0.0, True: form.local_rope_base} if form.global_every else {False: 0.0}
+        self._rope_blocks: Dict[bool, tuple] = {}
         self._vars: Dict[int, tuple] = {}
+
+    @property
+    def has_local(self) -> bool:
+        """Whether the model has sliding-window layers, with a RoPE base of their own."""
+        return True in self._bases
+
+    def rope(self, pos: int, n: int, local: bool = False) -> tuple:
+        """(cos, sin), each [n, head_dim] float32, of positions pos..pos + n - 1: the global
+        layers' rotation, or with ``local`` the sliding-window layers'."""
+        from .numpy_ops import rope_tables
+
+        b = pos // self.ROPE_BLOCK
+        start = b * self.ROPE_BLOCK
+        if pos + n > start + self.ROPE_BLOCK:  # across blocks: this range alone
+            return rope_tables(self.cfg, np.arange(pos, pos + n), np.float32, self._bases[local])
+        block = self._rope_blocks.get(local)
+        if block is None or block[0] != b:
+            cos, sin = rope_tables(self.cfg, np.arange(start, start + self.ROPE_BLOCK), np.float32, self._bases[local])
+            block = self._rope_blocks[local] = (b, cos, sin)
+        return block[1][pos - start:pos - start + n], block[2][pos - start:pos - start + n]
 
     def vars(self, n: int) -> tuple:
         """(h, attn, cos, sin) placeholders and an attention output buffer [n, hidden]."""
@@ -67,7 +102,10 @@ class Inputs:
         return v
 
     def embedding(self, ids) -> np.ndarray:
-        return np.array(self.embed[np.asarray(ids)], dtype=np.float32)
+        rows = np.array(self.embed[np.asarray(ids)], dtype=np.float32)
+        if self._scale is not None:  # Gemma: the row times sqrt(hidden), in float32 as llama.cpp does
+            rows *= self._scale
+        return rows
 
 
 class MnnLayers:
@@ -82,8 +120,9 @@ class MnnLayers:
         t0 = perf()
         h_in, attn_in, cos_in, sin_in, attn = inp.vars(n)
         h_in.write(inp.embedding(ids))
-        cos_in.write(inp.cos[pos:pos + n])
-        sin_in.write(inp.sin[pos:pos + n])
+        cos, sin = inp.rope(pos, n)
+        cos_in.write(cos[:, None, :])
+        sin_in.write(sin[:, None, :])
         t_mnn = t_att = t_obs = 0.0
         t1 = perf()
         t_conv = t1 - t0
@@ -132,8 +171,12 @@ class NativeTokenLayers:
         t0 = time.perf_counter()
         inp = self.inputs
         h = inp.embedding(ids[:1])[0]  # one place for the embedding (and, for Gemma, its scale)
-        dense, att, obs = self._call(self.layers, cache, h, inp.cos[pos, 0], inp.sin[pos, 0],
-                                     self._q, self._k, self._v, self._attn, observe)
+        cos, sin = inp.rope(pos, 1)
+        local_cos = local_sin = None
+        if inp.has_local:  # the window layers' rotation (the cache's window layers take it)
+            local_cos, local_sin = (x[0] for x in inp.rope(pos, 1, local=True))
+        dense, att, obs = self._call(self.layers, cache, h, cos[0], sin[0], self._q, self._k, self._v, self._attn,
+                                     observe, None, local_cos, local_sin)
         st.dense_s += dense
         st.attention_s += att
         st.policy_s += obs
@@ -156,10 +199,13 @@ class NativePromptLayers:
         q = np.empty((n, c.n_heads * c.head_dim), np.float32)
         k, v = (np.empty((n, c.n_kv_heads * c.head_dim), np.float32) for _ in range(2))
         attn = np.empty((n, c.n_heads * c.head_dim), np.float32)
-        cos, sin = inp.cos[pos:pos + n, 0], inp.sin[pos:pos + n, 0]
+        rope = {False: inp.rope(pos, n)}
+        if inp.has_local:
+            rope[True] = inp.rope(pos, n, local=True)
         t1 = perf()
         t_dense = t_att = t_obs = 0.0
         for i in range(c.n_layers):
+            cos, sin = rope[is_local(c, i)]
             self.layers.forward_rows(i, h, attn if i else None, cos, sin, q, k, v)
             t2 = perf()
             cache.step(i, q, k, v, attn)

@@ -544,6 +544,8 @@ class GgufModel:
             "bos_token_id": c.bos_token_id,
             "eos_token_id": c.eos_token_id,
             "chat_template": self._get("tokenizer.chat_template", None, kind="str"),
+            # whether a sequence starts with BOS (llama.cpp's tokenize(add_bos) default; Gemma's does)
+            "add_bos_token": bool(self._get("tokenizer.ggml.add_bos_token", False, kind="bool")),
         }
         if model == "gpt2":
             merges = self._get("tokenizer.ggml.merges", kind="str_array")

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import native
 from .decoder_layer import finish_layer
-from .export import TAIL_MATRICES
+from .export import TAIL_MATRICES, TAIL_VECTORS
 from .gguf_model import ModelConfig
 from .numpy_ops import NumpyOps
 
@@ -57,7 +57,7 @@ class NativeTail:
         with np.load(path) as z:
             self._w = {name: _BlockMatrix(z[name + ".codes"], z[name + ".scales"], z[name + ".mins"], threads)
                        for name in TAIL_MATRICES}
-            self._w["ffn_norm"] = z["ffn_norm"]
+            self._w.update((name, z[name]) for name in TAIL_VECTORS if name in z.files)
             self._out_norm = z["out_norm"]
         for name, shape in shapes.items():
             m = self._w[name]
@@ -68,4 +68,5 @@ class NativeTail:
 
     def __call__(self, h: np.ndarray, attn: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # SiLU's exp(-x) of a very negative x: inf, and x / inf = 0
+            # (GELU's tanh of a large x is 1, its cube may overflow: the same)
             return self._ops.rms_norm(finish_layer(self._ops, self._cfg, self._w, h, attn), self._out_norm)

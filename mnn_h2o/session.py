@@ -352,7 +352,7 @@ class Session:
         # reuse the cache: the conversation is then prefilled again from the start.
         rebuild = self._fed_text is None or not text.startswith(self._fed_text)
         suffix = text if rebuild else text[len(self._fed_text):]
-        ids = tok.encode(suffix)
+        ids = (tok.sequence_start() if rebuild else []) + tok.encode(suffix)
         start = 0 if rebuild else llm.pos
         if start + len(ids) + reserve > llm.max_context:
             raise ContextOverflowError(

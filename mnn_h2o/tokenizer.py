@@ -102,6 +102,10 @@ class Tokenizer:
         self.bos_token_id = meta.get("bos_token_id", -1)
         self.eos_token_id = meta.get("eos_token_id", -1)
         self.chat_template = meta.get("chat_template")
+        # A sequence starts with BOS where the file says so and the chat template does not write
+        # it itself (Gemma 3 270M has no template).
+        self.add_bos = bool(meta.get("add_bos_token")) and self.bos_token_id >= 0 and not (
+            self.chat_template and "bos_token" in self.chat_template)
         self._compiled = None
         if self.chat_template:
             self._template()  # a broken template is a broken model file: say so at load time
@@ -112,6 +116,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> List[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def sequence_start(self) -> List[int]:
+        """The ids a new sequence starts with before its text: [BOS] where the model wants one
+        (add_bos), else none."""
+        return [self.bos_token_id] if self.add_bos else []
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)

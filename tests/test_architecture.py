@@ -31,23 +31,24 @@ def test_llama_and_qwen2_run_in_every_implementation(smollm2_gguf, arch, bias):
 
 
 def test_gemma3_runs_in_the_reference_and_the_native_layers_only(smollm2_gguf):
-    """Its layer in decoder_layer.py's halves on numpy ops and in the native layers; the MNN
-    modules' ops lack its primitives, and the native table the options that are its caller's (the
-    engine does not do them yet), and say which (tests/test_gemma3.py: on the real file)."""
+    """Its layer in decoder_layer.py's halves on numpy ops and in the native layers (with the
+    options that are their caller's: the engine scales the embedding, gives the window layers
+    their RoPE table and the cache their windows); the MNN modules' ops lack its primitives, and
+    say which (tests/test_gemma3.py: on the real file)."""
     assert set(ARCHITECTURES) == set(EVERYWHERE) | {"gemma3"}
     cfg = dataclasses.replace(smollm2_gguf.config, arch="gemma3")
     assert missing(cfg, decoder_layer.IMPLEMENTS) == []
     callers = ["embedding_scale sqrt_hidden", "global_every 6", "local_rope_base 10000.0"]
     assert missing(cfg, decoder_layer.BASIC) == ["mlp geglu", "qk_norm true", "post_norms true", "q_width heads",
                                                  *callers]
-    assert missing(cfg, native.decode_layer_options()) == callers
+    assert missing(cfg, native.decode_layer_options()) == []
 
 
 def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch):
     """SmolLM2 described with QK-norm: the MNN export refuses it (check_form with its ops' table);
-    described with Gemma's embedding scale, the export writes no native decode layers and says
-    why, and the core itself refuses the form if handed it; described with a LayerNorm, the
-    reference refuses it too."""
+    described with another window pattern than the engine's, the export writes no native decode
+    layers and says why, and the core itself refuses the form if handed it; described with a
+    LayerNorm, the reference refuses it too."""
     import numpy as np
 
     from mnn_h2o.export import decode_layer_arrays
@@ -67,12 +68,12 @@ def test_an_option_not_implemented_is_refused_by_name(smollm2_gguf, monkeypatch)
     monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, qk)
     with pytest.raises(ValueError, match="q_norm and k_norm must have head_dim values"):
         decode_layers_from_arrays(arrays, c, threads=1)  # the form has QK-norm, the arrays none
-    scaled = dataclasses.replace(ARCHITECTURES[c.arch], qk_norm=False, embedding_scale="sqrt_hidden")
-    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, scaled)
+    windows = dataclasses.replace(ARCHITECTURES[c.arch], qk_norm=False, global_every=4)
+    monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, windows)
     none, why_not = decode_layer_arrays(smollm2_gguf)
     assert none is None and why_not == (
-        f"the native decode layers do not implement embedding_scale sqrt_hidden (architecture {c.arch})")
-    with pytest.raises(ValueError, match="do not implement embedding_scale sqrt_hidden"):
+        f"the native decode layers do not implement global_every 4 (architecture {c.arch})")
+    with pytest.raises(ValueError, match="do not implement global_every 4"):
         decode_layers_from_arrays(arrays, c, threads=1)
     # Biases handed to a layer whose form has none are refused too.
     monkeypatch.setitem(architecture.ARCHITECTURES, c.arch, dataclasses.replace(qk, qk_norm=False))

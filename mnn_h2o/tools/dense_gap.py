@@ -79,8 +79,9 @@ def _measure(args) -> int:
     inputs = llm._inputs
     h_in, attn_in, cos_in, sin_in, attn = inputs.vars(1)
     h_in.write(inputs.embedding([100]))
-    cos_in.write(inputs.cos[args.context:args.context + 1])
-    sin_in.write(inputs.sin[args.context:args.context + 1])
+    cos, sin = inputs.rope(args.context, 1)
+    cos_in.write(cos[:, None, :])
+    sin_in.write(sin[:, None, :])
     attn[:] = 0.0
     attn_in.write(attn)
     step_s = [0.0]

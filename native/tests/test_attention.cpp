@@ -31,8 +31,10 @@ struct Reference {
     std::vector<double> scores;  // [n_kv][max_blocks]
 };
 
-// float64 attention over what the cache holds (read back as float, so dtype rounding is shared).
+// float64 attention over what the cache holds (read back as float, so dtype rounding is shared);
+// with the layer's sliding window each query sees only the newest `window` of its keys.
 static Reference reference(const KvCache& cache, int layer, const std::vector<float>& q, int n_q) {
+    const int window = cache.window(layer);
     const KvCacheConfig& c = cache.config();
     const int hd = c.head_dim, G = cache.group(), mb = cache.max_blocks();
     Reference ref;
@@ -44,19 +46,19 @@ static Reference reference(const KvCache& cache, int layer, const std::vector<fl
         std::vector<float> k(static_cast<size_t>(len) * hd), v(k.size());
         cache.read(layer, h, k.data(), v.data());
         for (int t = 0; t < n_q; ++t) {
-            const int visible = len - n_q + t + 1;
+            const int visible = len - n_q + t + 1, first = window ? std::max(0, visible - window) : 0;
             for (int g = 0; g < G; ++g) {
                 const float* qr = &seen[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
-                std::vector<double> s(visible);
+                std::vector<double> s(visible, -INFINITY);
                 double m = -INFINITY;
-                for (int j = 0; j < visible; ++j) {
+                for (int j = first; j < visible; ++j) {
                     double dot = 0;
                     for (int d = 0; d < hd; ++d) dot += static_cast<double>(qr[d]) * k[static_cast<size_t>(j) * hd + d];
                     s[j] = dot / std::sqrt(static_cast<double>(hd));
                     m = std::max(m, s[j]);
                 }
                 double l = 0;
-                for (double& x : s) l += (x = std::exp(x - m));
+                for (double& x : s) l += (x = std::exp(x - m));  // exp(-inf) = 0 outside the window
                 double* o = &ref.out[(static_cast<size_t>(t) * c.n_heads + h * G + g) * hd];
                 for (int j = 0; j < visible; ++j) {
                     const double p = s[j] / l;
@@ -536,9 +538,114 @@ static void test_window_scores() {
     CHECK(throws<std::invalid_argument>([&] { attention(p, Isa::Scalar, nullptr, ws); }), "window_queries > n_q");
 }
 
+// Sliding-window layers (KvCache::windows): every ISA against the float64 reference and the
+// scalar kernels, through decode and prefill tiles, with windows shorter than, equal to and
+// longer than a block; the layer gives its leading blocks back as the window moves on.
+static void test_sliding_window() {
+    std::mt19937 rng(77);
+    struct WindowCase {
+        int n_kv, group, hd, bt, window;
+        KvDtype dtype;
+        std::vector<int> chunks;
+        int threads;
+    };
+    const std::vector<WindowCase> cases = {
+        {1, 4, 256, 16, 37, KvDtype::F16, {70, 1}, 1},      {1, 4, 256, 16, 37, KvDtype::Q8, {70, 33}, 1},
+        {2, 2, 64, 16, 16, KvDtype::Q8, {100, 50, 1}, 2},   {1, 1, 64, 64, 5, KvDtype::F16, {3, 70}, 1},
+        {1, 4, 128, 64, 300, KvDtype::Q8, {512, 97}, 2},    {2, 3, 64, 32, 200, KvDtype::F32, {150, 130, 1}, 2},
+        {1, 4, 256, 16, 512, KvDtype::Q8, {600, 1}, 2},     {1, 8, 64, 128, 70, KvDtype::BF16, {260, 64}, 1},
+    };
+    for (const WindowCase& c : cases) {
+        KvCacheConfig cfg;
+        cfg.n_layers = 2;
+        cfg.n_kv_heads = c.n_kv;
+        cfg.head_dim = c.hd;
+        cfg.n_heads = c.n_kv * c.group;
+        cfg.dtype = c.dtype;
+        cfg.block_tokens = c.bt;
+        cfg.max_tokens = 4096;
+        cfg.threads = c.threads;
+        cfg.windows = {c.window, 0};
+        KvCache cache(cfg);
+        const int row = cfg.n_heads * c.hd, kv_row = c.n_kv * c.hd;
+        char what[160];
+        std::snprintf(what, sizeof what, "%s kv=%d g=%d hd=%d bt=%d window=%d threads=%d last chunk=%d",
+                      kv_dtype_name(c.dtype), c.n_kv, c.group, c.hd, c.bt, c.window, c.threads, c.chunks.back());
+        int written = 0;
+        for (size_t i = 0; i < c.chunks.size(); ++i) {
+            const int n = c.chunks[i];
+            auto q = random_vec(rng, static_cast<size_t>(n) * row, 2.f);
+            auto k = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+            auto v = random_vec(rng, static_cast<size_t>(n) * kv_row, 1.f);
+            if (i + 1 < c.chunks.size()) {
+                std::vector<float> out(static_cast<size_t>(n) * row);
+                cache.step(0, q.data(), k.data(), v.data(), n, out.data());
+                cache.step(1, q.data(), k.data(), v.data(), n, out.data());
+                written += n;
+                continue;
+            }
+            cache.append(0, k.data(), v.data(), n);
+            written += n;
+            // What an append keeps: the window's newest window - 1 tokens before it, less than a
+            // block more, and the appended ones.
+            const int before = written - n;
+            const int need = std::min(before, c.window - 1);
+            for (int h = 0; h < c.n_kv; ++h) {
+                const int held = cache.length(0, h) - n;
+                CHECK(held >= need && held < need + c.bt, "%s: holds %d tokens before the chunk, want [%d, %d)", what,
+                      held, need, need + c.bt);
+            }
+            CHECK(cache.eviction_stats().layers[0].counters.tokens_seen == written, "%s: tokens_seen", what);
+            const Reference ref = reference(cache, 0, q, n);
+            std::vector<float> scalar_out;
+            for (Isa isa : available_isas()) {
+                std::vector<float> out(static_cast<size_t>(n) * row, NAN);
+                cache.attend(0, q.data(), n, out.data(), nullptr, 0, isa);
+                const double e = rel_err(out, ref.out), tol = attention_tolerance(isa, c.dtype, n);
+                CHECK(e < tol, "%s %s: output rel err %.3g vs float64", isa_name(isa), what, e);
+                if (isa == Isa::Scalar) scalar_out = out;
+                else {
+                    const double es = rel_err(out, scalar_out);
+                    CHECK(es < (tol > 2e-5 ? tol : 1e-5), "%s %s: rel err %.3g vs scalar", isa_name(isa), what, es);
+                }
+            }
+        }
+        // The global layer kept everything; the window layer's bytes are its blocks alone.
+        CHECK(cache.length(1, 0) == written - c.chunks.back(), "%s: the global layer holds %d", what, cache.length(1, 0));
+        const size_t block_bytes = kv_row_bytes(c.dtype, c.hd) * c.bt;
+        const EvictionStats st = cache.eviction_stats();
+        const size_t want_blocks = static_cast<size_t>((cache.length(0, 0) + c.bt - 1) / c.bt) * 2 * c.n_kv;
+        CHECK(st.layers[0].bytes_held <= want_blocks * ((block_bytes + 63) / 64 * 64), "%s: window layer holds %zu bytes",
+              what, st.layers[0].bytes_held);
+    }
+    // Scores are refused over a window layer, and so are eviction and an evict() plan.
+    KvCacheConfig cfg;
+    cfg.n_layers = 2;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = 64;
+    cfg.n_heads = 2;
+    cfg.windows = {8, 0};
+    KvCache cache(cfg);
+    auto x = random_vec(rng, 4 * 128, 1.f);
+    std::vector<float> out(4 * 128), scores(cache.max_blocks() * 1, 0.f);
+    cache.append(0, x.data(), x.data(), 4);
+    CHECK(throws<std::invalid_argument>([&] { cache.attend(0, x.data(), 1, out.data(), scores.data(), cache.max_blocks()); }),
+          "scores over a window layer");
+    CHECK(throws<std::invalid_argument>([&] { cache.evict(0, 0, {{0, 4}}); }), "evict() on a window layer");
+    EvictionConfig ev;
+    CHECK(throws<std::invalid_argument>([&] { cache.enable_eviction(ev); }), "eviction over a window layer");
+    ev.layer_start = 1;
+    cache.enable_eviction(ev);  // the global layer alone
+    cfg.windows = {8};
+    CHECK(throws<std::invalid_argument>([&] { KvCache bad(cfg); }), "windows of the wrong length");
+    cfg.windows = {-1, 0};
+    CHECK(throws<std::invalid_argument>([&] { KvCache bad(cfg); }), "a negative window");
+}
+
 int main() {
     std::printf("best isa: %s\n", isa_name(best_isa()));
     test_window_scores();
+    test_sliding_window();
     test_conversions();
     test_against_reference();
     test_chunked_prefill();

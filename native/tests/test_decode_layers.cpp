@@ -212,8 +212,8 @@ void form_refusals(const DecodeShape& good) {
     s.form["norm"] = "layer";
     refused(s, true, "do not implement norm layer");
     s = good;
-    s.form["embedding_scale"] = "sqrt_hidden";  // the caller's, which the engine does not do yet
-    refused(s, true, "do not implement embedding_scale sqrt_hidden");
+    s.form["global_every"] = "4";  // the caller's (which layers have windows): the engine does 0 and 6
+    refused(s, true, "do not implement global_every 4");
     s = good;
     s.form["qk_norm"] = "true";
     refused(s, true, "q_norm and k_norm must have head_dim values");

@@ -79,6 +79,8 @@ void validate(const AttentionProblem& p) {
     if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
     if (p.n_q < 1) fail("n_q must be >= 1");
     if (p.split_keys < 0) fail("split_keys must be >= 0");
+    if (p.window < 0) fail("window must be >= 0, got " + std::to_string(p.window));
+    if (p.window && p.block_scores) fail("a sliding window takes no scores (its keys are not evicted)");
     if (p.window_scores && !p.block_scores) fail("window_scores needs block_scores");
     if (p.block_max && !p.block_scores) fail("block_max needs block_scores");
     if (p.q8_rows && (kv_storage_dtype(p.dtype) != KvDtype::Q8 || p.n_q < 2))
@@ -145,7 +147,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
         const float* q_rows[kMaxTileRows];
         const uint8_t* q8_row_ptrs[kMaxTileRows];
         float* out_rows[kMaxTileRows];
-        int limits[kMaxTileRows];
+        int limits[kMaxTileRows], starts[kMaxTileRows];
         for (int i = 0; i < n_rows; ++i) {
             const int t = (r0 + i) / G, qh = h * G + (r0 + i) % G;
             const size_t offset = (static_cast<size_t>(t) * n_heads + qh) * hd;
@@ -153,6 +155,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
             if (q8_rows) q8_row_ptrs[i] = q8_rows + offset / hd * q8_row_bytes;
             out_rows[i] = p.out + offset;
             limits[i] = p.heads[h].n_keys - p.n_q + t + 1;
+            starts[i] = p.window ? std::max(0, limits[i] - p.window) : 0;
         }
         const bool window = p.window_scores && r0 + n_rows > window_row;
         kernels::TileArgs args{shape,
@@ -166,7 +169,8 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
                                p.block_scores ? ws.tile_scores.data() + static_cast<size_t>(task) * max_blocks : nullptr,
                                window ? ws.tile_window.data() + static_cast<size_t>(task) * max_blocks : nullptr,
                                std::max(0, window_row - r0),
-                               p.block_max ? ws.tile_max.data() + static_cast<size_t>(task) * max_blocks : nullptr};
+                               p.block_max ? ws.tile_max.data() + static_cast<size_t>(task) * max_blocks : nullptr,
+                               p.window ? starts : nullptr};
         ks.tile(args);
     };
     Team* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
@@ -232,13 +236,18 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
     const auto run_split = [&](int task, int thread) {
         const int h = task / splits;
         const KvHeadView& kv = p.heads[h];
-        int key_begin, key_end_split;
-        split_keys(task, &key_begin, &key_end_split);
+        int split_begin_key, key_end_split;
+        split_keys(task, &split_begin_key, &key_end_split);
         const float* q_rows[kMaxGroup];
         for (int t = 0; t < p.n_q; ++t) {
             const size_t state = (static_cast<size_t>(task) * p.n_q + t) * G;
-            const int key_end = std::min(key_end_split, kv.n_keys - p.n_q + t + 1);
-            if (key_begin >= key_end) {
+            const int visible = kv.n_keys - p.n_q + t + 1;
+            const int key_end = std::min(key_end_split, visible);
+            // A window's first key; the kernel's range starts at its block (key_begin stays a
+            // multiple of block_tokens) and masks the keys before it.
+            const int first = std::max(split_begin_key, p.window ? visible - p.window : 0);
+            const int key_begin = std::max(split_begin_key, first / bt * bt);
+            if (first >= key_end) {  // nothing of this split is visible
                 for (int g = 0; g < G; ++g) {
                     ms[state + g] = -std::numeric_limits<float>::infinity();
                     ls[state + g] = 0.f;
@@ -259,7 +268,8 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
                                      os + state * hd,
                                      p.block_scores ? block_sums + rows_at : nullptr,
                                      static_cast<size_t>(max_blocks),
-                                     p.block_max ? block_peaks + rows_at : nullptr};
+                                     p.block_max ? block_peaks + rows_at : nullptr,
+                                     first};
             ks.decode(args);
         }
     };

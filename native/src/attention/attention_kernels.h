@@ -40,10 +40,12 @@ struct DecodeArgs {
     float* block_sums;
     size_t block_sums_stride;
     float* block_peaks;  // null, or set with block_sums
+    int key_first;       // keys [key_begin, key_first) masked (a sliding window)
 };
 
 // Exact attention of up to tile_rows query rows of one kv head; row r sees keys [0, limits[r]),
-// limits[r] >= 1. Writes out_rows[r][0..head_dim) normalised, and if block_scores is set adds to
+// limits[r] >= 1, or with starts (a sliding window) keys [starts[r], limits[r]), starts[r] <
+// limits[r] (block_scores, window_scores and block_max are then null: attention.cpp refuses them). Writes out_rows[r][0..head_dim) normalised, and if block_scores is set adds to
 // block_scores[b] the probability mass of block b summed over the rows; if window_scores is set
 // too, adds to window_scores[b] the mass of block b summed over the rows r >= window_first_row;
 // if block_max is set (with block_scores), block_max[b] = max(block_max[b], the largest
@@ -61,6 +63,7 @@ struct TileArgs {
     float* window_scores;  // null, or set with block_scores
     int window_first_row;
     float* block_max;      // null, or set with block_scores
+    const int* starts;     // null: every row from key 0
 };
 
 struct KernelSet {

@@ -20,11 +20,11 @@ void load_row(const Shape& s, const void* const* blocks, int token, float* dst) 
     kv_rows_to_f32(s.dtype, static_cast<const uint8_t*>(block) + offset, dst, 1, s.head_dim);
 }
 
-// The unnormalised softmax state of one query row over keys [kb, ke) (see DecodeArgs).
-// scratch holds ke - kb scores and one converted row. block_peaks (with block_sums) gets each
-// block's largest exp(s_j - m).
-void row_partial(const Shape& s, const KvHeadView& kv, const float* q, int kb, int ke, float* scratch, float& m,
-                 float& l, float* o, float* block_sums, float* block_peaks) {
+// The unnormalised softmax state of one query row over keys [kb, ke), those below `first`
+// masked (see DecodeArgs). scratch holds ke - kb scores and one converted row. block_peaks (with
+// block_sums) gets each block's largest exp(s_j - m).
+void row_partial(const Shape& s, const KvHeadView& kv, const float* q, int kb, int ke, int first, float* scratch,
+                 float& m, float& l, float* o, float* block_sums, float* block_peaks) {
     const int hd = s.head_dim, n = ke - kb;
     float* scores = scratch;
     float* row = scratch + n;
@@ -33,7 +33,7 @@ void row_partial(const Shape& s, const KvHeadView& kv, const float* q, int kb, i
         load_row(s, kv.k_blocks, kb + j, row);
         float dot = 0.f;
         for (int d = 0; d < hd; ++d) dot += q[d] * row[d];
-        scores[j] = dot * s.scale;
+        scores[j] = kb + j < first ? -std::numeric_limits<float>::infinity() : dot * s.scale;
         if (scores[j] > m) m = scores[j];
     }
     l = 0.f;
@@ -57,7 +57,7 @@ size_t decode_scratch_floats(const Shape& s, int /*n_rows*/, int n_keys) {
 
 void decode(const DecodeArgs& a) {
     for (int r = 0; r < a.n_rows; ++r) {
-        row_partial(a.shape, *a.kv, a.q_rows[r], a.key_begin, a.key_end, a.scratch, a.m[r], a.l[r],
+        row_partial(a.shape, *a.kv, a.q_rows[r], a.key_begin, a.key_end, a.key_first, a.scratch, a.m[r], a.l[r],
                     a.o + static_cast<size_t>(r) * a.shape.head_dim,
                     a.block_sums ? a.block_sums + r * a.block_sums_stride : nullptr,
                     a.block_peaks ? a.block_peaks + r * a.block_sums_stride : nullptr);
@@ -79,8 +79,8 @@ void tile(const TileArgs& a) {
     float* block_peaks = block_sums + n_blocks;
     for (int r = 0; r < a.n_rows; ++r) {
         float m, l;
-        row_partial(s, *a.kv, a.q_rows[r], 0, a.limits[r], a.scratch, m, l, o, a.block_scores ? block_sums : nullptr,
-                    a.block_max ? block_peaks : nullptr);
+        row_partial(s, *a.kv, a.q_rows[r], 0, a.limits[r], a.starts ? a.starts[r] : 0, a.scratch, m, l, o,
+                    a.block_scores ? block_sums : nullptr, a.block_max ? block_peaks : nullptr);
         const float inv_l = 1.f / l;
         for (int d = 0; d < hd; ++d) a.out_rows[r][d] = o[d] * inv_l;
         if (a.block_scores) {

@@ -230,10 +230,12 @@ void decode_impl(const DecodeArgs& a) {
     }
 
     // Softmax numerators in place. The row is padded to whole vectors with -inf (exp -> 0), and
-    // block_tokens is a multiple of 16, so each vector lies inside one block.
+    // block_tokens is a multiple of 16, so each vector lies inside one block. A sliding window's
+    // keys before key_first are -inf too.
     for (int r = 0; r < a.n_rows; ++r) {
         float* row = scores + r * stride;
         for (size_t j = static_cast<size_t>(n); j < stride; ++j) row[j] = kNegInf<V>;
+        for (int j = 0; j < a.key_first - a.key_begin; ++j) row[j] = kNegInf<V>;
         Vec<V> mv = V::set1(kNegInf<V>);
         for (size_t j = 0; j < stride; j += V::W) mv = V::max(mv, V::load(row + j));
         const float m = V::hmax(mv);
@@ -291,7 +293,7 @@ template <class V>
 size_t tile_scratch_floats(const Shape& s, int n_blocks) {
     constexpr size_t R = kTileRows<V>;
     const size_t hd = s.head_dim, keys = static_cast<size_t>(tile_step_blocks<V>(s.block_tokens)) * s.block_tokens;
-    return hd * R + 2 * keys * hd + keys * R + R * hd + 4 * R + 3 * static_cast<size_t>(n_blocks) * R;
+    return hd * R + 2 * keys * hd + keys * R + R * hd + 5 * R + 3 * static_cast<size_t>(n_blocks) * R;
 }
 
 // st[j][0..R) = sum_d kf[j][d] * qt[d][0..R) for j in [0, nk).
@@ -548,7 +550,16 @@ void tile_impl(const TileArgs& a) {
         lim_min = imin<V>(lim_min, a.limits[r]);
         lim_max = a.limits[r] > lim_max ? a.limits[r] : lim_max;
     }
-    const int n_blocks = (lim_max + bt - 1) / bt;
+    // A sliding window: rows see keys from starts[r]; the steps begin at the block of the lowest.
+    int start_min = 0, start_max = 0;
+    if (a.starts) {
+        start_min = start_max = a.starts[0];
+        for (int r = 1; r < a.n_rows; ++r) {
+            start_min = imin<V>(start_min, a.starts[r]);
+            start_max = a.starts[r] > start_max ? a.starts[r] : start_max;
+        }
+    }
+    const int n_blocks = (lim_max + bt - 1) / bt, first_block = start_min / bt;
     const int step_blocks = tile_step_blocks<V>(bt), step_keys = step_blocks * bt;
 
     float* qt = a.scratch;
@@ -563,6 +574,7 @@ void tile_impl(const TileArgs& a) {
     float* bsum = limf + R;
     float* bmax = bsum + static_cast<size_t>(n_blocks) * R;
     float* bpeak = bmax + static_cast<size_t>(n_blocks) * R;  // each block's own largest (masked) score
+    float* startf = bpeak + static_cast<size_t>(n_blocks) * R;
     // The int8 products' operands in the float buffers they replace: qt's hd x R floats hold the
     // packed queries (hd x R bytes, then 2 x hd / 32 x R scales and offsets), kf's the keys.
     int8_t* qi = reinterpret_cast<int8_t*>(qt);
@@ -582,14 +594,16 @@ void tile_impl(const TileArgs& a) {
         if constexpr (!kQ8Products)
             for (int d = 0; d < hd; ++d) qt[d * R + r] = real ? a.q_rows[r][d] * s.scale : 0.f;
         limf[r] = static_cast<float>(real ? a.limits[r] : lim_max);
+        startf[r] = static_cast<float>(real && a.starts ? a.starts[r] : start_min);
         m[r] = kNegInf<V>;
         l[r] = 0.f;
     }
     for (int i = 0; i < R * hd; i += W) V::store(o + i, V::zero());
 
     const Vec<V> lim0 = V::load(limf), lim1 = V::load(limf + W);
+    const Vec<V> start0 = V::load(startf), start1 = V::load(startf + W);
     const Vec<V> neg_inf = V::set1(kNegInf<V>);
-    for (int b0 = 0; b0 < n_blocks; b0 += step_blocks) {
+    for (int b0 = first_block; b0 < n_blocks; b0 += step_blocks) {
         // The step's blocks converted into consecutive rows of kf / vf: keys [k0, k0 + nk).
         const int b1 = imin<V>(n_blocks, b0 + step_blocks);
         const int k0 = b0 * bt;
@@ -615,6 +629,14 @@ void tile_impl(const TileArgs& a) {
                 V::store(st + j * R + W, V::select_lt(key, lim1, V::load(st + j * R + W), neg_inf));
             }
         }
+        // The window's mask, only where some row's start falls after this step's first key.
+        if (k0 < start_max) {
+            for (int j = 0; j < nk; ++j) {
+                const Vec<V> key = V::set1(static_cast<float>(k0 + j));
+                V::store(st + j * R, V::select_lt(key, start0, neg_inf, V::load(st + j * R)));
+                V::store(st + j * R + W, V::select_lt(key, start1, neg_inf, V::load(st + j * R + W)));
+            }
+        }
         // Each block's own largest score (kept for block_max), and the step's.
         Vec<V> ms0 = neg_inf, ms1 = neg_inf;
         for (int b = b0; b < b1; ++b) {
@@ -630,10 +652,17 @@ void tile_impl(const TileArgs& a) {
             ms0 = V::max(ms0, mb0);
             ms1 = V::max(ms1, mb1);
         }
-        // Key 0 is visible to every row, so after the first step the running max is finite and
-        // m - m_new is never (-inf) - (-inf).
+        // Without a window key 0 is visible to every row, so after the first step the running max
+        // is finite and m - m_new is never (-inf) - (-inf). In a window a row may see none of a
+        // step's keys: its max is then taken as 0 for the subtractions (exp of -inf - 0 is 0).
         const Vec<V> m0 = V::load(m), m1 = V::load(m + W);
-        const Vec<V> mn0 = V::max(m0, ms0), mn1 = V::max(m1, ms1);
+        Vec<V> mn0 = V::max(m0, ms0), mn1 = V::max(m1, ms1);
+        const Vec<V> mr0 = mn0, mr1 = mn1;  // the true maxima, kept for block_scores
+        if (a.starts) {
+            const Vec<V> lowest = V::set1(-__FLT_MAX__);
+            mn0 = V::select_lt(mn0, lowest, V::zero(), mn0);
+            mn1 = V::select_lt(mn1, lowest, V::zero(), mn1);
+        }
         const Vec<V> a0 = vexp<V>(V::sub(m0, mn0)), a1 = vexp<V>(V::sub(m1, mn1));
         Vec<V> ls0 = V::zero(), ls1 = V::zero();
         for (int b = b0; b < b1; ++b) {
@@ -649,16 +678,16 @@ void tile_impl(const TileArgs& a) {
             if (a.block_scores) {
                 V::store(bsum + b * R, bs0);
                 V::store(bsum + b * R + W, bs1);
-                V::store(bmax + b * R, mn0);
-                V::store(bmax + b * R + W, mn1);
+                V::store(bmax + b * R, mr0);
+                V::store(bmax + b * R + W, mr1);
             }
             ls0 = V::add(ls0, bs0);
             ls1 = V::add(ls1, bs1);
         }
         V::store(l, V::fmadd(V::load(l), a0, ls0));
         V::store(l + W, V::fmadd(V::load(l + W), a1, ls1));
-        V::store(m, mn0);
-        V::store(m + W, mn1);
+        V::store(m, mr0);
+        V::store(m + W, mr1);
         V::store(alpha, a0);
         V::store(alpha + W, a1);
         int c0 = 0;

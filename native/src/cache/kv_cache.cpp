@@ -65,6 +65,10 @@ KvCacheConfig validated(const KvCacheConfig& c) {
     const std::string shape_error = kv_dtype_shape_error(c.dtype, c.head_dim);
     require(shape_error.empty(), shape_error);
     require(c.max_tokens >= 1 && c.max_tokens <= kMaxTokensLimit, "max_tokens must be in [1, 2^24]");
+    require(c.windows.empty() || c.windows.size() == static_cast<size_t>(c.n_layers),
+            "windows must be empty or one per layer (" + std::to_string(c.n_layers) + "), got " +
+                std::to_string(c.windows.size()));
+    for (int w : c.windows) require(w >= 0, "a layer's window must be >= 0 tokens, got " + std::to_string(w));
     return c;
 }
 
@@ -120,9 +124,22 @@ void KvCache::check_append(int layer, const float* k, const float* v, int n_toke
     }
 }
 
+void KvCache::release_behind_window(Head& hs, int window) {
+    // The next query sees the newest window - 1 tokens held and itself.
+    const int drop = std::max(0, hs.length - (window - 1)) / cfg_.block_tokens;
+    if (drop == 0) return;
+    for (auto* list : {&hs.k_blocks, &hs.v_blocks}) {
+        for (int b = 0; b < drop; ++b) pool_.release((*list)[static_cast<size_t>(b)]);
+        list->erase(list->begin(), list->begin() + drop);
+    }
+    hs.length -= drop * cfg_.block_tokens;
+}
+
 void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
     check_append(layer, k, v, n_tokens);
     const int bt = cfg_.block_tokens, hd = cfg_.head_dim;
+    if (window(layer) > 0 && n_tokens > 0)
+        for (int h = 0; h < cfg_.n_kv_heads; ++h) release_behind_window(head(layer, h), window(layer));
     // Take every block first, so that running out of memory leaves the cache as it was. The
     // block lists are reserved to max_blocks(), so push_back never throws. Each block is asked
     // for right behind the previous one of its list, so a head's K (and V) stay contiguous.
@@ -221,6 +238,7 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
     p.window_scores = window_scores;
     p.window_queries = window_queries;
     p.block_max = block_max;
+    p.window = window(layer);
     // Rotated keys need rotated queries (scores unchanged: H is orthonormal); the output is a
     // mix of rotated values, so it is rotated back (H is its own inverse).
     const size_t q_rows = static_cast<size_t>(n_q) * cfg_.n_heads;
@@ -601,7 +619,12 @@ void KvCache::reset() {
 
 void KvCache::enable_eviction(const EvictionConfig& config) {
     require_no_pass("enable_eviction");
-    eviction_ = std::make_unique<EvictionState>(config, cfg_);
+    auto state = std::make_unique<EvictionState>(config, cfg_);
+    for (int layer = state->config().layer_start; layer < state->config().layer_end; ++layer)
+        require(window(layer) == 0, "enable_eviction: layer " + std::to_string(layer) + " has a sliding window of " +
+                                        std::to_string(window(layer)) +
+                                        " tokens, and eviction over window layers is not built (it holds its window)");
+    eviction_ = std::move(state);
     query_peaks_ = false;
     prompt_end_share_ = 0.0;
     prompt_end_tokens_ = 0;
@@ -636,6 +659,9 @@ void KvCache::set_query_peaks(bool on) {
 
 void KvCache::enable_store(const StoreConfig& config) {
     validate_store_config(config, cfg_);
+    for (int layer = 0; layer < cfg_.n_layers && config.mode != StoreMode::Off; ++layer)
+        require(window(layer) == 0, "enable_store: layer " + std::to_string(layer) +
+                                        " has a sliding window; the lossless store over window layers is not built");
     disable_store();
     if (config.mode != StoreMode::Off) store_ = std::make_unique<LosslessStage>(config, cfg_, pool_, heads_);
 }
@@ -736,6 +762,9 @@ bool KvCache::evict_global(bool due, bool prefill) {
 
 void KvCache::evict(int layer, int h, const std::vector<TokenRun>& runs) {
     const EvictionConfig* c = eviction_config();  // a bad layer or head is std::out_of_range (head()), not an invalid plan
+    head(layer, h);
+    require(window(layer) == 0, "evict: layer " + std::to_string(layer) +
+                                    " has a sliding window (its keys must stay consecutive positions)");
     evict_with_floors(layer, h, runs, c ? c->sink_tokens : 0, c ? c->recent_tokens : 1);
 }
 
@@ -874,8 +903,11 @@ EvictionStats KvCache::eviction_stats() const {
             for (size_t b = 0; b < hs.k_blocks.size(); ++b)  // compressed blocks are null: not pool bytes
                 l.bytes_held += ((hs.k_blocks[b] != nullptr) + (hs.v_blocks[b] != nullptr)) * pool_.block_bytes();
         }
-        s.bytes_uncompressed += static_cast<size_t>(stats_[layer].tokens_seen) * token_bytes;
-        s.bytes_f16 += static_cast<size_t>(stats_[layer].tokens_seen) * f16_token_bytes;
+        // Without compression a window layer holds its window (llama.cpp's SWA cache does).
+        const int64_t seen = stats_[layer].tokens_seen, w = window(layer);
+        const size_t tokens = static_cast<size_t>(w > 0 && w < seen ? w : seen);
+        s.bytes_uncompressed += tokens * token_bytes;
+        s.bytes_f16 += tokens * f16_token_bytes;
         s.policy_us += stats_[layer].policy_us;
         s.compact_us += stats_[layer].compact_us;
     }

@@ -110,8 +110,8 @@ const std::vector<LayerOption>& decode_layer_options() {
     // the engine implements, so the export refuses these layers for a model it cannot run.
     static const std::vector<LayerOption> options = {
         {"qkv_bias", {"false", "true"}}, {"norm", {"rms"}}, {"mlp", {"swiglu", "geglu"}}, {"qk_norm", {"false", "true"}},
-        {"post_norms", {"false", "true"}}, {"q_width", {"hidden", "heads"}}, {"embedding_scale", {"none"}},
-        {"global_every", {"0"}}, {"local_rope_base", {"0.0"}},
+        {"post_norms", {"false", "true"}}, {"q_width", {"hidden", "heads"}}, {"embedding_scale", {"none", "sqrt_hidden"}},
+        {"global_every", {"0", "6"}}, {"local_rope_base", {"0.0", "10000.0"}},
     };
     return options;
 }

@@ -33,13 +33,18 @@ void require_same(int a, int b, const char* what) {
 }  // namespace
 
 TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const float* cos, const float* sin, float* q,
-                        float* k, float* v, float* attn, Isa isa, const LayerObserver& observe) {
+                        float* k, float* v, float* attn, Isa isa, const LayerObserver& observe, const float* local_cos,
+                        const float* local_sin) {
     const DecodeShape& s = layers.shape();
     const KvCacheConfig& c = cache.config();
     require_same(layers.n_layers(), c.n_layers, "layers");
     require_same(s.n_heads, c.n_heads, "query heads");
     require_same(s.n_kv_heads, c.n_kv_heads, "kv heads");
     require_same(s.head_dim, c.head_dim, "head_dim");
+    for (int i = 0; i < c.n_layers; ++i)
+        if (cache.window(i) > 0 && !(local_cos && local_sin))
+            throw std::invalid_argument("decode_token: layer " + std::to_string(i) +
+                                        " has a sliding window and no window layers' RoPE table was given");
     using Clock = std::chrono::steady_clock;
     const auto seconds = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double>(b - a).count();
@@ -49,7 +54,9 @@ TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const fl
     TeamLoan loan(cache, layers.team());
     Clock::time_point t0 = Clock::now();
     for (int i = 0; i < layers.n_layers(); ++i) {
-        layers.forward(i, h, i > 0 ? attn : nullptr, cos, sin, q, k, v, isa, /*rest=*/false);
+        const bool local = cache.window(i) > 0;
+        layers.forward(i, h, i > 0 ? attn : nullptr, local ? local_cos : cos, local ? local_sin : sin, q, k, v, isa,
+                       /*rest=*/false);
         const Clock::time_point t1 = Clock::now();
         cache.step(i, q, k, v, 1, attn);
         const Clock::time_point t2 = Clock::now();

@@ -76,6 +76,11 @@ struct AttentionProblem {
     // all-heads call.
     int split_keys = 0;
 
+    // A sliding window (Gemma 3's local layers): query i sees only the newest `window` of the keys
+    // it would see causally, keys [max(0, limit - window), limit); 0: all of them. The keys of
+    // such a head are consecutive positions (no eviction). Takes no scores (block_scores null).
+    int window = 0;
+
     // Optional: q's q8 rows, when q already holds a q8 cache's prompt queries rounded by
     // attention_queries (a caller that reads the rounded queries itself rounds them once);
     // attention() then rounds nothing.

@@ -6,6 +6,13 @@
 // different numbers of tokens (per-head eviction budgets). append() adds the same new tokens to
 // every head; attention is causal per head relative to that head's length.
 //
+// A layer with a sliding window (KvCacheConfig::windows) attends each query to the newest `window`
+// tokens up to itself, and append() first gives back the blocks no later query can see: such a
+// layer holds at most window - 1 + block_tokens - 1 tokens before an append. Its keys are then a
+// suffix of the sequence, so length() is what it holds, not the position; tokens_seen counts
+// every token. Eviction and the lossless store act on global layers only (enable_eviction and
+// enable_store refuse a window layer in their scope).
+//
 // With eviction enabled (enable_eviction, docs/eviction.md) step() also collects attention scores for
 // the evicting layers, and end_step() evicts low-scoring blocks: their memory goes back to the OS.
 //
@@ -77,6 +84,8 @@ public:
     Team* team() const { return lent_team_ ? lent_team_ : threads_.get(); }
 
     int length(int layer, int head) const;
+    // Layer's sliding window in tokens, 0 for a global layer.
+    int window(int layer) const { return cfg_.windows.empty() ? 0 : cfg_.windows[static_cast<size_t>(layer)]; }
     // Bytes the KV cache holds: raw pool blocks plus, with the store on, its frames, decode
     // cache, scratch and job copies. pool_bytes_held() is the raw blocks alone (exact; blocks are
     // block_tokens * head_dim * dtype size bytes, rounded up to 64), which is also what
@@ -281,6 +290,9 @@ private:
                            int recent_tokens);
     // Gives the blocks past the first n_tokens tokens back to the pool.
     void release_tail(Head& hs, int n_tokens);
+    // A window layer's head before an append: gives back the leading blocks that no query from
+    // the next token on can see.
+    void release_behind_window(Head& hs, int window);
     // Compaction by a block-aligned plan: drops the evicted blocks from the lists, then packs the
     // kept ones into the lowest addresses of the head's blocks (pack_blocks).
     void drop_blocks(Head& hs, const std::vector<TokenRun>& runs);

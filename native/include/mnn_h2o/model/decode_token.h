@@ -34,13 +34,16 @@ struct TokenTimes {
 using LayerObserver = std::function<bool(int layer, const float* h, std::vector<float>& scores)>;
 
 // Token at one position through every layer: h [hidden] (its embedding in, the last layer's input
-// hidden state out), cos / sin [head_dim] (the position's rotation), q [n_heads head_dim] and k, v
+// hidden state out), cos / sin [head_dim] (the position's rotation; local_cos / local_sin that of
+// the sliding-window layers, which rotate by a RoPE base of their own: a layer is one where its
+// cache has a window, KvCache::window), q [n_heads head_dim] and k, v
 // [n_kv_heads head_dim] scratch, attn [n_heads head_dim] (the last layer's attention output out:
 // DecodeLayers::logits or a tail finishes the token). observe may be empty. Throws
 // std::invalid_argument when the layers and the cache are not of one model (layer count, heads,
 // head_dim), and passes on what a layer, a cache step or the observer throws (the token is then
 // partly in the cache: reset or truncate it).
 TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const float* cos, const float* sin, float* q,
-                        float* k, float* v, float* attn, Isa isa, const LayerObserver& observe = {});
+                        float* k, float* v, float* attn, Isa isa, const LayerObserver& observe = {},
+                        const float* local_cos = nullptr, const float* local_sin = nullptr);
 
 }  // namespace mnn_h2o
