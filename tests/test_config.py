@@ -211,6 +211,7 @@ def test_binding_arguments_are_the_schema_keys_and_defaults(section, method):
     got = _signature_defaults(getattr(core.KvCache, method))
     got.pop("faults", None)  # enable_store's test hook, no config key
     got.pop("max_tokens", None)  # the constructor's capacity, no config key (the engine sizes it)
+    got.pop("windows", None)  # the model's sliding windows, no config key (the engine's, per architecture)
     assert got == config.native_args(section, config.defaults()[section])
 
 

@@ -342,8 +342,8 @@ def test_a_window_layer_attends_to_its_window_and_holds_no_more():
     """KvCache(windows=...): layer 0 a sliding window of 40 tokens, layer 1 global, fed the same
     tokens in prompt chunks and decode steps. The window layer's output is the global layer's
     attention restricted to the newest 40 keys (numpy), it holds less than a block past its window,
-    and eviction and the store are refused over it (native/tests/test_attention.cpp tests the
-    kernels on every ISA)."""
+    and eviction over window layers alone is refused (native/tests/test_attention.cpp tests the
+    kernels on every ISA, test_eviction_budgets.cpp eviction beside window layers)."""
     rng = np.random.default_rng(5)
     window, bt = 40, 16
     cache = make_cache(n_layers=2, n_kv=1, hd=64, group=2, block_tokens=bt, windows=[window, 0])
@@ -354,9 +354,9 @@ def test_a_window_layer_attends_to_its_window_and_holds_no_more():
         out = [np.empty((n, 128), np.float32) for _ in range(2)]
         for layer in (0, 1):
             cache.step(layer, q, k, v, out[layer])
-        kept = cache.length(0, 0) - n  # what the window layer kept of the tokens before the step
-        assert min(seen, window - 1) <= kept < min(seen, window - 1) + bt
         seen += n
+        # after the step, what the next query can see (less than a block more)
+        assert min(seen, window - 1) <= cache.length(0, 0) < min(seen, window - 1) + bt
         kg, vg = (x.astype(np.float64) for x in cache.read(1, 0))
         want = np.empty((n, 2, 64))
         total = kg.shape[0]
@@ -367,8 +367,8 @@ def test_a_window_layer_attends_to_its_window_and_holds_no_more():
             p = np.exp(s - s.max(axis=1, keepdims=True))
             want[t] = (p / p.sum(axis=1, keepdims=True)) @ vg[lo:hi]
         assert np.allclose(out[0], want.reshape(n, -1), atol=2e-3), "the window layer's attention"
-    assert cache.length(1, 0) == 147 and cache.length(0, 0) < window + bt + 45
+    assert cache.length(1, 0) == 147
     with pytest.raises(ValueError, match="sliding window"):
-        cache.enable_eviction(policy="h2o")
+        cache.enable_eviction(policy="h2o", layer_end=1)  # window layers only: nothing to evict
     with pytest.raises(ValueError, match="windows must be empty or one per layer"):
         make_cache(n_layers=2, windows=[8])

@@ -618,7 +618,8 @@ static void test_sliding_window() {
         CHECK(st.layers[0].bytes_held <= want_blocks * ((block_bytes + 63) / 64 * 64), "%s: window layer holds %zu bytes",
               what, st.layers[0].bytes_held);
     }
-    // Scores are refused over a window layer, and so are eviction and an evict() plan.
+    // Scores are refused over a window layer, and so is an evict() plan; eviction acts on the
+    // global layers only (test_eviction_budgets.cpp), and a range of window layers is refused.
     KvCacheConfig cfg;
     cfg.n_layers = 2;
     cfg.n_kv_heads = 1;
@@ -633,9 +634,11 @@ static void test_sliding_window() {
           "scores over a window layer");
     CHECK(throws<std::invalid_argument>([&] { cache.evict(0, 0, {{0, 4}}); }), "evict() on a window layer");
     EvictionConfig ev;
-    CHECK(throws<std::invalid_argument>([&] { cache.enable_eviction(ev); }), "eviction over a window layer");
-    ev.layer_start = 1;
+    ev.layer_end = 1;
+    CHECK(throws<std::invalid_argument>([&] { cache.enable_eviction(ev); }), "eviction over window layers only");
+    ev.layer_end = -1;
     cache.enable_eviction(ev);  // the global layer alone
+    CHECK(!cache.eviction_state()->collects(0) && cache.eviction_state()->collects(1), "collects the global layer");
     cfg.windows = {8};
     CHECK(throws<std::invalid_argument>([&] { KvCache bad(cfg); }), "windows of the wrong length");
     cfg.windows = {-1, 0};

@@ -229,7 +229,90 @@ static void test_floor_share() {
           after, small.length(5, 0));
 }
 
+// Sliding-window layers (Gemma 3's local layers) under eviction: it acts on the global layers
+// alone, a ratio target is theirs (the window layers hold their window whatever it is), a byte
+// cap counts the windows' blocks, and a range of window layers only is refused.
+static void test_window_layers() {
+    const int W = 64, bt = 16;
+    KvCacheConfig cc = small_config(6, 4096, KvDtype::F16, bt);
+    cc.windows = {W, W, 0, W, W, 0};
+    {
+        KvCache cache(cc);
+        EvictionConfig c = eviction_config();
+        c.target_lossy_ratio = 2.0;
+        c.sink_tokens = 16;
+        c.recent_tokens = 32;
+        c.trigger_min_tokens = 0;
+        cache.enable_eviction(c);
+        std::mt19937 rng(11);
+        for (int chunk = 0; chunk < 2; ++chunk) {
+            for (int layer = 0; layer < 6; ++layer) step(cache, layer, 512, rng);
+            cache.end_step(512, true);
+        }
+        for (int layer = 0; layer < 6; ++layer) {
+            for (int h = 0; h < 2; ++h) {
+                const int held = cache.length(layer, h);
+                if (cc.windows[layer]) {
+                    CHECK(held >= W - 1 && held < W - 1 + bt, "window layer %d head %d holds %d", layer, h, held);
+                } else {
+                    // k = (2 / 2 - 0) / 2 of 1024 tokens, in whole blocks
+                    CHECK(held <= 512 && held > 512 - 2 * bt, "global layer %d head %d holds %d", layer, h, held);
+                }
+            }
+            const EvictionStats st = cache.eviction_stats();
+            CHECK((st.layers[layer].counters.evictions > 0) == !cc.windows[layer], "layer %d: %lld plans", layer,
+                  static_cast<long long>(st.layers[layer].counters.evictions));
+        }
+        // Decode: the windows move on, the global layers stay near their budget.
+        for (int t = 0; t < 40; ++t) {
+            for (int layer = 0; layer < 6; ++layer) step(cache, layer, 1, rng);
+            cache.end_step(1, false);
+        }
+        CHECK(cache.length(0, 0) < W - 1 + bt && cache.length(2, 0) <= (1024 + 40) / 2 + bt, "after decode: %d / %d",
+              cache.length(0, 0), cache.length(2, 0));
+        // The whole-model figures count a window layer at its window (what it holds uncompressed).
+        const EvictionStats st = cache.eviction_stats();
+        const size_t row = kv_row_bytes(KvDtype::F16, 32) * 2 * 2;
+        CHECK(st.bytes_uncompressed == row * (4 * W + 2 * (1024 + 40)), "bytes_uncompressed %zu", st.bytes_uncompressed);
+    }
+    {
+        // A byte cap: the window layers' blocks are what they are, the global layers get the rest.
+        KvCache cache(cc);
+        EvictionConfig c = eviction_config();
+        c.target_lossy_ratio = 0.0;
+        c.kv_budget_bytes = 120 * 1024;
+        c.sink_tokens = 16;
+        c.recent_tokens = 32;
+        c.trigger_min_tokens = 0;
+        cache.enable_eviction(c);
+        std::mt19937 rng(12);
+        for (int layer = 0; layer < 6; ++layer) step(cache, layer, 1000, rng);
+        CHECK(cache.end_step(1000, true), "over the cap");
+        CHECK(cache.pool_bytes_held() <= static_cast<size_t>(c.kv_budget_bytes) &&
+                  cache.pool_bytes_held() > static_cast<size_t>(c.kv_budget_bytes) * 8 / 10,
+              "%zu bytes held, cap %lld", cache.pool_bytes_held(), static_cast<long long>(c.kv_budget_bytes));
+    }
+    {
+        // Pyramid budgets rank the global layers among themselves.
+        KvCache cache(cc);
+        EvictionConfig c = keep_config(0.5);
+        c.layer_budget = "pyramid";
+        cache.enable_eviction(c);
+        std::mt19937 rng(13);
+        for (int layer = 0; layer < 6; ++layer) step(cache, layer, 600, rng);
+        cache.end_step(600, true);
+        CHECK(cache.length(2, 0) > cache.length(5, 0), "pyramid: the first global layer keeps more (%d vs %d)",
+              cache.length(2, 0), cache.length(5, 0));
+    }
+    KvCache cache(cc);
+    EvictionConfig c = eviction_config();
+    c.layer_start = 0;
+    c.layer_end = 2;  // window layers only
+    CHECK(throws<std::invalid_argument>([&] { cache.enable_eviction(c); }), "a range of window layers only");
+}
+
 int main() {
+    test_window_layers();
     test_budgets();
     test_floor_share();
     test_pyramid_budget();

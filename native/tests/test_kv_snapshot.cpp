@@ -99,7 +99,8 @@ static void fill(KvCache& cache, std::mt19937& rng, bool reconstructs = false) {
 // The snapshot with the per-layer timings (policy_us, compact_us: measured, not state) zeroed.
 static std::vector<uint8_t> state_of(const KvCache& cache) {
     std::vector<uint8_t> s = cache.snapshot();
-    constexpr size_t kHeader = 40, kCounters = 80, kTimings = 32;
+    const size_t kHeader = 40 + 4 * static_cast<size_t>(cache.config().n_layers);  // and LayerWindows
+    constexpr size_t kCounters = 80, kTimings = 32;
     for (int layer = 0; layer < cache.config().n_layers; ++layer)
         std::memset(s.data() + kHeader + layer * kCounters + kTimings, 0, 16);
     return s;
@@ -233,7 +234,62 @@ static void test_flipped_bytes() {
     }
 }
 
+// A cache with a sliding-window layer (Gemma 3's local layers) round-trips, windows and all, with
+// eviction (kvzip, its pass included) on its global layer; a cache with other windows refuses it;
+// a version-1 snapshot (before windows) still restores into a cache without them.
+static void test_windows() {
+    KvCacheConfig c = small_config(KvDtype::Q8);
+    c.windows = {24, 0};
+    std::mt19937 rng(5);
+    KvCache saved(c);
+    saved.enable_eviction(evicting("kvzip"));
+    fill(saved, rng, true);
+    CHECK(evictions(saved) > 0 && saved.length(0, 0) < 24 + 16, "windowed cache: %lld plans, window layer %d",
+          static_cast<long long>(evictions(saved)), saved.length(0, 0));
+    const std::vector<uint8_t> bytes = saved.snapshot();
+    KvCache loaded(c);
+    loaded.enable_eviction(evicting("kvzip"));
+    loaded.restore(bytes.data(), bytes.size());
+    CHECK(loaded.snapshot() == bytes, "windowed: the restored cache's snapshot differs");
+    std::mt19937 rng_a(4), rng_b(4);
+    std::vector<float> out_a, out_b;
+    for (int t = 0; t < 30; ++t) {
+        forward(saved, 1, false, rng_a, &out_a);
+        forward(loaded, 1, false, rng_b, &out_b);
+    }
+    CHECK(bit_equal(out_a, out_b), "windowed: outputs after the restore differ");
+
+    KvCacheConfig other = c;
+    other.windows = {32, 0};
+    KvCache wider(other);
+    wider.enable_eviction(evicting("kvzip"));
+    bool named = false;
+    try {
+        wider.restore(bytes.data(), bytes.size());
+    } catch (const SnapshotError& e) {
+        named = std::string(e.what()).find("layer 0 has a sliding window of 24 tokens, this cache's 32") != std::string::npos;
+    }
+    CHECK(named, "a cache with another window restored the snapshot, or did not say why");
+
+    // Version 1: no LayerWindows after the header.
+    auto plain = make_cache(KvDtype::Q8, "h2o");
+    std::mt19937 rng_c(6);
+    fill(*plain, rng_c);
+    std::vector<uint8_t> v2 = plain->snapshot(), v1 = v2;
+    v1.erase(v1.begin() + 40, v1.begin() + 40 + 4 * 2);
+    const uint32_t one = 1;
+    std::memcpy(v1.data() + 4, &one, 4);
+    auto restored = make_cache(KvDtype::Q8, "h2o");
+    restored->restore(v1.data(), v1.size());
+    CHECK(restored->snapshot() == v2, "a version-1 snapshot restores as the same cache");
+    KvCache windowed(c);
+    windowed.enable_eviction(evicting("h2o"));
+    CHECK(throws<SnapshotError>([&] { windowed.restore(v1.data(), v1.size()); }),
+          "a version-1 snapshot (every layer global) into a cache with a window");
+}
+
 int main() {
+    test_windows();
     for (KvDtype dtype : {KvDtype::Q8, KvDtype::F16, KvDtype::Q4R})
         for (const char* policy : {"", "h2o", "snapkv", "expected_attention", "random", "kvzip"})
             test_round_trip(dtype, policy);

@@ -125,6 +125,7 @@ void KvCache::check_append(int layer, const float* k, const float* v, int n_toke
 }
 
 void KvCache::release_behind_window(Head& hs, int window) {
+    if (reconstructing_) return;  // a pass's tokens are dropped again: the window must stay whole
     // The next query sees the newest window - 1 tokens held and itself.
     const int drop = std::max(0, hs.length - (window - 1)) / cfg_.block_tokens;
     if (drop == 0) return;
@@ -269,6 +270,10 @@ void KvCache::step(int layer, const float* q, const float* k, const float* v, in
     }
     if (!eviction_ || !eviction_->collects(layer)) {
         attend_checked(layer, q, n_tokens, out, block_scores, scores_stride, nullptr, 0, best_isa());
+        // A window layer gives back now what the next query cannot see: after a prompt chunk it
+        // would otherwise hold the chunk until the next step.
+        if (window(layer) > 0)
+            for (int h = 0; h < cfg_.n_kv_heads; ++h) release_behind_window(head(layer, h), window(layer));
         // The next layer's chunks decode on the workers while MNN runs this layer's dense part.
         if (store_) store_->prefetch(layer + 1);
         return;
@@ -495,7 +500,8 @@ void KvCache::end_reconstruction() {
     rewind_reconstruction();
     const EvictionConfig& c = eviction_->config();
     for (int layer = c.layer_start; layer < c.layer_end; ++layer)
-        eviction_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
+        if (eviction_->collects(layer))
+            eviction_->finish_reconstruction(layer, pass_lengths_.data() + static_cast<size_t>(layer) * cfg_.n_kv_heads);
     free_peak_scratch();
     window_from_end_ = window_length_ = 0;
     reconstructing_ = false;
@@ -515,9 +521,9 @@ void KvCache::set_token_scores(int layer, const float* scores, int n_tokens) {
     require_no_pass("set_token_scores");
     check_layer(layer);
     const EvictionConfig& c = eviction_->config();
-    require(layer >= c.layer_start && layer < c.layer_end,
-            "set_token_scores: layer " + std::to_string(layer) + " is outside the evicting layers [" +
-                std::to_string(c.layer_start) + ", " + std::to_string(c.layer_end) + ")");
+    require(eviction_->collects(layer),
+            "set_token_scores: layer " + std::to_string(layer) + " is not an evicting layer (those of [" +
+                std::to_string(c.layer_start) + ", " + std::to_string(c.layer_end) + ") without a sliding window)");
     require(n_tokens >= 0, "set_token_scores: n_tokens must be >= 0, got " + std::to_string(n_tokens));
     for (int h = 0; h < cfg_.n_kv_heads; ++h)
         require(n_tokens <= head(layer, h).length,
@@ -619,12 +625,7 @@ void KvCache::reset() {
 
 void KvCache::enable_eviction(const EvictionConfig& config) {
     require_no_pass("enable_eviction");
-    auto state = std::make_unique<EvictionState>(config, cfg_);
-    for (int layer = state->config().layer_start; layer < state->config().layer_end; ++layer)
-        require(window(layer) == 0, "enable_eviction: layer " + std::to_string(layer) + " has a sliding window of " +
-                                        std::to_string(window(layer)) +
-                                        " tokens, and eviction over window layers is not built (it holds its window)");
-    eviction_ = std::move(state);
+    eviction_ = std::make_unique<EvictionState>(config, cfg_);
     query_peaks_ = false;
     prompt_end_share_ = 0.0;
     prompt_end_tokens_ = 0;
@@ -707,6 +708,7 @@ bool KvCache::evict_due(int n_tokens, bool prefill) {
     const EvictionConfig& c = eviction_->config();
     bool updated = false, evicted = false;
     for (int layer = c.layer_start; layer < c.layer_end; ++layer) {
+        if (!eviction_->collects(layer)) continue;  // a window layer
         for (int h = 0; h < cfg_.n_kv_heads; ++h) lengths_[h] = head(layer, h).length;
         EvictionLayerStats& st = stats_[layer];
         if (!decode_due && !(prefill && eviction_->over_budget(layer, st.tokens_seen, lengths_.data()))) continue;
@@ -739,13 +741,16 @@ bool KvCache::evict_global(bool due, bool prefill) {
     // Otherwise only when the model as a whole is over its budget; a decode plan leaves headroom.
     if (!due && !eviction_->over_budget_global(seen_.data(), lengths_.data())) return false;
     const Clock::time_point t0 = Clock::now();
-    for (int i = 0; i < n; ++i) eviction_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
+    for (int i = 0; i < n; ++i)
+        if (eviction_->collects(c.layer_start + i))
+            eviction_->update_scores(c.layer_start + i, lengths_.data() + static_cast<size_t>(i) * H);
     eviction_->plan_global(seen_.data(), lengths_.data(), &plans_, stats_.data(), &row_reader_, !prefill);
     // One plan for all layers: its time is shared equally among them.
-    const double us = micros_since(t0) / n;
+    const double us = micros_since(t0) / eviction_->evicting_layers();
     bool evicted = false;
     for (int i = 0; i < n; ++i) {
         const int layer = c.layer_start + i;
+        if (!eviction_->collects(layer)) continue;
         stats_[layer].policy_us += us;
         for (int h = 0; h < H; ++h) {
             const std::vector<TokenRun>& plan = plans_[static_cast<size_t>(i) * H + h];

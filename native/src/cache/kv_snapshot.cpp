@@ -12,7 +12,9 @@ namespace mnn_h2o {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'C', 'S'};
-constexpr uint32_t kVersion = 1;
+// 2: each layer's sliding window after the shape (version 1 files, written before windows
+// existed, load as all-global layers).
+constexpr uint32_t kVersion = 2;
 
 // The header's shape fields, in format order, with their names for messages.
 struct ShapeField {
@@ -65,6 +67,7 @@ std::vector<uint8_t> KvCache::snapshot() const {
     w.bytes(kMagic, sizeof kMagic);
     w.value<uint32_t>(kVersion);
     for (const ShapeField& f : shape_fields(cfg_, row_bytes_)) w.value<uint32_t>(f.value);
+    for (int layer = 0; layer < cfg_.n_layers; ++layer) w.value<uint32_t>(static_cast<uint32_t>(window(layer)));
     for (const EvictionLayerStats& s : stats_) save_counters(w, s);
     const int bt = cfg_.block_tokens;
     for (const Head& hs : heads_) {
@@ -84,12 +87,18 @@ void KvCache::restore(const uint8_t* data, size_t size) {
     r.require(std::memcmp(r.take(sizeof kMagic, "magic"), kMagic, sizeof kMagic) == 0,
               "not a KV cache snapshot (magic)");
     const uint32_t version = r.value<uint32_t>("version");
-    r.require(version == kVersion, "snapshot version " + std::to_string(version) + ", this build reads " +
-                                       std::to_string(kVersion));
+    r.require(version == 1 || version == kVersion, "snapshot version " + std::to_string(version) +
+                                                       ", this build reads 1 to " + std::to_string(kVersion));
     for (const ShapeField& f : shape_fields(cfg_, row_bytes_)) {
         const uint32_t saved = r.value<uint32_t>(f.name);
         r.require(saved == f.value, std::string("the snapshot's ") + f.name + " is " + std::to_string(saved) +
                                         ", this cache's " + std::to_string(f.value));
+    }
+    for (int layer = 0; layer < cfg_.n_layers; ++layer) {
+        const uint32_t saved = version >= 2 ? r.value<uint32_t>("layer window") : 0;
+        r.require(saved == static_cast<uint32_t>(window(layer)),
+                  "the snapshot's layer " + std::to_string(layer) + " has a sliding window of " + std::to_string(saved) +
+                      " tokens, this cache's " + std::to_string(window(layer)));
     }
     std::vector<EvictionLayerStats> stats(stats_.size());
     for (EvictionLayerStats& s : stats) s = load_counters(r);
@@ -105,6 +114,9 @@ void KvCache::restore(const uint8_t* data, size_t size) {
         const int64_t seen = stats[i / static_cast<size_t>(cfg_.n_kv_heads)].tokens_seen;
         r.require(length <= static_cast<uint32_t>(cfg_.max_tokens) && length <= seen,
                   "a head holds more tokens than max_tokens or than its layer has seen");
+        const int w = window(static_cast<int>(i / static_cast<size_t>(cfg_.n_kv_heads)));
+        r.require(w == 0 || length < static_cast<uint32_t>(w + 2 * cfg_.block_tokens),
+                  "a window layer's head holds more tokens than its window keeps");
         const size_t bytes = static_cast<size_t>(length) * row_bytes_;
         rows[i].length = static_cast<int>(length);
         rows[i].k = r.take(bytes, "K rows");

@@ -72,7 +72,15 @@ EvictionState::EvictionState(const EvictionConfig& config, const KvCacheConfig& 
       policy_(make_policy(cfg_.policy, cfg_.seed)),
       signals_(policy_->signals()),
       window_size_(std::max(1, policy_->window_queries(cfg_.observation_window))),
-      layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)) {
+      layers_(static_cast<size_t>(cfg_.layer_end - cfg_.layer_start)),
+      window_of_(cache.windows.empty() ? std::vector<int>(static_cast<size_t>(cache.n_layers), 0) : cache.windows),
+      evicting_rank_(static_cast<size_t>(cache.n_layers), -1) {
+    for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer)
+        if (collects(layer)) evicting_rank_[static_cast<size_t>(layer)] = n_evicting_++;
+    if (n_evicting_ == 0)
+        throw std::invalid_argument("enable_eviction: every layer of [" + std::to_string(cfg_.layer_start) + ", " +
+                                    std::to_string(cfg_.layer_end) +
+                                    ") has a sliding window: no layer to evict from (a window layer holds its window)");
     if (n_kv_heads_ > kMaxSelectHeads || stride_ > (size_t{1} << 20))
         throw std::invalid_argument("enable_eviction: at most 4096 kv heads and 2^20 blocks per head are supported");
     if (global_budget() && static_cast<int64_t>(n_kv_heads_) * (cfg_.layer_end - cfg_.layer_start) > kMaxSelectHeads)
@@ -345,11 +353,21 @@ bool EvictionState::count_decode_tokens(int n_tokens) {
     return true;
 }
 
+double EvictionState::kept_blocks(int64_t tokens_seen) const {
+    const int64_t all = (tokens_seen + block_tokens_ - 1) / block_tokens_;
+    double kept = 0.0;
+    for (int layer = 0; layer < n_layers_; ++layer) {
+        if (collects(layer)) continue;
+        const int w = window_of_[static_cast<size_t>(layer)];
+        kept += static_cast<double>(w > 0 ? std::min<int64_t>(all, (w + 2 * block_tokens_ - 2) / block_tokens_) : all);
+    }
+    return kept;
+}
+
 double EvictionState::cap_blocks(int64_t tokens_seen) const {
-    const double evicting = cfg_.layer_end - cfg_.layer_start;
+    const double evicting = n_evicting_;
     const double per_head = static_cast<double>(cfg_.kv_budget_bytes) / (2.0 * block_bytes_ * n_kv_heads_);
-    const double kept = (n_layers_ - evicting) * static_cast<double>((tokens_seen + block_tokens_ - 1) / block_tokens_);
-    return std::floor((per_head - kept) / evicting + 1e-9);
+    return std::floor((per_head - kept_blocks(tokens_seen)) / evicting + 1e-9);
 }
 
 double EvictionState::keep_ratio(int64_t tokens_seen) const {
@@ -359,20 +377,24 @@ double EvictionState::keep_ratio(int64_t tokens_seen) const {
         return std::min(1.0, cap_blocks(tokens_seen) * block_tokens_ / static_cast<double>(tokens_seen));
     }
     // Whole model, in tokens: n_layers * T / (kept_layers * T + evicting * k * T) = R, solved for
-    // k, with R the target left once the dtype has paid its part (>= 1 keeps everything).
-    const double layers = n_layers_, evicting = cfg_.layer_end - cfg_.layer_start;
+    // k, with R the target left once the dtype has paid its part (>= 1 keeps everything). The
+    // sliding-window layers are not part of it: they hold their window whatever the target, so
+    // the target is the ratio of the layers that grow (docs/eviction.md "Sliding-window layers").
+    int windowed = 0;
+    for (int w : window_of_) windowed += w > 0;
+    const double layers = n_layers_ - windowed, evicting = n_evicting_;
     const double r = std::max(1.0, cfg_.target_lossy_ratio / dtype_gain_);
     return (layers / r - (layers - evicting)) / evicting;
 }
 
 double EvictionState::layer_keep_ratio(int layer, int64_t tokens_seen) const {
     const double k = keep_ratio(tokens_seen);
-    const int n = cfg_.layer_end - cfg_.layer_start;
+    const int n = n_evicting_;
     if (layer < 0 || cfg_.layer_budget != "pyramid" || n < 2 || !(k > 0.0) || tokens_seen <= 0) return k;
     const double floors = static_cast<double>(cfg_.sink_tokens) + cfg_.recent_tokens;
     const double slope = std::max(
         0.0, std::min({0.5, 1.0 / k - 1.0, 1.0 - floors / (k * static_cast<double>(tokens_seen))}));
-    const double i = layer - cfg_.layer_start;
+    const double i = evicting_rank_[static_cast<size_t>(layer)];
     return k * (1.0 + slope * (1.0 - 2.0 * i / (n - 1)));
 }
 
@@ -598,6 +620,7 @@ bool EvictionState::over_budget_global(const int64_t* tokens_seen, const int* le
     int64_t total = 0, pooled = 0;
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
         const int i = layer - cfg_.layer_start;
+        if (!collects(layer)) continue;
         if (tokens_seen[i] < cfg_.trigger_min_tokens || !(keep_ratio(tokens_seen[i]) > 0.0)) continue;
         const int budget = budget_blocks(tokens_seen[i], layer);
         for (int h = 0; h < n_kv_heads_; ++h) {
@@ -616,6 +639,7 @@ void EvictionState::plan_global(const int64_t* tokens_seen, const int* lengths, 
     pool_.clear();
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer) {
         const int i = layer - cfg_.layer_start;
+        if (!collects(layer)) continue;
         const int* len = lengths + static_cast<size_t>(i) * n_kv_heads_;
         EvictionLayerStats* st = stats + layer;
         place_blocks(layer, tokens_seen[i], len);
@@ -635,14 +659,14 @@ void EvictionState::plan_global(const int64_t* tokens_seen, const int* lengths, 
     if (keep_.size() < pool_.size()) keep_.resize(pool_.size());
     bool tokens = false;
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end && signals_.reconstruction; ++layer)
-        tokens = tokens || token_peaks_pending(layer);
+        tokens = tokens || (collects(layer) && token_peaks_pending(layer));
     if (!tokens) {
         plan_pooled(rows, headroom);
         return;
     }
     plan_tokens(headroom);
     for (int layer = cfg_.layer_start; layer < cfg_.layer_end; ++layer)
-        for (int h = 0; h < n_kv_heads_; ++h)
+        for (int h = 0; h < n_kv_heads_ && collects(layer); ++h)
             if ((*plans)[static_cast<size_t>(layer - cfg_.layer_start) * n_kv_heads_ + h].empty()) drop_token_peaks(layer, h);
 }
 

@@ -7,8 +7,9 @@
 // every head; attention is causal per head relative to that head's length.
 //
 // A layer with a sliding window (KvCacheConfig::windows) attends each query to the newest `window`
-// tokens up to itself, and append() first gives back the blocks no later query can see: such a
-// layer holds at most window - 1 + block_tokens - 1 tokens before an append. Its keys are then a
+// tokens up to itself, and append() (before it appends) and step() (after it attends) give back
+// the blocks no later query can see: such a layer holds at most window - 1 + block_tokens - 1
+// tokens between steps. Its keys are then a
 // suffix of the sequence, so length() is what it holds, not the position; tokens_seen counts
 // every token. Eviction and the lossless store act on global layers only (enable_eviction and
 // enable_store refuse a window layer in their scope).

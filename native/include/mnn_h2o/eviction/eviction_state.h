@@ -75,7 +75,12 @@ public:
     EvictionState(const EvictionConfig& config, const KvCacheConfig& cache);
 
     const EvictionConfig& config() const { return cfg_; }  // layer_end resolved
-    bool collects(int layer) const { return layer >= cfg_.layer_start && layer < cfg_.layer_end; }
+    // Whether eviction acts on layer: one of [layer_start, layer_end) without a sliding window
+    // (KvCacheConfig::windows: a window layer holds its window, and nothing more to evict).
+    bool collects(int layer) const {
+        return layer >= cfg_.layer_start && layer < cfg_.layer_end && !window_of_[static_cast<size_t>(layer)];
+    }
+    int evicting_layers() const { return n_evicting_; }
 
     // The accumulator the kernel adds to for a collecting layer: [n_kv_heads][stride()].
     float* accumulator(int layer);
@@ -283,6 +288,9 @@ private:
     // counts and back.
     static void materialise_seen(std::vector<double>& seen, int n_blocks);
     static void difference_seen(std::vector<double>& seen, int n_blocks);
+    // Blocks of K (or V) a kv head of the layers eviction leaves alone holds after tokens_seen
+    // tokens: every token's, or a window layer's window (less than a block more).
+    double kept_blocks(int64_t tokens_seen) const;
 
     // The ScoreContext of head h for the policy, its inputs computed into the scratch below.
     ScoreContext context(int layer, int h, int length, const HeadRowReader* rows);
@@ -296,7 +304,10 @@ private:
     std::unique_ptr<EvictionPolicy> policy_;
     PolicySignals signals_;
     int window_size_;  // queries in a full observation window
-    std::vector<LayerScores> layers_;  // [layer - layer_start]
+    std::vector<LayerScores> layers_;  // [layer - layer_start] (a window layer's: never used)
+    std::vector<int> window_of_;       // [layer]: its sliding window, 0 for a global layer
+    int n_evicting_ = 0;               // collecting layers
+    std::vector<int> evicting_rank_;   // [layer]: its place among the collecting layers (pyramid)
     int64_t decode_tokens_ = 0;        // since the last decode update
     int64_t updates_ = 0;
 
