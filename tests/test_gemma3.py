@@ -230,3 +230,21 @@ def test_the_engine_completes_a_prompt(gemma):
     assert llm.tokenizer.sequence_start() == [2]
     out = llm.generate(PROMPT, max_new_tokens=4, chat=False)
     assert out.text.startswith(" Berlin")
+
+
+@pytest.mark.slow
+def test_llama_cpps_swa_cache_is_the_peer(gemma):
+    """With the `llama` extra: the llama.cpp peer runs Gemma 3 with its SWA cache (swa_full off),
+    and the bytes it reports (the arithmetic, checked against llama.cpp's logged buffer sizes in
+    the constructor) are the 3 global layers' n_ctx cells and the 15 window layers' 1024 (the
+    window and a ubatch of 512), q8_0: 34 bytes per 32 values of K and of V."""
+    pytest.importorskip("llama_cpp")
+    from mnn_h2o.bench.llama_peer import LlamaPeer
+
+    peer = LlamaPeer(gemma.path, 4096, 2, True, "q8_0", "q8_0")
+    try:
+        assert (peer.head_dim, peer.n_swa, peer.n_layer_swa) == (256, 512, 15)
+        assert peer.kv_buffer_bytes == (3 * 4096 + 15 * 1024) * 2 * 256 // 32 * 34
+        assert peer.kv_buffer_logged_mib is not None
+    finally:
+        peer.close()

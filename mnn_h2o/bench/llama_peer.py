@@ -10,7 +10,8 @@ llama.cpp allocates whole for ``n_ctx`` cells when the context is made (n_ctx = 
 rounded up to a multiple of 256 by llama.cpp); we read it from llama.cpp's own log line
 ``KV buffer size = X MiB`` (``ggml_backend_buffer_get_size``, printed to 0.01 MiB) and check it
 against the arithmetic cells x layers x KV heads x head dim x bytes per element (q8_0: 34 bytes per
-32 values), which is what is reported.
+32 values), which is what is reported. A sliding-window model (Gemma 3) gets llama.cpp's SWA cache
+(``swa_full`` off): its window layers hold the window and a ubatch of cells.
 """
 from __future__ import annotations
 
@@ -178,10 +179,12 @@ class LlamaPeer:
         ggml = lambda t: getattr(llama_cpp, f"GGML_TYPE_{t.upper()}")
         _captured = []
         try:
+            # swa_full False: a sliding-window model (Gemma 3) gets llama.cpp's SWA cache, whose
+            # window layers hold their window (llama-cpp-python's default keeps every token there).
             self._llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                         n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
                                         type_k=ggml(type_k), type_v=ggml(type_v), logits_all=False,
-                                        verbose=False)
+                                        swa_full=False, verbose=False)
             log = "".join(_captured)
         finally:
             _captured = None
@@ -193,7 +196,21 @@ class LlamaPeer:
         self.n_layer = int(llama_cpp.llama_model_n_layer(model))
         n_head = int(llama_cpp.llama_model_n_head(model))
         self.n_head_kv = int(llama_cpp.llama_model_n_head_kv(model))
-        self.head_dim = int(llama_cpp.llama_model_n_embd(model)) // n_head
+        meta = self._llm.metadata
+        key_length = meta.get(f"{meta.get('general.architecture')}.attention.key_length")
+        self.head_dim = int(key_length) if key_length else int(llama_cpp.llama_model_n_embd(model)) // n_head
+        self.n_batch = n_batch
+        # The sliding-window layers' cells (llama.cpp's SWA cache: the window and a ubatch, padded
+        # to 256) and how many layers are such (ours as architecture.py describes them: llama.cpp's
+        # pattern for gemma3 is the same, checked by the logged buffer sizes below).
+        self.n_swa = int(llama_cpp.llama_model_n_swa(model))
+        self.n_layer_swa = 0
+        if self.n_swa:
+            from ..architecture import is_local
+            from ..gguf_model import GgufModel
+
+            cfg = GgufModel(gguf).config
+            self.n_layer_swa = sum(is_local(cfg, i) for i in range(cfg.n_layers))
         logged = [float(m) for m in re.findall(r"KV buffer size\s*=\s*([0-9.]+)\s*MiB", log)]
         self.kv_buffer_logged_mib = sum(logged) if logged else None
         self.kv_buffer_bytes = self._kv_bytes_arithmetic()
@@ -208,7 +225,8 @@ class LlamaPeer:
         for t in (self.type_k, self.type_v):
             block, per = _TYPE_BYTES[t]
             per_cell += self.n_head_kv * self.head_dim // per * block
-        return self.n_ctx * self.n_layer * per_cell
+        swa_cells = min(self.n_ctx, -(-(self.n_swa + self.n_batch) // 256) * 256)
+        return (self.n_ctx * (self.n_layer - self.n_layer_swa) + swa_cells * self.n_layer_swa) * per_cell
 
     def _logits_last(self) -> np.ndarray:
         p = self._lib.llama_get_logits_ith(self._llm.ctx, -1)
