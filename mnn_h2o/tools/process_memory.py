@@ -61,22 +61,21 @@ def main(argv=None) -> int:
             out["kv_peak_mib"] = st.kv_bytes_peak / 2**20
             out["kv_uncompressed_mib"] = st.kv_bytes_uncompressed / 2**20
         else:
-            from ..bench.llama_peer import check
+            from ..bench.llama_peer import LlamaPeer
             from ..gguf_model import GgufModel
             from ..model_source import resolve_gguf
             from ..tokenizer import load_tokenizer
 
-            llama_cpp = check()
             path = resolve_gguf(args.model)
             ids = essay_tokens(load_tokenizer(GgufModel(path)), args.context + args.decode)
-            kv = llama_cpp.GGML_TYPE_Q8_0 if args.llama_kv == "q8_0" else llama_cpp.GGML_TYPE_F16
-            m = llama_cpp.Llama(path, n_ctx=(len(ids) + 255) // 256 * 256, n_threads=2, n_batch=512,
-                                flash_attn=args.llama_kv == "q8_0", type_k=kv, type_v=kv, verbose=False)
+            # the bench's peer: a sliding-window model gets llama.cpp's SWA cache
+            m = LlamaPeer(path, (len(ids) + 255) // 256 * 256, 2, args.llama_kv == "q8_0", args.llama_kv, args.llama_kv)
             out["after_load"] = _rss_mb()
-            m.eval(ids[:args.context])
+            m.prefill(ids[:args.context])
             for t in ids[args.context:]:
-                m.eval([t])
+                m.decode(t)
             out["llama_kv"] = args.llama_kv
+            out["kv_mib"] = m.kv_buffer_bytes / 2**20  # allocated whole at load, checked against its log
         out["after_prompt"] = _rss_mb()
         json.dump(out, sys.stdout, indent=1)
         print()
