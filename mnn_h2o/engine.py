@@ -273,6 +273,9 @@ class Llm:
 
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
         self._block_tokens = rt["block_tokens"]
+        form = ARCHITECTURES[c.arch]
+        self._layer_windows = tuple(c.sliding_window if is_local(c, i) else 0 for i in range(c.n_layers)) \
+            if form.global_every else ()
         self._threads = rt["threads"]
         self._scorer = None  # eviction.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
         # A callable (layer, h rows) given every layer's input hidden states ([n, hidden]) as they
@@ -314,10 +317,14 @@ class Llm:
     def layer_windows(self) -> List[int]:
         """Per layer, its sliding window in tokens (0: a global layer); empty when every layer is
         global (mnn_h2o/architecture.py, the file's attention.sliding_window)."""
-        c = self.config
-        if not ARCHITECTURES[c.arch].global_every:
-            return []
-        return [c.sliding_window if is_local(c, i) else 0 for i in range(c.n_layers)]
+        return list(self._layer_windows)
+
+    def _tokens_uncompressed(self) -> int:
+        """Token rows an uncompressed cache of this model holds at ``pos``, summed over the layers:
+        every token in a global layer, its window in a sliding-window one."""
+        if not self._layer_windows:
+            return self.pos * self.config.n_layers
+        return sum(min(self.pos, w) if w else self.pos for w in self._layer_windows)
 
     @property
     def prompt_layers(self) -> str:
@@ -531,8 +538,7 @@ class Llm:
         st.kv_bytes_pool = cache.pool_bytes_held()
         st.kv_bytes_kept = cache.kept_bytes()
         st.kv_bytes_peak = max(st.kv_bytes_peak, held)
-        # What each layer would hold without compression: every token, or a window layer its window.
-        tokens = sum(min(self.pos, w) if w else self.pos for w in self.layer_windows or [0] * self.config.n_layers)
+        tokens = self._tokens_uncompressed()
         st.kv_bytes_uncompressed = tokens * self.ctx.layer_token_bytes
         st.kv_bytes_f16 = tokens * self.ctx.layer_f16_token_bytes
 
