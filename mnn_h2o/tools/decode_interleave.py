@@ -115,12 +115,21 @@ def make_engines(cfg: dict, specs) -> list:
     return engines
 
 
+# After a llama.cpp step its OpenMP threads spin on for a while (libgomp's default wait policy)
+# and take the cores from whatever runs next: the engine after llama.cpp's in the rotation measured
+# ~5 ms a token slower (of 12-13, Gemma 3 270M), whichever engine it was. An untimed pause lets
+# them go to sleep first (docs/notebook/gemma3.md).
+LLAMA_SETTLE_S = 0.02
+
+
 def _step(engine, token: int) -> tuple:
     """(seconds, of them our native cache step's) of one decode step."""
     a0 = engine.stats.attention_s if isinstance(engine, Llm) else 0.0
     t0 = time.perf_counter()
     engine.decode(token)
     t = time.perf_counter() - t0
+    if not isinstance(engine, Llm):
+        time.sleep(LLAMA_SETTLE_S)
     return t, (engine.stats.attention_s - a0 if isinstance(engine, Llm) else 0.0)
 
 
