@@ -63,5 +63,21 @@ void bind_q8_matrix(py::module_& m) {
                 return y;
             },
             py::arg("x"), py::arg("isa") = py::none(),
-            "x float32 [n, cols] -> [n, rows]; isa 'scalar' | 'avx2' | 'avx512' (default: the widest available)");
+            "x float32 [n, cols] -> [n, rows]; isa 'scalar' | 'avx2' | 'avx512' (default: the widest available)")
+        .def(
+            "rows_of",
+            [](const Q8Matrix& self, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+                if (ids.ndim() != 1) throw py::value_error("ids must be 1-D, got " + shape_of(ids));
+                if (ids.shape(0) > INT32_MAX) throw py::value_error("ids: too many");
+                const int n = static_cast<int>(ids.shape(0));
+                py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(self.cols())});
+                try {
+                    self.rows_of(ids.data(), n, out.mutable_data());
+                } catch (const std::out_of_range& e) {
+                    throw py::index_error(e.what());
+                }
+                return out;
+            },
+            py::arg("ids"),
+            "Rows ids (int [n]) as float32 [n, cols], each value code * scale exactly: a tied embedding's rows.");
 }

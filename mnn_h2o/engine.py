@@ -261,14 +261,13 @@ class Llm:
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
         self._q8_head = None
         if q8:
-            from . import native
-
-            # Memory-mapped: Q8Matrix copies the rows once, so they are never held twice.
-            codes = np.load(os.path.join(export_dir, q8["codes"]), mmap_mode="r")
-            scales = np.load(os.path.join(export_dir, q8["scales"]), mmap_mode="r")
-            self._q8_head = native.Q8Matrix(codes, scales.view(np.uint16), threads=rt["threads"])
-        embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
-        self._inputs = Inputs(self._F, c, embed)
+            self._q8_head = self._q8_rows(meta["lm_head_q8"])
+        if meta["embedding"]:
+            embed = np.load(os.path.join(export_dir, meta["embedding"]), mmap_mode="r")
+            embedding_rows = lambda ids: np.array(embed[ids], dtype=np.float32)  # noqa: E731
+        else:  # a tied Q8_0 embedding: the head's own rows (export.py), loaded for them if MNN's head runs
+            embedding_rows = (self._q8_head or self._q8_rows(meta["lm_head_q8"])).rows_of
+        self._inputs = Inputs(self._F, c, embedding_rows)
         self._choose_paths()
 
         self._repeat: Optional[tuple] = None  # the reconstruction prompts' ids, made on first use
@@ -284,6 +283,15 @@ class Llm:
         self.configure_kv_dtype(rt["kv_dtype"])
         self._apply_eviction(cfg["eviction"])  # validated above
         self._apply_lossless(cfg["lossless"])
+
+    def _q8_rows(self, q8: dict):
+        """The export's q8 rows (codes and scales .npy) as a native Q8Matrix. Memory-mapped: the
+        matrix copies the rows once, so they are never held twice."""
+        from . import native
+
+        codes = np.load(os.path.join(self.export_dir, q8["codes"]), mmap_mode="r")
+        scales = np.load(os.path.join(self.export_dir, q8["scales"]), mmap_mode="r")
+        return native.Q8Matrix(codes, scales.view(np.uint16), threads=self.cfg["runtime"]["threads"])
 
     def _choose_paths(self) -> None:
         """The forward's paths (mnn_h2o/forward_paths.py), from the parts this runtime loaded:

@@ -48,7 +48,8 @@ from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-EXPORT_VERSION = 5
+# 6: a tied Q8_0 embedding has no f16 copy (the engine reads its rows from the head's q8 rows)
+EXPORT_VERSION = 6
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -427,7 +428,13 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
     try:
         steps = tqdm(total=5, desc=f"export {os.path.basename(out_dir)}", disable=not progress, unit="step")
         embedding = "token_embd.weight"
-        save_f16_rows(g, embedding, os.path.join(work, "embed_f16.npy"))
+        # A tied Q8_0 embedding is the head's q8 rows exactly (q8_0.quantize gives a Q8_0 block
+        # back unchanged): its rows are read from there (Q8Matrix.rows_of), one copy in memory
+        # and on disk (Gemma 3's 262,144 x 640 was 335 MB more as f16). Else an f16 copy.
+        rows_from_head = cfg.tied_embeddings and head_bits == 8 and g.tensors[embedding].tensor_type.name == "Q8_0"
+        embed_file = None if rows_from_head else "embed_f16.npy"
+        if embed_file:
+            save_f16_rows(g, embedding, os.path.join(work, embed_file))
         steps.update(1)
         tail_blocks = None
         if weight_bits:  # the native tail's weights (runtime.tail): the GGUF's blocks, norms in float32
@@ -461,7 +468,7 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
             "source": os.path.abspath(gguf_path),
             "source_sha256": sha,
             "modules": {},  # MNN's, by name: written by ensure_modules
-            "embedding": "embed_f16.npy",
+            "embedding": embed_file,  # None: the rows of lm_head_q8
             "lm_head_q8": head_q8,
             "tail_blocks": tail_blocks,
             "decode_layers": decode_layers,

@@ -60,8 +60,10 @@ class Inputs:
 
     ROPE_BLOCK = 1024  # positions a RoPE block holds
 
-    def __init__(self, F, cfg, embed: np.ndarray):
-        self.F, self.cfg, self.embed = F, cfg, embed
+    def __init__(self, F, cfg, embedding_rows: Callable[[np.ndarray], np.ndarray]):
+        # embedding_rows(ids) -> float32 [n, hidden]: the export's f16 rows, or a tied Q8_0
+        # embedding's from the head's q8 rows (Q8Matrix.rows_of)
+        self.F, self.cfg, self._rows = F, cfg, embedding_rows
         form = ARCHITECTURES[cfg.arch]
         self._scale = np.float32(np.sqrt(cfg.hidden)) if form.embedding_scale == "sqrt_hidden" else None
         # base 0: the model's own (rope_tables); the window layers' where it has them.
@@ -102,7 +104,7 @@ class Inputs:
         return v
 
     def embedding(self, ids) -> np.ndarray:
-        rows = np.array(self.embed[np.asarray(ids)], dtype=np.float32)
+        rows = self._rows(np.asarray(ids, dtype=np.int32))
         if self._scale is not None:  # Gemma: the row times sqrt(hidden), in float32 as llama.cpp does
             rows *= self._scale
         return rows

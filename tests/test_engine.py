@@ -80,8 +80,8 @@ def test_time_counters_are_disjoint_parts_of_a_step(llm8, decode_layers):
 
 
 def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smollm2_gguf):
-    """runtime.lm_head native: the export's q8_0 rows are the GGUF's Q8_0 embedding exactly, and
-    its logits are MNN's lm_head module's up to MNN's int8 rounding of the activation: the same
+    """runtime.lm_head native: the export's q8_0 rows are the GGUF's Q8_0 embedding exactly (and
+    the embedding's rows are read from them, with MNN's head too), and its logits are MNN's lm_head module's up to MNN's int8 rounding of the activation: the same
     greedy token at every position, and close in distribution."""
     import os
 
@@ -95,8 +95,16 @@ def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smo
     assert np.array_equal(q8_0.dequantize(codes, scales), smollm2_gguf.embedding())
     assert llm8._q8_head is not None and not llm8._modules  # tail and prompt layers native too
 
+    # The tied Q8_0 embedding is read from those rows, exactly: the export holds no f16 copy.
+    assert llm8.meta["embedding"] is None and "embed_f16.npy" not in os.listdir(d)
+    ids = np.array([0, 7, 1000, llm8.config.vocab - 1])
+    assert np.array_equal(llm8._inputs.embedding(ids), smollm2_gguf.embedding()[ids])
+    with pytest.raises(IndexError, match="outside"):
+        llm8._inputs.embedding([llm8.config.vocab])
+
     mnn_head = make_llm(8, lm_head="mnn")
     assert mnn_head._q8_head is None and list(mnn_head._modules) == ["lm_head"]
+    assert np.array_equal(mnn_head._inputs.embedding(ids), smollm2_gguf.embedding()[ids])  # its own q8 rows
     # The heads compared on MNN's int8 layers, where this text has no near tie.
     native_head, mnn_head = make_llm(8, prompt_layers="mnn"), make_llm(8, lm_head="mnn", prompt_layers="mnn")
     ids = llm8.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)

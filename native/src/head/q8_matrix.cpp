@@ -67,4 +67,17 @@ void Q8Matrix::multiply(const float* x, int n, float* y, Isa isa) const {
     });
 }
 
+void Q8Matrix::rows_of(const int32_t* ids, int n, float* out) const {
+    for (int t = 0; t < n; ++t) {
+        const int32_t r = ids[t];
+        if (r < 0 || r >= rows_)
+            throw std::out_of_range("Q8Matrix::rows_of: id " + std::to_string(r) + " outside [0, " +
+                                    std::to_string(rows_) + ")");
+        const int8_t* c = codes_.data() + static_cast<size_t>(r) * cols_;
+        const uint16_t* s = scales_.data() + static_cast<size_t>(r) * (cols_ / kQ8Block);
+        float* o = out + static_cast<size_t>(t) * cols_;
+        for (int i = 0; i < cols_; ++i) o[i] = static_cast<float>(c[i]) * fp16_to_fp32(s[i / kQ8Block]);
+    }
+}
+
 }  // namespace mnn_h2o

@@ -41,6 +41,11 @@ public:
     // else the reference.
     void multiply(const float* x, int n, float* y, Isa isa) const;
 
+    // out[t][c] = value(ids[t], c) = code * scale, exactly (float32 holds an int8 times an fp16
+    // exactly), for t in [0, n): a tied embedding's rows read from the head's own codes, so the
+    // process holds one copy. Throws std::out_of_range for an id outside [0, rows).
+    void rows_of(const int32_t* ids, int n, float* out) const;
+
 private:
     int rows_, cols_;
     std::vector<int8_t> codes_;
