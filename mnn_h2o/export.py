@@ -429,8 +429,9 @@ def export(gguf_path: str, out_dir: str | None = None, weight_bits: int = 8,
         steps = tqdm(total=5, desc=f"export {os.path.basename(out_dir)}", disable=not progress, unit="step")
         embedding = "token_embd.weight"
         # A tied Q8_0 embedding is the head's q8 rows exactly (q8_0.quantize gives a Q8_0 block
-        # back unchanged): its rows are read from there (Q8Matrix.rows_of), one copy in memory
-        # and on disk (Gemma 3's 262,144 x 640 was 335 MB more as f16). Else an f16 copy.
+        # back unchanged): the engine reads its rows from there (Q8Matrix.rows_of, rounded to
+        # f16 as this copy was), one copy in memory and on disk (Gemma 3's 262,144 x 640 was 335
+        # MB more as f16). Else an f16 copy.
         rows_from_head = cfg.tied_embeddings and head_bits == 8 and g.tensors[embedding].tensor_type.name == "Q8_0"
         embed_file = None if rows_from_head else "embed_f16.npy"
         if embed_file:

@@ -95,16 +95,19 @@ def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smo
     assert np.array_equal(q8_0.dequantize(codes, scales), smollm2_gguf.embedding())
     assert llm8._q8_head is not None and not llm8._modules  # tail and prompt layers native too
 
-    # The tied Q8_0 embedding is read from those rows, exactly: the export holds no f16 copy.
+    # The tied Q8_0 embedding is read from those rows (rounded to f16, as the export's copy of it
+    # was): the export holds no f16 copy.
     assert llm8.meta["embedding"] is None and "embed_f16.npy" not in os.listdir(d)
     ids = np.array([0, 7, 1000, llm8.config.vocab - 1])
-    assert np.array_equal(llm8._inputs.embedding(ids), smollm2_gguf.embedding()[ids])
+    rows = smollm2_gguf.embedding()[ids].astype(np.float16).astype(np.float32)
+    assert np.array_equal(llm8._inputs.embedding(ids), rows)
+    assert np.array_equal(llm8._q8_head.rows_of(ids), smollm2_gguf.embedding()[ids])  # code x scale, exact
     with pytest.raises(IndexError, match="outside"):
         llm8._inputs.embedding([llm8.config.vocab])
 
     mnn_head = make_llm(8, lm_head="mnn")
     assert mnn_head._q8_head is None and list(mnn_head._modules) == ["lm_head"]
-    assert np.array_equal(mnn_head._inputs.embedding(ids), smollm2_gguf.embedding()[ids])  # its own q8 rows
+    assert np.array_equal(mnn_head._inputs.embedding(ids), rows)  # its own q8 rows
     # The heads compared on MNN's int8 layers, where this text has no near tie.
     native_head, mnn_head = make_llm(8, prompt_layers="mnn"), make_llm(8, lm_head="mnn", prompt_layers="mnn")
     ids = llm8.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
