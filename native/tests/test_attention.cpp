@@ -97,19 +97,25 @@ static std::string describe(const Case& c, Isa isa) {
     return s;
 }
 
+// A two-layer cache of the given head geometry and dtype, room for 4096 tokens.
+static KvCacheConfig two_layer_config(int n_kv, int group, int hd, int bt, KvDtype dtype, int threads) {
+    KvCacheConfig cfg;
+    cfg.n_layers = 2;
+    cfg.n_kv_heads = n_kv;
+    cfg.head_dim = hd;
+    cfg.n_heads = n_kv * group;
+    cfg.dtype = dtype;
+    cfg.block_tokens = bt;
+    cfg.max_tokens = 4096;
+    cfg.threads = threads;
+    return cfg;
+}
+
 // Fills a cache through step() with the case's chunks, then checks the last call's output and
 // block scores against the float64 reference, for every ISA.
 static void run_case(const Case& c, std::mt19937& rng) {
     if (!kv_dtype_shape_error(c.dtype, c.hd).empty()) return;  // e.g. q8 with head_dim 80
-    KvCacheConfig cfg;
-    cfg.n_layers = 2;
-    cfg.n_kv_heads = c.n_kv;
-    cfg.head_dim = c.hd;
-    cfg.n_heads = c.n_kv * c.group;
-    cfg.dtype = c.dtype;
-    cfg.block_tokens = c.bt;
-    cfg.max_tokens = 4096;
-    cfg.threads = c.threads;
+    const KvCacheConfig cfg = two_layer_config(c.n_kv, c.group, c.hd, c.bt, c.dtype, c.threads);
     KvCache cache(cfg);
     const int layer = 1, row = cfg.n_heads * c.hd, kv_row = c.n_kv * c.hd;
     for (size_t i = 0; i + 1 < c.chunks.size(); ++i) {
@@ -556,15 +562,7 @@ static void test_sliding_window() {
         {1, 4, 256, 16, 512, KvDtype::Q8, {600, 1}, 2},     {1, 8, 64, 128, 70, KvDtype::BF16, {260, 64}, 1},
     };
     for (const WindowCase& c : cases) {
-        KvCacheConfig cfg;
-        cfg.n_layers = 2;
-        cfg.n_kv_heads = c.n_kv;
-        cfg.head_dim = c.hd;
-        cfg.n_heads = c.n_kv * c.group;
-        cfg.dtype = c.dtype;
-        cfg.block_tokens = c.bt;
-        cfg.max_tokens = 4096;
-        cfg.threads = c.threads;
+        KvCacheConfig cfg = two_layer_config(c.n_kv, c.group, c.hd, c.bt, c.dtype, c.threads);
         cfg.windows = {c.window, 0};
         KvCache cache(cfg);
         const int row = cfg.n_heads * c.hd, kv_row = c.n_kv * c.hd;

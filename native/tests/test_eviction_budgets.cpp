@@ -96,17 +96,23 @@ static void test_pyramid_budget() {
 
 // eviction.kv_budget_bytes: the whole model's K and V blocks stay within the cap after the prompt's cut
 // and through decode updates, for f16 and for q8 (whose smaller rows fit more tokens in it).
+// A byte cap on the whole model (no ratio target), small floors, from the first token on.
+static EvictionConfig byte_cap_config(int64_t bytes) {
+    EvictionConfig c = eviction_config();
+    c.target_lossy_ratio = 0.0;
+    c.kv_budget_bytes = bytes;
+    c.sink_tokens = 16;
+    c.recent_tokens = 32;
+    c.trigger_min_tokens = 0;
+    return c;
+}
+
 static void test_byte_budget() {
     for (KvDtype dt : {KvDtype::F16, KvDtype::Q8}) {
         KvCacheConfig cc = small_config(4, 2048, dt);
         KvCache cache(cc);
-        EvictionConfig c = eviction_config();
-        c.target_lossy_ratio = 0.0;
-        c.kv_budget_bytes = 400 * 1024;
+        EvictionConfig c = byte_cap_config(400 * 1024);
         c.layer_start = 1;
-        c.sink_tokens = 16;
-        c.recent_tokens = 32;
-        c.trigger_min_tokens = 0;
         c.update_interval = 8;
         cache.enable_eviction(c);
         std::mt19937 rng(2);
@@ -278,12 +284,7 @@ static void test_window_layers() {
     {
         // A byte cap: the window layers' blocks are what they are, the global layers get the rest.
         KvCache cache(cc);
-        EvictionConfig c = eviction_config();
-        c.target_lossy_ratio = 0.0;
-        c.kv_budget_bytes = 120 * 1024;
-        c.sink_tokens = 16;
-        c.recent_tokens = 32;
-        c.trigger_min_tokens = 0;
+        EvictionConfig c = byte_cap_config(120 * 1024);
         cache.enable_eviction(c);
         std::mt19937 rng(12);
         for (int layer = 0; layer < 6; ++layer) step(cache, layer, 1000, rng);
