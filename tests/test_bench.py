@@ -426,10 +426,12 @@ def fake_demo(case):
     ("f16", {"baseline": "f16", "evict": "f16", "store": "f16", "q8": "q8", "q8_evict": "q8"}),
     ("bf16", {"baseline": "f16", "evict": "bf16", "store": "bf16", "q8": "q8", "q8_evict": "q8"}),
     ("q4r", {"baseline": "f16", "evict": "f16", "store": "f16", "q8": "q8", "q8_evict": "q8"}),
+    ("q8r", {"baseline": "f16", "evict": "f16", "store": "f16", "q8": "q8r", "q8_evict": "q8r"}),
 ])
 def test_case_element_types(config_dtype, expect):
     """The reference is always f16; the lossless cases (and evict, their bit-identical reference)
-    measure the store on float rows, so a quantised runtime.kv_dtype leaves them on f16."""
+    measure the store on float rows, so a quantised runtime.kv_dtype leaves them on f16; the int8
+    cases take the config's int8 rows (q8 or q8r), else q8."""
     from mnn_h2o.bench.cases import case_kv_dtype
 
     cfg = {"runtime": {"kv_dtype": config_dtype}}

@@ -15,7 +15,7 @@ def llm():
     from mnn_h2o.engine import Llm
 
     cfg = config.defaults()
-    assert cfg["runtime"]["kv_dtype"] == "q8" and cfg["eviction"]["enabled"]
+    assert cfg["runtime"]["kv_dtype"] == "q8r" and cfg["eviction"]["enabled"]
     # Eviction from a few hundred tokens on, so that it happens within seconds (the default waits
     # for 3072 tokens); everything else as the default config has it.
     cfg["eviction"].update(trigger_min_tokens=256, update_interval=8)

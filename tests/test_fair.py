@@ -42,8 +42,15 @@ def test_points_pick_the_best_one_pass_press_at_the_same_point():
     assert [(p.prompt_tokens, p.domain) for p in pts] == [(4096, "code"), (7936, "code")]
     p4, p8 = pts
     assert p4.best_press["method"] == "kvpress:snapkv@q8"
-    assert p4.kvzip["kl"] == 0.001 and p4.q8_alone["kl"] == 0.0025
-    assert p8.best_press["method"] == "kvpress:observed@q8" and p8.kvzip is None and p8.q8_alone is None
+    assert p4.kvzip["kl"] == 0.001 and p4.rows_alone["kl"] == 0.0025
+    assert p8.best_press["method"] == "kvpress:observed@q8" and p8.kvzip is None and p8.rows_alone is None
+    # The floor is the default's own rows alone: q8r's for a q8r default, never q8's.
+    assert fair.rows_alone("ours:kvzip@q8r") == "ours:none@q8r" and fair.rows_alone("ours:kvzip@q8") == "ours:none@q8"
+    q8r = [dict(r, method=r["method"].replace("@q8", "@q8r"), kv_dtype="q8r") if r["engine"] == "ours" else r
+           for r in ROWS]
+    assert fair.points(q8r, "ours:kvzip@q8r")[0].rows_alone["kl"] == 0.0025
+    assert fair.points(q8r + [r for r in ROWS if r["method"] == "ours:none@q8"], "ours:kvzip@q8r")[0].rows_alone[
+        "method"] == "ours:none@q8r"
 
 
 def test_table_counts_each_bar():
@@ -67,9 +74,10 @@ def test_a_later_file_replaces_an_earlier_row(tmp_path):
 def test_cli_writes_table_and_plot(tmp_path, capsys):
     f = _write(tmp_path / "f.json", ROWS)
     out = tmp_path / "fair"
-    assert main(["fair", f, "--out", str(out)]) == 0
+    assert main(["fair", f, "--default", "ours:kvzip@q8", "--out", str(out)]) == 0
     assert (tmp_path / "fair.png").stat().st_size > 10_000
-    assert "best one-pass press@q8" in (tmp_path / "fair.md").read_text()
+    text = (tmp_path / "fair.md").read_text()
+    assert "best one-pass press@q8" in text and "| q8 alone |" in text
 
 
 def test_cli_refuses_a_file_that_is_not_a_frontier_output(tmp_path, capsys):

@@ -26,7 +26,7 @@ def llm():
     return Llm.load("smollm2", progress=False)
 
 
-def evicting(kv_dtype="q8", **more):
+def evicting(kv_dtype="q8r", **more):
     return config.validate(dict(EVICTING, runtime={"kv_dtype": kv_dtype}, **more))
 
 
@@ -99,7 +99,7 @@ def test_sessions_over_one_llm_do_not_interfere(llm):
         alone.say("hello")
 
 
-@pytest.mark.parametrize("kv_dtype", ["q8", "f16"])
+@pytest.mark.parametrize("kv_dtype", ["q8r", "f16"])
 def test_saved_and_forked_sessions_continue_bit_exactly(llm, tmp_path, kv_dtype):
     s = Session(llm, evicting(kv_dtype), system="You are a storyteller.")
     s.say(STORY, max_new_tokens=40)

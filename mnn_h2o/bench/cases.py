@@ -2,11 +2,12 @@
 
 Runtime cases (``bench.cases``): ``baseline`` is the full cache (no eviction, no compression);
 ``evict`` is the config's eviction alone (lossless off); ``probe``, ``full`` and ``store`` are
-that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows, and
-``q8_evict`` the config's eviction over them (eviction.target_lossy_ratio is whole-model against f16
-rows: q8 pays 32/17 of it). The baseline is always f16; the other cases use runtime.kv_dtype if
-it is a float type, else f16 (see ``case_kv_dtype``): the lossless figures of the round are those
-of float rows, although the store takes quantised rows too. A run
+that eviction plus that lossless mode; ``q8`` is the full cache with int8 K and V rows (the
+config's runtime.kv_dtype when it is an int8 type, q8 or q8r, else q8), and ``q8_evict`` the
+config's eviction over them (eviction.target_lossy_ratio is whole-model against f16 rows: int8 rows
+pay 32/17 of it). The baseline is always f16; the other cases use runtime.kv_dtype if it is a
+float type, else f16 (see ``case_kv_dtype``): the lossless figures of the round are those of float
+rows, although the store takes quantised rows too. A run
 prefills a prompt of essay text and then feeds the true continuation token by token through the
 decode path (teacher forcing), so the decode is timed exactly as in generation and every case
 sees the same tokens: quality (KL, top-1 agreement vs the baseline) comes from the same runs as
@@ -34,14 +35,20 @@ EVICT_CASES = ("evict",) + LOSSLESS_CASES  # eviction on: the same KV values, so
 # float type, else f16: the round's lossless cases (and evict, their bit-identical reference)
 # measure the store on float rows, the rows its lossless target was set for. The store takes q8
 # rows too (tests/test_engine_store.py), at a smaller ratio (docs/kv_cache.md "Lossless store").
-KV_DTYPE_CASES = {"baseline": "f16", "q8": "q8", "q8_evict": "q8"}
+# The int8 cases take the config's int8 rows (the default's q8r), so the round measures what runs.
+INT8_CASES = ("q8", "q8_evict")
+INT8_KV = ("q8", "q8r")
 
 
 def case_kv_dtype(cfg: dict, case: str) -> str:
     from ..config import QUANTISED_KV
 
     dt = cfg["runtime"]["kv_dtype"]
-    return KV_DTYPE_CASES.get(case, "f16" if dt in QUANTISED_KV else dt)
+    if case == "baseline":
+        return "f16"
+    if case in INT8_CASES:
+        return dt if dt in INT8_KV else "q8"
+    return "f16" if dt in QUANTISED_KV else dt
 DEMO_QUESTION = "\n\nIn two sentences, what is the main point of the text above?"
 
 
@@ -266,7 +273,7 @@ def run_cases(llm, tokenizer, cfg: dict, progress=None) -> List[dict]:
         prompt, cont = ids[:plen], ids[plen:]
         runs, steps, logp = run_interleaved(
             llm, {c: case_config(cfg, c) for c in cases}, prompt, cont, b["repetitions"],
-            keep_logp=[c for c in cases if c in (*EVICT_CASES, *KV_DTYPE_CASES)], trace=plen == longest,
+            keep_logp=[c for c in cases if c in ("baseline", *EVICT_CASES, *INT8_CASES)], trace=plen == longest,
             on_run=(lambda c: progress(c, plen)) if progress else None)
         for case in cases:
             ms = runs[case]

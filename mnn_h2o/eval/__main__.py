@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("fair", help="the default against presses over q8_0, from frontier files: table and plot",
                        description=_module_doc("fair"), formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("files", nargs="+", help="frontier --json files; a later file's row replaces an earlier one's")
-    r.add_argument("--default", default="ours:kvzip@q8", help="the method to compare (default ours:kvzip@q8)")
+    r.add_argument("--default", default="ours:kvzip@q8r", help="the method to compare (default ours:kvzip@q8r, "
+                   "SmolLM2's default)")
     r.add_argument("--out", default="fair", help="prefix of the .md table and the .png plot (default fair)")
     w = sub.add_parser("weights", help="weight precision (layers / lm_head bits) vs the exact model, and speed",
                        description=_weights_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,11 +5,12 @@ output files (a later file's row replaces an earlier one's for the same method, 
 length and target, so a re-measured default can be read beside peers measured before) and, per
 point (prompt length, target ratio, domain), sets side by side:
 
-  - the default (``--default``, ours:kvzip@q8 unless told);
+  - the default (``--default``, ours:kvzip@q8r unless told);
   - the best one-pass press over q8_0: the lowest KL of the kvpress ``@q8`` presses that score
     the cache in the prefill's own pass (every press but kvzip, which re-reads the context);
   - KVzip over q8_0 (kvpress:kvzip@q8), the anchor of our reconstruction policy;
-  - q8 alone (ours:none@q8), our int8 engine's floor, where the files have it.
+  - the default's rows alone (ours:none@q8r for ours:kvzip@q8r), our engine's floor with those
+    rows, where the files have it.
 
 It writes PREFIX.md (the table, the means per target and the issue's bars: default <= 1.1x the
 best press, default <= 2x KVzip@q8, kl_exact of the default within 1.5x of the best press's) and
@@ -23,7 +24,15 @@ from statistics import mean
 from typing import Dict, List, Optional, Sequence
 
 KVZIP = "kvpress:kvzip@q8"
-Q8_ALONE = "ours:none@q8"
+
+
+def rows_alone(default: str) -> str:
+    """The full cache over the default's row type: its floor (ours:none@q8 for ours:kvzip@q8)."""
+    return "ours:none@" + (default.split("@", 1)[1] if "@" in default else "f16")
+
+
+def rows_name(default: str) -> str:
+    return default.split("@", 1)[1] if "@" in default else "f16"
 # The issue's bars (docs/results.md, "The fair frontier").
 BAR_BEST_PRESS = 1.1
 BAR_KVZIP = 2.0
@@ -58,7 +67,7 @@ class Point:
     default: dict
     best_press: Optional[dict]
     kvzip: Optional[dict]
-    q8_alone: Optional[dict]
+    rows_alone: Optional[dict]
 
 
 def _close(a: Optional[float], b: float) -> bool:
@@ -74,7 +83,7 @@ def points(rows: Sequence[dict], default: str) -> List[Point]:
         at = [r for r in same if _close(r["target_ratio"], d["target_ratio"]) and r.get("kl") is not None]
         presses = [r for r in at if is_one_pass_press(r)]
         kvzip = [r for r in at if r["method"] == KVZIP]
-        alone = [r for r in same if r["method"] == Q8_ALONE]
+        alone = [r for r in same if r["method"] == rows_alone(default)]
         out.append(Point(d["prompt_tokens"], d["target_ratio"], d["domain"], d,
                          min(presses, key=lambda r: r["kl"]) if presses else None,
                          kvzip[0] if kvzip else None, alone[0] if alone else None))
@@ -91,12 +100,12 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def table(pts: Sequence[Point], default: str) -> str:
     """Markdown: the points, the means per target, and each bar's count."""
-    out = [(f"| prompt | target | domain | default ({default}): x / KL | q8 alone | best one-pass press@q8: "
+    out = [(f"| prompt | target | domain | default ({default}): x / KL | {rows_name(default)} alone | best one-pass press@q8: "
             "press, x / KL | KVzip@q8: x / KL | default / best press | default / KVzip@q8 | "
             "kl_exact: default / best press |"),
            "|---:|---:|---|---|---:|---|---|---:|---:|---|"]
     for p in pts:
-        d, b, z, a = p.default, p.best_press, p.kvzip, p.q8_alone
+        d, b, z, a = p.default, p.best_press, p.kvzip, p.rows_alone
         out.append(
             f"| {p.prompt_tokens} | {p.target:g} | {p.domain} | {d['ratio']:.2f} / {_f(d['kl'])} | "
             f"{_f(a['kl']) if a else '-'} | "
@@ -123,15 +132,15 @@ def table(pts: Sequence[Point], default: str) -> str:
             line.append(f"KVzip@q8 {_f(mean(p.kvzip['kl'] for p in with_z))}")
             n_ok = sum(p.default["kl"] <= BAR_KVZIP * p.kvzip["kl"] for p in with_z)
             line.append(f"default <= {BAR_KVZIP:g}x KVzip@q8 at {n_ok} of {len(with_z)}")
-        with_a = [p for p in at if p.q8_alone]
+        with_a = [p for p in at if p.rows_alone]
         if with_a:
-            line.append(f"q8 alone {_f(mean(p.q8_alone['kl'] for p in with_a))}")
+            line.append(f"{rows_name(default)} alone {_f(mean(p.rows_alone['kl'] for p in with_a))}")
         out.append("; ".join(line) + ".")
     return "\n".join(out)
 
 
 def plot(pts: Sequence[Point], path: str, default: str) -> None:
-    """Log-KL bars per point, one panel per target: default, best press, KVzip, q8 alone."""
+    """Log-KL bars per point, one panel per target: default, best press, KVzip, the rows alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +151,7 @@ def plot(pts: Sequence[Point], path: str, default: str) -> None:
     series = [("our default (" + default + ")", lambda p: p.default, "tab:blue"),
               ("best one-pass press@q8", lambda p: p.best_press, "tab:orange"),
               ("KVzip@q8 (kvpress)", lambda p: p.kvzip, "tab:green"),
-              ("q8 alone (our int8 engine's floor)", lambda p: p.q8_alone, "tab:grey")]
+              (f"{rows_name(default)} alone (our engine's floor with those rows)", lambda p: p.rows_alone, "tab:grey")]
     for ax, t in zip(axes[0], targets):
         at = [p for p in pts if p.target == t]
         w = 0.8 / len(series)

@@ -98,7 +98,7 @@ def _fair_column(key: str, default: str, rows: Sequence[dict], first: Sequence[d
         "kl_exact": (f"{name}: KL / kl_exact", "---",
                      lambda p: f"{f(p.default['kl'])} / {f(p.default.get('kl_exact'))}"),
         "before": (f"{name}: KL as first measured", "---:", lambda p: f((at(first, default, p) or {}).get("kl"))),
-        "q8": ("q8 alone", "---:", lambda p: f(p.q8_alone["kl"]) if p.q8_alone else "-"),
+        "q8": (f"{fair.rows_name(default)} alone", "---:", lambda p: f(p.rows_alone["kl"]) if p.rows_alone else "-"),
         "best": ("best one-pass press@q8: press, KL", "---",
                  lambda p: f"{p.best_press['policy']}, {f(p.best_press['kl'])}" if p.best_press else "-"),
         "kvzip": ("KVzip@q8: KL", "---:", lambda p: f(p.kvzip["kl"]) if p.kvzip else "-"),
@@ -141,16 +141,22 @@ def fair_points(docs: str, default: str, *files: str, cols: str, prompt: Optiona
 # --- one method against another, per point -------------------------------------------------------
 
 def kl_pair(docs: str, a: str, b: str, *files: str) -> str:
-    """Per point where A ran with a target: A's KL, B's KL and B / A (5 decimals: dev-split KLs)."""
+    """Per point where A ran with a target: A's KL, B's KL and B / A (5 decimals: dev-split KLs).
+    The prompt column appears when the points span more than one prompt length."""
     rows = _kl_rows(docs, files)
+    mine = sorted((r for r in rows if r["method"] == a and r["target_ratio"]),
+                  key=lambda r: (r["prompt_tokens"], r["target_ratio"], r["domain"]))
+    several = len({r["prompt_tokens"] for r in mine}) > 1
     body = []
-    for r in sorted((r for r in rows if r["method"] == a and r["target_ratio"]),
-                    key=lambda r: (r["prompt_tokens"], r["target_ratio"], r["domain"])):
+    for r in mine:
         o = _at(rows, b, r["domain"], r["prompt_tokens"], r["target_ratio"])
-        body.append([f"{r['target_ratio']:g}", r["domain"], _f(r["kl"], 5), _f(o and o["kl"], 5),
-                     _f(_ratio(o, r), 2)])
-    return _md(["target", "domain", f"{a.split(':', 1)[-1]} KL", f"{b.split(':', 1)[-1]} KL",
-                f"{_policy(b)} / {_policy(a)}"], ["---:", "---", "---:", "---:", "---:"], body)
+        body.append(([str(r["prompt_tokens"])] if several else []) +
+                    [f"{r['target_ratio']:g}", r["domain"], _f(r["kl"], 5), _f(o and o["kl"], 5), _f(_ratio(o, r), 2)])
+    same_policy = _policy(a) == _policy(b)
+    last = f"{b.split('@', 1)[-1]} / {a.split('@', 1)[-1]}" if same_policy else f"{_policy(b)} / {_policy(a)}"
+    return _md((["prompt"] if several else []) + ["target", "domain", f"{a.split(':', 1)[-1]} KL",
+                                                   f"{b.split(':', 1)[-1]} KL", last],
+               (["---:"] if several else []) + ["---:", "---", "---:", "---:", "---:"], body)
 
 
 def kv_dtypes(docs: str, a: str, b: str, *files: str) -> str:

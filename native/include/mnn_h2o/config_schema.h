@@ -65,7 +65,7 @@ namespace runtime {
 // runtime.threads: int, threads
 struct threads { static constexpr const char* kName = "threads"; static constexpr int64_t kDefault = 2; static constexpr Check kCheck = Check::kBounds; static constexpr int64_t kLo = 1; static constexpr int64_t kHi = 64; static constexpr bool kHiOpen = false; static constexpr const char* kAllowed = "in [1, 64]"; };
 // runtime.kv_dtype: str, -
-struct kv_dtype { static constexpr const char* kName = "kv_dtype"; static constexpr const char* kDefault = "q8"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"f16", "bf16", "f32", "q8", "q4", "q4r", "q8r"}; static constexpr int kChoiceCount = 7; static constexpr const char* kAllowed = "one of 'f16', 'bf16', 'f32', 'q8', 'q4', 'q4r', 'q8r'"; };
+struct kv_dtype { static constexpr const char* kName = "kv_dtype"; static constexpr const char* kDefault = "q8r"; static constexpr Check kCheck = Check::kChoices; static constexpr const char* kChoices[] = {"f16", "bf16", "f32", "q8", "q4", "q4r", "q8r"}; static constexpr int kChoiceCount = 7; static constexpr const char* kAllowed = "one of 'f16', 'bf16', 'f32', 'q8', 'q4', 'q4r', 'q8r'"; };
 // runtime.block_tokens: int, tokens
 struct block_tokens { static constexpr const char* kName = "block_tokens"; static constexpr int64_t kDefault = 16; static constexpr Check kCheck = Check::kChoices; static constexpr int64_t kChoices[] = {16, 32, 64, 128, 256}; static constexpr int kChoiceCount = 5; static constexpr const char* kAllowed = "one of 16, 32, 64, 128, 256"; };
 }  // namespace runtime
