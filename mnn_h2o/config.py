@@ -145,8 +145,8 @@ SCHEMA: Tuple[Key, ...] = (
         choices=(0, 1, 2)),
     Key("runtime", "kv_dtype", str, "q8r", "-", "element type of the cached K and V: f16, bf16, "
         "f32, q8 (int8 + an fp16 scale per 32 values, 68 bytes per row of 64), q4 (4-bit, 36 "
-        "bytes per row of 64), q4r / q8r (q4 / q8 of Hadamard-rotated rows: the same bytes, a lower "
-        "KL; head_dim a power of two, else q8); docs/kv_cache.md 'Row formats'. Every type works "
+        "bytes per row of 64), q4r / q8r (q4 / q8 of Hadamard-rotated rows, the same bytes; "
+        "head_dim a power of two); docs/kv_cache.md 'Row formats'. Every type works "
         "with every lossless.mode",
         choices=("f16", "bf16", "f32", "q8", "q4", "q4r", "q8r")),
     Key("runtime", "block_tokens", int, 16, "tokens", "tokens per KV cache block (the unit of "

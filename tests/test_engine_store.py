@@ -45,7 +45,7 @@ def test_every_lossless_mode_is_bit_identical_on_q8_rows(llm, tokenizer):
         assert s["lossless_ratio"] > 1.0, (mode, s["lossless_ratio"])
         if mode == "store":
             assert s["chunks_held"] > 0 and s["blob_bytes"] < s["stored_raw_bytes"]
-        print(f"q8 rows, lossless.mode {mode}: lossless ratio {s['lossless_ratio']:.3f} "
+        print(f"{llm.kv_dtype} rows, lossless.mode {mode}: lossless ratio {s['lossless_ratio']:.3f} "
               f"({s['chunks_encoded']} chunks encoded)")
     llm.configure_lossless(None)
 

@@ -197,8 +197,13 @@ static void test_kv_cache_bad_config_and_null() {
     c = small_config();
     c.dtype = MNN_H2O_DTYPE_Q4R;
     c.head_dim = 96;  // a multiple of 32, not a power of two
-    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("power of two"),
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && error_mentions("power of two") &&
+              error_mentions("the unrotated q4 takes any multiple of 32"),
           "q4r head_dim: %s", mnn_h2o_last_error());
+    c.dtype = MNN_H2O_DTYPE_Q8R;  // the default: the message names the type that runs such a head
+    CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT &&
+              error_mentions("the unrotated q8 takes any multiple of 32"),
+          "q8r head_dim: %s", mnn_h2o_last_error());
     c = small_config();
     c.n_heads = 3;
     CHECK(mnn_h2o_kv_cache_create(&c, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT, "bad group");

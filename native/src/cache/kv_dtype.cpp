@@ -116,7 +116,8 @@ std::string kv_dtype_shape_error(KvDtype dtype, int head_dim) {
                std::to_string(kKvQuantGroup) + ", got " + std::to_string(head_dim);
     if (t.rotated && (head_dim & (head_dim - 1)) != 0)
         return std::string("dtype ") + kv_dtype_name(dtype) + " needs head_dim a power of two, got " +
-               std::to_string(head_dim);
+               std::to_string(head_dim) + " (the unrotated " + (t.bits == 8 ? "q8" : "q4") +
+               " takes any multiple of " + std::to_string(kKvQuantGroup) + ")";
     return "";
 }
 
