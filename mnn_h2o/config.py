@@ -509,6 +509,7 @@ def check_prefill_eviction(eviction: Dict[str, Any]) -> None:
 
 
 QUANTISED_KV = ("q8", "q4", "q4r", "q8r")
+INT8_KV = ("q8", "q8r")  # the quantised types of int8 codes (tests/test_config.py checks both against the core)
 
 
 def _check_together(cfg) -> None:

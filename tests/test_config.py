@@ -119,6 +119,7 @@ def test_every_lossless_mode_takes_every_kv_dtype(mode):
 def test_quantised_kv_list_matches_the_native_row_sizes():
     core = pytest.importorskip("mnn_h2o._core")
     assert set(config.QUANTISED_KV) == {d for d in core.kv_dtypes() if core.kv_row_bytes(d, 64) < 128}
+    assert set(config.INT8_KV) == {d for d in core.kv_dtypes() if core.kv_row_bytes(d, 64) == 64 + 2 * 64 // 32}
 
 
 def test_policy_choices_are_the_native_registry():

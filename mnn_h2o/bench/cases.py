@@ -37,11 +37,10 @@ EVICT_CASES = ("evict",) + LOSSLESS_CASES  # eviction on: the same KV values, so
 # rows too (tests/test_engine_store.py), at a smaller ratio (docs/kv_cache.md "Lossless store").
 # The int8 cases take the config's int8 rows (the default's q8r), so the round measures what runs.
 INT8_CASES = ("q8", "q8_evict")
-INT8_KV = ("q8", "q8r")
 
 
 def case_kv_dtype(cfg: dict, case: str) -> str:
-    from ..config import QUANTISED_KV
+    from ..config import INT8_KV, QUANTISED_KV
 
     dt = cfg["runtime"]["kv_dtype"]
     if case == "baseline":

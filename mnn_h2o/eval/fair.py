@@ -26,13 +26,14 @@ from typing import Dict, List, Optional, Sequence
 KVZIP = "kvpress:kvzip@q8"
 
 
+def rows_name(default: str) -> str:
+    """The default's row type: ours:kvzip@q8r -> q8r (f16 when the method names none)."""
+    return default.split("@", 1)[1] if "@" in default else "f16"
+
+
 def rows_alone(default: str) -> str:
     """The full cache over the default's row type: its floor (ours:none@q8 for ours:kvzip@q8)."""
-    return "ours:none@" + (default.split("@", 1)[1] if "@" in default else "f16")
-
-
-def rows_name(default: str) -> str:
-    return default.split("@", 1)[1] if "@" in default else "f16"
+    return "ours:none@" + rows_name(default)
 # The issue's bars (docs/results.md, "The fair frontier").
 BAR_BEST_PRESS = 1.1
 BAR_KVZIP = 2.0

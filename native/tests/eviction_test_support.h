@@ -67,14 +67,20 @@ using namespace mnn_h2o;
     return c;
 }
 
-// Eviction to a static keep ratio with small floors, from the first token on.
-[[maybe_unused]] static EvictionConfig keep_config(double keep_ratio, int layer_start = 0) {
+// No ratio target, small floors, from the first token on: the base of a test's own budget.
+[[maybe_unused]] static EvictionConfig small_floors_config() {
     EvictionConfig c = eviction_config();
-    c.target_keep_ratio = keep_ratio;
     c.target_lossy_ratio = 0.0;
-    c.layer_start = layer_start;
     c.sink_tokens = 16;
     c.recent_tokens = 32;
     c.trigger_min_tokens = 0;
+    return c;
+}
+
+// Eviction to a static keep ratio with small floors, from the first token on.
+[[maybe_unused]] static EvictionConfig keep_config(double keep_ratio, int layer_start = 0) {
+    EvictionConfig c = small_floors_config();
+    c.target_keep_ratio = keep_ratio;
+    c.layer_start = layer_start;
     return c;
 }

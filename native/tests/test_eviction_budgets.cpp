@@ -98,12 +98,8 @@ static void test_pyramid_budget() {
 // and through decode updates, for f16 and for q8 (whose smaller rows fit more tokens in it).
 // A byte cap on the whole model (no ratio target), small floors, from the first token on.
 static EvictionConfig byte_cap_config(int64_t bytes) {
-    EvictionConfig c = eviction_config();
-    c.target_lossy_ratio = 0.0;
+    EvictionConfig c = small_floors_config();
     c.kv_budget_bytes = bytes;
-    c.sink_tokens = 16;
-    c.recent_tokens = 32;
-    c.trigger_min_tokens = 0;
     return c;
 }
 
