@@ -180,6 +180,17 @@ static void test_hadamard() {
         for (float& e : x) e = dist(rng);
         y = x;
         hadamard_rows(y.data(), 3, n);
+        // Against the matrix itself in float64: H[i][j] = (-1)^popcount(i & j) / sqrt(n).
+        double worst = 0;
+        for (int r = 0; r < 3; ++r)
+            for (int i = 0; i < n; ++i) {
+                double want = 0;
+                for (int j = 0; j < n; ++j)
+                    want += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * x[static_cast<size_t>(r) * n + j];
+                want /= std::sqrt(double(n));
+                worst = std::max(worst, std::fabs(want - y[static_cast<size_t>(r) * n + i]));
+            }
+        CHECK(worst < 1e-5 * std::sqrt(double(n)), "n=%d: %g from the float64 product", n, worst);
         double nx = 0, ny = 0, err = 0;
         for (size_t i = 0; i < x.size(); ++i) {
             nx += double(x[i]) * x[i];

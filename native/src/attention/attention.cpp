@@ -376,4 +376,9 @@ void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t 
     else ks.to_f32(dtype, src, dst, n);
 }
 
+void rotate_rows(Isa isa, float* rows, size_t n_rows, int n) {
+    if (n < 1 || (n & (n - 1))) throw std::invalid_argument("rotate_rows: n must be a power of two");
+    checked_kernel_set(isa).hadamard(rows, n_rows, n, hadamard_scale(n));
+}
+
 }  // namespace mnn_h2o

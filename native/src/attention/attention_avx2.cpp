@@ -54,6 +54,20 @@ struct Avx2 {
             _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
     }
     static vec select_lt(vec a, vec b, vec x, vec y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+    // s holds each lane's partner x[i ^ L]; the blend takes s - x where i & L is set.
+    template <int L>
+    static vec butterfly(vec x) {
+        if constexpr (L == 1) {
+            const vec s = _mm256_permute_ps(x, 0xB1);
+            return _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xAA);
+        } else if constexpr (L == 2) {
+            const vec s = _mm256_permute_ps(x, 0x4E);
+            return _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xCC);
+        } else {
+            const vec s = _mm256_permute2f128_ps(x, x, 0x01);
+            return _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xF0);
+        }
+    }
 
     static vec load_f16(const uint16_t* p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

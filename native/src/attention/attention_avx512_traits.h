@@ -56,6 +56,17 @@ struct Avx512 {
     static vec select_lt(vec a, vec b, vec x, vec y) {
         return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
     }
+    // s holds each lane's partner x[i ^ L]; the blend takes s - x where i & L is set.
+    template <int L>
+    static vec butterfly(vec x) {
+        vec s;
+        if constexpr (L == 1) s = _mm512_permute_ps(x, 0xB1);
+        else if constexpr (L == 2) s = _mm512_permute_ps(x, 0x4E);
+        else if constexpr (L == 4) s = _mm512_shuffle_f32x4(x, x, 0xB1);
+        else s = _mm512_shuffle_f32x4(x, x, 0x4E);
+        constexpr __mmask16 hi = L == 1 ? 0xAAAA : L == 2 ? 0xCCCC : L == 4 ? 0xF0F0 : 0xFF00;
+        return _mm512_mask_blend_ps(hi, _mm512_add_ps(x, s), _mm512_sub_ps(s, x));
+    }
 
     static vec load_f16(const uint16_t* p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -76,6 +76,8 @@ struct KernelSet {
     // n is a multiple of 16 for the SIMD sets.
     void (*from_f32)(KvDtype dtype, const float* src, void* dst, size_t n);
     void (*to_f32)(KvDtype dtype, const void* src, float* dst, size_t n);
+    // hadamard_rows's rows times H, then times scale (= hadamard_scale(n)): the same bits.
+    void (*hadamard)(float* rows, size_t n_rows, int n, float scale);
 };
 
 const KernelSet& scalar_kernels();

@@ -42,6 +42,13 @@ struct Neon {
         return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
     }
     static vec select_lt(vec a, vec b, vec x, vec y) { return vbslq_f32(vcltq_f32(a, b), x, y); }
+    // s holds each lane's partner x[i ^ L]; the select takes s - x where i & L is set.
+    template <int L>
+    static vec butterfly(vec x) {
+        static constexpr uint32_t kHigh[4] = {0, L == 1 ? ~0u : 0, ~0u, L == 1 ? 0 : ~0u};
+        const vec s = L == 1 ? vrev64q_f32(x) : vextq_f32(x, x, 2);
+        return vbslq_f32(vld1q_u32(kHigh), vsubq_f32(s, x), vaddq_f32(x, s));
+    }
 
     static vec load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
     static vec load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }

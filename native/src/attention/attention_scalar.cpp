@@ -104,12 +104,15 @@ void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
     kv_rows_to_f32(dtype, src, dst, 1, static_cast<int>(n));
 }
 
+void hadamard(float* rows, size_t n_rows, int n, float) { hadamard_rows(rows, n_rows, n); }
+
 }  // namespace
 
 const KernelSet& scalar_kernels() {
     // Small tiles: the scalar path is a reference, and small tiles exercise both the tile and the
     // decode code of the dispatcher at small sizes in tests.
-    static const KernelSet set{"scalar", 8, decode_scratch_floats, tile_scratch_floats, decode, tile, from_f32, to_f32};
+    static const KernelSet set{"scalar", 8, decode_scratch_floats, tile_scratch_floats, decode, tile, from_f32, to_f32,
+                               hadamard};
     return set;
 }
 

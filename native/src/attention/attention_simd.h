@@ -9,9 +9,10 @@
 // V provides: kName (the set's name), vec, W (lanes), kDecodeRows (query rows per pass over a key block in decode),
 // kTileKeys (keys per score micro-tile in prefill), kPvCols (value columns per P*V micro-tile in prefill), and
 // zero/set1/load/store/add/sub/mul/fmadd/max/hsum/hmax/reduce4/round/pow2n/select_lt,
-// load_f16/load_bf16/store_f16/store_bf16, load_i8 (W int8 -> fp32), load_u4 (W 4-bit codes from
-// W/2 bytes, element 2i in the low nibble, -> fp32 in [0, 15]) and half (one fp16 -> fp32). The
-// quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
+// butterfly<L> (one Hadamard stage of span L < W inside a vector: lane i becomes x[i] + x[i ^ L]
+// where i & L is 0, else x[i ^ L] - x[i]), load_f16/load_bf16/store_f16/store_bf16, load_i8
+// (W int8 -> fp32), load_u4 (W 4-bit codes from W/2 bytes, element 2i in the low nibble, -> fp32
+// in [0, 15]) and half (one fp16 -> fp32). The quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
 // kInt8Scores says whether V also has the int8 dot products of tile_scores_q8 (ivec, iload,
 // iload32, ibroadcast4, idot, to_float), kBf16Values whether it has the bf16 ones of
 // tile_pv_pairs (pvec, pair, pload, pstore, pdot; only with kInt8Scores).
@@ -783,10 +784,52 @@ void to_f32(KvDtype dtype, const void* src, float* dst, size_t n) {
     }
 }
 
+// Every in-vector stage of the Hadamard transform, spans L, 2L, ... < W.
+template <class V, int L>
+inline Vec<V> butterflies(Vec<V> v) {
+    if constexpr (L < V::W) return butterflies<V, 2 * L>(V::template butterfly<L>(v));
+    else return v;
+}
+
+// hadamard_rows's additions in its order: a stage of span len < W pairs lanes inside a vector
+// (V::butterfly), a longer one pairs whole vectors; the last stage's sums are scaled as they are
+// stored (a product after the sum, as the reference's). Rows shorter than a vector, or not a
+// whole number of vectors, take the reference itself.
+template <class V>
+void hadamard(float* rows, size_t n_rows, int n, float scale) {
+    if (n % V::W) {
+        hadamard_rows(rows, n_rows, n);
+        return;
+    }
+    const Vec<V> s = V::set1(scale);
+    for (size_t r = 0; r < n_rows; ++r) {
+        float* x = rows + r * static_cast<size_t>(n);
+        const bool last_in_vector = n == V::W;
+        for (int i = 0; i < n; i += V::W) {
+            const Vec<V> v = butterflies<V, 1>(V::load(x + i));
+            V::store(x + i, last_in_vector ? V::mul(v, s) : v);
+        }
+        for (int len = V::W; len < n; len <<= 1) {
+            const bool last = 2 * len == n;
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; j += V::W) {
+                    const Vec<V> a = V::load(x + j), b = V::load(x + j + len);
+                    Vec<V> sum = V::add(a, b), diff = V::sub(a, b);
+                    if (last) {
+                        sum = V::mul(sum, s);
+                        diff = V::mul(diff, s);
+                    }
+                    V::store(x + j, sum);
+                    V::store(x + j + len, diff);
+                }
+        }
+    }
+}
+
 template <class V>
 constexpr KernelSet kernel_set() {
     return KernelSet{V::kName, kTileRows<V>, decode_scratch_floats<V>, tile_scratch_floats<V>, decode<V>,
-                     tile<V>,      from_f32<V>,              to_f32<V>};
+                     tile<V>,      from_f32<V>,              to_f32<V>,          hadamard<V>};
 }
 
 }  // namespace simd

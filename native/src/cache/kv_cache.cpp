@@ -180,8 +180,8 @@ void KvCache::append(int layer, const float* k, const float* v, int n_tokens) {
             if (rotated) {
                 std::memcpy(rows[0], k_row, sizeof(float) * hd);
                 std::memcpy(rows[1], v_row, sizeof(float) * hd);
-                hadamard_rows(rows[0], 1, hd);
-                hadamard_rows(rows[1], 1, hd);
+                rotate_rows(isa_, rows[0], 1, hd);
+                rotate_rows(isa_, rows[1], 1, hd);
                 k_row = rows[0];
                 v_row = rows[1];
             }
@@ -246,7 +246,7 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
     const bool rotated = kv_dtype_rotated(cfg_.dtype);
     if (rotated) {
         rotated_q_.assign(q, q + q_rows * cfg_.head_dim);
-        hadamard_rows(rotated_q_.data(), q_rows, cfg_.head_dim);
+        rotate_rows(isa, rotated_q_.data(), q_rows, cfg_.head_dim);
         p.q = rotated_q_.data();
     }
     // Rounded here, once (attention.h): the peaks and query statistics after the step read them.
@@ -255,7 +255,7 @@ void KvCache::attend_checked(int layer, const float* q, int n_q, float* out, flo
     attended_q_ = p.q;
     if (store_ && store_->holds_compressed(layer)) store_->attend(layer, p, isa, team(), workspace_);
     else attention(p, isa, team(), workspace_);
-    if (rotated) hadamard_rows(out, q_rows, cfg_.head_dim);
+    if (rotated) rotate_rows(isa, out, q_rows, cfg_.head_dim);
 }
 
 void KvCache::step(int layer, const float* q, const float* k, const float* v, int n_tokens, float* out,
@@ -588,8 +588,8 @@ void KvCache::read(int layer, int h, float* k_out, float* v_out) const {
     require(hs.length == 0 || (k_out && v_out), "null output");
     read_stored(layer, h, k_out, v_out);
     if (kv_dtype_rotated(cfg_.dtype)) {
-        hadamard_rows(k_out, static_cast<size_t>(hs.length), cfg_.head_dim);
-        hadamard_rows(v_out, static_cast<size_t>(hs.length), cfg_.head_dim);
+        rotate_rows(isa_, k_out, static_cast<size_t>(hs.length), cfg_.head_dim);
+        rotate_rows(isa_, v_out, static_cast<size_t>(hs.length), cfg_.head_dim);
     }
 }
 

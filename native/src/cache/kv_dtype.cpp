@@ -189,8 +189,10 @@ void kv_rows_to_f32(KvDtype dtype, const void* src, float* dst, size_t n_rows, i
     }
 }
 
+float hadamard_scale(int n) { return 1.f / std::sqrt(static_cast<float>(n)); }
+
 void hadamard_rows(float* rows, size_t n_rows, int n) {
-    const float norm = 1.f / std::sqrt(static_cast<float>(n));
+    const float norm = hadamard_scale(n);
     for (size_t r = 0; r < n_rows; ++r) {
         float* x = rows + r * n;
         for (int len = 1; len < n; len <<= 1)

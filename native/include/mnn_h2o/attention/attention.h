@@ -139,4 +139,9 @@ const float* attention_queries(KvDtype dtype, const float* q, int n_q, int n_hea
 void convert_from_f32(Isa isa, KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
 void convert_to_f32(Isa isa, KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
 
+// hadamard_rows (kv_dtype.h) with the kernels of isa, bit-identical to it: what a rotated cache
+// (q8r, q4r) applies to every key and value it appends and to every query row and output row it
+// attends (n a power of two).
+void rotate_rows(Isa isa, float* rows, size_t n_rows, int n);
+
 }  // namespace mnn_h2o

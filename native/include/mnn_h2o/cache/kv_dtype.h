@@ -76,7 +76,10 @@ void kv_rows_from_f32(KvDtype dtype, const float* src, void* dst, size_t n_rows,
 void kv_rows_to_f32(KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
 
 // In place, each of n_rows rows of n elements (n a power of two) times the normalised
-// Walsh-Hadamard matrix H / sqrt(n), which is its own inverse.
+// Walsh-Hadamard matrix H / sqrt(n), which is its own inverse: the scalar reference of
+// rotate_rows (attention.h), whose SIMD paths give the same bits (the same additions in the same
+// order, then the product with hadamard_scale(n)).
 void hadamard_rows(float* rows, size_t n_rows, int n);
+float hadamard_scale(int n);  // 1 / sqrt(n)
 
 }  // namespace mnn_h2o
