@@ -385,12 +385,12 @@ void bind_kv_cache(py::module_& m) {
             if (!error.empty()) throw py::value_error(error);
             const py::ssize_t row_bytes = static_cast<py::ssize_t>(mnn_h2o::kv_row_bytes(dt, head_dim));
             py::array_t<uint8_t> out({rows.shape(0), row_bytes});
-            mnn_h2o::kv_rows_from_f32(dt, rows.data(), out.mutable_data(), static_cast<size_t>(rows.shape(0)), head_dim);
+            mnn_h2o::kv_rows_as_stored(dt, rows.data(), out.mutable_data(), static_cast<size_t>(rows.shape(0)), head_dim);
             return out;
         },
         py::arg("dtype"), py::arg("rows"),
-        "float32 rows [n, head_dim] in the cache's row format of dtype (docs/kv_cache.md \"Row formats\"; "
-        "the rotation of the r types not applied), as uint8 [n, kv_row_bytes(dtype, head_dim)].");
+        "float32 rows [n, head_dim] as a cache of dtype stores them (docs/kv_cache.md \"Row formats\"; "
+        "the r types rotated first), as uint8 [n, kv_row_bytes(dtype, head_dim)].");
 
     py::class_<PyKvCache>(m, "KvCache", R"doc(
 Block-structured KV cache of all layers with its attention op.

@@ -17,19 +17,27 @@ def make_cache(n_layers=2, n_kv=3, hd=64, group=3, **kw):
     return core.KvCache(n_layers, n_kv, hd, n_kv * group, **{"dtype": "f16", "block_tokens": 64, "threads": 1, **kw})
 
 
+def hadamard(n):
+    """The normalised Walsh-Hadamard matrix of the r types (kv_dtype.h), float64, symmetric."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
 def queries_seen(dtype, q):
-    """q [n, n_heads, hd] as attention over a cache of dtype uses it (attention.h): a q8 cache's
-    prompt queries (n > 1) rounded to q8 rows, the codes of kv_rows_encode times their fp16 scales. (A q8r cache rounds
-    them in its rotated basis, which numpy's rotation does not reproduce bit for bit: a few codes
-    round the other way. native/tests/test_attention.cpp checks q8r with the core's rotation.)"""
-    assert dtype != "q8r"
+    """q [n, n_heads, hd] as attention over a cache of dtype uses it (attention.h): an int8 cache's
+    prompt queries (n > 1) rounded to int8 rows, the codes of kv_rows_encode times their fp16
+    scales (a q8r cache's in its rotated basis, rotated back here)."""
     n, heads, hd = q.shape
-    if dtype != "q8" or n == 1:
+    if dtype not in ("q8", "q8r") or n == 1:
         return q
-    rows = core.kv_rows_encode("q8", q.reshape(-1, hd).astype(np.float32))
+    rows = core.kv_rows_encode(dtype, q.reshape(-1, hd).astype(np.float32))
     codes = rows[:, :hd].view(np.int8).astype(np.float64)
-    scales = np.ascontiguousarray(rows[:, hd:]).view(np.float16).astype(np.float64)
-    return (codes * np.repeat(scales, 32, axis=1)).reshape(n, heads, hd)
+    seen = codes * np.repeat(np.ascontiguousarray(rows[:, hd:]).view(np.float16).astype(np.float64), 32, axis=1)
+    if dtype == "q8r":
+        seen = seen @ hadamard(hd)
+    return seen.reshape(n, heads, hd)
 
 
 def reference(cache, layer, q):
@@ -59,7 +67,7 @@ def rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", [d for d in core.kv_dtypes() if d != "q8r"])  # q8r: see queries_seen
+@pytest.mark.parametrize("dtype", core.kv_dtypes())
 @pytest.mark.parametrize("isa", ISAS)
 def test_step_matches_reference(dtype, isa):
     rng = np.random.default_rng(0)
@@ -74,7 +82,7 @@ def test_step_matches_reference(dtype, isa):
         scores = np.zeros((3, cache.max_blocks), dtype=np.float32)
         cache.attend(layer, q, out, isa=isa, scores=scores)
         want, want_scores = reference(cache, layer, q)
-        if dtype == "q8" and n > 1 and core.attention_kernels(isa) == "avx512-bf16":
+        if dtype in ("q8", "q8r") and n > 1 and core.attention_kernels(isa) == "avx512-bf16":
             # P x V as bf16 products (docs/kv_cache.md "What takes them"): probabilities and
             # values to 8 significant bits; native/tests/test_support.h's attention_tolerance.
             assert np.linalg.norm(out - want) < 6e-3 * np.linalg.norm(want)
@@ -316,6 +324,21 @@ def test_kv_rows_encode_checks_its_input():
     with pytest.raises(ValueError):
         core.kv_rows_encode("q8", np.zeros((2, 48), np.float32))  # not whole 32-value groups
     assert core.kv_rows_encode("q8", np.zeros((3, 64), np.float32)).shape == (3, core.kv_row_bytes("q8", 64))
+
+
+def test_kv_rows_encode_rotates_as_the_cache():
+    """kv_rows_encode("q8r") gives the rotated rows a q8r cache stores: decoded and rotated back,
+    what the cache reads back (native/tests/test_kv_cache.cpp checks the bytes bit for bit)."""
+    rng = np.random.default_rng(4)
+    k, v = rand(rng, 24, 2 * 64), rand(rng, 24, 2 * 64)
+    k[:, 5] = 30.0  # an outlier channel: the rotation's point
+    cache = make_cache(n_kv=2, dtype="q8r", block_tokens=16)
+    cache.append(0, k, v)
+    rk, _ = cache.read(0, 0)
+    rows = core.kv_rows_encode("q8r", k[:, :64])
+    seen = rows[:, :64].view(np.int8) * np.repeat(rows[:, 64:].copy().view(np.float16).astype(np.float64), 32, axis=1)
+    np.testing.assert_allclose(seen @ hadamard(64), rk, rtol=0, atol=1e-5 * np.abs(rk).max())
+    assert not np.array_equal(rows, core.kv_rows_encode("q8", k[:, :64]))
 
 
 def test_q8_estimate_tool_quantises_as_the_cache():

@@ -1,5 +1,6 @@
 // Block pool and KV cache storage: exact accounting, memory really returned to the OS (RSS),
-// neighbours intact when pages are dropped, read-back in every dtype, truncate/reset.
+// neighbours intact when pages are dropped, read-back in every dtype, truncate/reset, the rotated
+// types' stored bytes as kv_rows_as_stored gives them.
 #include <unistd.h>
 
 #include <cstdint>
@@ -175,10 +176,45 @@ static void test_read_back() {
     }
 }
 
+// What a rotated cache stores (on the ISA it runs) is what kv_rows_as_stored says it stores: the
+// offline tools that estimate what the store's coders gain read those bytes.
+static void test_rotated_rows_as_stored() {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.f, 2.f);
+    for (KvDtype dt : {KvDtype::Q8R, KvDtype::Q4R}) {
+        KvCache cache(kv_config(1, 2, 64, 4, dt, 16, 64, 1));
+        const int n = 40, row = 2 * 64;
+        std::vector<float> k(static_cast<size_t>(n) * row), v(k.size());
+        for (auto& x : k) x = dist(rng);
+        for (auto& x : v) x = dist(rng);
+        cache.append(0, k.data(), v.data(), n);
+        for (int h = 0; h < 2; ++h) {
+            std::vector<float> head_k(static_cast<size_t>(n) * 64), head_v(head_k.size()), sk(head_k.size()),
+                sv(head_k.size()), want_k(head_k.size()), want_v(head_k.size());
+            for (int t = 0; t < n; ++t)
+                for (int d = 0; d < 64; ++d) {
+                    head_k[t * 64 + d] = k[static_cast<size_t>(t) * row + h * 64 + d];
+                    head_v[t * 64 + d] = v[static_cast<size_t>(t) * row + h * 64 + d];
+                }
+            std::vector<uint8_t> bytes(n * kv_row_bytes(dt, 64));
+            kv_rows_as_stored(dt, head_k.data(), bytes.data(), n, 64);
+            kv_rows_to_f32(dt, bytes.data(), want_k.data(), n, 64);
+            kv_rows_as_stored(dt, head_v.data(), bytes.data(), n, 64);
+            kv_rows_to_f32(dt, bytes.data(), want_v.data(), n, 64);
+            hadamard_rows(want_k.data(), n, 64);  // read() rotates back
+            hadamard_rows(want_v.data(), n, 64);
+            cache.read(0, h, sk.data(), sv.data());
+            CHECK(sk == want_k && sv == want_v, "%s head %d: the cache's stored rows are not kv_rows_as_stored's",
+                  kv_dtype_name(dt), h);
+        }
+    }
+}
+
 int main() {
     test_pool_accounting();
     test_pool_subpage_neighbours();
     test_read_back();
+    test_rotated_rows_as_stored();
     test_rss_returns();
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

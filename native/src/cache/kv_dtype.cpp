@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "mnn_h2o/cache/fp16.h"
 
@@ -187,6 +188,16 @@ void kv_rows_to_f32(KvDtype dtype, const void* src, float* dst, size_t n_rows, i
             }
         }
     }
+}
+
+void kv_rows_as_stored(KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim) {
+    if (!kv_dtype_rotated(dtype)) {
+        kv_rows_from_f32(dtype, src, dst, n_rows, head_dim);
+        return;
+    }
+    std::vector<float> rotated(src, src + n_rows * static_cast<size_t>(head_dim));
+    hadamard_rows(rotated.data(), n_rows, head_dim);
+    kv_rows_from_f32(dtype, rotated.data(), dst, n_rows, head_dim);
 }
 
 float hadamard_scale(int n) { return 1.f / std::sqrt(static_cast<float>(n)); }

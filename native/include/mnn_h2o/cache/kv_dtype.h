@@ -74,6 +74,9 @@ std::string kv_dtype_shape_error(KvDtype dtype, int head_dim);
 // only ever read quantised rows). Non-finite inputs give finite codes; no undefined behaviour.
 void kv_rows_from_f32(KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
 void kv_rows_to_f32(KvDtype dtype, const void* src, float* dst, size_t n_rows, int head_dim);
+// The bytes a cache of dtype holds for these rows: kv_rows_from_f32, after the rotation for the
+// rotated types (src is left unchanged).
+void kv_rows_as_stored(KvDtype dtype, const float* src, void* dst, size_t n_rows, int head_dim);
 
 // In place, each of n_rows rows of n elements (n a power of two) times the normalised
 // Walsh-Hadamard matrix H / sqrt(n), which is its own inverse: the scalar reference of
