@@ -45,7 +45,7 @@ struct Neon {
     // s holds each lane's partner x[i ^ L]; the select takes s - x where i & L is set.
     template <int L>
     static vec butterfly(vec x) {
-        static constexpr uint32_t kHigh[4] = {0, L == 1 ? ~0u : 0, ~0u, L == 1 ? 0 : ~0u};
+        static constexpr uint32_t kHigh[4] = {0, L == 1 ? ~0u : 0, L == 1 ? 0 : ~0u, ~0u};
         const vec s = L == 1 ? vrev64q_f32(x) : vextq_f32(x, x, 2);
         return vbslq_f32(vld1q_u32(kHigh), vsubq_f32(s, x), vaddq_f32(x, s));
     }
