@@ -1,6 +1,6 @@
 // Python face of mnn_h2o::decode_token: one decode token through the decode layers and a cache in
 // one call (model/decode_token.h); arrays checked here, the GIL released while it runs and taken
-// again only for the observer.
+// again only for a Python observer (a TokenScorer runs in the core).
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -11,6 +11,7 @@
 #include "float_args.h"
 #include "isa_arg.h"
 #include "mnn_h2o/dense/decode_layers.h"
+#include "mnn_h2o/eviction/token_scorer.h"
 #include "mnn_h2o/model/decode_token.h"
 #include "py_kv_cache.h"
 
@@ -37,7 +38,17 @@ void bind_decode_token(py::module_& m) {
             float* ap = const_cast<float*>(floats_of(attn, nq, "attn", true));
             const mnn_h2o::Isa which = parse_isa(isa);
             mnn_h2o::LayerObserver see;
-            if (!observe.is_none()) {
+            if (py::isinstance<mnn_h2o::TokenScorer>(observe)) {
+                // The core's map: every layer scored without the GIL.
+                const mnn_h2o::TokenScorer& scorer = observe.cast<const mnn_h2o::TokenScorer&>();
+                if (scorer.hidden() != s.hidden || scorer.n_kv_heads() != s.n_kv_heads ||
+                    scorer.n_layers() != layers.n_layers())
+                    throw py::value_error("decode_token: the TokenScorer's shape is not the layers'");
+                see = [&scorer](int layer, const float* hp, std::vector<float>& scores) {
+                    scores.resize(static_cast<size_t>(scorer.n_kv_heads()));
+                    return scorer.scores(layer, hp, 1, scores.data());
+                };
+            } else if (!observe.is_none()) {
                 const py::ssize_t heads = s.n_kv_heads;
                 // h stays the caller's array, so the observer is handed that array itself.
                 see = [&observe, &h, heads](int layer, const float*, std::vector<float>& scores) {
@@ -71,6 +82,7 @@ void bind_decode_token(py::module_& m) {
         "sliding-window layers', where the cache has windows), q, k, v scratch, attn "
         "[n_heads * head_dim] (the last layer's attention output out); every array float32 and C-contiguous. "
         "observe(layer, h) after each layer's step returns None or that layer's predicted reconstruction "
-        "scores of the token (n_kv_heads floats, set_token_scores) and must not call the cache. Returns the "
+        "scores of the token (n_kv_heads floats, set_token_scores) and must not call the cache; a TokenScorer "
+        "is applied in the core, without the GIL. Returns the "
         "seconds of (the layers' products, the cache steps, the observer).");
 }

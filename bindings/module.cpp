@@ -9,6 +9,7 @@ void bind_codec(py::module_& m);
 void bind_q8_matrix(py::module_& m);
 void bind_decode_layers(py::module_& m);
 void bind_decode_token(py::module_& m);
+void bind_token_scorer(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "mnn_h2o native core: KV cache, attention, H2O policy, Gear codec, q8 lm_head, decode layers";
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
     bind_q8_matrix(m);
     bind_decode_layers(m);
     bind_decode_token(m);
+    bind_token_scorer(m);
 }

@@ -281,6 +281,7 @@ class Llm:
             if form.global_every else ()
         self._threads = rt["threads"]
         self._scorer = None  # eviction.policy predicted_kvzip's map, read on first use (mnn_h2o/token_scorer.py)
+        self._native_scorer = None  # (its evicting layers, the core's copy of it)
         # A callable (layer, h rows) given every layer's input hidden states ([n, hidden]) as they
         # are computed, instead of the scorer: tools.fit_scorer collects its data through it.
         self.hidden_observer = None
@@ -462,12 +463,13 @@ class Llm:
         eviction = self.eviction
         if eviction is None or eviction["policy"] != "predicted_kvzip":
             return None
-        scorer, cache = self._scorer, self.cache
-        lo, hi = self._evicting_layers(eviction)
-
-        def score(i: int, rows: np.ndarray) -> Optional[np.ndarray]:
-            return scorer.scores(i, rows) if lo <= i < hi else None
-        return score
+        from . import native
+        layers = self._evicting_layers(eviction)
+        if self._native_scorer is None or self._native_scorer[0] != layers:
+            # The core's copy of the map (TokenScorer.scores is its reference): decode_token applies
+            # it at every layer without calling back into Python.
+            self._native_scorer = (layers, native.TokenScorer(self._scorer.weights, *layers))
+        return self._native_scorer[1]
 
     def configure_lossless(self, lossless: Optional[dict]) -> None:
         """Turn the lossless store on (a ``lossless`` config section, missing keys at their

@@ -4,7 +4,7 @@ core's types and functions here, as ``native.KvCache``, so the boundary between 
 one file, and a missing or stale build is one clear error rather than an ImportError of a module
 deep in the stack."""
 try:
-    from ._core import (KEPT_FIRST, DecodeLayers, GearCodec, GearError, KvCache, Q8Matrix, WeightMatrix,
+    from ._core import (KEPT_FIRST, DecodeLayers, GearCodec, GearError, KvCache, Q8Matrix, TokenScorer, WeightMatrix,
                         attention_kernels, best_isa, decode_layer_options, decode_token, dequantize_blocks, gear_zstd_available, kv_dtypes, kv_row_bytes,
                         kv_rows_encode, policy_names, weight_types)
 except ImportError as e:
@@ -14,6 +14,6 @@ except ImportError as e:
         "cmake -S . -B build -Dpybind11_DIR=$(python3 -m pybind11 --cmakedir) && cmake --build build -j2"
     ) from e
 
-__all__ = ["KEPT_FIRST", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q8Matrix", "WeightMatrix",
+__all__ = ["KEPT_FIRST", "DecodeLayers", "GearCodec", "GearError", "KvCache", "Q8Matrix", "TokenScorer", "WeightMatrix",
            "attention_kernels", "best_isa", "decode_layer_options", "decode_token", "dequantize_blocks", "gear_zstd_available", "kv_dtypes", "kv_row_bytes", "kv_rows_encode",
            "policy_names", "weight_types"]

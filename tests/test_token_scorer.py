@@ -43,6 +43,28 @@ def test_scores_are_probabilities():
     assert np.all((out > 0) & (out <= 1))
 
 
+def test_the_cores_map_is_the_reference():
+    """native.TokenScorer (eviction/token_scorer.h, what a decode token's layers call) gives
+    TokenScorer.scores's values, None outside its layers, and refuses what does not fit."""
+    from mnn_h2o import native
+
+    s = _scorer(n_layers=4, hidden=64, k=3)
+    core = native.TokenScorer(s.weights, 1, 3)
+    h = (np.random.default_rng(5).normal(size=(9, 64)) * 30).astype(np.float32)
+    for layer in (1, 2):
+        np.testing.assert_allclose(core(layer, h), s.scores(layer, h), rtol=2e-5, atol=1e-7)
+        np.testing.assert_allclose(core(layer, h[4]), s.scores(layer, h[4:5]), rtol=2e-5, atol=1e-7)
+    assert core(0, h) is None and core(3, h) is None
+    with pytest.raises(ValueError, match=r"\[n, 64\]"):
+        core(1, h[:, :32])
+    with pytest.raises(ValueError, match="not within"):
+        native.TokenScorer(s.weights, 2, 5)
+    bad = s.weights.copy()
+    bad[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        native.TokenScorer(bad, 0, 4)
+
+
 def test_file_round_trip_and_refusals(tmp_path):
     s = _scorer()
     p = str(tmp_path / ts.FILE_NAME)
@@ -113,6 +135,9 @@ def test_engine_gives_every_token_its_score_and_evicts_by_them(tmp_path):
         assert s.shape == (llm.config.n_kv_heads, 200) and np.allclose(s, 0.1, rtol=1e-6)
     llm.decode(ids[-1])
     assert np.allclose(llm.cache.token_scores(3)[:, -1], 0.1, rtol=1e-6)
+    # A decode token's scores come from the core's copy of the map (no call into Python a layer).
+    from mnn_h2o import native
+    assert isinstance(llm._observer(), native.TokenScorer)
     assert llm.stats.reconstruct_tokens == 0 and llm.stats.policy_s > 0
     llm.reset()
     long_ids = essay_tokens(llm.tokenizer, 1024)
@@ -140,6 +165,9 @@ def test_a_map_with_query_peaks_takes_the_prompts_own_queries(tmp_path):
     assert s.min() >= 0.1 * (1 - 1e-6) and s.max() > 0.2
     llm.decode(ids[-1])
     assert np.allclose(llm.cache.token_scores(3)[:, -1], 0.1, rtol=1e-6)
+    # A decode token's scores come from the core's copy of the map (no call into Python a layer).
+    from mnn_h2o import native
+    assert isinstance(llm._observer(), native.TokenScorer)
     llm.configure_eviction(dict(_cfg()["eviction"], policy="kvzip"))
     assert not llm.cache.query_peaks
     d2, _ = _scored_copy(tmp_path / "b", query_peaks="yes")
