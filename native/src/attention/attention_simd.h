@@ -12,7 +12,8 @@
 // butterfly<L> (one Hadamard stage of span L < W inside a vector: lane i becomes x[i] + x[i ^ L]
 // where i & L is 0, else x[i ^ L] - x[i]), load_f16/load_bf16/store_f16/store_bf16, load_i8
 // (W int8 -> fp32), load_u4 (W 4-bit codes from W/2 bytes, element 2i in the low nibble, -> fp32
-// in [0, 15]) and half (one fp16 -> fp32). The quantised loads read exactly W or W/2 bytes: a row's last codes sit right before its scales.
+// in [0, 15]) and half (one fp16 -> fp32). The quantised loads read exactly W or W/2 bytes: a
+// row's last codes sit right before its scales.
 // kInt8Scores says whether V also has the int8 dot products of tile_scores_q8 (ivec, iload,
 // iload32, ibroadcast4, idot, to_float), kBf16Values whether it has the bf16 ones of
 // tile_pv_pairs (pvec, pair, pload, pstore, pdot; only with kInt8Scores).
