@@ -171,6 +171,11 @@ static void test_against_reference() {
         run_case({1, 8, 128, 128, dt, {129, 2}, 1}, rng);
         run_case({2, 1, 256, 32, dt, {70, 3}, 1}, rng);
         run_case({1, 5, 16, 16, dt, {33, 1}, 1}, rng);
+        // Decode's passes over the keys: a 1.5B's group of 6 (one pass where the set takes 6
+        // rows), 7 (two uneven passes), 12 (two or more).
+        run_case({2, 6, 128, 16, dt, {90, 1}, 1}, rng);
+        run_case({1, 7, 64, 16, dt, {40, 1}, 1}, rng);
+        run_case({1, 12, 32, 16, dt, {50, 1}, 1}, rng);
         // Prefill (tile path) with causal masks inside blocks, partial tiles and a chunked tail.
         run_case({3, 3, 64, 64, dt, {200}, 1}, rng);
         run_case({3, 3, 64, 64, dt, {100, 77}, 1}, rng);
@@ -178,7 +183,9 @@ static void test_against_reference() {
         run_case({1, 1, 32, 64, dt, {5, 40}, 1}, rng);
         run_case({2, 2, 256, 64, dt, {3, 130}, 1}, rng);
     }
-    // Threads: decode split over key ranges (>= kParallelMinQueryKeys keys) and parallel tiles.
+    // Threads: decode split over key ranges (from kSplitMinQueryKeys keys; below
+    // kParallelMinQueryKeys the cache's ThreadPool runs the splits on the caller) and parallel tiles.
+    run_case({2, 6, 128, 16, KvDtype::Q8R, {400, 1}, 2}, rng);
     run_case({3, 3, 64, 64, KvDtype::F16, {1500, 1}, 2}, rng);
     run_case({3, 3, 64, 64, KvDtype::F16, {1100, 1, 2}, 3}, rng);
     run_case({2, 4, 80, 16, KvDtype::BF16, {1030, 1}, 2}, rng);

@@ -111,8 +111,11 @@ int max_keys_of(const AttentionProblem& p) {
 
 int split_keys_of(const AttentionProblem& p) { return std::max(p.split_keys, max_keys_of(p)); }
 
-bool parallel_worthwhile(const AttentionProblem& p) {
-    return static_cast<long long>(p.n_q) * split_keys_of(p) >= kParallelMinQueryKeys;
+long long query_keys(const AttentionProblem& p) { return static_cast<long long>(p.n_q) * split_keys_of(p); }
+
+// The team, or nullptr where the tasks are better run one after the other on the caller.
+Team* team_for(const AttentionProblem& p, Team* pool) {
+    return pool && (pool->polling() || query_keys(p) >= kParallelMinQueryKeys) ? pool : nullptr;
 }
 
 template <class Fn>
@@ -173,7 +176,7 @@ void tiled(const AttentionProblem& p, const kernels::KernelSet& ks, const kernel
                                p.window ? starts : nullptr};
         ks.tile(args);
     };
-    Team* tile_pool = parallel_worthwhile(p) ? pool : nullptr;
+    Team* tile_pool = team_for(p, pool);
     if (source) {
         for (int h = 0; h < p.n_kv_heads; ++h) {
             source->prepare(h, 0, p.heads[h].n_keys);
@@ -208,7 +211,7 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
     const int max_keys = split_keys_of(p);
     const int max_blocks = (max_keys + bt - 1) / bt;
-    const int splits = n_threads > 1 && parallel_worthwhile(p) ? std::min(n_threads, max_blocks) : 1;
+    const int splits = n_threads > 1 && query_keys(p) >= kSplitMinQueryKeys ? std::min(n_threads, max_blocks) : 1;
     const int n_tasks = p.n_kv_heads * splits;
     // Split s of a head with nb blocks covers blocks [s*nb/splits, (s+1)*nb/splits).
     const auto split_begin = [&](int nb, int s) { return static_cast<int>(static_cast<long long>(nb) * s / splits); };
@@ -282,7 +285,7 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
             run_split(task, 0);
         }
     } else {
-        for_tasks(splits > 1 ? pool : nullptr, n_tasks, run_split);
+        for_tasks(splits > 1 ? team_for(p, pool) : nullptr, n_tasks, run_split);
     }
 
     for (int h = 0; h < p.n_kv_heads; ++h) {

@@ -15,7 +15,7 @@ struct Avx512 {
     static constexpr const char* kName = "avx512";
     using vec = __m512;
     static constexpr int W = 16;
-    static constexpr int kDecodeRows = 4;  // 16 accumulators (4 keys x 4 rows) of 32 registers
+    static constexpr int kDecodeRows = 6;  // 24 accumulators (4 keys x 6 rows) of 32 registers: a 1.5B's group in one pass
     static constexpr int kTileKeys = 8;    // 16 accumulators (8 keys x 2 row vectors)
     static constexpr int kPvCols = 8;      // 16 accumulators (8 value columns x 2 row vectors)
     static constexpr bool kInt8Scores = false;

@@ -185,24 +185,28 @@ void pv_rows(const float* p, size_t p_stride, const void* vblk, int nk, int hd, 
     }
 }
 
-template <class V, KvDtype DT>
+// The row counts 1 .. V::kDecodeRows, each its own instantiation (the accumulators in registers).
+template <class V, KvDtype DT, int RC = V::kDecodeRows>
 void qk_rows(int rc, const float* q, const void* kblk, int nk, int hd, float* s, size_t s_stride) {
-    switch (rc) {
-        case 1: qk_block<V, DT, 1>(q, kblk, nk, hd, s, s_stride); break;
-        case 2: qk_block<V, DT, 2>(q, kblk, nk, hd, s, s_stride); break;
-        case 3: qk_block<V, DT, 3>(q, kblk, nk, hd, s, s_stride); break;
-        default: qk_block<V, DT, 4>(q, kblk, nk, hd, s, s_stride); break;
-    }
+    if constexpr (RC > 1)
+        if (rc < RC) return qk_rows<V, DT, RC - 1>(rc, q, kblk, nk, hd, s, s_stride);
+    qk_block<V, DT, RC>(q, kblk, nk, hd, s, s_stride);
 }
 
-template <class V, KvDtype DT>
+template <class V, KvDtype DT, int RC = V::kDecodeRows>
 void pv_rows_n(int rc, const float* p, size_t p_stride, const void* vblk, int nk, int hd, float* o) {
-    switch (rc) {
-        case 1: pv_rows<V, DT, 1>(p, p_stride, vblk, nk, hd, o); break;
-        case 2: pv_rows<V, DT, 2>(p, p_stride, vblk, nk, hd, o); break;
-        case 3: pv_rows<V, DT, 3>(p, p_stride, vblk, nk, hd, o); break;
-        default: pv_rows<V, DT, 4>(p, p_stride, vblk, nk, hd, o); break;
-    }
+    if constexpr (RC > 1)
+        if (rc < RC) return pv_rows_n<V, DT, RC - 1>(rc, p, p_stride, vblk, nk, hd, o);
+    pv_rows<V, DT, RC>(p, p_stride, vblk, nk, hd, o);
+}
+
+// Query rows per pass over the keys: as few passes as kDecodeRows allows, the rows spread evenly
+// over them (a group of 8 with kDecodeRows 6 makes two passes of 4, not 6 and 2), since each pass
+// converts every key and value row again.
+template <class V>
+int decode_pass_rows(int n_rows) {
+    const int passes = (n_rows + V::kDecodeRows - 1) / V::kDecodeRows;
+    return (n_rows + passes - 1) / passes;
 }
 
 template <class V>
@@ -212,13 +216,13 @@ size_t decode_scratch_floats(const Shape& s, int n_rows, int n_keys) {
 
 template <class V, KvDtype DT>
 void decode_impl(const DecodeArgs& a) {
-    static_assert(V::kDecodeRows <= 4, "qk_rows/pv_rows_n instantiate up to 4 rows");
     const Shape& s = a.shape;
     const int hd = s.head_dim, bt = s.block_tokens, n = a.key_end - a.key_begin;
     const size_t stride = round_up_w<V>(static_cast<size_t>(n));
     float* q = a.scratch;
     float* scores = a.scratch + static_cast<size_t>(a.n_rows) * hd;
     const Vec<V> scale = V::set1(s.scale);
+    const int pass_rows = decode_pass_rows<V>(a.n_rows);
     for (int r = 0; r < a.n_rows; ++r)
         for (int c = 0; c < hd; c += V::W) V::store(q + r * hd + c, V::mul(V::load(a.q_rows[r] + c), scale));
 
@@ -226,8 +230,8 @@ void decode_impl(const DecodeArgs& a) {
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* kblk = a.kv->k_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
-            qk_rows<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
+        for (int r0 = 0; r0 < a.n_rows; r0 += pass_rows)
+            qk_rows<V, DT>(imin<V>(pass_rows, a.n_rows - r0), q + r0 * hd, kblk, nk, hd,
                            scores + r0 * stride + (k0 - a.key_begin), stride);
     }
 
@@ -265,8 +269,8 @@ void decode_impl(const DecodeArgs& a) {
     for (int k0 = a.key_begin; k0 < a.key_end; k0 += bt) {
         const void* vblk = a.kv->v_blocks[k0 / bt];
         const int nk = imin<V>(bt, a.key_end - k0);
-        for (int r0 = 0; r0 < a.n_rows; r0 += V::kDecodeRows)
-            pv_rows_n<V, DT>(imin<V>(V::kDecodeRows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
+        for (int r0 = 0; r0 < a.n_rows; r0 += pass_rows)
+            pv_rows_n<V, DT>(imin<V>(pass_rows, a.n_rows - r0), scores + r0 * stride + (k0 - a.key_begin), stride,
                              vblk, nk, hd, a.o + static_cast<size_t>(r0) * hd);
     }
 }

@@ -25,10 +25,15 @@ namespace mnn_h2o {
 
 class Team;
 
-// Attention uses more than one thread only when n_q * (keys of the longest kv head) reaches this:
-// below it, waking a sleeping worker costs more than it saves (one thread was faster below ~1k
-// tokens of decode context on the 2-core target). Decode then splits each head's keys over the
-// threads; prefill hands out (kv head, query tile) tasks.
+// Decode splits each head's keys over the team's threads once n_q * (keys of the longest kv head)
+// reaches kSplitMinQueryKeys, whatever team runs it, so that the results do not depend on which
+// team it is (a decode token's layers lend theirs, Team::polling; a layer-by-layer caller has the
+// cache's ThreadPool). The splits run on the threads when the team polls, or from
+// kParallelMinQueryKeys on any team: below it, waking a sleeping worker costs more than it saves
+// (one thread was faster below ~1k tokens of decode context on the 2-core target), and the splits
+// run one after the other on the caller. Prefill hands out (kv head, query tile) tasks, on the
+// threads when the team polls or from kParallelMinQueryKeys.
+constexpr long long kSplitMinQueryKeys = 256;
 constexpr long long kParallelMinQueryKeys = 1024;
 
 // The cached keys and values of one kv head. Block i holds tokens [i*block_tokens,

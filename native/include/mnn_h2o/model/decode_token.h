@@ -3,13 +3,15 @@
 // team of threads.
 //
 // Why one call: the layers' products run on a SpinTeam whose workers poll between jobs, and the
-// attention ran on the cache's ThreadPool, whose workers sleep. Where the attention uses both
+// attention ran on the cache's ThreadPool, whose workers sleep. Where the attention used both
 // threads (from kParallelMinQueryKeys keys, attention.h) the SpinTeam's workers had to rest through
 // it and each layer started by waking them again: 2.6-3.0 ms of layers a token on SmolLM2 at 1024
 // tokens against 1.5 ms back to back. Here the cache borrows the layers' team for the token
 // (KvCache::lend_team), so one team's workers stay awake from the first layer to the last and rest
-// when the token is done. The results are those of the layer-by-layer calls bit for bit: the same
-// products, and the attention split as many ways (a team of another size is not lent).
+// when the token is done; and since they poll, the attention splits its keys over them from
+// kSplitMinQueryKeys, where a sleeping pool would run the same splits on the caller. The results
+// are those of the layer-by-layer calls bit for bit: the same products, and the attention split as
+// many ways (a team of another size is not lent).
 #pragma once
 
 #include <functional>

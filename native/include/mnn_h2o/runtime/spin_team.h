@@ -37,6 +37,9 @@ public:
     SpinTeam& operator=(const SpinTeam&) = delete;
 
     int size() const override { return static_cast<int>(workers_.size()) + 1; }
+    // Until rest(): a worker that has slept since (kSpinMicros without a job) wakes late, as a
+    // ThreadPool's does, and the first call after it pays that once.
+    bool polling() const override { return !resting_.load(std::memory_order_relaxed); }
 
     // Team::parallel_for, on the caller and the workers that are awake. One caller at a time.
     // The workers go to sleep once their current task is done, until the next run.

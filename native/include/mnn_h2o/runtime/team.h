@@ -15,6 +15,10 @@ public:
     // Threads that take tasks, the caller's included.
     virtual int size() const = 0;
 
+    // Whether the workers poll for the next call (SpinTeam between a decode token's products): a
+    // call then costs about a microsecond, where waking sleeping workers costs tens.
+    virtual bool polling() const { return false; }
+
     // Runs fn(task, thread) for every task in [0, n_tasks) and returns when all are done. thread
     // is in [0, size()), and no two tasks run at once with the same thread index, so it can index
     // per-thread scratch memory. The first exception a task throws is rethrown here (the tasks
