@@ -411,6 +411,43 @@ static void stacked_parts() {
     CHECK(y1 == y2, "Q4_1 through WeightMatrix differs from Q4Matrix");
 }
 
+// An activation without its pair form (Q8Activation::pair_form, the decode layers' choice where no
+// matrix reads it): a k-quant matrix's products bit for bit those over the full activation; a
+// matrix that reads the pair form refuses it.
+static void without_pair_form() {
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const int cols = 1536, rows = 24;
+    std::vector<float> x(cols);
+    for (auto& v : x) v = normal(rng);
+    Q8Activation full, lean;
+    lean.pair_form = false;
+    full.quantize(x.data(), cols);
+    lean.quantize(x.data(), cols);
+    CHECK(lean.codes.empty() && lean.scales.empty() && lean.pair_sums.empty() && lean.sums == full.sums &&
+              lean.seq_codes == full.seq_codes && lean.rounding_errors == full.rounding_errors,
+          "the lean activation holds the pair form, or its sums / k-quant form differ");
+    for (WeightType type : {WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K}) {
+        const WeightTypeTraits& t = weight_traits(type);
+        const WeightMatrix m(cols, {{type, rows, random_blocks(type, rows * weight_row_bytes(t, cols) / t.block_bytes, rng)}});
+        CHECK(!m.reads_pair_form(), "%s reads the pair form", t.name);
+        for (Isa isa : kIsas) {
+            std::vector<float> a(rows), b(rows);
+            m.multiply_rows(full, 0, rows, a.data(), isa);
+            m.multiply_rows(lean, 0, rows, b.data(), isa);
+            CHECK(a == b, "%s, %s: products over the lean activation differ", t.name, isa_name(isa));
+        }
+    }
+    for (WeightType type : {WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0}) {
+        const WeightTypeTraits& t = weight_traits(type);
+        const WeightMatrix m(cols, {{type, 2, random_blocks(type, 2 * weight_row_bytes(t, cols) / t.block_bytes, rng)}});
+        float y[2];
+        CHECK(m.reads_pair_form(), "%s does not read the pair form", t.name);
+        CHECK(throws<std::invalid_argument>([&] { m.multiply_rows(lean, 0, 2, y, best_isa()); }),
+              "%s took an activation without its pair form", t.name);
+    }
+}
+
 static void bad_input() {
     std::mt19937 rng(5);
     const std::vector<uint8_t> one = random_blocks(WeightType::Q4_K, 1, rng);
@@ -592,6 +629,7 @@ int main() {
         random_matrices(t, 4864);  // its ffn
     }
     stacked_parts();
+    without_pair_form();
     integer_forms();
     batched_product({WeightType::Q4_K, WeightType::Q4_K, WeightType::Q6_K}, {16, 9, 12}, 512);
     batched_product({WeightType::Q5_K}, {33}, 1536);

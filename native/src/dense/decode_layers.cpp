@@ -163,18 +163,23 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
               l + (post_norms_ ? "post_attn_norm and post_ffn_norm must have hidden values"
                                : "post norms given where post_norms is false"));
     }
-    // Each activation gets the k-quant form only where a k-quant matrix reads it, and a prompt
-    // chunk's rows their second rounding only where a Q4_0 / Q4_1 one does.
+    // Each activation gets the k-quant form only where a k-quant matrix reads it, the pair form
+    // only where a Q4 / Q5_0 / Q8_0 one does, and a prompt chunk's rows their second rounding only
+    // where a Q4_0 / Q4_1 one does.
     xq_.kquant_form = attn_q_.kquant_form = act_q_.kquant_form = false;
+    xq_.pair_form = attn_q_.pair_form = act_q_.pair_form = false;
     x_rows_.residual = attn_rows_.residual = act_rows_.residual = false;
     for (const DecodeLayerWeights& w : layers_) {
         for (const WeightMatrix* m : {&w.qkv, &w.gate, &w.up}) {
             xq_.kquant_form = xq_.kquant_form || m->reads_kquant_form();
+            xq_.pair_form = xq_.pair_form || m->reads_pair_form();
             x_rows_.residual = x_rows_.residual || m->reads_twice_rounded();
         }
         attn_q_.kquant_form = attn_q_.kquant_form || w.wo.reads_kquant_form();
+        attn_q_.pair_form = attn_q_.pair_form || w.wo.reads_pair_form();
         attn_rows_.residual = attn_rows_.residual || w.wo.reads_twice_rounded();
         act_q_.kquant_form = act_q_.kquant_form || w.down.reads_kquant_form();
+        act_q_.pair_form = act_q_.pair_form || w.down.reads_pair_form();
         act_rows_.residual = act_rows_.residual || w.down.reads_twice_rounded();
     }
     x_.resize(static_cast<size_t>(s.hidden));
@@ -205,8 +210,10 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
     x_rows_.residual = x_rows_.residual || head_.reads_twice_rounded();  // it reads a chunk's final norms too
-    if (head_.reads_kquant_form() && !xq_.kquant_form) {  // the head reads the final norm's activation
-        xq_.kquant_form = true;
+    // The head reads the final norm's activation.
+    if ((head_.reads_kquant_form() && !xq_.kquant_form) || (head_.reads_pair_form() && !xq_.pair_form)) {
+        xq_.kquant_form = xq_.kquant_form || head_.reads_kquant_form();
+        xq_.pair_form = xq_.pair_form || head_.reads_pair_form();
         xq_.resize(shape_.hidden);
     }
 }

@@ -66,11 +66,11 @@ void Q4Matrix::prefetch_row(int r, int b0, int b1) const {
 
 void Q8Activation::resize(int n) {
     cols = n;
-    const size_t nb = static_cast<size_t>(n / kQ4Block), pairs = (nb + 1) / 2;
+    const size_t nb = static_cast<size_t>(n / kQ4Block), pairs = pair_form ? (nb + 1) / 2 : 0;
     codes.assign(pairs * 64, 0);
     residual_codes.assign(pairs * 64, 0);
-    scales.assign(nb, 0.f);
-    residual_scales.assign(nb, 0.f);
+    scales.assign(pair_form ? nb : 0, 0.f);
+    residual_scales.assign(pair_form ? nb : 0, 0.f);
     sums.assign(nb, 0.f);
     pair_scales.assign(pairs * 8, 0.f);
     pair_residual_scales.assign(pairs * 8, 0.f);
@@ -154,19 +154,24 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
     for (int b = b0; b < b1; ++b) {
         const float* xb = x + static_cast<size_t>(b) * kQ4Block;
         const size_t pair = static_cast<size_t>(b / 2), half = static_cast<size_t>(b % 2);
-        int8_t* c = codes.data() + pair * 64 + half * 16;
-        const float d = round_block(xb, c);
-        float rest[kQ4Block], sum = 0.f;
-        for (int i = 0; i < kQ4Block; ++i) {
-            rest[i] = xb[i] - d * c[i < 16 ? i : 32 + i - 16];
-            sum += xb[i];
-        }
-        const float rd = round_block(rest, residual_codes.data() + pair * 64 + half * 16);
         const size_t bb = static_cast<size_t>(b);
-
-        scales[bb] = d;
-        residual_scales[bb] = rd;
+        float sum = 0.f;
+        for (int i = 0; i < kQ4Block; ++i) sum += xb[i];
         sums[bb] = sum;
+        if (pair_form) {
+            int8_t* c = codes.data() + pair * 64 + half * 16;
+            const float d = round_block(xb, c);
+            float rest[kQ4Block];
+            for (int i = 0; i < kQ4Block; ++i) rest[i] = xb[i] - d * c[i < 16 ? i : 32 + i - 16];
+            const float rd = round_block(rest, residual_codes.data() + pair * 64 + half * 16);
+            scales[bb] = d;
+            residual_scales[bb] = rd;
+            for (size_t i = 0; i < 4; ++i) {
+                pair_scales[pair * 8 + half * 4 + i] = d;
+                pair_residual_scales[pair * 8 + half * 4 + i] = rd;
+                pair_sums[pair * 8 + half * 4 + i] = sum * 0.25f;
+            }
+        }
         // The k-quant form needs its super-block's 8 blocks: written with block 8 k + 7.
         if (!seq_codes.empty() && b % 8 == 7) {
             const size_t k = bb / 8;
@@ -186,11 +191,6 @@ void Q8Activation::quantize_blocks(const float* x, int b0, int b1) {
                 if (g % 2 == 0) rounding_errors[k * 8 + static_cast<size_t>(g / 2)] = 0.f;
                 rounding_errors[k * 8 + static_cast<size_t>(g / 2)] += error;
             }
-        }
-        for (size_t i = 0; i < 4; ++i) {
-            pair_scales[pair * 8 + half * 4 + i] = d;
-            pair_residual_scales[pair * 8 + half * 4 + i] = rd;
-            pair_sums[pair * 8 + half * 4 + i] = sum * 0.25f;
         }
     }
 }

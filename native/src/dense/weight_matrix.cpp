@@ -241,14 +241,22 @@ bool WeightMatrix::reads_kquant_form() const {
     return false;
 }
 
+bool WeightMatrix::reads_pair_form() const {
+    for (const Segment& s : segments_)
+        if (s.q4 || !row_kernels(s.traits->type).kquant_form) return true;
+    return false;
+}
+
 void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y, Isa isa) const {
     if (r0 < 0 || r1 > rows_ || r0 > r1) throw std::out_of_range("WeightMatrix::multiply_rows: rows out of range");
     const size_t n = static_cast<size_t>(cols_);
-    const size_t kq = reads_kquant_form() ? n : x.seq_codes.size();  // the activation's k-quant form (q4_matrix.h)
+    // The activation's forms (q4_matrix.h): each the matrix reads, of its width.
+    const size_t kq = reads_kquant_form() ? n : x.seq_codes.size();
+    const size_t pb = reads_pair_form() ? n / kQ4Block : x.scales.size();
     if (x.cols != cols_ || x.seq_codes.size() != kq || x.rounded_sums16.size() != kq / 16 ||
         x.super_steps.size() != kq / 256 || x.multipliers.size() != kq / 32 || x.rounding_errors.size() != kq / 32 ||
-        x.scales.size() != n / kQ4Block || x.residual_scales.size() != n / kQ4Block || x.sums.size() != n / kQ4Block ||
-        x.codes.size() < n)
+        x.scales.size() != pb || x.residual_scales.size() != pb || x.sums.size() != n / kQ4Block ||
+        x.codes.size() < pb * kQ4Block)
         throw std::invalid_argument("WeightMatrix::multiply_rows: an activation of " + std::to_string(x.cols) +
                                     " values for a matrix of " + std::to_string(cols_) + " columns");
     for (const Segment& s : segments_) {

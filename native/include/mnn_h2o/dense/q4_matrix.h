@@ -63,6 +63,10 @@ struct Q8Activation {
     // Whether resize makes (and quantize writes) the k-quant form: its consumers are k-quant
     // matrices only, so the decode layers turn it off where none reads it (set before resize).
     bool kquant_form = true;
+    // Likewise the pair form (codes, residual_codes, scales, residual_scales, pair_*): its
+    // consumers are Q4 matrices and Q5_0 / Q8_0 rows; without it an activation is its sums and
+    // the k-quant form (two roundings of every block less: ~1 ms a decode token on the 1.5B).
+    bool pair_form = true;
     int cols = 0;
     std::vector<int8_t> codes, residual_codes;
     std::vector<float> scales, residual_scales, sums;

@@ -53,6 +53,8 @@ public:
     std::string type_names() const;
     // Whether a part reads the activation's k-quant form (q4_matrix.h).
     bool reads_kquant_form() const;
+    // Whether a part of it reads the activation's pair form (Q8Activation::pair_form).
+    bool reads_pair_form() const;
     // Whether a part is Q4_0 / Q4_1, held in block pairs, whose products take the activation
     // rounded twice (its pair form's residual too), in a prompt's batched product as well
     // (dense/batched_product.h). Q5_0 / Q8_0 read the pair form's first rounding only.
