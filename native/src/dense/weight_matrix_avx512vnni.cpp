@@ -65,12 +65,31 @@ inline __m512i halves_count(int lo, int hi) {
     return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
 }
 
+// q4_k_scales_mins in a register: the 12 packed bytes at sc to the 8 scales (bytes 0-7) and 8
+// mins (bytes 8-15) of the 6-bit fields, the same 32-bit lanes computed side by side. Reads 16
+// bytes (a super-block's scales are followed by its codes).
+inline __m128i scales_mins(const uint8_t* sc) {
+    const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+    // Lanes {u0, u2, u1, u2 >> 4} masked {six, four, six, four}, then lanes 1 and 3 take the top
+    // two bits of u0 and u1's bytes as their bits 4-5.
+    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_set_epi32(4, 0, 0, 0));
+    const __m128i six = _mm_set1_epi8(0x3f), four = _mm_set1_epi8(0x0f), two = _mm_set1_epi8(0x03);
+    const __m128i low = _mm_and_si128(a, _mm_blend_epi32(six, four, 0b1010));
+    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 6),
+                                                     _mm_blend_epi32(_mm_setzero_si128(), two, 0b1010)),
+                                       4);
+    return _mm_or_si128(low, top);
+}
+
 }  // namespace
 
 // Q4_K and Q5_K. Per sub-block pair g (32 bytes of qs): both halves of a register hold the bytes,
 // shifted right by 0 / 4 and masked to the nibbles of sub-blocks 2g / 2g + 1; Q5_K's fifth bits
 // of those sub-blocks are bits 2g / 2g + 1 of qh's bytes, shifted down the same way. The int32
 // lanes: at most 4 x 2 x 7874 x 8064 < 2^31 per super-block before they meet its float factor.
+// The float terms of the 8 mins (against the block sums) and of the errors at the centre (8
+// scales against the rounding errors) are one 16-lane product a super-block, into the same
+// accumulator as the dots.
 template <bool kFifthBit>
 static void q45_k_rows(const BlockRows& p, int r0, int r1) {
     constexpr int kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
@@ -80,23 +99,26 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
     const __m512i pick[4] = {halves_pick(0, 1), halves_pick(2, 3), halves_pick(4, 5), halves_pick(6, 7)};
     __m512i bit_shift[4];
     for (int g = 0; g < 4; ++g) bit_shift[g] = halves_count(2 * g, 2 * g + 1);
+    // d * kCentre for the scales' lanes, -dmin for the mins'.
+    const __m128 signs = _mm_set_ps(0.f, 0.f, -1.f, kCentre);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int r = r0; r < r1; ++r) {
         const uint8_t* row = p.blocks + static_cast<size_t>(r) * p.row_bytes;
         __m512 acc = _mm512_setzero_ps();
-        __m256 sums = _mm256_setzero_ps();  // the mins against the block sums, less the errors' part at the centre
         for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             prefetch_ahead<kBytes>(b);
-            uint8_t s8[8], m8[8];
-            q4_k_scales_mins(b + 4, s8, m8);
-            const float d = half_at(b);
-            const __m256 mv = _mm256_mul_ps(u8_floats(m8), _mm256_set1_ps(half_at(b + 2)));
-            sums = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x.sums.data() + 8 * k), sums);
-            const __m256 sv = _mm256_mul_ps(u8_floats(s8), _mm256_set1_ps(d * kCentre));
-            sums = _mm256_fnmadd_ps(sv, _mm256_loadu_ps(x.rounding_errors.data() + 8 * k), sums);
-            const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8)));
-            const __m512i mc = _mm512_broadcast_i32x4(
-                _mm_mullo_epi16(s16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k))));
+            const __m128i sm = scales_mins(b + 4);
+            uint32_t dd_bits;
+            std::memcpy(&dd_bits, b, 4);
+            const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd_bits)));  // {d, dmin}
+            const __m512 factor = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dd, signs)));
+            const __m512 errors_sums = _mm512_castpd_ps(
+                _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd(reinterpret_cast<const double*>(x.rounding_errors.data() + 8 * k))),
+                                   _mm256_loadu_pd(reinterpret_cast<const double*>(x.sums.data() + 8 * k)), 1));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), factor), errors_sums, acc);
+            const __m512i mc = _mm512_broadcast_i32x4(_mm_mullo_epi16(
+                _mm_cvtepu8_epi16(sm), _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k))));
             const int8_t* c = x.seq_codes.data() + static_cast<size_t>(k) * 256;
             const __m512i qh = kFifthBit ? both_halves(b + 16) : _mm512_setzero_si512();
             __m512i ic = _mm512_setzero_si512();
@@ -107,9 +129,9 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
                 const __m512i pairs = _mm512_maddubs_epi16(w, load512(c + 64 * g));
                 ic = _mm512_dpwssd_epi32(ic, pairs, _mm512_permutexvar_epi16(pick[g], mc));
             }
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ic), _mm512_set1_ps(d * x.super_steps[static_cast<size_t>(k)]), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ic), _mm512_set1_ps(_mm_cvtss_f32(dd) * x.super_steps[static_cast<size_t>(k)]), acc);
         }
-        p.y[r - r0] = _mm512_reduce_add_ps(acc) - hsum(sums);
+        p.y[r - r0] = _mm512_reduce_add_ps(acc);
     }
 }
 
