@@ -210,7 +210,8 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             row_kernels(t.type);  // a type the table holds as blocks has its kernels here
             if (t.integer_form == nullptr)  // and the batched product's form (weight_types.cpp)
                 throw std::logic_error(std::string("WeightMatrix: no integer form for ") + t.name);
-            seg.blocks = std::move(part.blocks);
+            seg.blocks = std::make_shared<const HugePageBytes>(part.blocks.data(), part.blocks.size());
+            std::vector<uint8_t>().swap(part.blocks);
         }
         rows_ += part.rows;
         segments_.push_back(std::move(seg));
@@ -219,7 +220,7 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
 
 size_t WeightMatrix::bytes() const {
     size_t n = 0;
-    for (const Segment& s : segments_) n += s.q4 ? s.q4->bytes() : s.blocks.size();
+    for (const Segment& s : segments_) n += s.q4 ? s.q4->bytes() : s.blocks->size();
     return n;
 }
 
@@ -278,7 +279,7 @@ void WeightMatrix::multiply_rows(const Q8Activation& x, int r0, int r1, float* y
 #else
         (void)isa;
 #endif
-        const BlockRows p{s.blocks.data() + static_cast<size_t>(a - s.row0) * s.row_bytes, s.row_bytes, cols_, &x,
+        const BlockRows p{s.blocks->data() + static_cast<size_t>(a - s.row0) * s.row_bytes, s.row_bytes, cols_, &x,
                           out};
         kernel(p, 0, b - a);
     }
@@ -291,7 +292,7 @@ const WeightMatrix::Segment& WeightMatrix::segment_of(int r) const {
 }
 
 const uint8_t* WeightMatrix::block_at(const Segment& s, int r, int c) {
-    return s.blocks.data() + static_cast<size_t>(r - s.row0) * s.row_bytes +
+    return s.blocks->data() + static_cast<size_t>(r - s.row0) * s.row_bytes +
            static_cast<size_t>(c / s.traits->block_values) * s.traits->block_bytes;
 }
 

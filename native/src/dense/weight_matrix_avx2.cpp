@@ -13,6 +13,7 @@
 
 #include <cstring>
 
+#include "kquant_scales_x86.h"
 #include "weight_matrix_kernels.h"
 
 namespace mnn_h2o {
@@ -36,9 +37,6 @@ inline float hsum(__m256 acc) {
     return _mm_cvtss_f32(t);
 }
 
-inline __m256 u8_floats(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 inline __m256 i8_floats(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
@@ -77,15 +75,15 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
         for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             prefetch_ahead<kBytes>(b);
-            uint8_t s8[8], m8[8];
-            q4_k_scales_mins(b + 4, s8, m8);
-            const float d = half_at(b);
-            const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8)));
-            const __m256i mc = _mm256_broadcastsi128_si256(
-                _mm_mullo_epi16(s16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k))));
-            const __m256 mv = _mm256_mul_ps(u8_floats(m8), _mm256_set1_ps(half_at(b + 2)));
+            const __m128i sm = kquant_scales_mins(b + 4);  // 8 scales, 8 mins
+            const __m128 dd = kquant_d_dmin(b);
+            const float d = _mm_cvtss_f32(dd);
+            const __m256i mc = _mm256_broadcastsi128_si256(_mm_mullo_epi16(
+                _mm_cvtepu8_epi16(sm), _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.multipliers.data() + 8 * k))));
+            const __m256 mv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))),
+                                            _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
             sums = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x.sums.data() + 8 * k), sums);
-            const __m256 sv = _mm256_mul_ps(u8_floats(s8), _mm256_set1_ps(d * kCentre));
+            const __m256 sv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), _mm256_set1_ps(d * kCentre));
             sums = _mm256_fnmadd_ps(sv, _mm256_loadu_ps(x.rounding_errors.data() + 8 * k), sums);
             const int8_t* c = x.seq_codes.data() + static_cast<size_t>(k) * 256;
             // The fifth bits of sub-block j are bit j of qh's 32 bytes: shifted to bit 0 within

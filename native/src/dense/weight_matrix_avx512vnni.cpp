@@ -20,6 +20,7 @@
 
 #include <cstring>
 
+#include "kquant_scales_x86.h"
 #include "weight_matrix_kernels.h"
 
 namespace mnn_h2o {
@@ -37,17 +38,6 @@ inline float half_at(const uint8_t* p) {
     return _cvtsh_ss(v);
 }
 
-inline float hsum(__m256 acc) {
-    __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-    t = _mm_add_ss(t, _mm_movehdup_ps(t));
-    return _mm_cvtss_f32(t);
-}
-
-inline __m256 u8_floats(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
 // vpermw indices: int16 lanes 0-15 take word `lo`, lanes 16-31 word `hi`, of the multipliers.
 inline __m512i halves_pick(int lo, int hi) {
     return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(static_cast<short>(lo)),
@@ -63,22 +53,6 @@ inline __m512i quarters_pick(int q) {
 // Per 64-bit lane shift counts: `lo` for the lower 256 bits, `hi` for the upper.
 inline __m512i halves_count(int lo, int hi) {
     return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
-}
-
-// q4_k_scales_mins in a register: the 12 packed bytes at sc to the 8 scales (bytes 0-7) and 8
-// mins (bytes 8-15) of the 6-bit fields, the same 32-bit lanes computed side by side. Reads 16
-// bytes (a super-block's scales are followed by its codes).
-inline __m128i scales_mins(const uint8_t* sc) {
-    const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
-    // Lanes {u0, u2, u1, u2 >> 4} masked {six, four, six, four}, then lanes 1 and 3 take the top
-    // two bits of u0 and u1's bytes as their bits 4-5.
-    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_set_epi32(4, 0, 0, 0));
-    const __m128i six = _mm_set1_epi8(0x3f), four = _mm_set1_epi8(0x0f), two = _mm_set1_epi8(0x03);
-    const __m128i low = _mm_and_si128(a, _mm_blend_epi32(six, four, 0b1010));
-    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 6),
-                                                     _mm_blend_epi32(_mm_setzero_si128(), two, 0b1010)),
-                                       4);
-    return _mm_or_si128(low, top);
 }
 
 }  // namespace
@@ -108,10 +82,8 @@ static void q45_k_rows(const BlockRows& p, int r0, int r1) {
         for (int k = 0; k < p.cols / 256; ++k) {
             const uint8_t* b = row + static_cast<size_t>(k) * kBytes;
             prefetch_ahead<kBytes>(b);
-            const __m128i sm = scales_mins(b + 4);
-            uint32_t dd_bits;
-            std::memcpy(&dd_bits, b, 4);
-            const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd_bits)));  // {d, dmin}
+            const __m128i sm = kquant_scales_mins(b + 4);
+            const __m128 dd = kquant_d_dmin(b);
             const __m512 factor = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dd, signs)));
             const __m512 errors_sums = _mm512_castpd_ps(
                 _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd(reinterpret_cast<const double*>(x.rounding_errors.data() + 8 * k))),

@@ -28,6 +28,7 @@
 #include "mnn_h2o/dense/q4_matrix.h"
 #include "mnn_h2o/dense/weight_types.h"
 #include "mnn_h2o/runtime/cpu_features.h"
+#include "mnn_h2o/runtime/huge_page_bytes.h"
 
 namespace mnn_h2o {
 
@@ -80,7 +81,7 @@ private:
         const WeightTypeTraits* traits;
         int row0, rows;
         size_t row_bytes;
-        std::vector<uint8_t> blocks;     // k-quants: the GGUF's bytes
+        std::shared_ptr<const HugePageBytes> blocks;  // k-quants, Q5_0, Q8_0: the GGUF's bytes
         std::shared_ptr<Q4Matrix> q4;    // Q4_0 / Q4_1: the block pairs
     };
     // The segment holding row r (0 <= r < rows_), and where its row r's block holding column c
