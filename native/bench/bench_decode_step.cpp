@@ -1,12 +1,13 @@
 // A decode token's cache steps on Qwen2.5-1.5B's shape (28 layers, 2 kv heads, 12 query heads,
-// head_dim 128, 16-token blocks): each layer's KvCache::step for one token (append, rotation,
+// head_dim 128, 16-token blocks; or SmolLM2-135M's: 30 layers, 3 kv heads, 9 query heads, head_dim
+// 64): each layer's KvCache::step for one token (append, rotation,
 // attention), then end_step, on a lent SpinTeam as decode_token makes them (an empty job on the
 // team in place of each layer's products). The cache is first filled with a prompt
 // of `context` random tokens.
 //
-//   build/bench_decode_step [context tokens dtype threads]
+//   build/bench_decode_step [context tokens dtype threads model]
 //
-// Defaults 512 256 q8r 2. Prints the median and range of ms a token over five runs of `tokens`
+// Defaults 512 256 q8r 2 qwen2.5-1.5b (or smollm2). Prints the median and range of ms a token over five runs of `tokens`
 // tokens each (each run starts from the prompt's cache), which mean something only on a quiet machine;
 // for instruction counts, which load does not change:
 //
@@ -26,7 +27,9 @@ using namespace mnn_h2o;
 
 namespace {
 
-constexpr int kLayers = 28, kKvHeads = 2, kGroup = 6, kHeadDim = 128;
+struct Shape {
+    int layers, kv_heads, group, head_dim;
+};
 
 std::vector<float> random_rows(size_t n, uint64_t seed) {
     std::vector<float> x(n);
@@ -42,10 +45,10 @@ std::vector<float> random_rows(size_t n, uint64_t seed) {
 // As decode_token runs them: on a SpinTeam lent to the cache for the token, rested after it.
 __attribute__((noinline)) void decode_tokens(KvCache& cache, SpinTeam& team, const std::vector<float>& q,
                                              const std::vector<float>& k, const std::vector<float>& v,
-                                             std::vector<float>& out, int tokens) {
+                                             std::vector<float>& out, int tokens, int layers) {
     for (int t = 0; t < tokens; ++t) {
         cache.lend_team(&team);
-        for (int layer = 0; layer < kLayers; ++layer) {
+        for (int layer = 0; layer < layers; ++layer) {
             team.run(team.size(), [](int) {});  // the layer's products, which keep the workers polling
             cache.step(layer, q.data(), k.data(), v.data(), 1, out.data());
         }
@@ -62,11 +65,16 @@ int main(int argc, char** argv) {
     const int tokens = argc > 2 ? std::atoi(argv[2]) : 256;
     const std::string dtype = argc > 3 ? argv[3] : "q8r";
     const int threads = argc > 4 ? std::atoi(argv[4]) : 2;
+    const std::string model = argc > 5 ? argv[5] : "qwen2.5-1.5b";
     KvDtype dt;
-    if (context < 1 || tokens < 1 || threads < 1 || !enum_from_name(dtype, &dt)) {
-        std::fprintf(stderr, "usage: %s [context>=1 tokens>=1 dtype(f16|q8|q8r|...) threads>=1]\n", argv[0]);
+    if (context < 1 || tokens < 1 || threads < 1 || !enum_from_name(dtype, &dt) ||
+        (model != "qwen2.5-1.5b" && model != "smollm2")) {
+        std::fprintf(stderr, "usage: %s [context>=1 tokens>=1 dtype(f16|q8|q8r|...) threads>=1 qwen2.5-1.5b|smollm2]\n",
+                     argv[0]);
         return 2;
     }
+    const Shape sh = model == "smollm2" ? Shape{30, 3, 3, 64} : Shape{28, 2, 6, 128};
+    const int kLayers = sh.layers, kKvHeads = sh.kv_heads, kGroup = sh.group, kHeadDim = sh.head_dim;
     constexpr int kRuns = 5;
     KvCacheConfig c;
     c.n_layers = kLayers;
@@ -94,14 +102,14 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     for (int r = 0; r < kRuns; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        decode_tokens(cache, team, q, k, v, out, tokens);
+        decode_tokens(cache, team, q, k, v, out, tokens, kLayers);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / tokens);
         for (int layer = 0; layer < kLayers; ++layer)
             for (int h = 0; h < kKvHeads; ++h) cache.truncate(layer, h, context);
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("%s, %d threads, %d-token context (+%d): %.3f ms a token (%.3f-%.3f), %.1f us a layer\n",
-                dtype.c_str(), threads, context, tokens, ms[kRuns / 2], ms.front(), ms.back(),
+    std::printf("%s, %s, %d threads, %d-token context (+%d): %.3f ms a token (%.3f-%.3f), %.1f us a layer\n",
+                model.c_str(), dtype.c_str(), threads, context, tokens, ms[kRuns / 2], ms.front(), ms.back(),
                 1000.0 * ms[kRuns / 2] / kLayers);
     return 0;
 }

@@ -183,7 +183,7 @@ static void test_against_reference() {
         run_case({1, 1, 32, 64, dt, {5, 40}, 1}, rng);
         run_case({2, 2, 256, 64, dt, {3, 130}, 1}, rng);
     }
-    // Threads: decode split over key ranges (from kSplitMinQueryKeys keys; below
+    // Threads: decode split over key ranges (from kSplitMinProducts query-key products; below
     // kParallelMinQueryKeys the cache's ThreadPool runs the splits on the caller) and parallel tiles.
     run_case({2, 6, 128, 16, KvDtype::Q8R, {400, 1}, 2}, rng);
     run_case({3, 3, 64, 64, KvDtype::F16, {1500, 1}, 2}, rng);

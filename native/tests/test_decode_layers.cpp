@@ -121,7 +121,7 @@ Model make(int threads, bool gemma = false) {
 
 // decode_token against forward (rest between calls) and KvCache::step layer by layer on a cache of
 // its own: h and the attention output equal bit for bit at every token, over enough tokens that
-// the attention splits its keys (from kSplitMinQueryKeys: on the lent team's threads, and on the
+// the attention splits its keys (from kSplitMinProducts: on the lent team's threads, and on the
 // cache's own pool's caller alone until kParallelMinQueryKeys, then on its threads too).
 void one_call_is_the_layers_one_by_one(int threads) {
     Model a = make(threads), b = make(threads);

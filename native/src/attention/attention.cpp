@@ -78,7 +78,7 @@ void validate(const AttentionProblem& p) {
     if (!shape_error.empty()) fail(shape_error);
     if (!p.heads || !p.q || !p.out) fail("null heads, q or out");
     if (p.n_q < 1) fail("n_q must be >= 1");
-    if (p.split_keys < 0) fail("split_keys must be >= 0");
+    if (p.split_keys < 0 || p.split_kv_heads < 0) fail("split_keys and split_kv_heads must be >= 0");
     if (p.window < 0) fail("window must be >= 0, got " + std::to_string(p.window));
     if (p.window && p.block_scores) fail("a sliding window takes no scores (its keys are not evicted)");
     if (p.window_scores && !p.block_scores) fail("window_scores needs block_scores");
@@ -211,7 +211,8 @@ void decoded(const AttentionProblem& p, const kernels::KernelSet& ks, const kern
     const int G = p.group, hd = p.head_dim, n_heads = p.n_kv_heads * G, bt = p.block_tokens;
     const int max_keys = split_keys_of(p);
     const int max_blocks = (max_keys + bt - 1) / bt;
-    const int splits = n_threads > 1 && query_keys(p) >= kSplitMinQueryKeys ? std::min(n_threads, max_blocks) : 1;
+    const long long products = query_keys(p) * std::max(p.split_kv_heads, p.n_kv_heads) * G * hd;
+    const int splits = n_threads > 1 && products >= kSplitMinProducts ? std::min(n_threads, max_blocks) : 1;
     const int n_tasks = p.n_kv_heads * splits;
     // Split s of a head with nb blocks covers blocks [s*nb/splits, (s+1)*nb/splits).
     const auto split_begin = [&](int nb, int s) { return static_cast<int>(static_cast<long long>(nb) * s / splits); };

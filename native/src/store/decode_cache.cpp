@@ -274,6 +274,7 @@ void DecodeCache::attend(int layer, const AttentionProblem& p, Isa isa, Team* po
         one.window_scores = p.window_scores ? p.window_scores + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.block_max = p.block_max ? p.block_max + static_cast<size_t>(h) * p.scores_stride : nullptr;
         one.split_keys = split_keys;
+        one.split_kv_heads = p.n_kv_heads;
         attention(one, isa, pool, ws, &source);
         for (int t = 0; t < p.n_q; ++t)
             std::memcpy(p.out + (static_cast<size_t>(t) * n_heads + h * G) * hd, out_head_.data() + t * group_floats,

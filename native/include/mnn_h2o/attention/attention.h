@@ -25,15 +25,19 @@ namespace mnn_h2o {
 
 class Team;
 
-// Decode splits each head's keys over the team's threads once n_q * (keys of the longest kv head)
-// reaches kSplitMinQueryKeys, whatever team runs it, so that the results do not depend on which
-// team it is (a decode token's layers lend theirs, Team::polling; a layer-by-layer caller has the
-// cache's ThreadPool). The splits run on the threads when the team polls, or from
-// kParallelMinQueryKeys on any team: below it, waking a sleeping worker costs more than it saves
-// (one thread was faster below ~1k tokens of decode context on the 2-core target), and the splits
-// run one after the other on the caller. Prefill hands out (kv head, query tile) tasks, on the
-// threads when the team polls or from kParallelMinQueryKeys.
-constexpr long long kSplitMinQueryKeys = 256;
+// Decode splits each head's keys over the team's threads once the call's query-key products,
+// n_q * (keys of the longest kv head) * query heads * head_dim, reach kSplitMinProducts, whatever
+// team runs it, so that the results do not depend on which team it is (a decode token's layers
+// lend theirs, Team::polling; a layer-by-layer caller has the cache's ThreadPool). On a polling
+// team of two on the 2-core Zen 4 VM a split paid from 192-256 keys on the 1.5B's shape (12 heads
+// of 128: 0.74x the time a token's cache steps took on one thread at 256, 1.32x at 128) and from
+// 512 on SmolLM2's (9 of 64: 0.91x; 1.10x at 256): about 2^18 products either way. The splits
+// run on the threads when the team polls, or from kParallelMinQueryKeys on any team: below it,
+// waking a sleeping worker costs more than it saves (one thread was faster below ~1k tokens of
+// decode context on the 2-core target), and the splits run one after the other on the caller.
+// Prefill hands out (kv head, query tile) tasks, on the threads when the team polls or from
+// kParallelMinQueryKeys.
+constexpr long long kSplitMinProducts = 1 << 18;  // 171 keys of the 1.5B, 455 of SmolLM2
 constexpr long long kParallelMinQueryKeys = 1024;
 
 // The cached keys and values of one kv head. Block i holds tokens [i*block_tokens,
@@ -80,6 +84,9 @@ struct AttentionProblem {
     // head of the whole problem, so the splits, and so the results, are bit-identical to the
     // all-heads call.
     int split_keys = 0;
+    // Likewise the kv heads it is planned for; 0 = n_kv_heads (the store's one-head calls pass the
+    // whole problem's).
+    int split_kv_heads = 0;
 
     // A sliding window (Gemma 3's local layers): query i sees only the newest `window` of the keys
     // it would see causally, keys [max(0, limit - window), limit); 0: all of them. The keys of

@@ -9,7 +9,7 @@
 // tokens against 1.5 ms back to back. Here the cache borrows the layers' team for the token
 // (KvCache::lend_team), so one team's workers stay awake from the first layer to the last and rest
 // when the token is done; and since they poll, the attention splits its keys over them from
-// kSplitMinQueryKeys, where a sleeping pool would run the same splits on the caller. The results
+// kSplitMinProducts, where a sleeping pool would run the same splits on the caller. The results
 // are those of the layer-by-layer calls bit for bit: the same products, and the attention split as
 // many ways (a team of another size is not lent).
 #pragma once
