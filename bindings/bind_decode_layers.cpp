@@ -35,7 +35,9 @@ std::vector<T> vector_of(const py::array& a, const std::string& name) {
 
 // A matrix from its parts: a list of (GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows.
 WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& name) {
+    using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
     std::vector<WeightMatrix::Part> ps;
+    std::vector<Bytes> held;  // the parts' buffers, alive while the matrix copies them
     for (size_t j = 0; j < parts.size(); ++j) {
         const std::string where = name + " part " + std::to_string(j);
         const py::tuple t = parts[j].cast<py::tuple>();
@@ -47,10 +49,13 @@ WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& n
         if (blocks.ndim() != 2 || !blocks.dtype().is(py::dtype::of<uint8_t>()))
             throw py::value_error(where + ": blocks must be uint8 [rows, row bytes]");
         if (blocks.shape(0) > INT32_MAX) throw py::value_error(where + ": too many rows");
-        ps.push_back({traits->type, static_cast<int>(blocks.shape(0)), vector_of<uint8_t>(blocks, where)});
+        held.push_back(Bytes::ensure(blocks));
+        if (!held.back()) throw py::value_error(where + ": blocks cannot be read as bytes");
+        ps.push_back({traits->type, static_cast<int>(blocks.shape(0)), held.back().data(),
+                      static_cast<size_t>(held.back().size())});
     }
     try {
-        return WeightMatrix(cols, std::move(ps));
+        return WeightMatrix(cols, ps);
     } catch (const std::invalid_argument& e) {
         throw py::value_error(name + ": " + e.what());
     }

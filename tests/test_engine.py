@@ -1,4 +1,6 @@
 """The engine against the numpy reference and against itself, on the real SmolLM2 model."""
+import os
+
 import numpy as np
 import pytest
 
@@ -320,3 +322,27 @@ def test_mnn_modules_are_built_when_a_runtime_first_needs_them(tmp_path, smollm2
     a, b = native.prefill(ids), mnn.prefill(ids)
     assert int(np.argmax(a)) == int(np.argmax(b))
     assert np.corrcoef(a, b)[0, 1] > 0.99
+
+
+def test_embedding_rows_read_from_disk_are_the_files_rows(tmp_path):
+    from mnn_h2o.engine import _RowsOnDisk
+    from mnn_h2o.errors import ModelFileError
+
+    table = np.random.default_rng(3).standard_normal((300, 48)).astype(np.float16)
+    path = str(tmp_path / "embed.npy")
+    np.save(path, table)
+    rows = _RowsOnDisk(path)
+    ids = np.array([0, 299, 7, 7, 150], dtype=np.int32)
+    got = rows.rows(ids)
+    assert got.dtype == np.float32 and got.shape == (5, 48)
+    np.testing.assert_array_equal(got, table[ids].astype(np.float32))
+    assert rows.rows(np.array([], dtype=np.int32)).shape == (0, 48)
+    with pytest.raises(IndexError):
+        rows.rows(np.array([300]))
+    with open(path, "r+b") as f:  # a table cut short
+        f.truncate(os.path.getsize(path) - 10)
+    with pytest.raises(ModelFileError, match="truncated"):
+        _RowsOnDisk(path)
+    np.save(path, table[:, 0])
+    with pytest.raises(ModelFileError, match="2-D"):
+        _RowsOnDisk(path)

@@ -52,8 +52,13 @@ std::vector<uint8_t> random_blocks(WeightType type, int rows, int cols, std::mt1
 
 WeightMatrix matrix(std::vector<std::pair<WeightType, int>> parts, int cols, std::mt19937& rng) {
     std::vector<WeightMatrix::Part> ps;
-    for (auto [type, rows] : parts) ps.push_back({type, rows, random_blocks(type, rows, cols, rng)});
-    return WeightMatrix(cols, std::move(ps));
+    std::vector<std::vector<uint8_t>> bytes;
+    bytes.reserve(parts.size());  // the views below point into these
+    for (auto [type, rows] : parts) {
+        bytes.push_back(random_blocks(type, rows, cols, rng));
+        ps.push_back({type, rows, bytes.back().data(), bytes.back().size()});
+    }
+    return WeightMatrix(cols, ps);
 }
 
 double rel(const float* a, const float* b, size_t n) {

@@ -367,12 +367,14 @@ static void stacked_parts() {
                                 WeightType::Q5_K, WeightType::Q5_0, WeightType::Q8_0};
     const int rows[] = {64, 32, 40, 24, 16, 8, 24};
     std::vector<WeightMatrix::Part> parts;
+    std::vector<std::vector<uint8_t>> bytes(7);
     std::vector<WeightMatrix> alone;
     for (int p = 0; p < 7; ++p) {
         const WeightTypeTraits& t = weight_traits(types[p]);
-        std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
-        parts.push_back({types[p], rows[p], b});
-        alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b}});
+        std::vector<uint8_t>& b = bytes[p];
+        b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
+        parts.push_back({types[p], rows[p], b.data(), b.size()});
+        alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b.data(), b.size()}});
     }
     const WeightMatrix stack(cols, parts);
     CHECK(stack.rows() == 208 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0+Q5_K+Q5_0+Q8_0", "%d rows, %s", stack.rows(),
@@ -395,7 +397,7 @@ static void stacked_parts() {
         CHECK(bad == 0, "%s: %d of 208 stacked rows differ from their part alone", isa_name(isa), bad);
     }
     // Q4_1 through WeightMatrix against Q4Matrix over the same nibbles, scales and mins.
-    const std::vector<uint8_t>& b = parts[1].blocks;
+    const std::vector<uint8_t>& b = bytes[1];
     const size_t nb = b.size() / 20;
     std::vector<uint8_t> nib(nb * 16);
     std::vector<uint16_t> s(nb), m(nb);
@@ -520,16 +522,18 @@ static void integer_forms() {
 static void batched_product(const std::vector<WeightType>& types, const std::vector<int>& rows, int cols) {
     std::mt19937 rng(11 + cols);
     std::vector<WeightMatrix::Part> parts;
+    std::vector<std::vector<uint8_t>> bytes(types.size());
     std::vector<double> w;  // [rows][cols], the reference dequantiser's values
     for (size_t p = 0; p < types.size(); ++p) {
         const WeightTypeTraits& t = weight_traits(types[p]);
-        std::vector<uint8_t> b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
+        std::vector<uint8_t>& b = bytes[p];
+        b = random_blocks(types[p], rows[p] * weight_row_bytes(t, cols) / t.block_bytes, rng);
         std::vector<float> v(static_cast<size_t>(rows[p]) * cols);
         t.dequantize(b.data(), v.data(), b.size() / t.block_bytes);
         w.insert(w.end(), v.begin(), v.end());
-        parts.push_back({types[p], rows[p], std::move(b)});
+        parts.push_back({types[p], rows[p], b.data(), b.size()});
     }
-    const WeightMatrix m(cols, std::move(parts));
+    const WeightMatrix m(cols, parts);
     const int R = m.rows(), G = cols / kIntegerGroup;
     std::vector<uint8_t> u(static_cast<size_t>(R) * cols);
     std::vector<float> a(static_cast<size_t>(R) * G), o(static_cast<size_t>(R) * G);

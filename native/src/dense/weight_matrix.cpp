@@ -162,12 +162,12 @@ const RowKernels& row_kernels(WeightType type) {
 
 }  // namespace
 
-WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
+WeightMatrix::WeightMatrix(int cols, const std::vector<Part>& parts) : cols_(cols) {
     if (cols <= 0 || cols % kQ4Block != 0)
         throw std::invalid_argument("WeightMatrix: cols must be a positive multiple of 32, not " + std::to_string(cols));
     if (parts.empty()) throw std::invalid_argument("WeightMatrix: no parts");
     for (size_t pi = 0; pi < parts.size(); ++pi) {
-        Part& part = parts[pi];
+        const Part& part = parts[pi];
         const WeightTypeTraits& t = weight_traits(part.type);
         const std::string what = "WeightMatrix part " + std::to_string(pi) + " (" + t.name + "): ";
         if (part.rows <= 0) throw std::invalid_argument(what + "rows must be positive");
@@ -175,13 +175,13 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             throw std::invalid_argument(what + "a row of " + std::to_string(cols) + " values is not a whole number of " +
                                         std::to_string(t.block_values) + "-value blocks");
         const size_t row_bytes = weight_row_bytes(t, cols);
-        if (part.blocks.size() != row_bytes * static_cast<size_t>(part.rows))
-            throw std::invalid_argument(what + std::to_string(part.blocks.size()) + " bytes for " +
+        if (part.bytes != row_bytes * static_cast<size_t>(part.rows))
+            throw std::invalid_argument(what + std::to_string(part.bytes) + " bytes for " +
                                         std::to_string(part.rows) + " rows of " + std::to_string(row_bytes));
-        const size_t n_blocks = part.blocks.size() / static_cast<size_t>(t.block_bytes);
+        const size_t n_blocks = part.bytes / static_cast<size_t>(t.block_bytes);
         for (size_t k = 0; k < n_blocks; ++k)
             for (int off : t.half_offsets)
-                if (off >= 0 && !std::isfinite(half_at(part.blocks.data() + k * t.block_bytes + off)))
+                if (off >= 0 && !std::isfinite(half_at(part.blocks + k * t.block_bytes + off)))
                     throw std::invalid_argument(what + "block " + std::to_string(k) + " has a scale that is not finite");
         Segment seg{&t, rows_, part.rows, row_bytes, {}, nullptr};
         if (t.held == HeldAs::Q4Pairs) {
@@ -193,7 +193,7 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             const bool has_min = t.type == WeightType::Q4_1;
             const int qs = has_min ? 4 : 2;
             for (size_t k = 0; k < nb; ++k) {
-                const uint8_t* b = part.blocks.data() + k * t.block_bytes;
+                const uint8_t* b = part.blocks + k * t.block_bytes;
                 std::memcpy(&scales[k], b, 2);
                 if (has_min) {
                     std::memcpy(&mins[k], b + 2, 2);
@@ -210,8 +210,7 @@ WeightMatrix::WeightMatrix(int cols, std::vector<Part> parts) : cols_(cols) {
             row_kernels(t.type);  // a type the table holds as blocks has its kernels here
             if (t.integer_form == nullptr)  // and the batched product's form (weight_types.cpp)
                 throw std::logic_error(std::string("WeightMatrix: no integer form for ") + t.name);
-            seg.blocks = std::make_shared<const HugePageBytes>(part.blocks.data(), part.blocks.size());
-            std::vector<uint8_t>().swap(part.blocks);
+            seg.blocks = std::make_shared<const HugePageBytes>(part.blocks, part.bytes);
         }
         rows_ += part.rows;
         segments_.push_back(std::move(seg));

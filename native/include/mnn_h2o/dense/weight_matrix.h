@@ -34,17 +34,22 @@ namespace mnn_h2o {
 
 class WeightMatrix {
 public:
+    // A view of the caller's bytes, read only while the constructor runs: the matrix keeps its
+    // own copy (on huge pages), so a GGUF's tensor is never held twice beyond that copy.
     struct Part {
         WeightType type;
         int rows;
-        std::vector<uint8_t> blocks;  // rows * weight_row_bytes(type, cols), the GGUF's bytes
+        const uint8_t* blocks;  // rows * weight_row_bytes(type, cols) bytes, the GGUF's blocks
+        size_t bytes;
+        Part(WeightType t, int r, const uint8_t* b, size_t n) : type(t), rows(r), blocks(b), bytes(n) {}
+        Part(WeightType t, int r, const std::vector<uint8_t>& b) : Part(t, r, b.data(), b.size()) {}
     };
 
     // The parts' rows stacked in order, each part's blocks as the GGUF stores them. Throws
     // std::invalid_argument, naming the part, on a type the decode layers do not hold, a width
     // that is not a whole number of its blocks (or of 32), a byte count that does not match, or a
     // block scale that is not finite.
-    WeightMatrix(int cols, std::vector<Part> parts);
+    WeightMatrix(int cols, const std::vector<Part>& parts);
     WeightMatrix() = default;
 
     int rows() const { return rows_; }
