@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             out["kv_peak_mib"] = st.kv_bytes_peak / 2**20
             out["kv_uncompressed_mib"] = st.kv_bytes_uncompressed / 2**20
         else:
-            from ..bench.llama_peer import LlamaPeer
+            from ..bench.llama_peer import LlamaPeer, check, preflight
             from ..gguf_model import GgufModel
             from ..model_source import resolve_gguf
             from ..tokenizer import load_tokenizer
@@ -69,7 +69,10 @@ def main(argv=None) -> int:
             path = resolve_gguf(args.model)
             ids = essay_tokens(load_tokenizer(GgufModel(path)), args.context + args.decode)
             # the bench's peer: a sliding-window model gets llama.cpp's SWA cache
-            m = LlamaPeer(path, (len(ids) + 255) // 256 * 256, 2, args.llama_kv == "q8_0", args.llama_kv, args.llama_kv)
+            config = (args.llama_kv == "q8_0", args.llama_kv, args.llama_kv)
+            check()
+            preflight(path, 2, [config])  # a build that crashes (AMX kernels) is an error with its fix
+            m = LlamaPeer(path, (len(ids) + 255) // 256 * 256, 2, *config)
             out["after_load"] = _rss_mb()
             m.prefill(ids[:args.context])
             for t in ids[args.context:]:
