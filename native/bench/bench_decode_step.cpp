@@ -22,6 +22,7 @@
 
 #include "mnn_h2o/cache/kv_cache.h"
 #include "mnn_h2o/runtime/spin_team.h"
+#include "bench_support.h"
 
 using namespace mnn_h2o;
 
@@ -31,16 +32,6 @@ struct Shape {
     int layers, kv_heads, group, head_dim;
 };
 
-std::vector<float> random_rows(size_t n, uint64_t seed) {
-    std::vector<float> x(n);
-    uint64_t s = seed;
-    const auto uniform = [&s] {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        return static_cast<float>(s >> 40) / static_cast<float>(1u << 24);
-    };
-    for (float& v : x) v = (uniform() + uniform() + uniform() + uniform() - 2.f) * 1.7f;
-    return x;
-}
 
 // As decode_token runs them: on a SpinTeam lent to the cache for the token, rested after it.
 __attribute__((noinline)) void decode_tokens(KvCache& cache, SpinTeam& team, const std::vector<float>& q,

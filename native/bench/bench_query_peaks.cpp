@@ -21,24 +21,13 @@
 #include <vector>
 
 #include "mnn_h2o/cache/kv_cache.h"
+#include "bench_support.h"
 
 using namespace mnn_h2o;
 
 namespace {
 
 constexpr int kKvHeads = 2, kGroup = 6, kHeadDim = 128;
-
-// Standard-normal-ish values (a sum of uniforms) from a fixed seed: cheap next to the prompt.
-std::vector<float> random_rows(size_t n, uint64_t seed) {
-    std::vector<float> x(n);
-    uint64_t s = seed;
-    const auto uniform = [&s] {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        return static_cast<float>(s >> 40) / static_cast<float>(1u << 24);
-    };
-    for (float& v : x) v = (uniform() + uniform() + uniform() + uniform() - 2.f) * 1.7f;
-    return x;
-}
 
 __attribute__((noinline)) void run_prompt(KvCache& cache, const std::vector<float>& q, const std::vector<float>& k,
                                           const std::vector<float>& v, const std::vector<float>& scores, int chunks,

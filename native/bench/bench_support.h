@@ -1,4 +1,4 @@
-// What the speed programs in native/bench share: random weight blocks of a type.
+// What the speed programs in native/bench share: random weight blocks of a type, random rows.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,18 @@ inline std::vector<uint8_t> random_blocks(const WeightTypeTraits& t, size_t n_bl
                 std::memcpy(&b[k * t.block_bytes + static_cast<size_t>(off)], &h, 2);
             }
     return b;
+}
+
+// Standard-normal-ish values (a sum of uniforms) from a fixed seed: cheap next to what is timed.
+inline std::vector<float> random_rows(size_t n, uint64_t seed) {
+    std::vector<float> x(n);
+    uint64_t s = seed;
+    const auto uniform = [&s] {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return static_cast<float>(s >> 40) / static_cast<float>(1u << 24);
+    };
+    for (float& v : x) v = (uniform() + uniform() + uniform() + uniform() - 2.f) * 1.7f;
+    return x;
 }
 
 }  // namespace mnn_h2o
