@@ -210,10 +210,11 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
     x_rows_.residual = x_rows_.residual || head_.reads_twice_rounded();  // it reads a chunk's final norms too
-    // The head reads the final norm's activation.
-    if ((head_.reads_kquant_form() && !xq_.kquant_form) || (head_.reads_pair_form() && !xq_.pair_form)) {
-        xq_.kquant_form = xq_.kquant_form || head_.reads_kquant_form();
-        xq_.pair_form = xq_.pair_form || head_.reads_pair_form();
+    // The head reads the final norm's activation: it gets the forms the head reads too.
+    const bool kquant = xq_.kquant_form || head_.reads_kquant_form(), pair = xq_.pair_form || head_.reads_pair_form();
+    if (kquant != xq_.kquant_form || pair != xq_.pair_form) {
+        xq_.kquant_form = kquant;
+        xq_.pair_form = pair;
         xq_.resize(shape_.hidden);
     }
 }
