@@ -118,10 +118,13 @@ std::unique_ptr<DecodeLayers> make_layers(const py::dict& shape, const py::seque
         auto out = std::make_unique<DecodeLayers>(s, std::move(ws), threads);
         if (!head.is_none()) {
             const py::dict d = head.cast<py::dict>();
-            if (!d.contains("out_norm") || !d.contains("matrix"))
-                throw py::value_error("head: a dict of out_norm and matrix expected");
-            out->set_head(vector_of<float>(py::array(d["out_norm"]), "head out_norm"),
-                          weight_matrix(s.hidden, d["matrix"].cast<py::list>(), "head matrix"));
+            if (!d.contains("out_norm") || d.contains("matrix") == d.contains("q8_rows"))
+                throw py::value_error("head: a dict of out_norm and either matrix or q8_rows expected");
+            std::vector<float> norm = vector_of<float>(py::array(d["out_norm"]), "head out_norm");
+            if (d.contains("matrix"))
+                out->set_head(std::move(norm), weight_matrix(s.hidden, d["matrix"].cast<py::list>(), "head matrix"));
+            else
+                out->set_head(std::move(norm), d["q8_rows"].cast<std::shared_ptr<mnn_h2o::Q8Matrix>>());
         }
         return out;
     } catch (const std::invalid_argument& e) {
@@ -235,9 +238,11 @@ void bind_decode_layers(py::module_& m) {
              "layer of attn_norm, ffn_norm, optional qkv_bias, q_norm / k_norm (qk_norm), post_attn_norm / post_ffn_norm "
              "(post_norms), and qkv, wo, gate, up, down: each a list of "
              "(GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows (WeightMatrix); head: None or a dict "
-             "of out_norm (the final norm) and matrix (the output projection's parts, as a matrix above)")
+             "of out_norm (the final norm) and either matrix (the output projection's parts, as a matrix above) or "
+             "q8_rows (a Q8Matrix, shared: its rows times the float activation)")
         .def_property_readonly("n_layers", &DecodeLayers::n_layers)
         .def_property_readonly("has_head", &DecodeLayers::has_head)
+        .def_property_readonly("vocab", &DecodeLayers::vocab)
         .def_property_readonly("reads_kquant", &DecodeLayers::reads_kquant)
         .def(
             "logits",

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,9 @@ Q8Matrix make(py::array_t<int8_t, py::array::c_style | py::array::forcecast> cod
 }  // namespace
 
 void bind_q8_matrix(py::module_& m) {
-    py::class_<Q8Matrix>(m, "Q8Matrix",
+    // Shared: the decode layers may hold it as their output matrix (DecodeLayers' head q8_rows)
+    // while the engine reads a tied embedding's rows from it.
+    py::class_<Q8Matrix, std::shared_ptr<Q8Matrix>>(m, "Q8Matrix",
                          "q8_0 rows (int8 codes, one fp16 scale per 32) times float activations: the "
                          "native lm_head (native/include/mnn_h2o/head/q8_matrix.h)")
         .def(py::init(&make), py::arg("codes"), py::arg("scales"), py::arg("threads") = 1,

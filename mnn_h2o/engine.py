@@ -269,13 +269,18 @@ class Llm:
             # Never a silent fallback to MNN's (slower) layers: say which tensor stops the core.
             raise ModelFileError(f"runtime.decode_layers native: {meta.get('no_decode_layers')}; set "
                                  "runtime.decode_layers=mnn to decode with MNN's layer modules instead")
-        self._decode_layers = None
+        self._decode_layers = self._q8_head = None
         if layers_file:
-            from .native_layers import load_decode_layers
+            from .native_layers import holds_head_matrix, load_decode_layers
 
-            self._decode_layers = load_decode_layers(os.path.join(export_dir, layers_file), c, rt["threads"])
-        # Where the decode layers hold the output matrix (a k-quant head), they run the tail and
-        # the head of every row on the GGUF's own blocks: no q8_0 copy of the head, no tail module.
+            path = os.path.join(export_dir, layers_file)
+            # A Q8_0 output matrix is the export's q8 rows: the layers hold them as their head
+            # (on their own threads: the matrix gets none), shared with the embedding's rows.
+            if q8 and rt["tail"] == "native" and not holds_head_matrix(path):
+                self._q8_head = self._q8_rows(q8, threads=1)
+            self._decode_layers = load_decode_layers(path, c, rt["threads"], self._q8_head)
+        # Where the decode layers hold the output matrix, they run the tail and the head of every
+        # row, a decode token's in its own call: no tail module, no head of the runtime's own.
         self._layers_head = (self._decode_layers is not None and self._decode_layers.has_head
                              and rt["lm_head"] == "native" and rt["tail"] == "native")
         if self._layers_head:
@@ -300,13 +305,12 @@ class Llm:
             from .native_tail import NativeTail
 
             self._native_tail = NativeTail(os.path.join(export_dir, tail_file), c, rt["threads"])
-        self._q8_head = None
         if q8:
-            self._q8_head = self._q8_rows(meta["lm_head_q8"])
+            self._q8_head = self._q8_rows(q8, threads=rt["threads"])
         if meta["embedding"]:
             embedding_rows = _RowsOnDisk(os.path.join(export_dir, meta["embedding"])).rows
         else:  # a tied Q8_0 embedding: the head's own rows (export.py), loaded for them if MNN's head runs
-            head_rows = (self._q8_head or self._q8_rows(meta["lm_head_q8"])).rows_of
+            head_rows = (self._q8_head or self._q8_rows(meta["lm_head_q8"], threads=1)).rows_of
             # Rounded to f16 as the export's copy of them was: the values every result and bench
             # reference round was measured with (exact rows moved the quick round's q8_evict KL
             # from 0.0028 to 0.0043: another choice of evicted tokens on one 64-token segment).
@@ -329,21 +333,21 @@ class Llm:
         self._apply_eviction(cfg["eviction"])  # validated above
         self._apply_lossless(cfg["lossless"])
 
-    def _q8_rows(self, q8: dict):
+    def _q8_rows(self, q8: dict, threads: int):
         """The export's q8 rows (codes and scales .npy) as a native Q8Matrix. Memory-mapped: the
         matrix copies the rows once, so they are never held twice."""
         from . import native
 
         codes = np.load(os.path.join(self.export_dir, q8["codes"]), mmap_mode="r")
         scales = np.load(os.path.join(self.export_dir, q8["scales"]), mmap_mode="r")
-        return native.Q8Matrix(codes, scales.view(np.uint16), threads=self.cfg["runtime"]["threads"])
+        return native.Q8Matrix(codes, scales.view(np.uint16), threads=threads)
 
     def _choose_paths(self) -> None:
         """The forward's paths (mnn_h2o/forward_paths.py), from the parts this runtime loaded:
         the layers of a decode token and of a prompt chunk, and the head."""
         inputs, layers = self._inputs, self._decode_layers
         mnn = None if self._prompt_native else MnnLayers(self._modules, inputs)
-        self._token_path = NativeTokenLayers(layers, inputs) if layers is not None else mnn
+        self._token_path = NativeTokenLayers(layers, inputs, self._layers_head) if layers is not None else mnn
         self._prompt_path = NativePromptLayers(layers, inputs) if self._prompt_native else mnn
         if self._layers_head:
             self._head_path = LayersHead(layers, self.config.vocab)
@@ -544,12 +548,14 @@ class Llm:
         self.held = False  # a kvzip pass and its eviction left for compress() (prefill's defer_pass)
 
     # --- forward -----------------------------------------------------------------------------
-    def _layers(self, ids: Sequence[int], pos: int) -> LayerRows:
+    def _layers(self, ids: Sequence[int], pos: int, logits: bool = False) -> LayerRows:
         """Run ``ids`` through every layer at positions pos.., caching their K/V in the current
         context, on the path chosen at load for a decode token or a prompt chunk; their time goes
-        to the context's counters."""
-        path = self._token_path if len(ids) == 1 else self._prompt_path
-        return path.run(ids, pos, self.cache, self.stats, self._observer())
+        to the context's counters. ``logits``: a decode token's are wanted (its native call then
+        computes them too, where the layers hold the head: LayerRows.logits)."""
+        if len(ids) == 1:
+            return self._token_path.run(ids, pos, self.cache, self.stats, self._observer(), logits)
+        return self._prompt_path.run(ids, pos, self.cache, self.stats, self._observer())
 
     def _forward(self, ids: Sequence[int], want: Optional[str], prefill: bool,
                  evict: bool = True) -> Optional[np.ndarray]:
@@ -562,7 +568,7 @@ class Llm:
         if self.pos + n > self.max_context:
             raise ContextOverflowError(
                 f"context overflow: {self.pos} tokens in context + {n} new > limit {self.max_context}")
-        rows = self._layers(ids, self.pos)
+        rows = self._layers(ids, self.pos, want is not None)
         self.unpassed.extend(int(t) for t in ids)
         if evict:
             self._end_step(n, prefill)

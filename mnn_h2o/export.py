@@ -48,8 +48,9 @@ from . import q8_0
 from .model_source import MODELS, cache_root, gguf_file, resolve_gguf
 
 # Bump when the exported graphs or files change meaning: old caches are then re-exported.
-# 6: a tied Q8_0 embedding has no f16 copy (the engine reads its rows from the head's q8 rows)
-EXPORT_VERSION = 6
+# 7: the decode layers' file holds the final norm whatever the head (a Q8_0 head's rows are
+#    lm_head_q8, which the layers multiply: one native call a decode token)
+EXPORT_VERSION = 7
 WEIGHT_BITS = (0, 4, 8)  # 0 = float weights (exactness checks), 4/8 = int4/int8 block 32
 QUANT_BLOCK = 32
 
@@ -179,8 +180,8 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
     layer i, ``{i}.attn_norm``, ``{i}.ffn_norm`` (and ``{i}.qkv_bias``) in float32; per matrix
     ``{i}.<name>.types`` (the GGUF type name of each part) and ``{i}.<name>.<j>`` (part j's blocks
     as the GGUF stores them, GgufModel.weight_blocks: uint8 [rows, row bytes]), and the vectors
-    of gguf_model.LAYER_VECTORS its form has (q_norm, ...); where the layers
-    hold the output matrix's type, ``head.types`` / ``head.0`` and ``out_norm`` as well."""
+    of gguf_model.LAYER_VECTORS its form has (q_norm, ...); ``out_norm`` (the final norm), and
+    where the output matrix is a type the layers hold but Q8_0, ``head.types`` / ``head.0``."""
     c = g.config
     vectors = layer_vectors(c)
     heads = {"attn_q": c.n_heads, "attn_k": c.n_kv_heads}
@@ -194,17 +195,17 @@ def decode_layer_entries(g: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
             yield f"{i}.{name}", np.asarray(g.tensor(f"blk.{i}.{tensor}.weight"), np.float32)
         if c.qkv_bias:
             yield f"{i}.qkv_bias", np.concatenate(g.qkv_biases(i)).astype(np.float32)
-    # The output end too, where the layers hold the output matrix's type, but for Q8_0: the native
-    # head (lm_head_q8) multiplies those very rows with the float activation, and at the head the
+    # The output end too. A Q8_0 output matrix is the export's q8 rows (lm_head_q8), which the
+    # layers multiply with the float activation (DecodeLayers::set_head): at the head the
     # activation's rounding reaches the logits directly (docs/results.md, "The native tail and
     # lm_head"); the other types' blocks have no such kernel.
+    yield "out_norm", np.asarray(g.output_norm(), np.float32)
     head = "token_embd.weight" if c.tied_embeddings else "output.weight"
     kind = g.tensors[head].tensor_type.name
     if kind in _core_types() and kind != "Q8_0":
         kind, blocks = g.weight_blocks(head)
         yield "head.types", np.array([kind])
         yield "head.0", blocks
-        yield "out_norm", np.asarray(g.output_norm(), np.float32)
 
 
 def decode_layer_arrays(g: GgufModel) -> tuple[dict | None, str | None]:

@@ -1,15 +1,19 @@
 """The paths a forward takes through the model, each chosen once when an Llm loads (engine.py):
 
-    layers of a decode token:  NativeTokenLayers (one native call: every layer and its cache step)
+    layers of a decode token:  NativeTokenLayers (one native call: every layer and its cache step,
+                               and the logits where the layers hold the head)
                                | MnnLayers (MNN's layer modules, a cache step after each)
     layers of a prompt chunk:  NativePromptLayers (the chunk's rows, batched native products)
                                | MnnLayers
     head (tail + lm_head):     LayersHead (the decode layers' own tail and output matrix: a
-                               k-quant head) | TailThenHead(NativeTail | MnnTail, Q8Head | MnnHead)
+                               k-quant head, or the q8 rows of a Q8_0 one)
+                               | TailThenHead(NativeTail | MnnTail, Q8Head | MnnHead)
 
 A layers path runs ids through every layer at positions pos.. against a context's cache (its K/V
 appended, attended; the observer given each layer's input hidden states) and returns LayerRows;
-a head path turns LayerRows into logits. Each adds its time to the context's Stats (engine.py).
+a head path turns LayerRows into logits. Asked for logits, a decode token's native call computes
+them itself where the layers hold the head (LayerRows.logits), and LayersHead hands those on:
+Python asks for a token and reads counters. Each adds its time to the context's Stats (engine.py).
 """
 from __future__ import annotations
 
@@ -30,11 +34,13 @@ Observer = Callable[[int, np.ndarray], Optional[np.ndarray]]
 class LayerRows:
     """What the layers leave for the head: the last layer's input residual stream ``h`` (numpy
     rows, or MNN's output variable when MNN's modules ran), its attention output ``attn``
-    ([n, n_heads * head_dim] float32) and, when MNN's modules ran, that output as MNN's input
-    variable (``mnn_attn``, so MNN's tail reads it without a copy)."""
+    ([n, n_heads * head_dim] float32), when MNN's modules ran, that output as MNN's input
+    variable (``mnn_attn``, so MNN's tail reads it without a copy), and the logits ([n, vocab])
+    where the layers' call computed them."""
     h: Any
     attn: np.ndarray
     mnn_attn: Any = None
+    logits: Optional[np.ndarray] = None
 
     def h_rows(self) -> np.ndarray:
         return self.h if isinstance(self.h, np.ndarray) else self.h.read()
@@ -117,8 +123,9 @@ class MnnLayers:
         self.layers = [modules[f"layer{i}"] for i in range(inputs.cfg.n_layers)]
         self.inputs = inputs
 
-    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
-        n, inp, perf = len(ids), self.inputs, time.perf_counter
+    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer],
+            logits: bool = False) -> LayerRows:
+        n, inp, perf = len(ids), self.inputs, time.perf_counter  # logits: a head path's work here
         t0 = perf()
         h_in, attn_in, cos_in, sin_in, attn = inp.vars(n)
         h_in.write(inp.embedding(ids))
@@ -157,33 +164,40 @@ class MnnLayers:
 
 class NativeTokenLayers:
     """One decode token through the native decode layers: every layer and its cache step in one
-    native call on one team of threads (native/include/mnn_h2o/model/decode_token.h)."""
+    native call on one team of threads (native/include/mnn_h2o/model/decode_token.h), and its
+    logits in the same call when asked for and ``head`` (the layers hold the output matrix and
+    the engine chose them as its head path)."""
 
-    def __init__(self, layers, inputs: Inputs):
+    def __init__(self, layers, inputs: Inputs, head: bool):
         from . import native
 
         c = inputs.cfg
         self.layers, self.inputs = layers, inputs
+        self.vocab = layers.vocab if head else 0
         self._call = native.decode_token  # bound once: it runs every decode token
         self._q, self._k, self._v = (np.empty((1, n * c.head_dim), np.float32)
                                      for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
         self._attn = np.empty((1, c.n_heads * c.head_dim), np.float32)  # the attention output: heads x head_dim wide
 
-    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer]) -> LayerRows:
+    def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer],
+            logits: bool = False) -> LayerRows:
         t0 = time.perf_counter()
         inp = self.inputs
+        # A fresh array each token: a caller may keep the previous token's.
+        out = np.empty((1, self.vocab), np.float32) if logits and self.vocab else None
         h = inp.embedding(ids[:1])[0]  # one place for the embedding (and, for Gemma, its scale)
         cos, sin = inp.rope(pos, 1)
         local_cos = local_sin = None
         if inp.has_local:  # the window layers' rotation (the cache's window layers take it)
             local_cos, local_sin = (x[0] for x in inp.rope(pos, 1, local=True))
-        dense, att, obs = self._call(self.layers, cache, h, cos[0], sin[0], self._q, self._k, self._v, self._attn,
-                                     observe, None, local_cos, local_sin)
+        dense, att, obs, head = self._call(self.layers, cache, h, cos[0], sin[0], self._q, self._k, self._v,
+                                           self._attn, observe, None, local_cos, local_sin, out)
         st.dense_s += dense
         st.attention_s += att
         st.policy_s += obs
-        st.convert_s += time.perf_counter() - t0 - dense - att - obs
-        return LayerRows(h[None], self._attn)
+        st.head_s += head
+        st.convert_s += time.perf_counter() - t0 - dense - att - obs - head
+        return LayerRows(h[None], self._attn, logits=out)
 
 
 class NativePromptLayers:
@@ -229,12 +243,15 @@ class NativePromptLayers:
 
 class LayersHead:
     """The decode layers' own tail and output matrix (a k-quant head read from the GGUF's
-    blocks): the last layer finished, the final norm and the logits in one native call."""
+    blocks, or a Q8_0 one's q8 rows): the last layer finished, the final norm and the logits in
+    one native call, or in the token's own (LayerRows.logits)."""
 
     def __init__(self, layers, vocab: int):
         self.layers, self.vocab = layers, vocab
 
     def logits(self, rows: LayerRows, sel: slice, st) -> np.ndarray:
+        if rows.logits is not None:  # the token's call computed them (its time counted there)
+            return rows.logits[sel]
         perf = time.perf_counter
         t0 = perf()
         # logits_rows finishes the last layer into its h: a copy

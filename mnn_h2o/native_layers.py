@@ -17,16 +17,25 @@ from .architecture import layer_options
 from .export import DECODE_MATRICES
 from .gguf_model import LAYER_VECTORS, ModelConfig
 
-def load_decode_layers(path: str, cfg: ModelConfig, threads: int):
-    """The export's decode layers (decode_layers.npz) as a native DecodeLayers."""
+def load_decode_layers(path: str, cfg: ModelConfig, threads: int, q8_head=None):
+    """The export's decode layers (decode_layers.npz) as a native DecodeLayers; ``q8_head`` as
+    decode_layers_from_arrays'."""
     with np.load(path) as z:
-        return decode_layers_from_arrays(z, cfg, threads)
+        return decode_layers_from_arrays(z, cfg, threads, q8_head)
 
 
-def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
+def holds_head_matrix(path: str) -> bool:
+    """Whether the export's decode layers hold the output matrix's blocks (not a Q8_0 one's)."""
+    with np.load(path) as z:
+        return "head.types" in z.files
+
+
+def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int, q8_head=None):
     """A native DecodeLayers from export.decode_layer_arrays' arrays (a dict or an open npz),
     matched by name; a missing array is a KeyError naming it, a wrong shape or type a ValueError
-    naming the layer and the matrix (DecodeLayers checks every one)."""
+    naming the layer and the matrix (DecodeLayers checks every one). ``q8_head``: a native
+    Q8Matrix (the export's q8 rows of a Q8_0 output matrix) the layers hold as their output
+    matrix, shared, where the arrays hold none; with arrays that hold one it is an error."""
     names = set(arrays.files if hasattr(arrays, "files") else arrays)
 
     def get(key):
@@ -58,8 +67,12 @@ def decode_layers_from_arrays(arrays, cfg: ModelConfig, threads: int):
              "form": layer_options(cfg)}
     head = None
     if "head.types" in names:
+        if q8_head is not None:
+            raise ValueError("decode layers: the file holds the output matrix, and q8 rows were given for it too")
         head = {"out_norm": np.asarray(get("out_norm"), np.float32),
                 "matrix": [(str(t), get(f"head.{j}")) for j, t in enumerate(get("head.types"))]}
+    elif q8_head is not None:
+        head = {"out_norm": np.asarray(get("out_norm"), np.float32), "q8_rows": q8_head}
     out = native.DecodeLayers(shape, Layers(), threads=threads, head=head)
     release_freed_memory()
     return out

@@ -127,7 +127,8 @@ def test_native_head_holds_the_gguf_values_and_agrees_with_mnns_module(llm8, smo
 
 
 def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, reference, tokenizer):
-    """runtime.tail native: finish_layer and the final norm over the GGUF's own last-layer blocks
+    """runtime.tail native with MNN's decode layers (runtime.decode_layers mnn; native ones run
+    the tail themselves): finish_layer and the final norm over the GGUF's own last-layer blocks
     (Q4_1 here: code * scale + min, exactly its values) in float32, against the same in float64
     over the GGUF's values; on the real model, closer to the exact model than MNN's tail module
     (int8 activations)."""
@@ -147,7 +148,9 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
         assert np.array_equal(values.reshape(w[name].shape), w[name]), name
         assert np.any(mins), name  # Q4_1: the mins' term is exercised
 
-    tail = llm8._native_tail
+    mnn_layers = {"decode_layers": "mnn", "prompt_layers": "mnn"}
+    assert llm8._native_tail is None  # the decode layers' own
+    tail = make_llm(8, **mnn_layers)._native_tail
     assert tail is not None
     rng = np.random.default_rng(0)
     h = rng.standard_normal((3, c.hidden)) * 4
@@ -159,8 +162,9 @@ def test_native_tail_is_the_last_layers_end_in_float(llm8, smollm2_gguf, referen
     assert np.abs(got - ref).max() < 1e-4 * np.abs(ref).max(), np.abs(got - ref).max() / np.abs(ref).max()
 
     # The default export (the GGUF's 4-bit values exactly in MNN): only the activations differ.
-    native_tail, mnn_tail = make_llm(4, head_bits=8), make_llm(4, head_bits=8, tail="mnn")
-    assert mnn_tail._native_tail is None and list(mnn_tail._modules) == ["tail"]
+    native_tail, mnn_tail = make_llm(4, head_bits=8, **mnn_layers), make_llm(4, head_bits=8, tail="mnn", **mnn_layers)
+    assert native_tail._native_tail is not None
+    assert mnn_tail._native_tail is None and "tail" in mnn_tail._modules
     ids = essay_tokens(tokenizer, 256)
     exact = log_softmax(reference.forward(ids, all_logits=True))
     a, b = log_softmax(native_tail.logits(ids)), log_softmax(mnn_tail.logits(ids))

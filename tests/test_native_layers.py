@@ -106,11 +106,16 @@ def test_one_layer_call_is_decoder_layer(smollm2_gguf):
                        q[:-1], k, v)
 
 
+def embed_row(g, token: int) -> np.ndarray:
+    return g.embedding()[token].astype(np.float32)
+
+
 def test_decode_token_is_the_layers_one_by_one(smollm2_gguf):
     """native.decode_token (every layer and its cache step in one call, the attention on the
-    layers' threads) against forward and KvCache.step layer by layer on the real weights: h, the
-    attention output and the cache equal bit for bit; an observer sees every layer's h and its
-    scores reach a predicted_kvzip cache; bad arguments refused before anything runs."""
+    layers' threads, and the logits where asked for) against forward and KvCache.step layer by
+    layer and then logits, on the real weights and their Q8_0 head: h, the attention output, the
+    logits and the cache equal bit for bit; an observer sees every layer's h and its scores reach
+    a predicted_kvzip cache; bad arguments refused before anything runs."""
     from mnn_h2o import native
     from mnn_h2o.export import decode_layer_arrays
     from mnn_h2o.native_layers import decode_layers_from_arrays
@@ -118,7 +123,16 @@ def test_decode_token_is_the_layers_one_by_one(smollm2_gguf):
 
     c = smollm2_gguf.config
     arrays, _ = decode_layer_arrays(smollm2_gguf)
-    layers = decode_layers_from_arrays(arrays, c, threads=2)
+    codes, scales, _ = smollm2_gguf.blocks("token_embd.weight")  # the tied Q8_0 head
+    head = native.Q8Matrix(codes, scales.view(np.uint16))
+    layers = decode_layers_from_arrays(arrays, c, threads=2, q8_head=head)
+    assert layers.has_head and layers.vocab == c.vocab
+    with pytest.raises(ValueError, match="no output matrix"):
+        native.decode_token(decode_layers_from_arrays(arrays, c, threads=2), native.KvCache(
+            c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads, max_tokens=16), embed_row(smollm2_gguf, 0),
+            np.ones(c.head_dim, np.float32), np.zeros(c.head_dim, np.float32), np.empty(c.n_heads * c.head_dim, np.float32),
+            *(np.empty(c.n_kv_heads * c.head_dim, np.float32) for _ in range(2)),
+            np.empty(c.n_heads * c.head_dim, np.float32), logits=np.empty(c.vocab, np.float32))
     nq, nk = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
 
     def cache():
@@ -148,10 +162,14 @@ def test_decode_token_is_the_layers_one_by_one(smollm2_gguf):
             if i == 3:
                 h3 = ha.copy()
             own.set_token_scores(i, np.full((c.n_kv_heads, 1), (i + 1) / 64, np.float32))
-        times = native.decode_token(layers, lent, hb, cos[pos], sin[pos], q, k, v, attn_b, observe)
+        want = np.empty(c.vocab, np.float32)
+        layers.logits(ha.copy(), attn_a, want)  # it finishes the last layer in its h
+        got = np.empty(c.vocab, np.float32) if pos % 2 else None  # every other token asks for them
+        times = native.decode_token(layers, lent, hb, cos[pos], sin[pos], q, k, v, attn_b, observe, logits=got)
         assert np.array_equal(ha, hb) and np.array_equal(attn_a, attn_b), pos
+        assert got is None or np.array_equal(got, want), pos
         assert [i for i, _ in seen] == list(range(c.n_layers)) and np.array_equal(seen[3][1], h3)
-        assert len(times) == 3 and all(t >= 0 for t in times)
+        assert len(times) == 4 and all(t >= 0 for t in times) and (times[3] > 0) == (got is not None)
     for i in (0, c.n_layers - 1):
         assert np.array_equal(own.token_scores(i), lent.token_scores(i))
         assert np.allclose(lent.token_scores(i), (i + 1) / 64)

@@ -70,10 +70,28 @@ double rel(const float* a, const float* b, size_t n) {
     return std::sqrt(d / (s > 0 ? s : 1));
 }
 
+constexpr int kVocab = 1000;
+
 struct Model {
     DecodeShape shape;
     std::unique_ptr<DecodeLayers> layers;
+    std::vector<float> out_norm;
+    std::shared_ptr<Q8Matrix> q8_rows;  // the head, where it is q8_0 rows
 };
+
+std::vector<int8_t> random_codes(std::mt19937& rng, int n) {
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::vector<int8_t> c(static_cast<size_t>(n));
+    for (int8_t& x : c) x = static_cast<int8_t>(code(rng));
+    return c;
+}
+
+std::vector<uint16_t> random_scales(std::mt19937& rng, int n) {
+    std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+    std::vector<uint16_t> s(static_cast<size_t>(n));
+    for (uint16_t& x : s) x = fp32_to_fp16(scale(rng));
+    return s;
+}
 
 std::vector<float> norm_weights(std::mt19937& rng, int n) {
     std::vector<float> w = random_vec(rng, n, 0.2f);
@@ -83,7 +101,8 @@ std::vector<float> norm_weights(std::mt19937& rng, int n) {
 
 // Llama / Qwen2's form (a qkv bias, SwiGLU), or with gemma Gemma 3's (QK-norm, sandwich norms,
 // GELU, Q narrower than the hidden size, no bias).
-Model make(int threads, bool gemma = false) {
+// The head: a Q6_K matrix, or with q8_head q8_0 rows times the float activation (Q8Matrix).
+Model make(int threads, bool gemma = false, bool q8_head = false, bool head = true) {
     std::mt19937 rng(5);  // the same weights for every thread count
     DecodeShape s;
     s.hidden = 512;
@@ -120,7 +139,15 @@ Model make(int threads, bool gemma = false) {
     Model m{s, std::make_unique<DecodeLayers>(s, std::move(ws), threads)};
     std::vector<float> out_norm = random_vec(rng, s.hidden, 0.1f);
     for (float& v : out_norm) v += 1.f;
-    m.layers->set_head(out_norm, matrix({{WeightType::Q6_K, 1000}}, s.hidden, rng));
+    if (!head) {
+    } else if (q8_head) {
+        m.q8_rows = std::make_shared<Q8Matrix>(kVocab, s.hidden, random_codes(rng, kVocab * s.hidden),
+                                               random_scales(rng, kVocab * s.hidden / kQ8Block), 1);
+        m.layers->set_head(out_norm, m.q8_rows);
+    } else {
+        m.layers->set_head(out_norm, matrix({{WeightType::Q6_K, kVocab}}, s.hidden, rng));
+    }
+    m.out_norm = out_norm;
     return m;
 }
 
@@ -128,8 +155,8 @@ Model make(int threads, bool gemma = false) {
 // its own: h and the attention output equal bit for bit at every token, over enough tokens that
 // the attention splits its keys (from kSplitMinProducts: on the lent team's threads, and on the
 // cache's own pool's caller alone until kParallelMinQueryKeys, then on its threads too).
-void one_call_is_the_layers_one_by_one(int threads) {
-    Model a = make(threads), b = make(threads);
+void one_call_is_the_layers_one_by_one(int threads, bool q8_head) {
+    Model a = make(threads, false, q8_head), b = make(threads, false, q8_head);
     const DecodeShape& s = a.shape;
     // One thread never splits the keys: a few tokens show the call is the calls.
     const int n_tokens = threads > 1 ? static_cast<int>(kParallelMinQueryKeys) + 80 : 100;
@@ -137,6 +164,7 @@ void one_call_is_the_layers_one_by_one(int threads) {
     KvCache lent(own.config());
     const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim, nk = static_cast<size_t>(s.n_kv_heads) * s.head_dim;
     std::vector<float> q(nq), k(nk), v(nk), attn_a(nq), attn_b(nq), cos(s.head_dim), sin(s.head_dim);
+    std::vector<float> logits_a(kVocab), logits_b(kVocab);
     std::mt19937 rng(11);
     bool same = true;
     for (int t = 0; t < n_tokens && same; ++t) {
@@ -151,11 +179,19 @@ void one_call_is_the_layers_one_by_one(int threads) {
                               v.data(), best_isa(), true);
             own.step(i, q.data(), k.data(), v.data(), 1, attn_a.data());
         }
-        decode_token(*b.layers, lent, hb.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(), attn_b.data(),
-                     best_isa());
+        std::vector<float> finished = ha;  // logits finishes the last layer in place
+        a.layers->logits(finished.data(), attn_a.data(), logits_a.data(), best_isa());
+        // Every other token asks for the logits in the call: without them the call is the layers alone.
+        const bool head = t % 2 == 0;
+        const TokenTimes times = decode_token(*b.layers, lent, hb.data(), cos.data(), sin.data(), q.data(), k.data(),
+                                              v.data(), attn_b.data(), best_isa(), {}, nullptr, nullptr,
+                                              head ? logits_b.data() : nullptr);
         same = std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(float)) == 0 &&
-               std::memcmp(attn_a.data(), attn_b.data(), nq * sizeof(float)) == 0;
-        CHECK(same, "%d threads, token %d: decode_token differs from the layers one by one", threads, t);
+               std::memcmp(attn_a.data(), attn_b.data(), nq * sizeof(float)) == 0 &&
+               (!head || std::memcmp(logits_a.data(), logits_b.data(), kVocab * sizeof(float)) == 0);
+        CHECK(same, "%d threads, %s head, token %d: decode_token differs from the layers one by one", threads,
+              q8_head ? "q8" : "Q6_K", t);
+        CHECK(head == (times.head_s > 0), "token %d: head time %g", t, times.head_s);
     }
     CHECK(lent.team() != &b.layers->team(), "%d threads: the layers' team still lent after the token", threads);
     // An observer's scores go to the cache: one without predicted eviction refuses them, and the
@@ -178,6 +214,14 @@ void one_call_is_the_layers_one_by_one(int threads) {
     decode_token(*b.layers, counted, h.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(), attn_b.data(),
                  best_isa(), count);
     CHECK(seen == 2, "the observer saw %d layers, want 2", seen);
+    Model headless = make(threads, false, false, /*head=*/false);
+    KvCache for_headless(own.config());
+    CHECK(throws<std::invalid_argument>([&] {
+              decode_token(*headless.layers, for_headless, h.data(), cos.data(), sin.data(), q.data(), k.data(),
+                           v.data(), attn_b.data(), best_isa(), {}, nullptr, nullptr, logits_b.data());
+          }),
+          "logits of layers without a head");
+    CHECK(for_headless.length(0, 0) == 0, "layers without a head: the token went into the cache");
     KvCache three_layers(kv_config(3, s.n_kv_heads, s.head_dim, s.n_heads, KvDtype::Q8, 16, 64, threads));
     CHECK(throws<std::invalid_argument>([&] {
               decode_token(*b.layers, three_layers, h.data(), cos.data(), sin.data(), q.data(), k.data(), v.data(),
@@ -309,9 +353,9 @@ void rows_against_forward(bool gemma) {
     // logits_rows against logits row by row.
     const int n = 18;
     std::vector<float> ha(h0.begin(), h0.begin() + n * s.hidden), hb = ha;
-    std::vector<float> la(static_cast<size_t>(n) * 1000), lb(la.size());
+    std::vector<float> la(static_cast<size_t>(n) * kVocab), lb(la.size());
     one.layers->logits_rows(n, ha.data(), attn.data(), la.data(), best_isa());
-    for (int i = 0; i < n; ++i) one.layers->logits(hb.data() + i * s.hidden, attn.data() + i * nq, lb.data() + i * 1000, best_isa());
+    for (int i = 0; i < n; ++i) one.layers->logits(hb.data() + i * s.hidden, attn.data() + i * nq, lb.data() + i * kVocab, best_isa());
     CHECK(rel(la.data(), lb.data(), la.size()) < 2e-2, "%s: logits_rows %g from logits", form,
           rel(la.data(), lb.data(), la.size()));
     if (gemma) return;
@@ -324,13 +368,60 @@ void rows_against_forward(bool gemma) {
           "no rows");
 }
 
+// A q8_0 head: the logits are its rows times the final norm of the finished last layer (logits
+// leaves that layer's output in h), against float64; a chunk's logits_rows the rows' logits.
+void q8_head_is_its_rows_times_the_final_norm() {
+    Model m = make(2, false, true);
+    const DecodeShape& s = m.shape;
+    const size_t nq = static_cast<size_t>(s.n_heads) * s.head_dim;
+    std::mt19937 rng(17);
+    const int n = 18;
+    const std::vector<float> h0 = random_vec(rng, n * s.hidden), attn = random_vec(rng, n * nq);
+    std::vector<float> h = h0, out(static_cast<size_t>(n) * kVocab);
+    for (int r = 0; r < n; ++r) m.layers->logits(h.data() + r * s.hidden, attn.data() + r * nq, out.data() + r * kVocab, best_isa());
+    std::vector<float> x(s.hidden), values(static_cast<size_t>(kVocab) * s.hidden);
+    for (int r = 0; r < kVocab; ++r) {
+        const int32_t id = r;
+        m.q8_rows->rows_of(&id, 1, values.data() + static_cast<size_t>(r) * s.hidden);
+    }
+    std::vector<float> ref(out.size());
+    for (int t = 0; t < n; ++t) {
+        const float* ht = h.data() + t * s.hidden;
+        double ss = 0;
+        for (int i = 0; i < s.hidden; ++i) ss += static_cast<double>(ht[i]) * ht[i];
+        const double inv = 1.0 / std::sqrt(ss / s.hidden + s.rms_eps);
+        for (int r = 0; r < kVocab; ++r) {
+            double y = 0;
+            for (int i = 0; i < s.hidden; ++i) y += ht[i] * inv * m.out_norm[i] * values[static_cast<size_t>(r) * s.hidden + i];
+            ref[static_cast<size_t>(t) * kVocab + r] = static_cast<float>(y);
+        }
+    }
+    const double e = rel(out.data(), ref.data(), out.size());
+    CHECK(e < 1e-5, "q8 head: logits %g from the rows times the final norm (float64)", e);
+    std::vector<float> hb = h0, rows(out.size());
+    m.layers->logits_rows(n, hb.data(), attn.data(), rows.data(), best_isa());
+    CHECK(rel(rows.data(), out.data(), out.size()) < 2e-2, "q8 head: logits_rows %g from logits",
+          rel(rows.data(), out.data(), out.size()));
+    CHECK(m.layers->vocab() == kVocab && m.layers->has_head(), "q8 head: vocab %d", m.layers->vocab());
+    CHECK(throws<std::invalid_argument>([&] {
+              m.layers->set_head(m.out_norm, std::make_shared<Q8Matrix>(kVocab, s.hidden + 32,
+                                                                        random_codes(rng, kVocab * (s.hidden + 32)),
+                                                                        random_scales(rng, kVocab * (s.hidden + 32) / kQ8Block), 1));
+          }),
+          "a q8 head of another width");
+    CHECK(throws<std::invalid_argument>([&] { m.layers->set_head(m.out_norm, std::shared_ptr<const Q8Matrix>()); }),
+          "no q8 head");
+}
+
 }  // namespace
 
 int main() {
     form_refusals(make(1).shape);
     rows_against_forward(false);
     rows_against_forward(true);
-    for (int threads : {1, 2}) one_call_is_the_layers_one_by_one(threads);
+    for (int threads : {1, 2})
+        for (bool q8_head : {false, true}) one_call_is_the_layers_one_by_one(threads, q8_head);
+    q8_head_is_its_rows_times_the_final_norm();
     std::printf("test_decode_layers: %s (best isa %s)\n", g_failures ? "FAILED" : "ok", isa_name(best_isa()));
     return g_failures != 0;
 }

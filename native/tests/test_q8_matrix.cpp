@@ -1,5 +1,7 @@
 // Q8Matrix (the native lm_head): a hand-computed block, the scalar reference against a float64
-// brute force, every SIMD path and thread count against the scalar reference, bad shapes refused.
+// brute force, every SIMD path and thread count against the scalar reference (and multiply_rows in
+// pieces against multiply), bad shapes refused.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -68,6 +70,10 @@ static void random_matrices() {
             // Reordered float sums of ~100 terms of size ~0.03: a few ulps of the magnitudes.
             CHECK(err < 1e-5, "%s, %d threads: max |y - scalar| %g", isa_name(isa), threads, err);
             if (isa == Isa::Scalar) CHECK(y == ref, "scalar, %d threads: not bit-identical to 1 thread", threads);
+            // multiply_rows over uneven pieces (the decode layers' tasks) gives multiply's floats.
+            std::vector<float> pieces(ref.size(), NAN);
+            for (int r0 = 0; r0 < rows; r0 += 77) m.multiply_rows(x.data(), n, r0, std::min(rows, r0 + 77), pieces.data(), isa);
+            CHECK(pieces == y, "%s: multiply_rows in pieces differs from multiply", isa_name(isa));
         }
 }
 
@@ -79,6 +85,9 @@ static void bad_shapes() {
     CHECK(throws<std::invalid_argument>([] { Q8Matrix(1, 32, std::vector<int8_t>(32), {0}, 0); }), "0 threads");
     Q8Matrix m(1, 32, std::vector<int8_t>(32), {0}, 1);
     CHECK(throws<std::invalid_argument>([&] { m.multiply(nullptr, 1, nullptr, best_isa()); }), "null x");
+    std::vector<float> x(32), y(1);
+    CHECK(throws<std::out_of_range>([&] { m.multiply_rows(x.data(), 1, 0, 2, y.data(), best_isa()); }), "rows past the end");
+    CHECK(throws<std::out_of_range>([&] { m.multiply_rows(x.data(), 1, -1, 1, y.data(), best_isa()); }), "a negative row");
 }
 
 int main() {

@@ -194,7 +194,7 @@ DecodeLayers::DecodeLayers(DecodeShape shape, std::vector<DecodeLayerWeights> la
 }
 
 size_t DecodeLayers::bytes() const {
-    size_t n = head_.bytes() + out_norm_.size() * sizeof(float);
+    size_t n = head_.bytes() + (q8_head_ ? q8_head_->bytes() : 0) + out_norm_.size() * sizeof(float);
     for (const DecodeLayerWeights& w : layers_)
         n += w.qkv.bytes() + w.wo.bytes() + w.gate.bytes() + w.up.bytes() + w.down.bytes() +
              (w.attn_norm.size() + w.ffn_norm.size() + w.qkv_bias.size() + w.q_norm.size() + w.k_norm.size() +
@@ -202,13 +202,18 @@ size_t DecodeLayers::bytes() const {
     return n;
 }
 
-void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
+void DecodeLayers::check_out_norm(const std::vector<float>& out_norm, int rows, int cols) const {
     check(out_norm.size() == static_cast<size_t>(shape_.hidden), "the final norm must have hidden values");
-    check(head.rows() > 0 && head.cols() == shape_.hidden,
-          "the output matrix is [" + std::to_string(head.rows()) + ", " + std::to_string(head.cols()) +
-              "], the shape needs [vocab, " + std::to_string(shape_.hidden) + "]");
+    check(rows > 0 && cols == shape_.hidden, "the output matrix is [" + std::to_string(rows) + ", " +
+                                                 std::to_string(cols) + "], the shape needs [vocab, " +
+                                                 std::to_string(shape_.hidden) + "]");
+}
+
+void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
+    check_out_norm(out_norm, head.rows(), head.cols());
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
+    q8_head_.reset();
     x_rows_.residual = x_rows_.residual || head_.reads_twice_rounded();  // it reads a chunk's final norms too
     // The head reads the final norm's activation: it gets the forms the head reads too.
     const bool kquant = xq_.kquant_form || head_.reads_kquant_form(), pair = xq_.pair_form || head_.reads_pair_form();
@@ -219,12 +224,38 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
     }
 }
 
+void DecodeLayers::set_head(std::vector<float> out_norm, std::shared_ptr<const Q8Matrix> head) {
+    check(head != nullptr, "no output matrix");
+    check_out_norm(out_norm, head->rows(), head->cols());
+    out_norm_ = std::move(out_norm);
+    head_ = WeightMatrix();
+    q8_head_ = std::move(head);
+}
+
+void DecodeLayers::head_product(const float* x, int n, float* y, Isa isa) {
+    if (q8_head_) {
+        const Q8Matrix& m = *q8_head_;
+        const int rows = m.rows(), step = task_rows(rows, kQ4Block, kTasksPerThread);
+        team_.run((rows + step - 1) / step, [&](int task) {
+            const int r0 = task * step;
+            m.multiply_rows(x, n, r0, std::min(rows, r0 + step), y, isa);
+        });
+        return;
+    }
+    if (n == 1) {
+        xq_.quantize(x, shape_.hidden);
+        product(head_, xq_, y, isa);
+        return;
+    }
+    quantize_rows(x, n, shape_.hidden, x_rows_);
+    product_rows(head_, x_rows_, y, isa);
+}
+
 void DecodeLayers::logits(float* h, const float* attn, float* out, Isa isa) {
     if (!has_head()) throw std::invalid_argument("DecodeLayers::logits: no output matrix (set_head)");
     finish(n_layers() - 1, h, attn, isa);
     rms_norm(h, out_norm_, x_.data());
-    xq_.quantize(x_.data(), shape_.hidden);
-    product(head_, xq_, out, isa);
+    head_product(x_.data(), 1, out, isa);
     team_.rest();
 }
 
@@ -409,7 +440,7 @@ void DecodeLayers::logits_rows(int n, float* h, const float* attn, float* out, I
     if (n < 1) throw std::invalid_argument("DecodeLayers::logits_rows: no rows");
     const DecodeShape& s = shape_;
     const size_t hid = static_cast<size_t>(s.hidden), nq = static_cast<size_t>(s.n_heads * s.head_dim);
-    const size_t vocab = static_cast<size_t>(head_.rows());
+    const size_t vocab = static_cast<size_t>(this->vocab());
     if (n < kMinRows) {
         for (int r = 0; r < n; ++r) logits(h + r * hid, attn + r * nq, out + r * vocab, isa);
         return;
@@ -417,8 +448,7 @@ void DecodeLayers::logits_rows(int n, float* h, const float* attn, float* out, I
     grow_rows(n);
     finish_rows(n_layers() - 1, n, h, attn, isa);
     for (int r = 0; r < n; ++r) rms_norm(h + r * hid, out_norm_, xs_.data() + r * hid);
-    quantize_rows(xs_.data(), n, s.hidden, x_rows_);
-    product_rows(head_, x_rows_, out, isa);
+    head_product(xs_.data(), n, out, isa);
     team_.rest();
 }
 

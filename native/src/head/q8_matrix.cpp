@@ -45,26 +45,42 @@ Q8Matrix::Q8Matrix(int rows, int cols, std::vector<int8_t> codes, std::vector<ui
     pool_ = std::make_unique<ThreadPool>(n_threads);
 }
 
+namespace {
+
+void (*row_kernel(Isa isa))(const HeadRowsProblem&, int, int) {
+#if defined(MNN_H2O_HAVE_X86_KERNELS)
+    if (isa == Isa::Avx512 && cpu_features().avx512) return q8_rows_avx512;
+    if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma) return q8_rows_avx2;
+#elif defined(__aarch64__)
+    if (isa == Isa::Neon) return q8_rows_neon;
+#else
+    (void)isa;
+#endif
+    return q8_rows_scalar;
+}
+
+}  // namespace
+
 void Q8Matrix::multiply(const float* x, int n, float* y, Isa isa) const {
     if (n <= 0) return;
     if (!x || !y) throw std::invalid_argument("Q8Matrix::multiply: null x or y");
     const HeadRowsProblem p{codes_.data(), scales_.data(), cols_, x, n, y, static_cast<size_t>(rows_)};
-    void (*kernel)(const HeadRowsProblem&, int, int) = q8_rows_scalar;
-#if defined(MNN_H2O_HAVE_X86_KERNELS)
-    if (isa == Isa::Avx512 && cpu_features().avx512)
-        kernel = q8_rows_avx512;
-    else if ((isa == Isa::Avx2 || isa == Isa::Avx512) && cpu_features().avx2_f16c_fma)
-        kernel = q8_rows_avx2;
-#elif defined(__aarch64__)
-    if (isa == Isa::Neon) kernel = q8_rows_neon;
-#else
-    (void)isa;
-#endif
+    const auto kernel = row_kernel(isa);
     const int n_tasks = (rows_ + kRowsPerTask - 1) / kRowsPerTask;
     pool_->parallel_for(n_tasks, [&](int task, int) {
         const int r0 = task * kRowsPerTask;
         kernel(p, r0, std::min(rows_, r0 + kRowsPerTask));
     });
+}
+
+void Q8Matrix::multiply_rows(const float* x, int n, int r0, int r1, float* y, Isa isa) const {
+    if (n <= 0 || r0 >= r1) return;
+    if (!x || !y) throw std::invalid_argument("Q8Matrix::multiply_rows: null x or y");
+    if (r0 < 0 || r1 > rows_)
+        throw std::out_of_range("Q8Matrix::multiply_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                                ") outside [0, " + std::to_string(rows_) + ")");
+    const HeadRowsProblem p{codes_.data(), scales_.data(), cols_, x, n, y, static_cast<size_t>(rows_)};
+    row_kernel(isa)(p, r0, r1);
 }
 
 void Q8Matrix::rows_of(const int32_t* ids, int n, float* out) const {

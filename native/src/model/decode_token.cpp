@@ -34,7 +34,7 @@ void require_same(int a, int b, const char* what) {
 
 TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const float* cos, const float* sin, float* q,
                         float* k, float* v, float* attn, Isa isa, const LayerObserver& observe, const float* local_cos,
-                        const float* local_sin) {
+                        const float* local_sin, float* logits) {
     const DecodeShape& s = layers.shape();
     const KvCacheConfig& c = cache.config();
     require_same(layers.n_layers(), c.n_layers, "layers");
@@ -45,6 +45,8 @@ TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const fl
         if (cache.window(i) > 0 && !(local_cos && local_sin))
             throw std::invalid_argument("decode_token: layer " + std::to_string(i) +
                                         " has a sliding window and no window layers' RoPE table was given");
+    if (logits && !layers.has_head())
+        throw std::invalid_argument("decode_token: logits asked of layers that hold no output matrix (set_head)");
     using Clock = std::chrono::steady_clock;
     const auto seconds = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double>(b - a).count();
@@ -69,6 +71,12 @@ TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const fl
             t0 = Clock::now();
             times.observe_s += seconds(t2, t0);
         }
+    }
+    if (logits) {
+        // The head finishes the last layer in place: on a copy, so that h stays that layer's input.
+        std::vector<float> last(h, h + s.hidden);
+        layers.logits(last.data(), attn, logits, isa);
+        times.head_s = seconds(t0, Clock::now());
     }
     return times;
 }

@@ -20,11 +20,13 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/weight_matrix.h"
+#include "mnn_h2o/head/q8_matrix.h"
 #include "mnn_h2o/runtime/cpu_features.h"
 #include "mnn_h2o/runtime/spin_team.h"
 
@@ -80,14 +82,18 @@ public:
     void forward(int i, float* h, const float* attn, const float* cos, const float* sin, float* q, float* k,
                  float* v, Isa isa, bool rest);
 
-    // The output end on the same team, where the file's output matrix is a type the layers hold
-    // (a k-quant; a Q8_0 one stays with the native lm_head, export.decode_layer_arrays): the final norm's weights and the
-    // [vocab, hidden] matrix. Throws std::invalid_argument on a shape that does not fit.
+    // The output end on the same team: the final norm's weights and the [vocab, hidden] output
+    // matrix, as GGUF blocks (a k-quant: the activation rounded as the layers round it) or as
+    // q8_0 rows times the float activation (head/q8_matrix.h: a Q8_0 output matrix, whose rows
+    // the caller may read a tied embedding from; at the head an activation's rounding reaches the
+    // logits directly, and a Q8_0 row's signed codes have no centre to take its error at). Throws
+    // std::invalid_argument on a shape that does not fit.
     void set_head(std::vector<float> out_norm, WeightMatrix head);
-    bool has_head() const { return head_.rows() > 0; }
+    void set_head(std::vector<float> out_norm, std::shared_ptr<const Q8Matrix> head);
+    bool has_head() const { return vocab() > 0; }
     // Whether a matrix (the head included) is held as k-quant blocks.
     bool reads_kquant() const { return xq_.kquant_form || attn_q_.kquant_form || act_q_.kquant_form; }
-    int vocab() const { return head_.rows(); }
+    int vocab() const { return q8_head_ ? q8_head_->rows() : head_.rows(); }
     // The last layer's end from its attention output (into h, in place), the final norm and the
     // logits (vocab values): a token's tail and lm_head in one call. The workers rest after it.
     void logits(float* h, const float* attn, float* out, Isa isa);
@@ -124,12 +130,16 @@ private:
     int task_rows(int rows, int unit, int per_thread) const;
     // y = m x, its rows split into tasks on the team.
     void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
+    // The output matrix's logits of n final-normed rows x [n][hidden] into y [n][vocab], on the team.
+    void head_product(const float* x, int n, float* y, Isa isa);
+    void check_out_norm(const std::vector<float>& out_norm, int rows, int cols) const;
 
     DecodeShape shape_;
     bool geglu_ = false, qk_norm_ = false, post_norms_ = false;  // from shape_.form
     std::vector<DecodeLayerWeights> layers_;
     std::vector<float> out_norm_;
     WeightMatrix head_;
+    std::shared_ptr<const Q8Matrix> q8_head_;  // or this (set_head)
     SpinTeam team_;
     // Scratch for one token (hence no concurrent calls).
     std::vector<float> x_, y_, qkv_, gate_, up_, act_;

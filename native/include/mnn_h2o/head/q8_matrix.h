@@ -40,6 +40,10 @@ public:
     // paths (the same products, summed in another order), used when compiled in and supported,
     // else the reference.
     void multiply(const float* x, int n, float* y, Isa isa) const;
+    // The rows [r0, r1) of multiply's y (still [n][rows]) on the calling thread: the decode
+    // layers run a token's head as tasks on their own team (DecodeLayers::set_head). A row's
+    // floats do not depend on which task computed it.
+    void multiply_rows(const float* x, int n, int r0, int r1, float* y, Isa isa) const;
 
     // out[t][c] = value(ids[t], c) = code * scale, exactly (float32 holds an int8 times an fp16
     // exactly), for t in [0, n): a tied embedding's rows read from the head's own codes, so the

@@ -28,6 +28,7 @@ struct TokenTimes {
     double dense_s = 0.0;      // the layers' products (DecodeLayers::forward)
     double attention_s = 0.0;  // the cache steps
     double observe_s = 0.0;    // the observer, and the scores it returns going to the cache
+    double head_s = 0.0;       // the last layer's end, the final norm and the logits (DecodeLayers::logits)
 };
 
 // Sees layer i's input hidden state (hidden floats) after the layer's cache step; returns true
@@ -39,13 +40,14 @@ using LayerObserver = std::function<bool(int layer, const float* h, std::vector<
 // hidden state out), cos / sin [head_dim] (the position's rotation; local_cos / local_sin that of
 // the sliding-window layers, which rotate by a RoPE base of their own: a layer is one where its
 // cache has a window, KvCache::window), q [n_heads head_dim] and k, v
-// [n_kv_heads head_dim] scratch, attn [n_heads head_dim] (the last layer's attention output out:
-// DecodeLayers::logits or a tail finishes the token). observe may be empty. Throws
-// std::invalid_argument when the layers and the cache are not of one model (layer count, heads,
-// head_dim), and passes on what a layer, a cache step or the observer throws (the token is then
+// [n_kv_heads head_dim] scratch, attn [n_heads head_dim] (the last layer's attention output out).
+// logits: nullptr, or [vocab] floats that the layers' head (DecodeLayers::set_head) fills in the
+// same call, the team still awake (else the caller finishes the token: DecodeLayers::logits, or a
+// tail). observe may be empty. Throws std::invalid_argument when the layers and the cache are not
+// of one model (layer count, heads, head_dim) or logits are asked of layers without a head, and passes on what a layer, a cache step or the observer throws (the token is then
 // partly in the cache: reset or truncate it).
 TokenTimes decode_token(DecodeLayers& layers, KvCache& cache, float* h, const float* cos, const float* sin, float* q,
                         float* k, float* v, float* attn, Isa isa, const LayerObserver& observe = {},
-                        const float* local_cos = nullptr, const float* local_sin = nullptr);
+                        const float* local_cos = nullptr, const float* local_sin = nullptr, float* logits = nullptr);
 
 }  // namespace mnn_h2o
