@@ -111,15 +111,18 @@ SCHEMA: Tuple[Key, ...] = (
     Key("runtime", "memory", str, "low", "-", "MNN memory mode; 'low' runs the quantised "
         "kernels (int8 activations), 'normal' expands weights to float", choices=("low", "normal")),
     Key("runtime", "lm_head", str, "native", "-", "where the output projection runs when the export's "
-        "head is 8-bit: native = its q8_0 rows times the float activation, in our core; mnn = MNN's "
-        "module, which rounds the activation to int8 under memory low (docs/results.md 'The native tail "
-        "and lm_head' has the difference). A 4-bit or float head always runs in MNN",
+        "head is 8-bit: native = in our core, a Q8_0 head as its q8_0 rows times the float activation, "
+        "a k-quant one on its own blocks (with native decode layers and tail: in a decode token's own "
+        "call); mnn = MNN's module, which rounds the activation to int8 under memory low "
+        "(docs/results.md 'The native tail and lm_head' has the difference). A 4-bit or float head "
+        "always runs in MNN",
         choices=("native", "mnn")),
     Key("runtime", "tail", str, "native", "-", "where the last layer's end (o_proj, MLP) and the "
-        "final norm run when the export's layers are quantised: native = the GGUF's blocks of 32 "
-        "(exact for q8_0 / q4_0 / q4_1 tensors, others as q8_0) times float activations, in our core; "
-        "mnn = MNN's module, which rounds the activations to int8 under memory low (docs/results.md "
-        "'The native tail and lm_head'). Float layers always run it in MNN",
+        "final norm run when the export's layers are quantised: native = in our core, by the native "
+        "decode layers as they run every other layer (runtime.decode_layers native), else over the "
+        "GGUF's blocks of 32 (exact for q8_0 / q4_0 / q4_1 tensors, others as q8_0) times float "
+        "activations; mnn = MNN's module, which rounds the activations to int8 under memory low "
+        "(docs/results.md 'The native tail and lm_head'). Float layers always run it in MNN",
         choices=("native", "mnn")),
     Key("runtime", "decode_layers", str, "native", "-", "where a decode token's layers run when the "
         "export is quantised: native = the GGUF's own blocks (q4_0, q4_1, q4_k, q5_k, q6_k, mixed per "

@@ -272,19 +272,22 @@ def _teacher_forced(llm, prompt, cont):
 
 
 def test_engine_decode_native_is_close_to_the_exact_model(reference, tokenizer):
-    """Teacher-forced decode through the native layers: within 1e-4 KL of the exact model on 64
-    essay tokens after a 192-token prompt (measured 6e-7), no MNN call per token."""
+    """Teacher-forced decode through the native layers, the tail and the Q8_0 head theirs (in each
+    token's own call): within 1e-4 KL of the exact model on 64 essay tokens after a 192-token
+    prompt (measured 6e-7), no MNN call per token."""
     from mnn_h2o.essays import essay_tokens
+    from mnn_h2o.forward_paths import LayersHead
     from mnn_h2o.measure import log_softmax
 
     native = make_llm(4, head_bits=8)
-    assert native._decode_layers is not None
+    assert native._decode_layers is not None and isinstance(native._head_path, LayersHead)
+    assert native._native_tail is None and native._decode_layers.vocab == native.config.vocab
     ids = essay_tokens(tokenizer, 256)
     prompt, cont = ids[:192], ids[192:]
     exact = log_softmax(reference.forward(ids, all_logits=True)[191:-1])
     got, called_mnn = _teacher_forced(native, prompt, cont)
     assert not called_mnn, "a native decode step called MNN"
-    assert native.stats.dense_s > 0
+    assert native.stats.dense_s > 0 and native.stats.head_s > 0
     kl = _kl(exact, got).mean()
     print(f"KL to the exact model over {len(cont)} decode tokens: native layers {kl:.2e}")
     assert kl < 1e-4

@@ -4,8 +4,10 @@
 // bit for bit, a chunk below the batched products' 16 rows exactly forward's; logits_rows
 // likewise, for llama's form and for Gemma 3's (QK-norm, sandwich norms, GELU, Q narrower than
 // hidden); bad calls and forms refused; decode_token (model/decode_token.h: every layer and its cache step in
-// one call, the attention on the layers' team) bit for bit the layer-by-layer calls, past the keys
-// where the attention splits over both threads. Run under ASan / UBSan in the sanitizer tier.
+// one call, the attention on the layers' team, the logits too when asked for) bit for bit the
+// layer-by-layer calls, past the keys where the attention splits over both threads, with a Q6_K head
+// and with a q8_0 one (Q8Matrix, float activation: its logits against float64 too). Run under ASan /
+// UBSan in the sanitizer tier.
 #include <cmath>
 #include <cstring>
 #include <random>

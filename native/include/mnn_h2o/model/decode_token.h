@@ -1,6 +1,6 @@
 // One decode token through every layer of the model: each layer's dense part (DecodeLayers) and its
-// cache step (KvCache: append, attention, the eviction policy's scores) in one native call, on one
-// team of threads.
+// cache step (KvCache: append, attention, the eviction policy's scores), and where the layers hold
+// the output matrix the token's logits, in one native call, on one team of threads.
 //
 // Why one call: the layers' products run on a SpinTeam whose workers poll between jobs, and the
 // attention ran on the cache's ThreadPool, whose workers sleep. Where the attention used both
