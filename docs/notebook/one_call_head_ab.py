@@ -17,7 +17,7 @@ def load(kv="f16", evict=False):
 
 def make_old(llm):
     meta, c, rt = llm.meta, llm.config, llm.cfg["runtime"]
-    if MODEL != "smollm2":  # a k-quant head: the layers' logits in a call of their own
+    if llm._q8_head is None:  # a k-quant head: the layers' logits in a call of their own
         llm._token_path = NativeTokenLayers(llm._decode_layers, llm._inputs, False)
         return llm
     tail = NativeTail(os.path.join(llm.export_dir, meta["tail_blocks"]), c, rt["threads"])
