@@ -33,7 +33,9 @@ std::vector<T> vector_of(const py::array& a, const std::string& name) {
     return std::vector<T>(arr.data(), arr.data() + arr.size());
 }
 
-// A matrix from its parts: a list of (GGUF type name, uint8 blocks [rows, row bytes]) stacked by rows.
+// A matrix from its parts: a list of (GGUF type name, blocks) stacked by rows, the blocks a uint8
+// array [rows, row bytes] or an object with ``rows``, ``row_bytes`` and ``read_into(buffer)``
+// (mnn_h2o/native_layers.py's StoredBlocks: a file's bytes read straight into the matrix).
 WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& name) {
     using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
     std::vector<WeightMatrix::Part> ps;
@@ -45,14 +47,28 @@ WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& n
         const std::string type = t[0].cast<std::string>();
         const mnn_h2o::WeightTypeTraits* traits = mnn_h2o::find_weight_traits(type);
         if (traits == nullptr) throw py::value_error(where + ": weight type '" + type + "' is not one the core reads");
+        if (!py::isinstance<py::array>(t[1])) {
+            const py::object source = t[1];
+            const py::ssize_t rows = source.attr("rows").cast<py::ssize_t>();
+            const py::ssize_t row_bytes = source.attr("row_bytes").cast<py::ssize_t>();
+            if (rows <= 0 || rows > INT32_MAX || row_bytes <= 0 || row_bytes > PY_SSIZE_T_MAX / rows)
+                throw py::value_error(where + ": a source of " + std::to_string(rows) + " rows of " +
+                                      std::to_string(row_bytes) + " bytes");
+            const py::ssize_t n = rows * row_bytes;
+            ps.emplace_back(traits->type, static_cast<int>(rows), static_cast<size_t>(n), [source, n](uint8_t* dst) {
+                py::gil_scoped_acquire gil;
+                source.attr("read_into")(py::memoryview::from_memory(dst, n));
+            });
+            continue;
+        }
         const py::array blocks(t[1]);
         if (blocks.ndim() != 2 || !blocks.dtype().is(py::dtype::of<uint8_t>()))
             throw py::value_error(where + ": blocks must be uint8 [rows, row bytes]");
         if (blocks.shape(0) > INT32_MAX) throw py::value_error(where + ": too many rows");
         held.push_back(Bytes::ensure(blocks));
         if (!held.back()) throw py::value_error(where + ": blocks cannot be read as bytes");
-        ps.push_back({traits->type, static_cast<int>(blocks.shape(0)), held.back().data(),
-                      static_cast<size_t>(held.back().size())});
+        ps.emplace_back(traits->type, static_cast<int>(blocks.shape(0)), held.back().data(),
+                        static_cast<size_t>(held.back().size()));
     }
     try {
         return WeightMatrix(cols, ps);

@@ -351,6 +351,55 @@ def test_decode_layers_refuse_a_file_of_another_model(tmp_path, smollm2_gguf):
         load_decode_layers(str(tmp_path / "decode_layers.npz"), c, threads=1)
 
 
+def test_stored_blocks_are_read_into_the_core_as_stored(tmp_path, smollm2_gguf):
+    """load_decode_layers reads each matrix's blocks from the npz straight into the core
+    (StoredBlocks: the uncompressed members' byte ranges, checked against the zip's directory):
+    the layers it makes compute what layers made from the arrays compute, bit for bit; a file
+    cut short is an error naming it, not a matrix of zeros."""
+    from mnn_h2o.export import NpzWriter, decode_layer_arrays
+    from mnn_h2o.native_layers import decode_layers_from_arrays, load_decode_layers, stored_members
+
+    c = smollm2_gguf.config
+    arrays, _ = decode_layer_arrays(smollm2_gguf)
+    path = tmp_path / "decode_layers.npz"
+    with NpzWriter(str(path)) as npz:
+        for name, a in arrays.items():
+            npz.add(name, a)
+    stored = stored_members(str(path))
+    blocks = {k for k, a in arrays.items() if a.dtype == np.uint8 and a.ndim == 2}
+    assert set(stored) == blocks and blocks  # the blocks, not the norms or type names
+    s = stored["5.gate.0"]
+    buf = bytearray(s.rows * s.row_bytes)
+    s.read_into(buf)
+    assert bytes(buf) == arrays["5.gate.0"].tobytes()
+    with pytest.raises(ValueError, match="bytes asked"):
+        s.read_into(bytearray(10))
+
+    rng = np.random.default_rng(0)
+    h0 = rng.standard_normal(c.hidden).astype(np.float32)
+    attn = rng.standard_normal(c.n_heads * c.head_dim).astype(np.float32)
+    cos, sin = np.ones(c.head_dim, np.float32), np.zeros(c.head_dim, np.float32)
+    outs = []
+    for layers in (load_decode_layers(str(path), c, threads=1), decode_layers_from_arrays(arrays, c, threads=1)):
+        h = h0.copy()
+        q, k, v = (np.empty(n * c.head_dim, np.float32) for n in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
+        layers.forward(c.n_layers - 1, h, attn, cos, sin, q, k, v)
+        outs.append((h, q, k, v))
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(path.read_bytes())
+    s = stored_members(str(cut))["29.down.0"]
+    with open(cut, "r+b") as f:
+        f.truncate(s.offset + 100)  # the zip's directory is gone too: reading it fails first
+    import zipfile
+
+    with pytest.raises(zipfile.BadZipFile):
+        load_decode_layers(str(cut), c, threads=1)
+    with pytest.raises(ValueError, match="ends inside an array"):
+        s.read_into(bytearray(s.rows * s.row_bytes))
+
+
 def test_native_decode_layers_are_never_a_silent_fallback(tmp_path):
     """An export whose layers the core cannot run (no decode_layers.npz) is refused under
     runtime.decode_layers native with the export's reason, never decoded by MNN's modules."""

@@ -1,5 +1,5 @@
-// HugePageBytes (runtime/huge_page_bytes.h): a copy of the bytes, 2 MiB aligned from one huge
-// page up, movable, and read-only (a write faults, tested in a child process).
+// HugePageBytes (runtime/huge_page_bytes.h): a copy of the bytes (or a fill's), 2 MiB aligned from
+// one huge page up, movable, and read-only (a write faults, tested in a child process).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -69,8 +70,23 @@ void read_only() {
 
 }  // namespace
 
+// Bytes written by a fill: what it wrote, read-only after; a fill that throws passes it on.
+void fills() {
+    const std::vector<uint8_t> src = random_bytes(kHuge + 7, 3);
+    const HugePageBytes b(src.size(), [&src](uint8_t* dst) { std::memcpy(dst, src.data(), src.size()); });
+    CHECK(b.size() == src.size() && std::memcmp(b.data(), src.data(), src.size()) == 0, "a fill's bytes");
+    bool thrown = false;
+    try {
+        HugePageBytes(100, [](uint8_t*) { throw std::runtime_error("read failed"); });
+    } catch (const std::runtime_error&) {
+        thrown = true;
+    }
+    CHECK(thrown, "a failing fill's error was not passed on");
+}
+
 int main() {
     for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, kHuge - 1, kHuge, 5 * kHuge + 3}) copies(n);
+    fills();
     moves();
     read_only();
     std::printf("test_huge_page_bytes: %s\n", g_failures ? "FAILED" : "ok");

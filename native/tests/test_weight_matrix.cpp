@@ -377,6 +377,13 @@ static void stacked_parts() {
         alone.emplace_back(cols, std::vector<WeightMatrix::Part>{{types[p], rows[p], b.data(), b.size()}});
     }
     const WeightMatrix stack(cols, parts);
+    // The same parts written by fills (a file read into the matrix's own memory) instead of views.
+    std::vector<WeightMatrix::Part> filled;
+    for (int p = 0; p < 7; ++p) {
+        const std::vector<uint8_t>* b = &bytes[p];
+        filled.emplace_back(types[p], rows[p], b->size(), [b](uint8_t* dst) { std::memcpy(dst, b->data(), b->size()); });
+    }
+    const WeightMatrix from_fills(cols, filled);
     CHECK(stack.rows() == 208 && stack.type_names() == "Q4_K+Q4_1+Q6_K+Q4_0+Q5_K+Q5_0+Q8_0", "%d rows, %s", stack.rows(),
           stack.type_names().c_str());
     std::vector<float> x(cols);
@@ -395,6 +402,9 @@ static void stacked_parts() {
         int bad = 0;
         for (int r = 0; r < 208; ++r) bad += y[r] != want[r];
         CHECK(bad == 0, "%s: %d of 208 stacked rows differ from their part alone", isa_name(isa), bad);
+        std::vector<float> z(208);
+        from_fills.multiply_rows(a, 0, 208, z.data(), isa);
+        CHECK(z == y, "%s: the matrix from fills differs from the one from views", isa_name(isa));
     }
     // Q4_1 through WeightMatrix against Q4Matrix over the same nibbles, scales and mins.
     const std::vector<uint8_t>& b = bytes[1];
@@ -453,6 +463,21 @@ static void without_pair_form() {
 static void bad_input() {
     std::mt19937 rng(5);
     const std::vector<uint8_t> one = random_blocks(WeightType::Q4_K, 1, rng);
+    // A fill that fails (a short file) passes its error on, for blocks and for block pairs; a
+    // fill's bytes are checked as a view's are (a NaN scale refused); a part needs one or the other.
+    const auto failing = [](uint8_t*) { throw std::runtime_error("short read"); };
+    CHECK(throws<std::runtime_error>([&] { WeightMatrix(256, {{WeightType::Q4_K, 1, one.size(), failing}}); }),
+          "a failing fill, k-quant");
+    CHECK(throws<std::runtime_error>([&] { WeightMatrix(32, {{WeightType::Q4_1, 1, size_t{20}, failing}}); }),
+          "a failing fill, block pairs");
+    const auto nan_scale = [&one](uint8_t* dst) {
+        std::memcpy(dst, one.data(), one.size());
+        put_half(dst, NAN);
+    };
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 1, one.size(), nan_scale}}); }),
+          "a filled NaN scale");
+    CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 1, one.size(), {}}}); }),
+          "neither bytes nor a fill");
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(256, {{WeightType::Q4_K, 2, one}}); }), "short blocks");
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(288, {{WeightType::Q4_K, 1, one}}); }), "288 columns of Q4_K");
     CHECK(throws<std::invalid_argument>([&] { WeightMatrix(64, {{WeightType::Q8_0, 1, std::vector<uint8_t>(34)}}); }),

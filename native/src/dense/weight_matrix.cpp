@@ -178,12 +178,26 @@ WeightMatrix::WeightMatrix(int cols, const std::vector<Part>& parts) : cols_(col
         if (part.bytes != row_bytes * static_cast<size_t>(part.rows))
             throw std::invalid_argument(what + std::to_string(part.bytes) + " bytes for " +
                                         std::to_string(part.rows) + " rows of " + std::to_string(row_bytes));
+        if (!part.blocks && !part.fill) throw std::invalid_argument(what + "neither bytes nor a fill");
+        // The bytes: the caller's, or filled into the segment's own memory (block pairs are
+        // repacked from a transient copy).
+        Segment seg{&t, rows_, part.rows, row_bytes, {}, nullptr};
+        std::vector<uint8_t> staged;
+        const uint8_t* src = part.blocks;
+        if (t.held == HeldAs::GgufBlocks) {
+            seg.blocks = src ? std::make_shared<const HugePageBytes>(src, part.bytes)
+                             : std::make_shared<const HugePageBytes>(part.bytes, part.fill);
+            src = seg.blocks->data();
+        } else if (!src) {
+            staged.resize(part.bytes);
+            part.fill(staged.data());
+            src = staged.data();
+        }
         const size_t n_blocks = part.bytes / static_cast<size_t>(t.block_bytes);
         for (size_t k = 0; k < n_blocks; ++k)
             for (int off : t.half_offsets)
-                if (off >= 0 && !std::isfinite(half_at(part.blocks + k * t.block_bytes + off)))
+                if (off >= 0 && !std::isfinite(half_at(src + k * t.block_bytes + off)))
                     throw std::invalid_argument(what + "block " + std::to_string(k) + " has a scale that is not finite");
-        Segment seg{&t, rows_, part.rows, row_bytes, {}, nullptr};
         if (t.held == HeldAs::Q4Pairs) {
             // Q4Matrix's inputs: the nibble bytes as the GGUF packs them, fp16 scale and min per
             // block (Q4_0's (n - 8) d is n d + (-8 d), exact in fp16 but for an overflow, refused).
@@ -193,7 +207,7 @@ WeightMatrix::WeightMatrix(int cols, const std::vector<Part>& parts) : cols_(col
             const bool has_min = t.type == WeightType::Q4_1;
             const int qs = has_min ? 4 : 2;
             for (size_t k = 0; k < nb; ++k) {
-                const uint8_t* b = part.blocks + k * t.block_bytes;
+                const uint8_t* b = src + k * t.block_bytes;
                 std::memcpy(&scales[k], b, 2);
                 if (has_min) {
                     std::memcpy(&mins[k], b + 2, 2);
@@ -210,7 +224,6 @@ WeightMatrix::WeightMatrix(int cols, const std::vector<Part>& parts) : cols_(col
             row_kernels(t.type);  // a type the table holds as blocks has its kernels here
             if (t.integer_form == nullptr)  // and the batched product's form (weight_types.cpp)
                 throw std::logic_error(std::string("WeightMatrix: no integer form for ") + t.name);
-            seg.blocks = std::make_shared<const HugePageBytes>(part.blocks, part.bytes);
         }
         rows_ += part.rows;
         segments_.push_back(std::move(seg));

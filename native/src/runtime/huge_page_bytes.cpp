@@ -18,7 +18,10 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
-HugePageBytes::HugePageBytes(const uint8_t* src, size_t size) {
+HugePageBytes::HugePageBytes(const uint8_t* src, size_t size)
+    : HugePageBytes(size, [src, size](uint8_t* dst) { std::memcpy(dst, src, size); }) {}
+
+HugePageBytes::HugePageBytes(size_t size, const std::function<void(uint8_t* dst)>& fill) {
     if (size == 0) return;
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t bytes = round_up(size, page);
@@ -39,7 +42,12 @@ HugePageBytes::HugePageBytes(const uint8_t* src, size_t size) {
         madvise(start, bytes, MADV_HUGEPAGE);  // advice: a kernel without THP ignores or refuses it
 #endif
     }
-    std::memcpy(start, src, size);
+    try {
+        fill(start);
+    } catch (...) {
+        munmap(start, bytes);
+        throw;
+    }
     mprotect(start, bytes, PROT_READ);  // weights are never written: a stray write faults
     data_ = start;
     size_ = size;

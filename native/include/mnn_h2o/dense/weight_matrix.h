@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -35,14 +36,19 @@ namespace mnn_h2o {
 class WeightMatrix {
 public:
     // A view of the caller's bytes, read only while the constructor runs: the matrix keeps its
-    // own copy (on huge pages), so a GGUF's tensor is never held twice beyond that copy.
+    // own copy (on huge pages), so a GGUF's tensor is never held twice beyond that copy. Or, with
+    // no bytes, a fill that writes them into the matrix's own memory (a file read straight into
+    // it: not even for a moment held twice).
     struct Part {
         WeightType type;
         int rows;
         const uint8_t* blocks;  // rows * weight_row_bytes(type, cols) bytes, the GGUF's blocks
         size_t bytes;
+        std::function<void(uint8_t* dst)> fill;  // where blocks is null: writes the bytes to dst
         Part(WeightType t, int r, const uint8_t* b, size_t n) : type(t), rows(r), blocks(b), bytes(n) {}
         Part(WeightType t, int r, const std::vector<uint8_t>& b) : Part(t, r, b.data(), b.size()) {}
+        Part(WeightType t, int r, size_t n, std::function<void(uint8_t*)> f)
+            : type(t), rows(r), blocks(nullptr), bytes(n), fill(std::move(f)) {}
     };
 
     // The parts' rows stacked in order, each part's blocks as the GGUF stores them. Throws

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace mnn_h2o {
 
@@ -16,6 +17,9 @@ public:
     HugePageBytes() = default;
     // A copy of size bytes at src (size may be 0). Throws std::bad_alloc if memory runs out.
     HugePageBytes(const uint8_t* src, size_t size);
+    // size bytes written by fill(dst) (a file read straight into them: never held twice) before
+    // they turn read-only; what fill throws is passed on, the memory released.
+    HugePageBytes(size_t size, const std::function<void(uint8_t* dst)>& fill);
     ~HugePageBytes();
     HugePageBytes(HugePageBytes&& other) noexcept;
     HugePageBytes& operator=(HugePageBytes&& other) noexcept;
