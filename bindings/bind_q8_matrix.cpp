@@ -19,8 +19,38 @@ namespace {
 
 std::string shape_of(const py::array& a) { return py::str(a.attr("shape")); }
 
-Q8Matrix make(py::array_t<int8_t, py::array::c_style | py::array::forcecast> codes,
-              py::array_t<uint16_t, py::array::c_style> scales, int threads) {
+Q8Matrix make_from(std::vector<int8_t> c, std::vector<uint16_t> s, int rows, int cols, int threads) {
+    try {
+        return Q8Matrix(rows, cols, std::move(c), std::move(s), threads);
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
+}
+
+// A vector of a source's bytes (mnn_h2o/stored_arrays.py's StoredBlocks: rows, row_bytes,
+// read_into(buffer)) read straight into it: the file's rows never held twice.
+template <class T>
+std::vector<T> read_source(const py::object& source, const char* name, py::ssize_t rows, py::ssize_t row_bytes) {
+    if (source.attr("rows").cast<py::ssize_t>() != rows || source.attr("row_bytes").cast<py::ssize_t>() != row_bytes)
+        throw py::value_error(std::string(name) + ": a source of another shape");
+    std::vector<T> out(static_cast<size_t>(rows * row_bytes) / sizeof(T));
+    source.attr("read_into")(py::memoryview::from_memory(out.data(), rows * row_bytes));
+    return out;
+}
+
+Q8Matrix make(const py::object& codes_in, const py::object& scales_in, int threads) {
+    if (!py::isinstance<py::array>(codes_in)) {
+        const py::ssize_t rows = codes_in.attr("rows").cast<py::ssize_t>();
+        const py::ssize_t cols = codes_in.attr("row_bytes").cast<py::ssize_t>();
+        if (rows <= 0 || cols <= 0 || rows > INT32_MAX || cols > INT32_MAX || cols % 32 != 0)
+            throw py::value_error("codes: a source of " + std::to_string(rows) + " x " + std::to_string(cols));
+        std::vector<int8_t> c = read_source<int8_t>(codes_in, "codes", rows, cols);
+        std::vector<uint16_t> s = read_source<uint16_t>(scales_in, "scales", rows, cols / 32 * 2);
+        return make_from(std::move(c), std::move(s), static_cast<int>(rows), static_cast<int>(cols), threads);
+    }
+    const auto codes = py::array_t<int8_t, py::array::c_style | py::array::forcecast>::ensure(codes_in);
+    const auto scales = py::array_t<uint16_t, py::array::c_style>::ensure(scales_in);
+    if (!codes || !scales) throw py::value_error("codes and scales: int8 and fp16-bit arrays, or sources");
     if (codes.ndim() != 2) throw py::value_error("codes must be [rows, cols] int8, got shape " + shape_of(codes));
     if (scales.ndim() != 2 || scales.shape(0) != codes.shape(0) || scales.shape(1) * 32 != codes.shape(1))
         throw py::value_error("scales must be [rows, cols / 32] fp16 bits for codes of shape " + shape_of(codes) +
@@ -28,12 +58,8 @@ Q8Matrix make(py::array_t<int8_t, py::array::c_style | py::array::forcecast> cod
     if (codes.shape(0) > INT32_MAX || codes.shape(1) > INT32_MAX) throw py::value_error("codes: too large");
     std::vector<int8_t> c(codes.data(), codes.data() + codes.size());
     std::vector<uint16_t> s(scales.data(), scales.data() + scales.size());
-    try {
-        return Q8Matrix(static_cast<int>(codes.shape(0)), static_cast<int>(codes.shape(1)), std::move(c),
-                        std::move(s), threads);
-    } catch (const std::invalid_argument& e) {
-        throw py::value_error(e.what());
-    }
+    return make_from(std::move(c), std::move(s), static_cast<int>(codes.shape(0)), static_cast<int>(codes.shape(1)),
+                     threads);
 }
 
 }  // namespace
@@ -45,7 +71,8 @@ void bind_q8_matrix(py::module_& m) {
                          "q8_0 rows (int8 codes, one fp16 scale per 32) times float activations: the "
                          "native lm_head (native/include/mnn_h2o/head/q8_matrix.h)")
         .def(py::init(&make), py::arg("codes"), py::arg("scales"), py::arg("threads") = 1,
-             "codes int8 [rows, cols]; scales [rows, cols / 32] as fp16 bits (numpy float16 viewed as uint16)")
+             "codes int8 [rows, cols]; scales [rows, cols / 32] as fp16 bits (numpy float16 viewed as uint16); or "
+             "each a source (mnn_h2o.stored_arrays.StoredBlocks) read straight into the matrix")
         .def_property_readonly("rows", &Q8Matrix::rows)
         .def_property_readonly("cols", &Q8Matrix::cols)
         .def_property_readonly("bytes", &Q8Matrix::bytes)

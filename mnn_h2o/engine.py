@@ -334,13 +334,14 @@ class Llm:
         self._apply_lossless(cfg["lossless"])
 
     def _q8_rows(self, q8: dict, threads: int):
-        """The export's q8 rows (codes and scales .npy) as a native Q8Matrix. Memory-mapped: the
-        matrix copies the rows once, so they are never held twice."""
+        """The export's q8 rows (codes and scales .npy) as a native Q8Matrix, read from the files
+        straight into it (stored_arrays.py): never held twice, not even as mapped pages."""
         from . import native
+        from .stored_arrays import stored_npy
 
-        codes = np.load(os.path.join(self.export_dir, q8["codes"]), mmap_mode="r")
-        scales = np.load(os.path.join(self.export_dir, q8["scales"]), mmap_mode="r")
-        return native.Q8Matrix(codes, scales.view(np.uint16), threads=threads)
+        codes = stored_npy(os.path.join(self.export_dir, q8["codes"]), np.int8)
+        scales = stored_npy(os.path.join(self.export_dir, q8["scales"]), np.float16)
+        return native.Q8Matrix(codes, scales, threads=threads)
 
     def _choose_paths(self) -> None:
         """The forward's paths (mnn_h2o/forward_paths.py), from the parts this runtime loaded:

@@ -16,6 +16,7 @@ from . import native
 from .architecture import layer_options
 from .export import DECODE_MATRICES
 from .gguf_model import LAYER_VECTORS, ModelConfig
+from .stored_arrays import stored_members
 
 def load_decode_layers(path: str, cfg: ModelConfig, threads: int, q8_head=None):
     """The export's decode layers (decode_layers.npz) as a native DecodeLayers; ``q8_head`` as
@@ -25,61 +26,6 @@ def load_decode_layers(path: str, cfg: ModelConfig, threads: int, q8_head=None):
     stored = stored_members(path)
     with np.load(path) as z:
         return decode_layers_from_arrays(z, cfg, threads, q8_head, blocks=stored.get)
-
-
-class StoredBlocks:
-    """One uint8 [rows, row_bytes] array stored uncompressed in an .npz, as a byte range of the
-    file: ``read_into(buffer)`` reads it into memory the core owns (DecodeLayers' matrices)."""
-
-    def __init__(self, path: str, offset: int, rows: int, row_bytes: int):
-        self.path, self.offset, self.rows, self.row_bytes = path, offset, rows, row_bytes
-
-    def read_into(self, buffer) -> None:
-        view = memoryview(buffer).cast("B")
-        if len(view) != self.rows * self.row_bytes:
-            raise ValueError(f"{self.path}: {len(view)} bytes asked of a {self.rows} x {self.row_bytes} array")
-        with open(self.path, "rb", buffering=0) as f:
-            f.seek(self.offset)
-            done = 0
-            while done < len(view):  # readinto may return less than asked
-                n = f.readinto(view[done:done + (8 << 20)])
-                if not n:
-                    raise ValueError(f"{self.path}: ends inside an array at byte {self.offset + done}")
-                done += n
-
-
-def stored_members(path: str) -> dict:
-    """The 2-D uint8 arrays of an .npz that its zip stores uncompressed (what export.NpzWriter
-    writes), by name: StoredBlocks over their bytes. Each member's local header and .npy header
-    are read and checked against the zip's directory (the data must fill the member exactly)."""
-    import struct
-    import zipfile
-
-    out = {}
-    with open(path, "rb") as f, zipfile.ZipFile(f) as z:
-        for info in z.infolist():
-            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
-                continue
-            f.seek(info.header_offset)
-            head = f.read(30)
-            if len(head) != 30 or head[:4] != b"PK\x03\x04":
-                raise ValueError(f"{path}: {info.filename}: no local file header at {info.header_offset}")
-            name_len, extra_len = struct.unpack("<HH", head[26:30])
-            start = info.header_offset + 30 + name_len + extra_len
-            f.seek(start)
-            version = np.lib.format.read_magic(f)
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read_header is None:
-                continue
-            shape, fortran, dtype = read_header(f)
-            if dtype != np.uint8 or len(shape) != 2 or fortran:
-                continue
-            data = f.tell()
-            if data - start + shape[0] * shape[1] != info.file_size:
-                raise ValueError(f"{path}: {info.filename}: {shape} does not fill its {info.file_size} bytes")
-            out[info.filename[:-4]] = StoredBlocks(path, data, int(shape[0]), int(shape[1]))
-    return out
 
 
 def holds_head_matrix(path: str) -> bool:

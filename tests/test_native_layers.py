@@ -357,7 +357,8 @@ def test_stored_blocks_are_read_into_the_core_as_stored(tmp_path, smollm2_gguf):
     the layers it makes compute what layers made from the arrays compute, bit for bit; a file
     cut short is an error naming it, not a matrix of zeros."""
     from mnn_h2o.export import NpzWriter, decode_layer_arrays
-    from mnn_h2o.native_layers import decode_layers_from_arrays, load_decode_layers, stored_members
+    from mnn_h2o.native_layers import decode_layers_from_arrays, load_decode_layers
+    from mnn_h2o.stored_arrays import stored_members
 
     c = smollm2_gguf.config
     arrays, _ = decode_layer_arrays(smollm2_gguf)
