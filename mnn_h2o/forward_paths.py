@@ -124,8 +124,8 @@ class MnnLayers:
         self.inputs = inputs
 
     def run(self, ids: Sequence[int], pos: int, cache, st, observe: Optional[Observer],
-            logits: bool = False) -> LayerRows:
-        n, inp, perf = len(ids), self.inputs, time.perf_counter  # logits: a head path's work here
+            logits: bool = False) -> LayerRows:  # MNN's layers leave the logits to the head path
+        n, inp, perf = len(ids), self.inputs, time.perf_counter
         t0 = perf()
         h_in, attn_in, cos_in, sin_in, attn = inp.vars(n)
         h_in.write(inp.embedding(ids))
