@@ -248,6 +248,26 @@ mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_
     });
 }
 
+mnn_h2o_status mnn_h2o_kv_cache_create_windowed(const mnn_h2o_kv_config* config, const int32_t* windows,
+                                                mnn_h2o_kv_cache** cache) {
+    const char* where = "mnn_h2o_kv_cache_create_windowed";
+    return guarded(where, [&]() -> mnn_h2o_status {
+        if (!cache) return null_arg(where, "cache");
+        *cache = nullptr;
+        if (!config) return null_arg(where, "config");
+        if (!windows) return null_arg(where, "windows");
+        KvCacheConfig c = from_c(*config);
+        if (config->n_layers > 0) c.windows.assign(windows, windows + config->n_layers);  // KvCache checks each
+        *cache = new mnn_h2o_kv_cache(c);
+        return MNN_H2O_OK;
+    });
+}
+
+int32_t mnn_h2o_kv_cache_window(const mnn_h2o_kv_cache* cache, int32_t layer) {
+    if (!cache || layer < 0 || layer >= cache->cache.config().n_layers) return -1;
+    return cache->cache.window(layer);
+}
+
 void mnn_h2o_kv_cache_destroy(mnn_h2o_kv_cache* cache) { delete cache; }
 
 mnn_h2o_status mnn_h2o_kv_cache_get_config(const mnn_h2o_kv_cache* cache, mnn_h2o_kv_config* config) {

@@ -180,6 +180,39 @@ static void test_kv_cache_dtypes() {
     }
 }
 
+// A windowed cache through the C API: the window layer holds at most its window (plus the block
+// slack) however many tokens come, the global layer all of them; bad windows refused.
+static void test_kv_cache_windows() {
+    mnn_h2o_kv_config c = small_config();
+    c.max_tokens = 200;
+    const int32_t windows[2] = {24, 0};
+    mnn_h2o_kv_cache* cache = nullptr;
+    CHECK(mnn_h2o_kv_cache_create_windowed(&c, windows, &cache) == MNN_H2O_OK, "windowed: %s", mnn_h2o_last_error());
+    if (!cache) return;
+    CHECK(mnn_h2o_kv_cache_window(cache, 0) == 24 && mnn_h2o_kv_cache_window(cache, 1) == 0 &&
+              mnn_h2o_kv_cache_window(cache, 2) == -1 && mnn_h2o_kv_cache_window(nullptr, 0) == -1,
+          "windows read back");
+    std::mt19937 g(4);
+    std::vector<float> out(4 * 32);
+    for (int t = 0; t < 150; ++t) {
+        const std::vector<float> k = randoms(g, 2 * 32), v = randoms(g, 2 * 32), q = randoms(g, 4 * 32);
+        for (int32_t layer = 0; layer < 2; ++layer)
+            CHECK(mnn_h2o_kv_cache_step(cache, layer, q.data(), k.data(), v.data(), 1, out.data(), nullptr, 0) ==
+                      MNN_H2O_OK,
+                  "step %d: %s", t, mnn_h2o_last_error());
+    }
+    int32_t local = 0, global = 0;
+    mnn_h2o_kv_cache_length(cache, 0, 0, &local);
+    mnn_h2o_kv_cache_length(cache, 1, 0, &global);
+    CHECK(global == 150 && local >= 24 && local <= 24 - 1 + 16 - 1, "held: window layer %d, global %d", local, global);
+    mnn_h2o_kv_cache_destroy(cache);
+    const int32_t bad[2] = {-1, 0};
+    CHECK(mnn_h2o_kv_cache_create_windowed(&c, bad, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT && cache == nullptr &&
+              error_mentions("window"),
+          "a negative window: %s", mnn_h2o_last_error());
+    CHECK(mnn_h2o_kv_cache_create_windowed(&c, nullptr, &cache) == MNN_H2O_ERR_INVALID_ARGUMENT, "null windows");
+}
+
 static void test_kv_cache_bad_config_and_null() {
     mnn_h2o_kv_cache* cache = reinterpret_cast<mnn_h2o_kv_cache*>(1);
     mnn_h2o_kv_config c = small_config();
@@ -568,6 +601,7 @@ int main() {
     test_library();
     test_kv_cache_matches_cpp();
     test_kv_cache_dtypes();
+    test_kv_cache_windows();
     test_kv_cache_bad_config_and_null();
     test_codec();
     test_eviction();

@@ -129,6 +129,15 @@ MNN_H2O_API void mnn_h2o_kv_config_init(mnn_h2o_kv_config* config);
 typedef struct mnn_h2o_kv_cache mnn_h2o_kv_cache;
 
 MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_create(const mnn_h2o_kv_config* config, mnn_h2o_kv_cache** cache);
+/* The same with sliding-window layers (Gemma 3's local layers): windows[layer] tokens (config->
+ * n_layers entries, each >= 0), 0 for a global layer. A window layer attends each query to the
+ * newest `window` tokens up to itself and frees the blocks no later query can see: it holds at
+ * most window - 1 + block_tokens - 1 tokens between steps; eviction and the lossless store act on the
+ * global layers (docs/kv_cache.md). */
+MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_create_windowed(const mnn_h2o_kv_config* config, const int32_t* windows,
+                                                            mnn_h2o_kv_cache** cache);
+/* A layer's window in tokens: 0 for a global layer, -1 for a null cache or a layer out of range. */
+MNN_H2O_API int32_t mnn_h2o_kv_cache_window(const mnn_h2o_kv_cache* cache, int32_t layer);
 MNN_H2O_API void mnn_h2o_kv_cache_destroy(mnn_h2o_kv_cache* cache);
 MNN_H2O_API mnn_h2o_status mnn_h2o_kv_cache_get_config(const mnn_h2o_kv_cache* cache, mnn_h2o_kv_config* config);
 
