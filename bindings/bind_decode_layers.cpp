@@ -10,6 +10,7 @@
 
 #include "float_args.h"
 #include "isa_arg.h"
+#include "source_args.h"
 #include "mnn_h2o/dense/batched_product.h"
 #include "mnn_h2o/dense/decode_layers.h"
 #include "mnn_h2o/dense/weight_matrix.h"
@@ -35,7 +36,7 @@ std::vector<T> vector_of(const py::array& a, const std::string& name) {
 
 // A matrix from its parts: a list of (GGUF type name, blocks) stacked by rows, the blocks a uint8
 // array [rows, row bytes] or an object with ``rows``, ``row_bytes`` and ``read_into(buffer)``
-// (mnn_h2o/native_layers.py's StoredBlocks: a file's bytes read straight into the matrix).
+// (source_args.h: a file's bytes read straight into the matrix).
 WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& name) {
     using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
     std::vector<WeightMatrix::Part> ps;
@@ -47,17 +48,13 @@ WeightMatrix weight_matrix(int cols, const py::list& parts, const std::string& n
         const std::string type = t[0].cast<std::string>();
         const mnn_h2o::WeightTypeTraits* traits = mnn_h2o::find_weight_traits(type);
         if (traits == nullptr) throw py::value_error(where + ": weight type '" + type + "' is not one the core reads");
-        if (!py::isinstance<py::array>(t[1])) {
+        if (is_source(t[1])) {
             const py::object source = t[1];
-            const py::ssize_t rows = source.attr("rows").cast<py::ssize_t>();
-            const py::ssize_t row_bytes = source.attr("row_bytes").cast<py::ssize_t>();
-            if (rows <= 0 || rows > INT32_MAX || row_bytes <= 0 || row_bytes > PY_SSIZE_T_MAX / rows)
-                throw py::value_error(where + ": a source of " + std::to_string(rows) + " rows of " +
-                                      std::to_string(row_bytes) + " bytes");
-            const py::ssize_t n = rows * row_bytes;
-            ps.emplace_back(traits->type, static_cast<int>(rows), static_cast<size_t>(n), [source, n](uint8_t* dst) {
+            const SourceShape shape = source_shape(source, where);
+            const py::ssize_t n = shape.bytes();
+            ps.emplace_back(traits->type, static_cast<int>(shape.rows), static_cast<size_t>(n), [source, n](uint8_t* dst) {
                 py::gil_scoped_acquire gil;
-                source.attr("read_into")(py::memoryview::from_memory(dst, n));
+                read_source(source, dst, n);
             });
             continue;
         }

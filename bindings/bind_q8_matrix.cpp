@@ -10,6 +10,7 @@
 
 #include "mnn_h2o/head/q8_matrix.h"
 #include "isa_arg.h"
+#include "source_args.h"
 
 namespace py = pybind11;
 using mnn_h2o::Isa;
@@ -27,25 +28,25 @@ Q8Matrix make_from(std::vector<int8_t> c, std::vector<uint16_t> s, int rows, int
     }
 }
 
-// A vector of a source's bytes (mnn_h2o/stored_arrays.py's StoredBlocks: rows, row_bytes,
-// read_into(buffer)) read straight into it: the file's rows never held twice.
+// A vector of a source's bytes (source_args.h), read straight into it; the source must be
+// rows x row_bytes.
 template <class T>
-std::vector<T> read_source(const py::object& source, const char* name, py::ssize_t rows, py::ssize_t row_bytes) {
-    if (source.attr("rows").cast<py::ssize_t>() != rows || source.attr("row_bytes").cast<py::ssize_t>() != row_bytes)
-        throw py::value_error(std::string(name) + ": a source of another shape");
-    std::vector<T> out(static_cast<size_t>(rows * row_bytes) / sizeof(T));
-    source.attr("read_into")(py::memoryview::from_memory(out.data(), rows * row_bytes));
+std::vector<T> read_vector(const py::object& source, const char* name, py::ssize_t rows, py::ssize_t row_bytes) {
+    const SourceShape shape = source_shape(source, name);
+    if (shape.rows != rows || shape.row_bytes != row_bytes) throw py::value_error(std::string(name) + ": a source of another shape");
+    std::vector<T> out(static_cast<size_t>(shape.bytes()) / sizeof(T));
+    read_source(source, out.data(), shape.bytes());
     return out;
 }
 
 Q8Matrix make(const py::object& codes_in, const py::object& scales_in, int threads) {
-    if (!py::isinstance<py::array>(codes_in)) {
-        const py::ssize_t rows = codes_in.attr("rows").cast<py::ssize_t>();
-        const py::ssize_t cols = codes_in.attr("row_bytes").cast<py::ssize_t>();
-        if (rows <= 0 || cols <= 0 || rows > INT32_MAX || cols > INT32_MAX || cols % 32 != 0)
-            throw py::value_error("codes: a source of " + std::to_string(rows) + " x " + std::to_string(cols));
-        std::vector<int8_t> c = read_source<int8_t>(codes_in, "codes", rows, cols);
-        std::vector<uint16_t> s = read_source<uint16_t>(scales_in, "scales", rows, cols / 32 * 2);
+    if (is_source(codes_in)) {
+        const SourceShape codes = source_shape(codes_in, "codes");
+        const py::ssize_t rows = codes.rows, cols = codes.row_bytes;
+        if (cols > INT32_MAX || cols % 32 != 0)
+            throw py::value_error("codes: rows of " + std::to_string(cols) + " values, not a multiple of 32");
+        std::vector<int8_t> c = read_vector<int8_t>(codes_in, "codes", rows, cols);
+        std::vector<uint16_t> s = read_vector<uint16_t>(scales_in, "scales", rows, cols / 32 * 2);
         return make_from(std::move(c), std::move(s), static_cast<int>(rows), static_cast<int>(cols), threads);
     }
     const auto codes = py::array_t<int8_t, py::array::c_style | py::array::forcecast>::ensure(codes_in);

@@ -202,7 +202,7 @@ size_t DecodeLayers::bytes() const {
     return n;
 }
 
-void DecodeLayers::check_out_norm(const std::vector<float>& out_norm, int rows, int cols) const {
+void DecodeLayers::check_head_shape(const std::vector<float>& out_norm, int rows, int cols) const {
     check(out_norm.size() == static_cast<size_t>(shape_.hidden), "the final norm must have hidden values");
     check(rows > 0 && cols == shape_.hidden, "the output matrix is [" + std::to_string(rows) + ", " +
                                                  std::to_string(cols) + "], the shape needs [vocab, " +
@@ -210,7 +210,7 @@ void DecodeLayers::check_out_norm(const std::vector<float>& out_norm, int rows, 
 }
 
 void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
-    check_out_norm(out_norm, head.rows(), head.cols());
+    check_head_shape(out_norm, head.rows(), head.cols());
     out_norm_ = std::move(out_norm);
     head_ = std::move(head);
     q8_head_.reset();
@@ -226,7 +226,7 @@ void DecodeLayers::set_head(std::vector<float> out_norm, WeightMatrix head) {
 
 void DecodeLayers::set_head(std::vector<float> out_norm, std::shared_ptr<const Q8Matrix> head) {
     check(head != nullptr, "no output matrix");
-    check_out_norm(out_norm, head->rows(), head->cols());
+    check_head_shape(out_norm, head->rows(), head->cols());
     out_norm_ = std::move(out_norm);
     head_ = WeightMatrix();
     q8_head_ = std::move(head);

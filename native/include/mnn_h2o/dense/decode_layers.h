@@ -132,7 +132,8 @@ private:
     void product(const WeightMatrix& m, const Q8Activation& x, float* y, Isa isa);
     // The output matrix's logits of n final-normed rows x [n][hidden] into y [n][vocab], on the team.
     void head_product(const float* x, int n, float* y, Isa isa);
-    void check_out_norm(const std::vector<float>& out_norm, int rows, int cols) const;
+    // The final norm has hidden values, the output matrix [rows > 0, hidden]: else invalid_argument.
+    void check_head_shape(const std::vector<float>& out_norm, int rows, int cols) const;
 
     DecodeShape shape_;
     bool geglu_ = false, qk_norm_ = false, post_norms_ = false;  // from shape_.form
